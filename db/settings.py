@@ -1,0 +1,41 @@
+"""Where Parallax keeps its state: ``PARALLAX_HOME`` and the database URL.
+
+``PARALLAX_HOME`` (default ``./parallax_home``) holds the SQLite database, dataset caches,
+logs and checkpoints. ``PARALLAX_DB_URL`` (or ``--db`` on the CLI) points at another database.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def parallax_home() -> Path:
+    """The folder that holds every file Parallax writes (created on first use)."""
+    home = Path(os.environ.get("PARALLAX_HOME") or Path.cwd() / "parallax_home").expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def database_url(explicit: str | None = None) -> str:
+    """The SQLAlchemy URL: ``explicit`` if given, else ``PARALLAX_DB_URL``, else SQLite in the home."""
+    if explicit:
+        return explicit
+    from_env = os.environ.get("PARALLAX_DB_URL")
+    if from_env:
+        return from_env
+    return f"sqlite:///{parallax_home() / 'parallax.db'}"
+
+
+def data_dir() -> Path:
+    """Downloaded and cached datasets."""
+    path = parallax_home() / "data"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runs_dir(run_id: int) -> Path:
+    """Per-run files: log, checkpoints, profiler output. One folder per run, so runs never collide."""
+    path = parallax_home() / "runs" / f"run-{run_id}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
