@@ -1,0 +1,207 @@
+"""Open the Parallax database: one engine per URL per process, migrated, with one session scope.
+
+    engine = make_engine()                 # PARALLAX_DB_URL, or SQLite in PARALLAX_HOME
+    with session_scope(engine) as session:
+        session.execute(...)               # committed on exit, rolled back on error
+
+``make_engine`` brings the schema to the newest Alembic revision before returning, so the
+dashboard and every worker process can just call it. Opening an up-to-date database costs
+one read of ``alembic_version``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy.orm import Session
+
+from db.settings import database_url
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock; first-time migrations there are not serialised.
+    fcntl = None  # type: ignore[assignment]
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+# busy_timeout: a writer waits up to 30 s for another writer instead of failing at once.
+# WAL lets the dashboard read while a worker writes; synchronous=NORMAL is safe under WAL
+# (a power cut can lose the last commits, never corrupt the file) and much faster than FULL.
+# SQLite enforces foreign keys (and so ON DELETE CASCADE) only when asked, per connection.
+SQLITE_PRAGMAS = (
+    "PRAGMA busy_timeout=30000",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+)
+
+_engines: dict[str, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """The engine for ``url`` (resolved by ``db.settings.database_url``), migrated to the head.
+
+    Cached per URL: calling it again in the same process returns the same engine.
+    """
+    resolved = database_url(url)
+    with _engines_lock:
+        engine = _engines.get(resolved)
+        if engine is None:
+            engine = _create_engine(make_url(resolved))
+            try:
+                upgrade_to_head(engine)
+            except BaseException:
+                engine.dispose()
+                raise
+            _engines[resolved] = engine
+        return engine
+
+
+def dispose_engines() -> None:
+    """Close every cached engine and forget it (tests use this between databases)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+@contextlib.contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """A session that commits on success, rolls back on any error, and always closes."""
+    # Values read inside the scope stay readable after the commit without another query.
+    session = Session(engine, expire_on_commit=False)
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The database file of a file-backed SQLite URL; None for in-memory or other backends."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _create_engine(url: URL) -> Engine:
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    if url.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _set_sqlite_pragmas)
+    return engine
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _forget_engines_after_fork() -> None:
+    # A forked child must not use the parent's pooled connections (SQLite forbids carrying
+    # a connection across fork), nor close them under the parent: drop them unclosed and
+    # let the child open its own.
+    for engine in _engines.values():
+        engine.dispose(close=False)
+    _engines.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_engines_after_fork)
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+
+def alembic_config(url: URL | str) -> Config:
+    """An Alembic config for ``url`` built in code, so the app needs no alembic.ini."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    url_text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    # The config is a ConfigParser: a literal % (e.g. in a password) must be doubled.
+    config.set_main_option("sqlalchemy.url", url_text.replace("%", "%%"))
+    return config
+
+
+def current_revisions(engine: Engine) -> set[str]:
+    """The revisions recorded in the database's ``alembic_version`` table (empty if new)."""
+    with engine.connect() as connection:
+        return set(MigrationContext.configure(connection).get_current_heads())
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    """Apply any pending migrations; a no-op read when the database is already current.
+
+    Safe when several processes open a new database at once: SQLite files are migrated
+    under an exclusive lock on ``<file>.migrate.lock``; elsewhere a process whose upgrade
+    fails because another one got there first accepts the result.
+    """
+    config = alembic_config(engine.url)
+    heads = set(ScriptDirectory.from_config(config).get_heads())
+    if current_revisions(engine) == heads:
+        return
+    with _migration_lock(engine.url):
+        # Another process may have finished the upgrade while this one waited.
+        if current_revisions(engine) == heads:
+            return
+        try:
+            with engine.connect() as connection:
+                _upgrade(config, connection)
+        except Exception:
+            if current_revisions(engine) != heads:
+                raise
+
+
+def _upgrade(config: Config, connection: Connection) -> None:
+    is_sqlite = connection.dialect.name == "sqlite"
+    if is_sqlite:
+        # Batch migrations rebuild a table by drop + rename; with foreign keys on, dropping
+        # ``runs`` would cascade-delete every epoch row. Committing ends the transaction
+        # SQLAlchemy began for the pragma, so Alembic starts and commits its own.
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()
+    try:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+        connection.commit()
+    finally:
+        if is_sqlite:
+            # Never hand this connection back to the pool with foreign keys off.
+            connection.invalidate()
+
+
+@contextlib.contextmanager
+def _migration_lock(url: URL) -> Iterator[None]:
+    path = sqlite_file(url)
+    if path is None or fcntl is None:
+        yield
+        return
+    with open(f"{path}.migrate.lock", "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)

@@ -1,0 +1,156 @@
+"""The database schema: one row per training run, one row per finished epoch of a run.
+
+These classes are the source of truth for the schema; ``db/migrations/versions`` must
+create exactly the same tables (a test compares the two). Changing a model means adding
+a migration: ``alembic -c db/alembic.ini revision --autogenerate -m "..."``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+RUN_STATUSES: tuple[str, ...] = ("queued", "running", "completed", "failed", "cancelled", "lost")
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "lost"})
+
+# Named constraints let later migrations drop or alter them by name, which SQLite's
+# batch mode needs (it cannot address an unnamed constraint).
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime."""
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A datetime that is always UTC and always timezone-aware in Python.
+
+    SQLite has no timezone type and hands back naive datetimes; storing UTC and
+    re-attaching the zone on the way out gives callers the same value on every backend.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware (UTC) datetime")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Run(Base):
+    """One training run: its configuration, lifecycle and the process that executes it."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{status}'" for status in RUN_STATUSES) + ")",
+            name="status",
+        ),
+        # Without AUTOINCREMENT SQLite reuses the id of a deleted last row, and a new run
+        # would land in the folder (runs/run-<id>) of the deleted one.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+
+    # Copied out of ``config`` so the run list can filter and sort without parsing JSON.
+    strategy: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    dataset: Mapped[str] = mapped_column(String(128), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    error: Mapped[str | None] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    host: Mapped[str | None] = mapped_column(String(255))
+    world_size: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+
+    notes: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    user_note: Mapped[str] = mapped_column(Text, default="", server_default=text("''"))
+
+    progress_epoch: Mapped[int | None] = mapped_column(Integer)
+    progress_step: Mapped[int | None] = mapped_column(Integer)
+    progress_total_steps: Mapped[int | None] = mapped_column(Integer)
+
+    epochs: Mapped[list[EpochMetric]] = relationship(
+        back_populates="run",
+        order_by="EpochMetric.epoch",
+        cascade="all, delete-orphan",
+        # The database deletes the metric rows (ON DELETE CASCADE); no need to load them first.
+        passive_deletes=True,
+    )
+
+    def __repr__(self) -> str:
+        return f"Run(id={self.id!r}, status={self.status!r}, model={self.model!r})"
+
+
+class EpochMetric(Base):
+    """The summary of one epoch of one run; ``epoch`` counts from 1."""
+
+    __tablename__ = "epoch_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    train_acc: Mapped[float | None] = mapped_column(Float)
+    val_loss: Mapped[float | None] = mapped_column(Float)
+    val_acc: Mapped[float | None] = mapped_column(Float)
+    epoch_time_s: Mapped[float | None] = mapped_column(Float)
+    train_time_s: Mapped[float | None] = mapped_column(Float)
+    images_per_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
+    # {device label: peak allocated MB}, e.g. {"cuda:0": 1834.5, "cuda:1": 1790.2}.
+    peak_memory_mb: Mapped[dict[str, float]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="epochs")
+
+    def __repr__(self) -> str:
+        return f"EpochMetric(run_id={self.run_id!r}, epoch={self.epoch!r})"

@@ -1,0 +1,298 @@
+"""Read and write runs and their per-epoch metrics.
+
+Every function takes the engine from ``db.make_engine()``, opens its own session scope and
+returns plain dataclasses, dicts or lists: no ORM object leaves this module, so pages and
+the trainer never hold a session. Functions given the id of a run that does not exist
+raise ``LookupError``, except ``get_run``, which returns None.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, Select, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from db.engine import session_scope
+from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, utcnow
+
+EPOCH_FLOAT_FIELDS = (
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "train_time_s",
+    "images_per_s",
+    "lr",
+)
+EPOCH_FIELDS = ("epoch", *EPOCH_FLOAT_FIELDS, "peak_memory_mb")
+CONFIG_COLUMNS = ("strategy", "model", "dataset")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Every column of one run."""
+
+    id: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    status: str
+    strategy: str
+    model: str
+    dataset: str
+    config: dict[str, Any]
+    error: str | None
+    pid: int | None
+    host: str | None
+    world_size: int
+    notes: list[str]
+    tags: list[str]
+    user_note: str
+    progress_epoch: int | None
+    progress_step: int | None
+    progress_total_steps: int | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the run list shows; reading it never loads the config blobs."""
+
+    id: int
+    status: str
+    strategy: str
+    model: str
+    dataset: str
+    created_at: datetime
+    finished_at: datetime | None
+    tags: list[str]
+
+
+def create_run(
+    engine: Engine,
+    config: Mapping[str, Any],
+    *,
+    status: str = "running",
+    notes: list[str] | None = None,
+    world_size: int = 1,
+) -> int:
+    """Insert a run for ``config`` (a RunConfig as a dict) and return its id.
+
+    strategy, model, dataset and tags are copied from the config into their own columns.
+    """
+    _check_status(status)
+    missing = [key for key in CONFIG_COLUMNS if not config.get(key)]
+    if missing:
+        raise ValueError(f"config has no {', '.join(missing)}; a run needs {', '.join(CONFIG_COLUMNS)}")
+    now = utcnow()
+    run = Run(
+        created_at=now,
+        started_at=now if status == "running" else None,
+        status=status,
+        strategy=str(config["strategy"]),
+        model=str(config["model"]),
+        dataset=str(config["dataset"]),
+        config=dict(config),
+        notes=_unique(notes or []),
+        tags=_unique(config.get("tags") or []),
+        user_note="",
+        world_size=world_size,
+    )
+    with session_scope(engine) as session:
+        session.add(run)
+        session.flush()
+        return run.id
+
+
+def set_status(engine: Engine, run_id: int, status: str, *, error: str | None = None) -> None:
+    """Move a run to ``status``, stamping started_at / finished_at; keeps any earlier error."""
+    _check_status(status)
+    now = utcnow()
+    values: dict[str, Any] = {"status": status}
+    if status in TERMINAL_STATUSES:
+        values["finished_at"] = now
+    if error is not None:
+        values["error"] = error
+    with session_scope(engine) as session:
+        _update_run(session, run_id, **values)
+        if status == "running":
+            # A run started once keeps its first start time.
+            session.execute(
+                update(Run).where(Run.id == run_id, Run.started_at.is_(None)).values(started_at=now)
+            )
+
+
+def set_process(engine: Engine, run_id: int, *, pid: int, host: str) -> None:
+    """Record which process (pid on host) executes the run, so it can be found and cancelled."""
+    with session_scope(engine) as session:
+        _update_run(session, run_id, pid=pid, host=host)
+
+
+def add_notes(engine: Engine, run_id: int, notes: Iterable[str]) -> None:
+    """Append engine notes to the run, skipping ones it already has."""
+    with session_scope(engine) as session:
+        current = session.scalar(select(Run.notes).where(Run.id == run_id))
+        if current is None:
+            raise LookupError(f"no run with id {run_id}")
+        merged = _unique([*current, *notes])
+        if merged != current:
+            _update_run(session, run_id, notes=merged)
+
+
+def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
+    """Store the summary of one epoch; logging the same epoch again replaces it.
+
+    ``metrics`` holds ``epoch`` (1-based), any of the float fields in ``EPOCH_FLOAT_FIELDS``
+    (missing ones are stored as NULL) and ``peak_memory_mb`` ({device label: MB}).
+    """
+    row = {"run_id": run_id, **_epoch_values(metrics), "created_at": utcnow()}
+    with session_scope(engine) as session:
+        if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
+            raise LookupError(f"no run with id {run_id}")
+        _upsert_epoch(session, row)
+
+
+def get_run(engine: Engine, run_id: int) -> RunRecord | None:
+    """The run with this id, or None."""
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            return None
+        return RunRecord(**{field.name: getattr(run, field.name) for field in fields(RunRecord)})
+
+
+def list_runs(engine: Engine, *, limit: int | None = None) -> list[RunSummary]:
+    """Runs, newest first."""
+    columns = [getattr(Run, field.name) for field in fields(RunSummary)]
+    statement = select(*columns).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+    with session_scope(engine) as session:
+        return [RunSummary(**row._asdict()) for row in session.execute(statement)]
+
+
+def read_epoch_metrics(engine: Engine, run_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """One dict per epoch (``run_id`` plus ``EPOCH_FIELDS``) of the given runs, by run then epoch."""
+    run_ids = list(run_ids)
+    if not run_ids:
+        return []
+    with session_scope(engine) as session:
+        return [row._asdict() for row in session.execute(_select_epochs(run_ids))]
+
+
+def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
+    """Everything about one run as a JSON-serialisable dict (for download and for tests)."""
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise LookupError(f"no run with id {run_id}")
+        epochs = [row._asdict() for row in session.execute(_select_epochs([run_id]))]
+        for epoch in epochs:
+            del epoch["run_id"]
+        return {
+            "run_id": run.id,
+            "status": run.status,
+            "error": run.error,
+            "pid": run.pid,
+            "config": run.config,
+            "notes": run.notes,
+            "epochs": epochs,
+            "created_at": _isoformat(run.created_at),
+            "started_at": _isoformat(run.started_at),
+            "finished_at": _isoformat(run.finished_at),
+            "host": run.host,
+            "world_size": run.world_size,
+            "tags": run.tags,
+            "user_note": run.user_note,
+            "strategy": run.strategy,
+            "model": run.model,
+            "dataset": run.dataset,
+        }
+
+
+def delete_run(engine: Engine, run_id: int) -> None:
+    """Delete a run and, through ON DELETE CASCADE, its metrics. Its files are left alone."""
+    with session_scope(engine) as session:
+        result = session.execute(delete(Run).where(Run.id == run_id))
+        if result.rowcount == 0:
+            raise LookupError(f"no run with id {run_id}")
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _check_status(status: str) -> None:
+    if status not in RUN_STATUSES:
+        raise ValueError(f"unknown run status {status!r}; allowed: {', '.join(RUN_STATUSES)}")
+
+
+def _update_run(session: Session, run_id: int, **values: Any) -> None:
+    result = session.execute(update(Run).where(Run.id == run_id).values(**values))
+    if result.rowcount == 0:
+        raise LookupError(f"no run with id {run_id}")
+
+
+def _unique(notes: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(str(note) for note in notes))
+
+
+def _isoformat(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _select_epochs(run_ids: list[int]) -> Select[Any]:
+    columns = [EpochMetric.run_id, *(getattr(EpochMetric, name) for name in EPOCH_FIELDS)]
+    return (
+        select(*columns)
+        .where(EpochMetric.run_id.in_(run_ids))
+        .order_by(EpochMetric.run_id, EpochMetric.epoch)
+    )
+
+
+def _epoch_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    # Unknown keys are refused rather than dropped: a misspelt "val_accuracy" would
+    # otherwise vanish and the chart would silently show no validation curve.
+    unknown = sorted(set(metrics) - set(EPOCH_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown epoch metrics {unknown}; allowed: {', '.join(EPOCH_FIELDS)}")
+    try:
+        epoch = operator.index(metrics["epoch"])
+    except (KeyError, TypeError):
+        got = metrics.get("epoch")
+        raise ValueError(f"metrics need an integer 'epoch' (1-based), got {got!r}") from None
+    if epoch < 1:
+        raise ValueError(f"epoch counts from 1, got {epoch}")
+    values: dict[str, Any] = {"epoch": epoch}
+    for name in EPOCH_FLOAT_FIELDS:
+        value = metrics.get(name)
+        values[name] = None if value is None else float(value)
+    peak_memory_mb = metrics.get("peak_memory_mb") or {}
+    values["peak_memory_mb"] = {str(device): float(mb) for device, mb in peak_memory_mb.items()}
+    return values
+
+
+def _upsert_epoch(session: Session, row: dict[str, Any]) -> None:
+    dialect = session.get_bind().dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        # One atomic statement: no window between "is it there?" and the insert.
+        insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+        statement = insert(EpochMetric).values(**row)
+        replaced = {name: statement.excluded[name] for name in row if name not in ("run_id", "epoch")}
+        session.execute(
+            statement.on_conflict_do_update(index_elements=["run_id", "epoch"], set_=replaced)
+        )
+        return
+    existing = session.scalar(
+        select(EpochMetric).where(EpochMetric.run_id == row["run_id"], EpochMetric.epoch == row["epoch"])
+    )
+    if existing is None:
+        session.add(EpochMetric(**row))
+    else:
+        for name, value in row.items():
+            setattr(existing, name, value)
