@@ -1,0 +1,211 @@
+"""Built-in datasets: scikit-learn's digits (bundled) and four sets in torchvision's layout under ``data_dir()``.
+
+mnist, fashion_mnist, cifar10 and eurosat are read from disk when their files are there and
+downloaded with torchvision otherwise; without a network the error says where to put the files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.resources
+import os
+import pickle
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+
+from db.settings import data_dir
+
+from .base import DatasetError, DecodedPool, make_pool, resize_uint8_images
+
+# Without it a stalled connection could hold a run in "preparing" forever.
+DOWNLOAD_TIMEOUT_S = 30
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+@dataclass(frozen=True)
+class BuiltinSpec:
+    name: str
+    folder: str                 # relative to data_dir(); empty for digits (bundled with scikit-learn)
+    files: tuple[str, ...]      # what must exist in that folder
+    num_images: int             # the pool prepare_data splits into train/val
+    num_classes: int
+    image_shape: tuple[int, int]
+    bands: int
+
+
+BUILTIN_SPECS = {
+    "digits": BuiltinSpec("digits", "", (), 1797, 10, (8, 8), 1),
+    "mnist": BuiltinSpec("mnist", "MNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1),
+    "fashion_mnist": BuiltinSpec("fashion_mnist", "FashionMNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1),
+    "cifar10": BuiltinSpec("cifar10", "cifar-10-batches-py", CIFAR10_FILES, 50_000, 10, (32, 32), 3),
+    "eurosat": BuiltinSpec("eurosat", "eurosat/2750", (), 27_000, 10, (64, 64), 3),
+}
+BUILTIN_DATASETS = tuple(BUILTIN_SPECS)
+
+
+def builtin_dir(name: str) -> Path:
+    return data_dir() / BUILTIN_SPECS[name].folder
+
+
+def builtin_available(name: str) -> bool:
+    """True when the files are on disk (digits always is)."""
+    spec, folder = BUILTIN_SPECS[name], builtin_dir(name)
+    if name == "digits":
+        return True
+    if name == "eurosat":
+        return folder.is_dir()
+    return all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in spec.files)
+
+
+def ensure_builtin_files(name: str) -> None:
+    """Make the files of ``name`` readable: unpack .gz idx files, download what is missing."""
+    if name in ("mnist", "fashion_mnist"):
+        gunzip_missing(builtin_dir(name), IDX_FILES)
+    if not builtin_available(name):
+        download_builtin(name)
+
+
+def gunzip_missing(folder: Path, names: tuple[str, ...]) -> None:
+    # torchvision reads only the unpacked idx files; people often copy just the .gz ones.
+    for name in names:
+        target, packed = folder / name, folder / f"{name}.gz"
+        if target.exists() or not packed.exists():
+            continue
+        temp = target.with_suffix(".unpacking")
+        try:
+            with gzip.open(packed, "rb") as source, open(temp, "wb") as out:
+                shutil.copyfileobj(source, out)
+        except (OSError, EOFError) as exc:
+            temp.unlink(missing_ok=True)
+            raise DatasetError(f"cannot unpack {packed}: {exc}") from exc
+        os.replace(temp, target)
+
+
+def download_builtin(name: str) -> None:
+    root = str(data_dir())
+    downloaders = {
+        "mnist": lambda: torchvision.datasets.MNIST(root, train=True, download=True),
+        "fashion_mnist": lambda: torchvision.datasets.FashionMNIST(root, train=True, download=True),
+        "cifar10": lambda: torchvision.datasets.CIFAR10(root, train=True, download=True),
+        "eurosat": lambda: torchvision.datasets.EuroSAT(root, download=True),
+    }
+    previous_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        downloaders[name]()
+    except Exception as exc:  # no network, a moved URL, a bad checksum: all end the same way
+        raise DatasetError(
+            f"cannot download {name} ({short_reason(exc)}); put the files in {builtin_dir(name)}: "
+            f"{expected_files_text(name)}"
+        ) from exc
+    finally:
+        socket.setdefaulttimeout(previous_timeout)
+
+
+def short_reason(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = lines[-1].strip("<>") if lines else type(exc).__name__
+    return reason if len(reason) <= 120 else reason[:117] + "..."
+
+
+def expected_files_text(name: str) -> str:
+    if name == "eurosat":
+        return "one sub-folder per class with the RGB .jpg images (EuroSAT.zip unpacked)"
+    if name in ("mnist", "fashion_mnist"):
+        return ", ".join(IDX_FILES) + " (or the same names with .gz)"
+    return ", ".join(BUILTIN_SPECS[name].files)
+
+
+def builtin_fingerprint(name: str) -> tuple:
+    """What the cache key hashes for digits, mnist, fashion_mnist, cifar10: name, file sizes and times."""
+    if name == "digits":
+        bundled = Path(str(importlib.resources.files("sklearn.datasets.data") / "digits.csv.gz"))
+        return (name, bundled.name, bundled.stat().st_size, bundled.stat().st_mtime_ns)
+    folder = builtin_dir(name)
+    stats = [(f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns) for f in BUILTIN_SPECS[name].files]
+    return (name, tuple(stats))
+
+
+def decode_builtin(name: str, image_size: int, bands, band_scale) -> DecodedPool:
+    """digits, mnist, fashion_mnist or cifar10 as uint8 images (eurosat is read as an image folder)."""
+    if bands is not None or band_scale is not None:
+        raise DatasetError(
+            f"bands and band_scale apply to image folders and eurosat, not to {name}: leave them empty"
+        )
+    if name == "digits":
+        return decode_digits(image_size)
+    if name == "cifar10":
+        return decode_cifar10(image_size)
+    return decode_idx(name, image_size)
+
+
+def decode_digits(image_size: int) -> DecodedPool:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    # Digits are 0..16 intensities; 16 is the full scale.
+    pixels = torch.from_numpy(digits.images).float().unsqueeze(1)
+    images = resize_uint8_images(pixels, image_size, max_value=16.0)
+    return make_pool(images, digits.target, [str(c) for c in digits.target_names])
+
+
+def decode_idx(name: str, image_size: int) -> DecodedPool:
+    dataset_class = torchvision.datasets.MNIST if name == "mnist" else torchvision.datasets.FashionMNIST
+    try:
+        dataset = dataset_class(str(data_dir()), train=True, download=False)
+    except Exception as exc:  # truncated or mislabelled idx files fail inside torchvision's parser
+        raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: {short_reason(exc)}") from exc
+    if len(dataset.data) != len(dataset.targets):
+        raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: "
+                           f"{len(dataset.data)} images but {len(dataset.targets)} labels")
+    images = resize_uint8_images(dataset.data.unsqueeze(1), image_size)
+    return make_pool(images, dataset.targets, dataset.classes)
+
+
+def decode_cifar10(image_size: int) -> DecodedPool:
+    folder = builtin_dir("cifar10")
+    batches = [read_cifar_batch(folder / name) for name in CIFAR10_FILES]
+    images = torch.from_numpy(np.concatenate([pixels for pixels, _ in batches]))
+    labels = np.concatenate([labels for _, labels in batches])
+    return make_pool(resize_uint8_images(images, image_size), labels, read_cifar_class_names(folder))
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        # Unpickling runs code from the file; these files come only from the user's own data folder.
+        with open(path, "rb") as handle:
+            entry = pickle.load(handle, encoding="bytes")
+        pixels = np.asarray(pickled_field(entry, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = np.asarray(pickled_field(entry, "labels"), dtype=np.int64)
+    except Exception as exc:
+        raise DatasetError(f"cannot read cifar10 batch {path}: {exc}") from exc
+    if len(pixels) != len(labels):
+        raise DatasetError(f"cannot read cifar10 batch {path}: {len(pixels)} images but {len(labels)} labels")
+    return pixels, labels
+
+
+def read_cifar_class_names(folder: Path) -> tuple[str, ...]:
+    meta = folder / "batches.meta"
+    if not meta.exists():
+        return CIFAR10_CLASSES
+    try:
+        with open(meta, "rb") as handle:
+            names = pickled_field(pickle.load(handle, encoding="bytes"), "label_names")
+        return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
+    except Exception as exc:
+        raise DatasetError(f"cannot read cifar10 class names {meta}: {exc}") from exc
+
+
+def pickled_field(entry: dict, key: str):
+    # The original batches were pickled by Python 2, so their keys load as bytes.
+    if key.encode() in entry:
+        return entry[key.encode()]
+    return entry[key]

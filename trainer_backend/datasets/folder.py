@@ -1,0 +1,187 @@
+"""Image folders in the EuroSAT layout: one sub-folder per class, image files inside.
+
+``list_image_folder`` scans without decoding (for the dashboard and the cache key);
+``decode_image_folder`` decodes every image, in a process pool for large sets.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import DatasetError, DecodedPool, make_pool
+from .image_files import DecodedImage, decode_image_file, is_image_file
+
+# Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
+MIN_FILES_FOR_POOL = 512
+MIN_IMAGES_PER_CLASS = 2
+
+
+@dataclass(frozen=True)
+class FolderListing:
+    root: Path
+    class_names: tuple[str, ...]
+    files_by_class: tuple[tuple[Path, ...], ...]
+    ignored_files: tuple[Path, ...]  # non-image files inside class folders
+    stray_files: tuple[Path, ...]    # files next to the class folders, not in one
+    fingerprint: tuple[tuple[str, int, int], ...]  # (relative path, size, mtime_ns) of every file
+
+    @property
+    def num_images(self) -> int:
+        return sum(len(files) for files in self.files_by_class)
+
+
+def is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def resolve_folder(dataset: str) -> Path:
+    root = Path(dataset).expanduser().resolve()
+    if not root.exists():
+        raise DatasetError(
+            f"dataset folder {root} does not exist: give a built-in name or an existing folder "
+            "with one sub-folder per class"
+        )
+    if not root.is_dir():
+        raise DatasetError(f"dataset {root} is not a directory: give a folder with one sub-folder per class")
+    return root
+
+
+def list_image_folder(root: Path) -> FolderListing:
+    """Classes, image files and ignored files under ``root`` (hidden files and folders skipped)."""
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not is_hidden(p.name))
+    if not class_dirs:
+        raise DatasetError(
+            f"dataset folder {root} has no class sub-folders: put the images of each class in "
+            f"their own folder, e.g. {root / 'Forest' / 'image_1.tif'}"
+        )
+    stray = sorted(p for p in root.iterdir() if p.is_file() and not is_hidden(p.name))
+    files_by_class, ignored = [], []
+    for class_dir in class_dirs:
+        files = walk_visible_files(class_dir)
+        files_by_class.append(tuple(f for f in files if is_image_file(f)))
+        ignored.extend(f for f in files if not is_image_file(f))
+    every_file = sorted(stray + ignored + [f for files in files_by_class for f in files])
+    return FolderListing(
+        root=root,
+        class_names=tuple(d.name for d in class_dirs),
+        files_by_class=tuple(files_by_class),
+        ignored_files=tuple(sorted(ignored)),
+        stray_files=tuple(stray),
+        fingerprint=tuple(file_fingerprint(f, root) for f in every_file),
+    )
+
+
+def walk_visible_files(folder: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
+        found.extend(Path(dirpath) / name for name in sorted(filenames) if not is_hidden(name))
+    return found
+
+
+def file_fingerprint(path: Path, root: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns
+
+
+def listing_problems(listing: FolderListing) -> list[str]:
+    """Why ``listing`` cannot be trained on, in words; empty when it can."""
+    problems = []
+    if len(listing.class_names) < 2:
+        problems.append(
+            f"dataset folder {listing.root} has {len(listing.class_names)} class sub-folder "
+            f"({', '.join(listing.class_names)}); a classifier needs at least 2"
+        )
+    for name, files in zip(listing.class_names, listing.files_by_class):
+        if len(files) < MIN_IMAGES_PER_CLASS:
+            problems.append(
+                f"class {name!r} in {listing.root} has {len(files)} image(s); every class needs at least "
+                f"{MIN_IMAGES_PER_CLASS} so that both train and val get one"
+            )
+    return problems
+
+
+def listing_warnings(listing: FolderListing) -> list[str]:
+    warnings = []
+    if listing.ignored_files:
+        example = listing.ignored_files[0].relative_to(listing.root)
+        warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {example})")
+    if listing.stray_files:
+        example = listing.stray_files[0].name
+        warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {example})")
+    return warnings
+
+
+def decode_image_folder(listing: FolderListing, image_size: int, bands: tuple[int, ...] | None,
+                        band_scale: float | None) -> DecodedPool:
+    problems = listing_problems(listing)
+    if problems:
+        raise DatasetError("; ".join(problems))
+    paths = [f for files in listing.files_by_class for f in files]
+    labels = [label for label, files in enumerate(listing.files_by_class) for _ in files]
+    decoded = decode_files(paths, image_size, bands, band_scale)
+    images = stack_decoded(decoded, paths)
+    warnings = listing_warnings(listing) + size_warnings(decoded, image_size)
+    return make_pool(images, labels, listing.class_names, warnings)
+
+
+def decode_files(paths: list[Path], image_size: int, bands, band_scale) -> list[DecodedImage]:
+    decode = partial(decode_image_file, image_size=image_size, bands=bands, band_scale=band_scale)
+    workers = usable_cpu_count()
+    # A daemonic process (e.g. a DataLoader worker) may not start children.
+    if (len(paths) < MIN_FILES_FOR_POOL or workers < 2 or multiprocessing.current_process().daemon
+            or "fork" not in multiprocessing.get_all_start_methods()):
+        return [decode(path) for path in paths]
+    # fork starts workers in milliseconds; spawn would re-import torch in each one (seconds).
+    context = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=use_one_torch_thread)
+    try:
+        return list(pool.map(decode, paths, chunksize=max(1, min(256, len(paths) // (4 * workers)))))
+    finally:
+        # On a bad file, do not wait for the rest of the set to decode before reporting it.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def usable_cpu_count() -> int:
+    # os.cpu_count() counts the whole machine; a container or taskset may allow fewer.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def use_one_torch_thread() -> None:
+    # Each worker resizes one small image at a time; threads inside it would only fight the other workers.
+    torch.set_num_threads(1)
+
+
+def stack_decoded(decoded: list[DecodedImage], paths: list[Path]) -> torch.Tensor:
+    channels = {}
+    for image, path in zip(decoded, paths):
+        channels.setdefault(image.pixels.shape[0], path)
+    if len(channels) > 1:
+        (count_a, path_a), (count_b, path_b) = list(channels.items())[:2]
+        raise DatasetError(
+            f"images have different channel counts after band selection: {path_a} has {count_a}, "
+            f"{path_b} has {count_b}; give bands that every file has, or keep one kind of file"
+        )
+    if all(image.pixels.dtype == np.uint8 for image in decoded):
+        return torch.from_numpy(np.stack([image.pixels for image in decoded]))
+    as_unit = [image.pixels if image.pixels.dtype == np.float16 else image.pixels.astype(np.float16) / 255
+               for image in decoded]
+    return torch.from_numpy(np.stack(as_unit).astype(np.float16))
+
+
+def size_warnings(decoded: list[DecodedImage], image_size: int) -> list[str]:
+    sizes = sorted({image.native_size for image in decoded})
+    if len(sizes) < 2:
+        return []
+    shown = ", ".join(f"{h}x{w}" for h, w in sizes[:3]) + (", ..." if len(sizes) > 3 else "")
+    return [f"images had {len(sizes)} different sizes ({shown}); all were resized to {image_size}x{image_size}"]

@@ -1,0 +1,120 @@
+"""Decode one image file into resized pixels: read, pick bands, scale to [0, 1], resize.
+
+TIFFs may carry any number of bands (Sentinel-2 has 13); PNG/JPEG/BMP files are read as RGB.
+For a 13-band image the defaults follow EuroSAT: bands (3, 2, 1) = red, green, blue, divided by 4000.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import torch
+from PIL import Image
+
+from .base import DatasetError, resize_unit_images, to_uint8
+
+TIFF_SUFFIXES = (".tif", ".tiff")
+RGB_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+IMAGE_SUFFIXES = TIFF_SUFFIXES + RGB_SUFFIXES
+SENTINEL2_BANDS = 13
+SENTINEL2_RGB = (3, 2, 1)
+SENTINEL2_SCALE = 4000.0
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    pixels: np.ndarray        # (C, S, S) uint8 (8-bit source at full scale) or float16 in [0, 1]
+    native_size: tuple[int, int]
+
+
+def is_image_file(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES
+
+
+def read_band_last(path: Path) -> np.ndarray:
+    """The file's pixels as (H, W, bands). Any failure names the file."""
+    try:
+        pixels = read_tiff(path) if path.suffix.lower() in TIFF_SUFFIXES else read_rgb(path)
+    except Exception as exc:  # decoders raise many types; the user needs the file and the reason
+        raise DatasetError(f"cannot read image {path}: {exc}") from exc
+    if pixels.ndim != 3 or min(pixels.shape) == 0:
+        raise DatasetError(f"cannot read image {path}: expected a 2-D image with bands, got shape {pixels.shape}")
+    return pixels
+
+
+def read_tiff(path: Path) -> np.ndarray:
+    pixels = tifffile.imread(path)
+    if pixels.ndim == 2:
+        return pixels[:, :, None]
+    if pixels.ndim == 3 and pixels.shape[0] < pixels.shape[-1]:
+        # Band-first (planar) TIFFs come back (bands, H, W); the band axis is the short one.
+        return np.moveaxis(pixels, 0, -1)
+    return pixels
+
+
+def read_rgb(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+            # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
+            gray = np.asarray(image)
+            return np.repeat(gray[:, :, None], 3, axis=2)
+        return np.asarray(image.convert("RGB"))
+
+
+def default_bands(band_count: int, path: Path) -> tuple[int, ...]:
+    if band_count == SENTINEL2_BANDS:
+        return SENTINEL2_RGB
+    if path.suffix.lower() in RGB_SUFFIXES:
+        return tuple(range(min(band_count, 3)))
+    return tuple(range(band_count))
+
+
+def default_scale(dtype: np.dtype, band_count: int) -> float:
+    if band_count == SENTINEL2_BANDS:
+        return SENTINEL2_SCALE
+    if np.issubdtype(dtype, np.integer):
+        return float(np.iinfo(dtype).max)
+    return 1.0
+
+
+def select_bands(pixels: np.ndarray, bands: tuple[int, ...], path: Path) -> np.ndarray:
+    band_count = pixels.shape[-1]
+    for band in bands:
+        if not 0 <= band < band_count:
+            raise DatasetError(
+                f"band index {band} is out of range for {path}: it has {band_count} bands "
+                f"(valid indices 0..{band_count - 1})"
+            )
+    return pixels[:, :, list(bands)]
+
+
+def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None,
+                      band_scale: float | None) -> DecodedImage:
+    """Read ``path`` and return its chosen bands, divided by the scale, clipped to [0, 1], resized."""
+    pixels = read_band_last(path)
+    band_count = pixels.shape[-1]
+    chosen = select_bands(pixels, bands if bands is not None else default_bands(band_count, path), path)
+    scale = band_scale if band_scale is not None else default_scale(pixels.dtype, band_count)
+    unit = torch.from_numpy(chosen.astype(np.float32)).permute(2, 0, 1).div_(scale).clamp_(0.0, 1.0)
+    unit.nan_to_num_(0.0)  # float rasters mark no-data with NaN, which would poison the channel mean
+    resized = resize_unit_images(unit[None], image_size)[0]
+    # 8-bit sources at their full scale lose nothing when stored back as uint8, at half float16's size.
+    stays_8bit = pixels.dtype == np.uint8 and scale == 255.0
+    stored = to_uint8(resized) if stays_8bit else resized.half()
+    return DecodedImage(stored.numpy(), (pixels.shape[0], pixels.shape[1]))
+
+
+def describe_image_file(path: Path) -> dict:
+    """Native shape, dtype and default band choice of one file, for a quick look at a dataset."""
+    pixels = read_band_last(path)
+    height, width, band_count = pixels.shape
+    return {
+        "image_shape": (height, width),
+        "bands": band_count,
+        "dtype": str(pixels.dtype),
+        "default_bands": default_bands(band_count, path),
+        "default_scale": default_scale(pixels.dtype, band_count),
+    }
