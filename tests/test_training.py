@@ -1,0 +1,152 @@
+"""End to end on CPU: every strategy trains through the real CLI, in real subprocesses, with
+real torch.distributed (gloo), into a real SQLite file; the numbers it records are checked."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from conftest import run_cli
+
+EPOCH_FIELDS = ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s", "train_time_s", "images_per_s", "lr")
+DIGITS_TRAIN = 1437  # 80 % of scikit-learn's 1797 digits, stratified
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
+def train(home, *flags: str) -> dict:
+    """Run the CLI to the end and return the run's export."""
+    result = run_cli("run", "--dataset", "digits", "--model", "resnet18", *flags, home=home)
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("run_id="), result.stdout + result.stderr
+    run_id = int(last.split()[0].split("=")[1])
+    exported = run_cli("export", str(run_id), home=home)
+    assert exported.returncode == 0, exported.stderr
+    run = json.loads(exported.stdout)
+    run["_cli"] = result
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(home):
+    """One run per strategy, trained once for the module's tests."""
+    return {
+        "single": train(home, "--strategy", "single", "--devices", "cpu", "--epochs", "8", "--batch-size", "128", "--lr", "1e-3"),
+        "dp": train(home, "--strategy", "dp", "--devices", "cpu", "--epochs", "1"),
+        "ddp": train(home, "--strategy", "ddp", "--devices", "cpu,cpu", "--epochs", "1", "--batch-size", "128"),
+        "mp": train(home, "--strategy", "mp", "--devices", "cpu,cpu", "--epochs", "1"),
+    }
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp", "ddp", "mp"])
+def test_each_strategy_completes_with_every_field_filled(runs, strategy):
+    run = runs[strategy]
+    cli = run["_cli"]
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip().splitlines()[-1] == f"run_id={run['run_id']} status=completed"
+    assert run["status"] == "completed" and run["error"] is None and run["pid"] > 0
+    assert run["config"]["strategy"] == strategy
+    assert run["epochs"], "no epoch recorded"
+    for epoch in run["epochs"]:
+        for field in EPOCH_FIELDS:
+            assert isinstance(epoch[field], float) and math.isfinite(epoch[field]), (field, epoch[field])
+        assert epoch["images_per_s"] > 0 and epoch["epoch_time_s"] > 0
+        assert epoch["peak_memory_mb"] and all(v > 0 for v in epoch["peak_memory_mb"].values())
+
+
+def test_dataparallel_on_cpu_says_it_is_a_pass_through(runs):
+    assert any("pass-through" in note for note in runs["dp"]["notes"])
+
+
+def test_ddp_records_memory_of_every_rank(runs):
+    assert set(runs["ddp"]["epochs"][0]["peak_memory_mb"]) == {"rank0:cpu", "rank1:cpu"}
+
+
+def test_resnet18_learns_digits_to_95_percent(runs):
+    epochs = runs["single"]["epochs"]
+    assert [e["epoch"] for e in epochs] == list(range(1, 9))
+    assert max(e["val_acc"] for e in epochs) >= 0.95
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_throughput_counts_the_whole_global_batch(runs, strategy):
+    for epoch in runs[strategy]["epochs"]:
+        images = epoch["images_per_s"] * epoch["epoch_time_s"]
+        assert DIGITS_TRAIN <= images <= 1.5 * DIGITS_TRAIN, epoch
+
+
+def test_ddp_validation_equals_single_process_evaluation(runs, home, monkeypatch):
+    """Rank-sharded validation, reduced across ranks, must score the saved weights exactly as
+    one process evaluating every validation image once does."""
+    from trainer_backend.config import RunConfig
+    from trainer_backend.loop import evaluate
+    from trainer_backend.models import create_model
+    from trainer_backend.strategies import Strategy
+    from trainer_backend.trainer import build_loaders, load_data
+
+    run = runs["ddp"]
+    monkeypatch.setenv("PARALLAX_HOME", str(home))
+    checkpoint = torch.load(home / "runs" / f"run-{run['run_id']}" / "best.pt", weights_only=True)
+    config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})
+    data = load_data(config)
+    model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans)
+    model.load_state_dict(checkpoint["model"])
+    strategy = Strategy(config)
+    _, val_loader = build_loaders(data, config, strategy)
+    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()
+    recorded = run["epochs"][checkpoint["epoch"] - 1]
+    assert count == len(data.val) == 360
+    assert correct / count == recorded["val_acc"] == checkpoint["val_acc"]
+    assert loss_sum / count == pytest.approx(recorded["val_loss"], rel=1e-4)
+
+
+def test_list_shows_one_line_per_run(runs, home):
+    lines = run_cli("list", home=home).stdout.strip().splitlines()
+    assert len(lines) == len(runs)
+    ddp = runs["ddp"]["run_id"]
+    assert f"run_id={ddp} status=completed strategy=ddp model=resnet18 dataset=digits" in lines
+
+
+def make_eurosat_folder(root, classes=("AnnualCrop", "Forest", "River"), per_class=16, corrupt=False):
+    """A EuroSAT-MS layout: one folder per class of 13-band 64x64 uint16 TIFFs, class-dependent."""
+    rng = np.random.default_rng(0)
+    for index, name in enumerate(classes):
+        folder = root / name
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            image = rng.integers(0, 1500, size=(64, 64, 13), dtype=np.uint16)
+            image[..., 1 + index] += 2000  # one of bands 1..3 carries the class
+            tifffile.imwrite(folder / f"{name}_{i}.tif", image)
+    if corrupt:
+        (root / classes[0] / "broken.tif").write_bytes(b"not a tiff at all")
+    return root
+
+
+def test_eurosat_tiffs_train_under_ddp(tmp_path, parallax_home):
+    data = make_eurosat_folder(tmp_path / "eurosat")
+    result = run_cli(
+        "run", "--dataset", str(data), "--model", "resnet18", "--strategy", "ddp", "--devices", "cpu,cpu",
+        "--epochs", "2", "--batch-size", "16", "--image-size", "32", home=parallax_home,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    run = json.loads(run_cli("export", run_id, home=parallax_home).stdout)
+    assert run["status"] == "completed" and len(run["epochs"]) == 2
+    assert all(math.isfinite(e["val_loss"]) for e in run["epochs"])
+
+
+def test_corrupt_image_stops_before_training_naming_the_file(tmp_path, parallax_home):
+    data = make_eurosat_folder(tmp_path / "eurosat", per_class=3, corrupt=True)
+    result = run_cli("run", "--dataset", str(data), "--epochs", "1", home=parallax_home, timeout=120)
+    assert result.returncode == 2
+    assert "broken.tif" in result.stderr and "Traceback" not in result.stderr
+    assert "run_id=" not in result.stdout

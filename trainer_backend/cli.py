@@ -1,0 +1,118 @@
+"""Command line: train, list and export runs.
+
+    python -m trainer_backend run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
+        --epochs 5 --batch-size 128 --lr 1e-3
+    python -m trainer_backend list
+    python -m trainer_backend export 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import AMP_MODES, OPTIMIZERS, STRATEGIES, ConfigError, RunConfig
+
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    # default=None everywhere: only flags the user typed override --config.
+    add = parser.add_argument
+    add("--config", type=Path, help="JSON file with config fields; flags given here override it")
+    add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
+        f"with one sub-folder per class (default {d.dataset})")
+    add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
+    add("--bands", help="zero-based band indices for multi-band TIFFs, e.g. 3,2,1 (the default for 13-band files)")
+    add("--band-scale", type=float, help="divide band values by this, then clip to [0,1] (default 4000 for 13-band files)")
+    add("--model", help=f"timm model name (default {d.model})")
+    add("--pretrained", action=argparse.BooleanOptionalAction, default=None, help="start from pretrained weights")
+    add("--strategy", choices=list(STRATEGIES), help=" | ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+    add("--devices", help="comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU processes for ddp); "
+        "a bare integer N means cuda:N (default cpu)")
+    add("--batch-size", type=int, help=f"GLOBAL batch size: ddp gives each of N processes batch/N, "
+        f"dp splits it over its GPUs (default {d.batch_size})")
+    add("--epochs", type=int, help=f"default {d.epochs}")
+    add("--lr", type=float, help=f"learning rate (default {d.lr})")
+    add("--optimizer", choices=OPTIMIZERS, help=f"default {d.optimizer}")
+    add("--weight-decay", type=float, help=f"default {d.weight_decay}")
+    add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
+        "with a GradScaler; CPU always trains in fp32 (default auto)")
+    add("--num-workers", type=int, help=f"data-loader worker processes per training process (default {d.num_workers})")
+    add("--seed", type=int, help=f"default {d.seed}")
+    add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--tags", help="comma-separated labels for finding the run later")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    values: dict = {}
+    if args.config is not None:
+        try:
+            values = json.loads(args.config.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError("config", f"cannot read config file {str(args.config)!r}: {exc}") from None
+        if not isinstance(values, dict):
+            raise ConfigError("config", f"config file {str(args.config)!r} must hold a JSON object")
+    for name in RunConfig.__dataclass_fields__:
+        given = getattr(args, name, None)
+        if given is not None:
+            values[name] = given.split(",") if name == "tags" else given
+    return RunConfig.from_dict(values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer_backend", description="Parallax training engine")
+    parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
+    _add_config_flags(run)
+    run.add_argument("--quiet", action="store_true", help="print only the final run_id line")
+    export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
+    export.add_argument("run_id", type=int)
+    sub.add_parser("list", help="one line per run, newest first")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "export":
+            return _cmd_export(args)
+        return _cmd_list(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # refuse bad values before torch and timm are even imported
+    from .runner import execute_run
+
+    run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
+    if status != "completed":
+        from db import make_engine, store
+
+        error = store.get_run(make_engine(args.db), run_id).error or ""
+        print(f"error: {error}", file=sys.stderr)
+    print(f"run_id={run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from db import make_engine, store
+
+    print(json.dumps(store.export_run(make_engine(args.db), args.run_id), indent=2))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from db import make_engine, store
+
+    for run in store.list_runs(make_engine(args.db)):
+        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={run.model} dataset={run.dataset}")
+    return 0

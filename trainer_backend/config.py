@@ -1,0 +1,251 @@
+"""RunConfig: the one contract between the dashboard, the CLI and the trainer.
+
+A RunConfig is frozen and validated on construction, so any RunConfig that exists is one the
+trainer can start. It is stored as JSON on the run row (``to_dict``/``from_dict``). Validation
+here is pure and fast (no dataset reads, no model builds): it is what the Launch form calls on
+every field. The checks that need the data or the model run in ``preflight`` before launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+STRATEGIES: dict[str, str] = {
+    "single": "One device, one process: the baseline every other strategy is measured against.",
+    "dp": "torch.nn.DataParallel: one process scatters each batch over the listed GPUs "
+    "(a pass-through on CPU). Simple, but GPU 0 gathers everything; DDP is usually faster.",
+    "ddp": "DistributedDataParallel: one process per device, gradients all-reduced. "
+    "The default choice when the model fits on one device.",
+    "mp": "Model parallel: the model cut into stages on different devices, one stage busy at a "
+    "time. Pays off only when the model does not fit on one device.",
+}
+OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("auto", "off", "bf16", "fp16")
+MAX_EPOCHS = 10_000
+MAX_BATCH_SIZE = 65_536
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
+
+
+class ConfigError(ValueError):
+    """A value a user gave that Parallax cannot run with. ``field`` names the config field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field = field_name
+
+
+def parse_devices(devices: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """'cpu,cpu' -> ('cpu', 'cpu'); '0,1' -> ('cuda:0', 'cuda:1'); 'cuda' -> ('cuda:0',)."""
+    items = devices.split(",") if isinstance(devices, str) else list(devices)
+    parsed = []
+    for raw in items:
+        item = str(raw).strip().lower()
+        if item.isdigit():
+            item = f"cuda:{int(item)}"
+        elif item == "cuda":
+            item = "cuda:0"
+        if item != "cpu" and not (item.startswith("cuda:") and item[5:].isdigit()):
+            raise ConfigError(
+                "devices",
+                f"device {raw!r} is not allowed: use 'cpu', 'cuda:N' or a bare GPU index N "
+                "(e.g. --devices cpu,cpu or --devices 0,1)",
+            )
+        parsed.append(item)
+    if not parsed:
+        raise ConfigError("devices", "no devices given: list at least one, e.g. --devices cpu")
+    return tuple(parsed)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs. ``batch_size`` is the global batch: DDP gives each of N ranks batch/N."""
+
+    dataset: str = "digits"
+    image_size: int = 32
+    bands: tuple[int, ...] | None = None
+    band_scale: float | None = None
+    model: str = "resnet18"
+    pretrained: bool = False
+    strategy: str = "single"
+    devices: tuple[str, ...] = ("cpu",)
+    batch_size: int = 128
+    epochs: int = 5
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    amp: str = "auto"
+    num_workers: int = 0
+    seed: int = 0
+    val_fraction: float = 0.2
+    # Reserved for the profiler: which steps of the first epoch to record.
+    profile: bool = False
+    profile_wait: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # Normalise containers first so that the frozen instance is hashable and JSON-stable.
+        object.__setattr__(self, "devices", parse_devices(self.devices))
+        object.__setattr__(self, "tags", tuple(str(t).strip() for t in self.tags if str(t).strip()))
+        if self.bands is not None:
+            object.__setattr__(self, "bands", _parse_bands(self.bands))
+        _validate(self)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the run starts: one per device for DDP, one otherwise."""
+        return len(self.devices) if self.strategy == "ddp" else 1
+
+    @property
+    def per_device_batch(self) -> int:
+        """The batch each DDP rank (or DataParallel GPU replica, rounded down) sees."""
+        if self.strategy == "ddp" or (self.strategy == "dp" and self.uses_cuda):
+            return self.batch_size // len(self.devices)
+        return self.batch_size
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.devices[0].startswith("cuda")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = list(value)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                unknown[0], f"unknown config field(s) {unknown}; allowed: {sorted(known)}"
+            )
+        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Turn JSON lists back into tuples; the dataclass validates the rest."""
+    if isinstance(value, list) and name in ("devices", "bands", "tags"):
+        return tuple(value)
+    return value
+
+
+def _parse_bands(bands: Any) -> tuple[int, ...]:
+    items = bands.split(",") if isinstance(bands, str) else list(bands)
+    try:
+        parsed = tuple(int(str(b).strip()) for b in items if str(b).strip() != "")
+    except ValueError:
+        raise ConfigError(
+            "bands", f"bands {bands!r} must be comma-separated zero-based band indices, e.g. 3,2,1"
+        ) from None
+    if not parsed or any(b < 0 for b in parsed):
+        raise ConfigError("bands", f"bands {bands!r} must be one or more indices >= 0, e.g. 3,2,1")
+    return parsed
+
+
+def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(name, f"{name} {value!r} is not allowed: use a whole number from {low} to {high}")
+
+
+def _require_float(cfg: RunConfig, name: str, low: float, high: float, *, low_open: bool) -> None:
+    value = getattr(cfg, name)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and value <= high
+    )
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ConfigError(name, f"{name} {value!r} is not allowed: use a number in {bracket}{low}, {high}]")
+
+
+def _require_choice(cfg: RunConfig, name: str, allowed: tuple[str, ...] | list[str]) -> None:
+    value = getattr(cfg, name)
+    if value not in allowed:
+        raise ConfigError(name, f"{name} {value!r} is not allowed: choose one of {', '.join(allowed)}")
+
+
+def _validate(cfg: RunConfig) -> None:
+    if not isinstance(cfg.dataset, str) or not cfg.dataset.strip():
+        raise ConfigError("dataset", "dataset is empty: give a built-in name (e.g. digits) or a folder path")
+    if not isinstance(cfg.model, str) or not cfg.model.strip():
+        raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
+    _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+    _require_int(cfg, "epochs", 1, MAX_EPOCHS)
+    _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
+    _require_int(cfg, "num_workers", 0, 64)
+    _require_int(cfg, "seed", 0, 2**31 - 1)
+    for name in ("profile_wait", "profile_warmup"):
+        _require_int(cfg, name, 0, 100)
+    _require_int(cfg, "profile_active", 1, 100)
+    _require_float(cfg, "lr", 0.0, 10.0, low_open=True)
+    _require_float(cfg, "weight_decay", 0.0, 1.0, low_open=False)
+    _require_float(cfg, "val_fraction", 0.0, 0.9, low_open=True)
+    if cfg.band_scale is not None:
+        _require_float(cfg, "band_scale", 0.0, 1e9, low_open=True)
+    _require_choice(cfg, "strategy", list(STRATEGIES))
+    _require_choice(cfg, "optimizer", OPTIMIZERS)
+    _require_choice(cfg, "amp", AMP_MODES)
+    if not isinstance(cfg.pretrained, bool) or not isinstance(cfg.profile, bool):
+        raise ConfigError("pretrained", "pretrained and profile must be true or false")
+    _validate_devices(cfg)
+
+
+def _validate_devices(cfg: RunConfig) -> None:
+    devices, n = cfg.devices, len(cfg.devices)
+    kinds = {d.split(":")[0] for d in devices}
+    if len(kinds) > 1:
+        raise ConfigError("devices", f"devices {','.join(devices)} mix CPU and GPU: use one kind")
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
+    if cfg.strategy == "single" and n != 1:
+        raise ConfigError(
+            "devices", f"strategy single runs on one device, got {n} ({','.join(devices)}): "
+            "list one, or pick dp, ddp or mp for several"
+        )
+    if cfg.strategy == "mp" and n < 2:
+        raise ConfigError(
+            "devices", f"strategy mp cuts the model into one stage per device and needs at least 2 "
+            f"devices, got {','.join(devices)} (on CPU: --devices cpu,cpu)"
+        )
+    if cfg.strategy == "ddp" and cfg.batch_size % n:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
+            f"over {n} DDP processes: use a multiple of {n}"
+        )
+    if cfg.strategy == "dp" and gpus and cfg.batch_size < n:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
+            "splits it over: use at least one image per GPU"
+        )
+    if cfg.amp in ("bf16", "fp16") and not gpus:
+        raise ConfigError(
+            "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
+        )
+    if gpus:
+        available = cuda_device_count()
+        missing = [d for d in gpus if int(d.split(":")[1]) >= available]
+        if missing:
+            have = f"GPUs 0..{available - 1}" if available else "no CUDA GPUs"
+            raise ConfigError("devices", f"device {missing[0]} does not exist: this machine has {have}")
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to torch; imported lazily so that building a config stays cheap."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

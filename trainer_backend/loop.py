@@ -1,0 +1,128 @@
+"""The training and evaluation loops, the same for every strategy.
+
+Per-batch numbers are summed on the device and read once per epoch: a ``.item()`` per step
+would force a host-device sync every step and slow GPU training for a progress number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .strategies import Strategy
+
+StepCallback = Callable[[int, int], None]
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for this run, or None for plain fp32 (always on CPU)."""
+    if device.type != "cuda" or amp == "off":
+        return None
+    if amp == "fp16":
+        return torch.float16
+    if amp == "bf16" or torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+def make_grad_scaler(amp_dtype: torch.dtype | None) -> torch.amp.GradScaler | None:
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+    return torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+
+def _autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+
+def synchronize(devices: list[torch.device]) -> None:
+    """Wait for queued GPU work so that wall-clock timings measure the work, not its launch."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    *,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    on_step: StepCallback | None = None,
+) -> tuple[torch.Tensor, float]:
+    """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
+    model.train()
+    totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
+    total_steps = len(loader)
+    synchronize(strategy.devices)
+    start = time.perf_counter()
+    for step, (images, labels) in enumerate(loader, start=1):
+        images = images.to(strategy.input_device, non_blocking=True)
+        labels = labels.to(strategy.output_device, non_blocking=True)
+        with _autocast(strategy.input_device, amp_dtype):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        _accumulate(totals, loss.detach(), logits.detach(), labels)
+        if on_step is not None:
+            on_step(step, total_steps)
+    synchronize(strategy.devices)
+    return totals, time.perf_counter() - start
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[loss_sum, correct, count] over this process's validation shard."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
+    for images, labels in loader:
+        images = images.to(strategy.input_device, non_blocking=True)
+        labels = labels.to(strategy.output_device, non_blocking=True)
+        with _autocast(strategy.input_device, amp_dtype):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+        _accumulate(totals, loss, logits, labels)
+    return totals
+
+
+def _accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    batch = labels.numel()
+    totals[0] += loss.double() * batch
+    totals[1] += (logits.argmax(dim=1) == labels).sum()
+    totals[2] += batch
+
+
+def reset_peak_memory(devices: list[torch.device]) -> None:
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(devices: list[torch.device]) -> dict[str, float]:
+    """Peak memory this epoch per CUDA device; for CPU, the process's peak resident set
+    (a lifetime peak: the OS keeps no per-epoch figure)."""
+    peaks: dict[str, float] = {}
+    for device in devices:
+        if device.type == "cuda":
+            peaks[str(device)] = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            # ru_maxrss is in KiB on Linux.
+            peaks["cpu"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peaks

@@ -1,0 +1,120 @@
+"""Start a run: check it, record it, train it, and record how it ended.
+
+    run_id, status = execute_run(RunConfig(strategy="ddp", devices=("cpu", "cpu")))
+
+Checks that need the data or the model (``preflight``) run before the run row exists, so a
+typo never leaves a failed run behind. Once the row exists, every way the training can end —
+completed, an exception in any rank, a rank killed by a signal, Ctrl-C — is written to it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from db import make_engine, store
+from db.settings import database_url
+
+from .config import RunConfig
+from .datasets import DatasetInfo
+from .models import ModelError, create_model, split_into_stages
+from .strategies import strategy_notes
+from .trainer import load_data, train_process
+
+OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+
+
+def preflight(config: RunConfig) -> DatasetInfo:
+    """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
+    an unknown model, missing pretrained weights, an image size the model cannot take, or a
+    model that cannot be cut for mp all fail here, with a message, before anything starts."""
+    info = load_data(config).info
+    model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
+                         pretrained=config.pretrained)
+    if config.strategy == "mp":
+        split_into_stages(model, len(config.devices), in_chans=info.in_chans,
+                          image_size=config.image_size, name=config.model)
+    else:
+        _probe_forward(model, config, info)
+    return info
+
+
+@torch.no_grad()
+def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
+    model.eval()
+    try:
+        model(torch.zeros(2, info.in_chans, config.image_size, config.image_size))
+    except Exception as exc:  # timm raises assorted errors for inputs it cannot take
+        raise ModelError(
+            f"model {config.model!r} cannot take {config.image_size}x{config.image_size} images "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): try a larger --image-size"
+        ) from None
+
+
+def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
+    """Preflight, create the run row, train in the foreground, and return (run_id, status)."""
+    url = database_url(db_url)
+    info = preflight(config)
+    engine = make_engine(url)
+    notes = strategy_notes(config) + list(info.warnings)
+    run_id = store.create_run(engine, config.to_dict(), status="running", notes=notes, world_size=config.world_size)
+    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+    if echo:
+        print(f"run_id={run_id} started: {config.strategy} on {','.join(config.devices)}, "
+              f"{config.model} on {config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
+        for note in notes:
+            print(f"note: {note}", flush=True)
+    status, error = train_to_end(config, run_id, url, echo=echo)
+    store.set_status(engine, run_id, status, error=error)
+    return run_id, status
+
+
+def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True) -> tuple[str, str | None]:
+    """Train and translate how it ended into (status, error)."""
+    try:
+        if config.strategy == "ddp":
+            _spawn_ranks(config, run_id, url, echo)
+        else:
+            train_process(0, config.to_dict(), run_id, url, echo=echo)
+        return "completed", None
+    except KeyboardInterrupt:
+        return "cancelled", "cancelled by the user (interrupt)"
+    except mp.ProcessRaisedException as exc:
+        return "failed", _with_oom_hint(f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}")
+    except mp.ProcessExitedException as exc:
+        how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
+        return "failed", f"rank {exc.error_index} {how}; the other ranks were stopped"
+    except Exception as exc:
+        return "failed", _with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+
+
+def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
+    # The run's own rendezvous store on an OS-chosen port: held by this process for the whole
+    # run, so two runs started at the same moment can never pick the same port.
+    store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
+    try:
+        mp.spawn(
+            train_process,
+            args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo),
+            nprocs=config.world_size,
+            join=True,
+        )
+    finally:
+        del store_server
+
+
+def _strip_spawn_banner(text: str) -> str:
+    marker = "terminated with the following error:\n"
+    return text.split(marker, 1)[1] if marker in text else text
+
+
+def _with_oom_hint(error: str) -> str:
+    if "OutOfMemoryError" in error or "CUDA out of memory" in error:
+        return f"{OOM_HINT}\n\n{error}"
+    return error

@@ -1,0 +1,218 @@
+"""Parallel strategies: one small class each, behind one protocol.
+
+A strategy owns what differs between single-device, DataParallel, DistributedDataParallel and
+model-parallel training: where inputs and labels go, how the model is wrapped, how the data
+is sharded, and how numbers are summed across processes. Where a collective does not apply
+(one process), it is a no-op, so the training loop has no strategy branches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DistributedSampler, Sampler
+
+from .config import RunConfig
+from .models import StagedModel, split_into_stages
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def strategy_notes(config: RunConfig) -> list[str]:
+    """What a user should know about how their strategy really runs on these devices."""
+    notes = []
+    if config.strategy == "dp" and not config.uses_cuda:
+        notes.append(
+            "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
+            "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
+        )
+    if config.strategy == "ddp" and not config.uses_cuda:
+        threads = max(1, cpu_cores() // len(config.devices))
+        notes.append(
+            f"DDP on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) each "
+            f"({cpu_cores()} cores shared), per-process batch {config.per_device_batch}."
+        )
+    if config.strategy == "mp" and not config.uses_cuda:
+        notes.append(
+            "Model parallel on CPU: the stages share the same CPU, so this shows the mechanics "
+            "(activations handed from stage to stage), not a speed-up."
+        )
+    if config.amp == "auto" and not config.uses_cuda:
+        notes.append("AMP auto: CPU runs train in fp32.")
+    return notes
+
+
+class Strategy:
+    """Single device, and the defaults every other strategy starts from."""
+
+    name = "single"
+
+    def __init__(self, config: RunConfig, rank: int = 0):
+        self.config = config
+        self.rank = rank
+        self.world_size = 1
+        self.input_device = torch.device(config.devices[0])
+        self.output_device = self.input_device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """Every device this process computes on (for synchronised timing and memory)."""
+        return [self.input_device]
+
+    def setup(self) -> None:
+        if self.input_device.type == "cuda":
+            torch.cuda.set_device(self.input_device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model.to(self.input_device)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The model without its data-parallel wrapper: what evaluation runs."""
+        return model
+
+    def checkpoint_module(self, model: nn.Module) -> nn.Module:
+        """The module whose state_dict has timm's parameter names: what a checkpoint saves."""
+        return self.unwrap(model)
+
+    def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
+        return None  # the loader shuffles with a seeded generator
+
+    def val_indices(self, dataset_len: int) -> Iterable[int] | None:
+        return None
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return tensor
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        """Make every process evaluate the same weights (BatchNorm statistics included)."""
+
+    def teardown(self) -> None:
+        pass
+
+
+class DataParallelStrategy(Strategy):
+    name = "dp"
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.input_device)
+        if self.input_device.type != "cuda":
+            # Without CUDA, DataParallel has no device_ids and simply calls the module: the
+            # wrapper is kept so the run exercises the same code, and a run note says so.
+            return nn.DataParallel(model)
+        ids = [torch.device(d).index for d in self.config.devices]
+        return nn.DataParallel(model, device_ids=ids, output_device=ids[0])
+
+    @property
+    def devices(self) -> list[torch.device]:
+        return [torch.device(d) for d in dict.fromkeys(self.config.devices)]
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module
+
+
+class DistributedStrategy(Strategy):
+    """One process per device; the store is the run's own TCPStore, so two runs never share a port."""
+
+    name = "ddp"
+
+    def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0):
+        super().__init__(config, rank)
+        self.world_size = len(config.devices)
+        self.input_device = self.output_device = torch.device(config.devices[rank])
+        self.store_host, self.store_port = store_host, store_port
+
+    def setup(self) -> None:
+        super().setup()
+        if self.input_device.type == "cpu":
+            # Spawned workers inherit every core's worth of threads; N of them oversubscribe.
+            torch.set_num_threads(max(1, cpu_cores() // self.world_size))
+        backend = "nccl" if self.input_device.type == "cuda" else "gloo"
+        store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(
+            backend, store=store, rank=self.rank, world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT
+        )
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.input_device)
+        ids = [self.input_device.index] if self.input_device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module
+
+    def train_sampler(self, dataset_len: int, seed: int) -> Sampler:
+        # DistributedSampler only needs len(); pads the last shard so every rank takes the same
+        # number of steps (DDP's all-reduce needs that).
+        return DistributedSampler(
+            range(dataset_len), num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=seed
+        )
+
+    def val_indices(self, dataset_len: int) -> Iterable[int]:
+        # Strided shards with no padding: each validation image is counted exactly once. Evaluation
+        # runs on the unwrapped module, so unequal shard lengths need no matching collectives.
+        return range(self.rank, dataset_len, self.world_size)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        dist.all_reduce(tensor, op=reduce_op)
+        return tensor
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        # Each rank updated BatchNorm statistics with its own last batch; take rank 0's, which is
+        # what the checkpoint saves, so the validation numbers describe the saved model.
+        for buffer in self.unwrap(model).buffers():
+            dist.broadcast(buffer, src=0)
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class ModelParallelStrategy(Strategy):
+    name = "mp"
+
+    def __init__(self, config: RunConfig, rank: int = 0, *, in_chans: int = 3):
+        super().__init__(config, rank)
+        self.stage_devices = [torch.device(d) for d in config.devices]
+        self.input_device, self.output_device = self.stage_devices[0], self.stage_devices[-1]
+        self.in_chans = in_chans
+
+    @property
+    def devices(self) -> list[torch.device]:
+        return list(dict.fromkeys(self.stage_devices))
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        stages = split_into_stages(
+            model, len(self.stage_devices), in_chans=self.in_chans,
+            image_size=self.config.image_size, name=self.config.model,
+        )
+        return StagedModel(stages, self.stage_devices, source=model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # StagedModel runs the stages in order; its source holds timm's names
+
+    def checkpoint_module(self, model: nn.Module) -> nn.Module:
+        return model.source
+
+
+def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
+    if config.strategy == "ddp":
+        return DistributedStrategy(config, rank, store_host, store_port)
+    if config.strategy == "dp":
+        return DataParallelStrategy(config, rank)
+    if config.strategy == "mp":
+        return ModelParallelStrategy(config, rank, in_chans=in_chans)
+    return Strategy(config, rank)

@@ -1,0 +1,189 @@
+"""One training process: setup -> build -> train -> teardown.
+
+``train_process(rank, ...)`` is what ``torch.multiprocessing.spawn`` calls for each DDP rank, and
+what the runner calls directly (rank 0) for the single-process strategies. Only rank 0 touches
+the database; every number it writes is already reduced across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from db import make_engine, store
+from db.settings import runs_dir
+
+from .config import RunConfig
+from .datasets import PreparedData, collate_batch, prepare_data
+from .loop import (
+    evaluate,
+    make_grad_scaler,
+    peak_memory_mb,
+    reset_peak_memory,
+    resolve_amp,
+    synchronize,
+    train_one_epoch,
+)
+from .models import create_model
+from .strategies import Strategy, make_strategy
+
+EpochPrinter = Callable[[str], None]
+
+
+def load_data(config: RunConfig) -> PreparedData:
+    return prepare_data(
+        config.dataset,
+        image_size=config.image_size,
+        bands=config.bands,
+        band_scale=config.band_scale,
+        val_fraction=config.val_fraction,
+        seed=config.seed,
+    )
+
+
+def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
+    batch = config.per_device_batch if strategy.world_size > 1 else config.batch_size
+    sampler = strategy.train_sampler(len(data.train), config.seed)
+    shard_len = len(sampler) if sampler is not None else len(data.train)
+    pin = strategy.input_device.type == "cuda"
+    common = dict(collate_fn=collate_batch, num_workers=config.num_workers, pin_memory=pin,
+                  persistent_workers=config.num_workers > 0)
+    train = DataLoader(
+        data.train,
+        batch_size=batch,
+        sampler=sampler,
+        shuffle=sampler is None,
+        generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
+        # A last batch of one image breaks BatchNorm in train mode; drop it only in that case.
+        drop_last=shard_len % batch == 1,
+        **common,
+    )
+    val_indices = strategy.val_indices(len(data.val))
+    val = DataLoader(data.val, batch_size=batch, sampler=val_indices, shuffle=False, **common)
+    return train, val
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    epoch_time_s: float
+    train_time_s: float
+    images_per_s: float
+    lr: float
+    peak_memory_mb: dict[str, float]
+
+    def line(self, epochs: int) -> str:
+        return (
+            f"epoch {self.epoch}/{epochs}  train_loss {self.train_loss:.4f}  train_acc {self.train_acc:.4f}  "
+            f"val_loss {self.val_loss:.4f}  val_acc {self.val_acc:.4f}  "
+            f"{self.images_per_s:.0f} img/s  {self.epoch_time_s:.1f} s"
+        )
+
+
+def _gather_memory(strategy: Strategy) -> dict[str, float]:
+    """Peak memory of every rank, keyed by rank when there are several processes."""
+    local = peak_memory_mb(strategy.devices)
+    if strategy.world_size == 1:
+        return local
+    (label, value), = local.items()  # DDP: one device per rank
+    slots = torch.zeros(strategy.world_size, dtype=torch.float64, device=strategy.output_device)
+    slots[strategy.rank] = value
+    strategy.all_reduce(slots)
+    kind = label.split(":")[0]
+    return {
+        (f"rank{r}:{kind}" if kind == "cpu" else f"cuda:{strategy.config.devices[r].split(':')[1]}"): float(v)
+        for r, v in enumerate(slots.tolist())
+    }
+
+
+def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler) -> EpochMetrics:
+    train_loader, val_loader = loaders
+    if isinstance(train_loader.sampler, DistributedSampler):
+        train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
+    reset_peak_memory(strategy.devices)
+    epoch_start = time.perf_counter()
+    train_totals, train_time_s = train_one_epoch(
+        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler
+    )
+    strategy.sync_buffers(model)
+    val_totals = evaluate(strategy.unwrap(model), val_loader, strategy, amp_dtype=amp_dtype)
+    totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
+    # The epoch lasts as long as its slowest rank.
+    train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
+    memory = _gather_memory(strategy)
+    synchronize(strategy.devices)
+    epoch_time_s = time.perf_counter() - epoch_start
+    t_loss, t_correct, t_count, v_loss, v_correct, v_count = totals.tolist()
+    return EpochMetrics(
+        epoch=epoch,
+        train_loss=t_loss / t_count,
+        train_acc=t_correct / t_count,
+        val_loss=v_loss / v_count,
+        val_acc=v_correct / v_count,
+        epoch_time_s=epoch_time_s,
+        train_time_s=train_time.item(),
+        # Images of the global batch, all ranks together, over the slowest rank's training time.
+        images_per_s=t_count / train_time.item(),
+        lr=optimizer.param_groups[0]["lr"],
+        peak_memory_mb=memory,
+    )
+
+
+def save_checkpoint(path, module: nn.Module, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> None:
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
+         "epoch": metrics.epoch, "val_acc": metrics.val_acc},
+        tmp,
+    )
+    tmp.replace(path)  # a crash mid-save never leaves a truncated best.pt
+
+
+def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0, echo: bool = True) -> None:
+    """Train one process's part of run ``run_id``. Raises on any failure; the runner records it."""
+    config = RunConfig.from_dict(config_dict)
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    data = load_data(config)
+    strategy = make_strategy(config, rank, in_chans=data.info.in_chans, store_host=store_host, store_port=store_port)
+    strategy.setup()
+    try:
+        model = create_model(config.model, num_classes=data.info.num_classes,
+                             in_chans=data.info.in_chans, pretrained=config.pretrained)
+        model = strategy.wrap(model)
+        optimizer = build_optimizer(config, model.parameters())
+        amp_dtype = resolve_amp(config.amp, strategy.input_device)
+        scaler = make_grad_scaler(amp_dtype)
+        loaders = build_loaders(data, config, strategy)
+        engine = make_engine(db_url) if strategy.is_main else None
+        checkpoint = runs_dir(run_id) / "best.pt"
+        best_acc = -1.0
+        for epoch in range(1, config.epochs + 1):
+            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler)
+            if engine is None:
+                continue
+            store.log_epoch(engine, run_id, vars(metrics))
+            if echo:
+                print(metrics.line(config.epochs), flush=True)
+            if metrics.val_acc > best_acc:
+                best_acc = metrics.val_acc
+                save_checkpoint(checkpoint, strategy.checkpoint_module(model), config, data, metrics)
+    finally:
+        strategy.teardown()
