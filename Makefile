@@ -1,0 +1,29 @@
+# make run   - create .venv, install, start the dashboard on http://127.0.0.1:8501
+# make test  - install the test extras too and run the whole suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8501
+ADDRESS ?= 127.0.0.1
+
+.PHONY: run test install clean
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache
