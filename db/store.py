@@ -206,6 +206,12 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "created_at": _isoformat(run.created_at),
             "started_at": _isoformat(run.started_at),
             "finished_at": _isoformat(run.finished_at),
+            "heartbeat_at": _isoformat(run.heartbeat_at),
+            "progress": {
+                "epoch": run.progress_epoch,
+                "step": run.progress_step,
+                "total_steps": run.progress_total_steps,
+            },
             "host": run.host,
             "world_size": run.world_size,
             "tags": run.tags,

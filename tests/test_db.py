@@ -28,7 +28,7 @@ CONFIG = {"strategy": "ddp", "model": "resnet18", "dataset": "cifar10", "epochs"
 EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {
     "created_at", "started_at", "finished_at", "host", "world_size", "tags", "user_note",
-    "strategy", "model", "dataset",
+    "strategy", "model", "dataset", "heartbeat_at", "progress",
 }
 
 

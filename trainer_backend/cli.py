@@ -1,7 +1,9 @@
-"""Command line: train, list and export runs.
+"""Command line: train in the foreground or the background, cancel, list and export runs.
 
     python -m trainer_backend run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
         --epochs 5 --batch-size 128 --lr 1e-3
+    python -m trainer_backend launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
+    python -m trainer_backend cancel 8
     python -m trainer_backend list
     python -m trainer_backend export 7
 """
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .config import AMP_MODES, OPTIMIZERS, STRATEGIES, ConfigError, RunConfig
+from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
 
@@ -70,20 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
     _add_config_flags(run)
     run.add_argument("--quiet", action="store_true", help="print only the final run_id line")
+    launch = sub.add_parser("launch", help="start the run in the background (queued until its devices are "
+                            "free); prints 'run_id=N status=queued' and returns")
+    _add_config_flags(launch)
+    cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
+    cancel.add_argument("run_id", type=int)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
     export.add_argument("run_id", type=int)
     sub.add_parser("list", help="one line per run, newest first")
+    worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
+    worker.add_argument("run_id", type=int)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "cancel": _cmd_cancel, "worker": _cmd_worker,
+                "export": _cmd_export, "list": _cmd_list}
     try:
-        if args.command == "run":
-            return _cmd_run(args)
-        if args.command == "export":
-            return _cmd_export(args)
-        return _cmd_list(args)
+        load_plugins()
+        return commands[args.command](args)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -103,16 +112,48 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if status == "completed" else 1
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
-    from db import make_engine, store
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from .lifecycle import launch
 
-    print(json.dumps(store.export_run(make_engine(args.db), args.run_id), indent=2))
+    run_id = launch(config_from_args(args), db_url=args.db)
+    print(f"run_id={run_id} status=queued", flush=True)
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from .lifecycle import cancel
+
+    print(f"run_id={args.run_id} status={cancel(args.run_id, db_url=args.db)}", flush=True)
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .runner import work
+
+    status = work(args.run_id, db_url=args.db)
+    print(f"run_id={args.run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
+
+
+def _engine_with_fresh_states(url: str | None):
+    """The engine, after marking runs whose process died as lost: a read never shows a dead run as running."""
+    from db import lifecycle, make_engine
+
+    engine = make_engine(url)
+    lifecycle.mark_lost_runs(engine)
+    return engine
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from db import store
+
+    print(json.dumps(store.export_run(_engine_with_fresh_states(args.db), args.run_id), indent=2))
     return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from db import make_engine, store
+    from db import store
 
-    for run in store.list_runs(make_engine(args.db)):
+    for run in store.list_runs(_engine_with_fresh_states(args.db)):
         print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={run.model} dataset={run.dataset}")
     return 0

@@ -1,15 +1,19 @@
-"""Start a run: check it, record it, train it, and record how it ended.
+"""Take a run from queued to its end, and record how it ended.
 
-    run_id, status = execute_run(RunConfig(strategy="ddp", devices=("cpu", "cpu")))
+    run_id, status = execute_run(RunConfig(strategy="ddp", devices=("cpu", "cpu")))   # foreground
+    status = work(run_id)                                                             # launched worker
 
-Checks that need the data or the model (``preflight``) run before the run row exists, so a
-typo never leaves a failed run behind. Once the row exists, every way the training can end —
-completed, an exception in any rank, a rank killed by a signal, Ctrl-C — is written to it.
+Checks that need the data or the model (``preflight``) run before a foreground run's row
+exists, so a typo never leaves a failed run behind; a launched run (created by the dashboard
+or ``launch``) runs them in its worker and records a failure as the run's error. Once a run
+exists, every way it can end — completed, an exception in any rank, a rank killed by a signal,
+cancel, Ctrl-C — is written to it, and metrics already written stay.
 """
 
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 import socket
 import traceback
@@ -18,22 +22,25 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from db import lifecycle as state
 from db import make_engine, store
 from db.settings import database_url
 
 from .config import RunConfig
 from .datasets import DatasetInfo
+from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .models import ModelError, create_model, split_into_stages
 from .strategies import strategy_notes
 from .trainer import load_data, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError)  # ConfigError, DatasetError, ModelError
 
 
 def preflight(config: RunConfig) -> DatasetInfo:
     """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
     an unknown model, missing pretrained weights, an image size the model cannot take, or a
-    model that cannot be cut for mp all fail here, with a message, before anything starts."""
+    model that cannot be cut for mp all fail here, with a message, before training starts."""
     info = load_data(config).info
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
@@ -51,28 +58,71 @@ def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
     try:
         model(torch.zeros(2, info.in_chans, config.image_size, config.image_size))
     except Exception as exc:  # timm raises assorted errors for inputs it cannot take
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelError(
             f"model {config.model!r} cannot take {config.image_size}x{config.image_size} images "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): try a larger --image-size"
+            f"({first_line}): try a larger --image-size"
         ) from None
 
 
+def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
+    return strategy_notes(config) + list(info.warnings)
+
+
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
-    """Preflight, create the run row, train in the foreground, and return (run_id, status)."""
+    """Foreground run: preflight, create the run row, wait for its turn, train; (run_id, status)."""
     url = database_url(db_url)
     info = preflight(config)
     engine = make_engine(url)
-    notes = strategy_notes(config) + list(info.warnings)
-    run_id = store.create_run(engine, config.to_dict(), status="running", notes=notes, world_size=config.world_size)
+    notes = run_notes(config, info)
+    run_id = store.create_run(engine, config.to_dict(), status="queued", notes=notes, world_size=config.world_size)
     store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
     if echo:
-        print(f"run_id={run_id} started: {config.strategy} on {','.join(config.devices)}, "
-              f"{config.model} on {config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
-        for note in notes:
-            print(f"note: {note}", flush=True)
-    status, error = train_to_end(config, run_id, url, echo=echo)
-    store.set_status(engine, run_id, status, error=error)
-    return run_id, status
+        _announce(run_id, config, info, notes)
+    return run_id, _run_to_end(engine, run_id, url, config, echo=echo, needs_preflight=False)
+
+
+def _announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
+    print(f"run_id={run_id} {config.strategy} on {','.join(config.devices)}: {config.model} on "
+          f"{config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
+    for note in notes:
+        print(f"note: {note}", flush=True)
+
+
+def work(run_id: int, *, db_url: str | None = None) -> str:
+    """The body of a launched worker process: the run row exists and is queued."""
+    url = database_url(db_url)
+    engine = make_engine(url)
+    run = store.get_run(engine, run_id)
+    if run is None:
+        raise LookupError(f"no run with id {run_id}")
+    return _run_to_end(engine, run_id, url, RunConfig.from_dict(run.config), echo=True, needs_preflight=True)
+
+
+def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool) -> str:
+    install_cancel_handler()
+    status, error = "failed", "the run ended before recording why"
+    try:
+        with Heartbeat(engine, run_id):
+            if not wait_for_turn(engine, run_id, echo=echo):
+                status, error = "cancelled", "cancelled while queued"
+            else:
+                if needs_preflight:
+                    info = preflight(config)
+                    notes = run_notes(config, info)
+                    store.add_notes(engine, run_id, notes)
+                    if echo:
+                        _announce(run_id, config, info, notes)
+                status, error = train_to_end(config, run_id, url, echo=echo)
+    except (RunCancelled, KeyboardInterrupt):
+        status, error = "cancelled", "cancelled by the user"
+    except USER_ERRORS as exc:
+        status, error = "failed", str(exc)
+    except Exception as exc:
+        status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+    finally:
+        state.finish(engine, run_id, status, error=error)  # a cancel that already ended it stands
+    return store.get_run(engine, run_id).status
 
 
 def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True) -> tuple[str, str | None]:
@@ -83,19 +133,22 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True)
         else:
             train_process(0, config.to_dict(), run_id, url, echo=echo)
         return "completed", None
-    except KeyboardInterrupt:
-        return "cancelled", "cancelled by the user (interrupt)"
+    except (RunCancelled, KeyboardInterrupt):
+        _stop_children()
+        return "cancelled", "cancelled by the user"
     except mp.ProcessRaisedException as exc:
         return "failed", _with_oom_hint(f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}")
     except mp.ProcessExitedException as exc:
         how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
         return "failed", f"rank {exc.error_index} {how}; the other ranks were stopped"
+    except USER_ERRORS as exc:
+        return "failed", str(exc)
     except Exception as exc:
         return "failed", _with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
 
 
 def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
-    # The run's own rendezvous store on an OS-chosen port: held by this process for the whole
+    # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
     try:
@@ -107,6 +160,17 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
         )
     finally:
         del store_server
+
+
+def _stop_children(grace_s: float = 3.0) -> None:
+    """End the ranks this process spawned (a cancel must leave no process behind)."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(grace_s)
+        if child.is_alive():
+            child.kill()
 
 
 def _strip_spawn_banner(text: str) -> str:

@@ -7,6 +7,10 @@ the database; every number it writes is already reduced across ranks.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -15,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from db import lifecycle as state
 from db import make_engine, store
 from db.settings import runs_dir
 
@@ -30,6 +35,7 @@ from .loop import (
     train_one_epoch,
 )
 from .models import create_model
+from .plugins import load_plugins
 from .strategies import Strategy, make_strategy
 
 EpochPrinter = Callable[[str], None]
@@ -113,14 +119,29 @@ def _gather_memory(strategy: Strategy) -> dict[str, float]:
     }
 
 
-def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler) -> EpochMetrics:
+class ProgressWriter:
+    """Writes (epoch, step of total) for the progress bars, at most about once a second."""
+
+    def __init__(self, engine, run_id: int, min_interval_s: float = 1.0):
+        self.engine, self.run_id, self.min_interval_s = engine, run_id, min_interval_s
+        self.epoch = 0
+        self._last = 0.0
+
+    def __call__(self, step: int, total_steps: int) -> None:
+        now = time.monotonic()
+        if step == total_steps or now - self._last >= self.min_interval_s:
+            self._last = now
+            state.set_progress(self.engine, self.run_id, epoch=self.epoch, step=step, total_steps=total_steps)
+
+
+def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler, on_step=None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_one_epoch(
-        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler
+        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step
     )
     strategy.sync_buffers(model)
     val_totals = evaluate(strategy.unwrap(model), val_loader, strategy, amp_dtype=amp_dtype)
@@ -159,6 +180,11 @@ def save_checkpoint(path, module: nn.Module, config: RunConfig, data: PreparedDa
 
 def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0, echo: bool = True) -> None:
     """Train one process's part of run ``run_id``. Raises on any failure; the runner records it."""
+    if store_port:
+        _die_with_parent()
+    # Lets an operator (or a test) find and signal one rank of a run.
+    (runs_dir(run_id) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    load_plugins()
     config = RunConfig.from_dict(config_dict)
     torch.manual_seed(config.seed)  # identical initial weights on every rank
     data = load_data(config)
@@ -173,10 +199,13 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
         scaler = make_grad_scaler(amp_dtype)
         loaders = build_loaders(data, config, strategy)
         engine = make_engine(db_url) if strategy.is_main else None
+        progress = ProgressWriter(engine, run_id) if engine is not None else None
         checkpoint = runs_dir(run_id) / "best.pt"
         best_acc = -1.0
         for epoch in range(1, config.epochs + 1):
-            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler)
+            if progress is not None:
+                progress.epoch = epoch
+            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler, on_step=progress)
             if engine is None:
                 continue
             store.log_epoch(engine, run_id, vars(metrics))
@@ -187,3 +216,11 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
                 save_checkpoint(checkpoint, strategy.checkpoint_module(model), config, data, metrics)
     finally:
         strategy.teardown()
+
+
+def _die_with_parent() -> None:
+    """A spawned rank asks the kernel for SIGKILL when its parent (the run's main process) dies,
+    so a worker killed from outside never leaves ranks training or hung in a collective."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,0 +1,30 @@
+"""Test plugin (PARALLAX_PLUGINS=tests.plugins.failing_model): a timm-registered model that
+raises inside DDP rank 1 on its second training step, to check how a rank's crash is recorded."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from timm.models import register_model
+from torch import nn
+
+FAILURE = "deliberate failure in rank 1 (test plugin)"
+
+
+class FailsOnRank1(nn.Module):
+    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(in_chans, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(8, num_classes)
+        self.steps = 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+            if dist.is_initialized() and dist.get_rank() == 1 and self.steps == 2:
+                raise RuntimeError(FAILURE)
+        return self.head(self.body(x))
+
+
+@register_model
+def parallax_fails_on_rank1(pretrained: bool = False, **kwargs) -> nn.Module:
+    return FailsOnRank1(**kwargs)

@@ -1,0 +1,193 @@
+"""Background runs: launch, queue, heartbeat, cancel.
+
+    run_id = launch(RunConfig(strategy="ddp", devices=("cpu", "cpu")))   # returns at once
+    cancel(run_id)                                                      # ends every process of it
+
+A launched run is a detached worker (``python -m trainer_backend worker N``) in its own session
+and process group, so it outlives the browser tab, a Streamlit rerun and the dashboard itself,
+and one signal to the group reaches every DDP rank and data-loader worker. Its output goes to
+``PARALLAX_HOME/runs/run-N/run.log``. This module imports neither torch nor streamlit: the
+dashboard calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from db import lifecycle as state
+from db import make_engine, store
+from db.settings import database_url, parallax_home, runs_dir
+
+from .config import RunConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+HEARTBEAT_S = 5.0
+QUEUE_POLL_S = 1.0
+CANCEL_GRACE_S = 6.0
+
+
+class RunCancelled(BaseException):
+    """Raised in a run's main thread by SIGTERM: ``cancel`` asked the run to stop.
+
+    A BaseException, like KeyboardInterrupt, so no ``except Exception`` in training swallows it."""
+
+
+def cpu_run_slots() -> int:
+    """How many CPU training runs may run at once (they share the cores): PARALLAX_CPU_RUNS, default 1."""
+    return max(1, int(os.environ.get("PARALLAX_CPU_RUNS", "1")))
+
+
+def log_path(run_id: int) -> Path:
+    return runs_dir(run_id) / "run.log"
+
+
+def launch(config: RunConfig, *, db_url: str | None = None) -> int:
+    """Record the run as queued and start its detached worker; returns the run id at once."""
+    url = database_url(db_url)
+    engine = make_engine(url)
+    run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size)
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(log_path(run_id), "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainer_backend", "--db", url, "worker", str(run_id)],
+            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
+        )
+    store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
+    # Reap the worker when it ends, so a long-lived launcher (the dashboard) holds no zombies.
+    threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
+    return run_id
+
+
+def can_start(run_id: int, active: list[state.ActiveRun], cpu_slots: int) -> bool:
+    """Queue rule, in launch order: a run starts when none of its GPUs is held by a running run
+    or wanted by an earlier queued one; CPU runs also wait while ``cpu_slots`` CPU runs run."""
+    me = next(r for r in active if r.id == run_id)
+    running = [r for r in active if r.status == "running"]
+    earlier = [r for r in active if r.status == "queued" and r.id < run_id]
+    if me.uses_cpu:
+        return sum(r.uses_cpu for r in running) < cpu_slots and not any(r.uses_cpu for r in earlier)
+    return not any(me.gpus & r.gpus for r in running + earlier)
+
+
+@contextlib.contextmanager
+def _queue_lock():
+    """One process at a time decides who starts, so two waiting runs never both take a GPU."""
+    with open(parallax_home() / "queue.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
+    """Block until the run may start and claim it (queued -> running). False if it was cancelled."""
+    announced = False
+    while True:
+        with _queue_lock():
+            state.mark_lost_runs(engine)  # a dead run must not hold its devices forever
+            active = state.active_runs(engine)
+            if not any(r.id == run_id for r in active):
+                return False
+            if can_start(run_id, active, cpu_run_slots()):
+                return state.claim(engine, run_id)
+        if echo and not announced:
+            ahead = [r.id for r in active if r.id < run_id]
+            print(f"run_id={run_id} queued: waiting for devices held by run(s) {ahead}", flush=True)
+            announced = True
+        time.sleep(QUEUE_POLL_S)
+
+
+class Heartbeat:
+    """Beats from the run's main process every few seconds, whatever the training is doing."""
+
+    def __init__(self, engine, run_id: int, interval_s: float = HEARTBEAT_S):
+        self._engine, self._run_id, self._interval = engine, run_id, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-run-{run_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            with contextlib.suppress(Exception):  # a locked database must not end the run
+                state.heartbeat(self._engine, self._run_id)
+
+    def __enter__(self) -> Heartbeat:
+        state.heartbeat(self._engine, self._run_id)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._interval + 1)
+
+
+def _raise_cancelled(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second signal must not interrupt the clean-up
+    raise RunCancelled(f"cancelled (signal {signal.Signals(signum).name})")
+
+
+def install_cancel_handler() -> None:
+    signal.signal(signal.SIGTERM, _raise_cancelled)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GRACE_S) -> str:
+    """Stop the run and every process it started; returns its final status.
+
+    SIGTERM first (the worker records 'cancelled' and stops its ranks), SIGKILL to whatever is
+    left after ``grace_s``, so a run hung in a collective still ends within seconds."""
+    engine = make_engine(db_url)
+    run = store.get_run(engine, run_id)
+    if run is None:
+        raise LookupError(f"no run with id {run_id}")
+    if run.status not in state.ACTIVE_STATUSES:
+        return run.status
+    if run.pid and run.host == socket.gethostname():
+        _signal_run(run.pid, grace_s)
+    state.finish(engine, run_id, "cancelled", error="cancelled by the user")
+    return store.get_run(engine, run_id).status
+
+
+def _signal_run(pid: int, grace_s: float) -> None:
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    # A launched worker leads its own group; a foreground `run` shares its shell's group, so
+    # only its own pid is signalled and it stops its ranks itself.
+    own_group = pgid == pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM) if own_group else os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        alive = group_members(pgid) if own_group else ([pid] if state.process_alive(pid) else [])
+        if not alive:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL) if own_group else os.kill(pid, signal.SIGKILL)
