@@ -188,3 +188,14 @@ def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_hom
     for folder, run_id in zip(folders, (first, second)):
         assert (folder / "best.pt").exists()
         assert f"run_id={run_id} status=completed" in (folder / "run.log").read_text()
+
+
+def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
+    result = run_cli(
+        "run", "--dataset", "digits", "--model", "parallax_out_of_memory", "--epochs", "1",
+        home=parallax_home, env_extra={"PARALLAX_PLUGINS": "tests.plugins.failing_model"},
+    )
+    assert result.returncode == 1 and result.stdout.strip().endswith("status=failed")
+    assert "try a smaller --batch-size" in result.stderr
+    run_id = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
+    assert export(parallax_home, run_id)["error"].startswith("out of memory: try a smaller --batch-size")

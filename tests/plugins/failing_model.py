@@ -1,8 +1,10 @@
-"""Test plugin (PARALLAX_PLUGINS=tests.plugins.failing_model): a timm-registered model that
-raises inside DDP rank 1 on its second training step, to check how a rank's crash is recorded."""
+"""Test plugin (PARALLAX_PLUGINS=tests.plugins.failing_model): timm-registered models that fail
+on purpose — inside DDP rank 1 on its second step, or with CUDA's out-of-memory error — to check
+how a crash is recorded."""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from timm.models import register_model
 from torch import nn
@@ -28,3 +30,17 @@ class FailsOnRank1(nn.Module):
 @register_model
 def parallax_fails_on_rank1(pretrained: bool = False, **kwargs) -> nn.Module:
     return FailsOnRank1(**kwargs)
+
+
+class RunsOutOfMemory(FailsOnRank1):
+    """Raises the error CUDA raises when a batch does not fit, on the first training step."""
+
+    def forward(self, x):
+        if self.training:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test plugin)")
+        return self.head(self.body(x))
+
+
+@register_model
+def parallax_out_of_memory(pretrained: bool = False, **kwargs) -> nn.Module:
+    return RunsOutOfMemory(**kwargs)
