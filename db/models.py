@@ -12,7 +12,9 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
+    LargeBinary,
     DateTime,
     Float,
     ForeignKey,
@@ -154,3 +156,55 @@ class EpochMetric(Base):
 
     def __repr__(self) -> str:
         return f"EpochMetric(run_id={self.run_id!r}, epoch={self.epoch!r})"
+
+
+class ProfileOp(Base):
+    """One row of a rank's torch.profiler op table (``key_averages``) for a profiled run."""
+
+    __tablename__ = "profile_ops"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(Text)
+    calls: Mapped[int] = mapped_column(Integer)
+    self_cpu_us: Mapped[float] = mapped_column(Float)
+    cpu_total_us: Mapped[float] = mapped_column(Float)
+    self_device_us: Mapped[float] = mapped_column(Float)
+    device_total_us: Mapped[float] = mapped_column(Float)
+    self_cpu_memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    self_device_memory_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class ProfileStep(Base):
+    """Where one profiled training step of one rank spent its time, in milliseconds."""
+
+    __tablename__ = "profile_steps"
+    __table_args__ = (UniqueConstraint("run_id", "rank", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    data_loading_ms: Mapped[float] = mapped_column(Float)
+    forward_ms: Mapped[float] = mapped_column(Float)
+    backward_ms: Mapped[float] = mapped_column(Float)
+    optimizer_step_ms: Mapped[float] = mapped_column(Float)
+    communication_ms: Mapped[float] = mapped_column(Float)
+    other_ms: Mapped[float] = mapped_column(Float)
+    total_ms: Mapped[float] = mapped_column(Float)
+
+
+class ProfileTrace(Base):
+    """A rank's Chrome trace, gzip-compressed. Its own table, so listing runs or reading the op
+    table never loads megabytes of trace."""
+
+    __tablename__ = "profile_traces"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    trace_gz: Mapped[bytes] = mapped_column(LargeBinary)
+    trace_bytes: Mapped[int] = mapped_column(BigInteger)  # uncompressed size, for the size warning
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -48,6 +48,13 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, help=f"default {d.seed}")
     add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
     add("--tags", help="comma-separated labels for finding the run later")
+    add("--profile", action=argparse.BooleanOptionalAction, default=None,
+        help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")
+    add("--profile-wait", type=int, help=f"steps skipped before the window (default {d.profile_wait})")
+    add("--profile-warmup", type=int, help=f"steps recorded and discarded (default {d.profile_warmup})")
+    add("--profile-active", type=int, help=f"steps kept (default {d.profile_active}); the knob for trace size")
+    add("--profile-stack", action=argparse.BooleanOptionalAction, default=None,
+        help="record Python stacks too (larger traces)")
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -80,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", type=int)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
     export.add_argument("run_id", type=int)
+    export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
+                        "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=int)
@@ -147,7 +156,13 @@ def _engine_with_fresh_states(url: str | None):
 def _cmd_export(args: argparse.Namespace) -> int:
     from db import store
 
-    print(json.dumps(store.export_run(_engine_with_fresh_states(args.db), args.run_id), indent=2))
+    engine = _engine_with_fresh_states(args.db)
+    print(json.dumps(store.export_run(engine, args.run_id), indent=2))
+    if args.profile_dir is not None:
+        from ui.profile_report import write_profile_dir
+
+        for path in write_profile_dir(engine, args.run_id, args.profile_dir):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -80,11 +80,13 @@ class RunConfig:
     num_workers: int = 0
     seed: int = 0
     val_fraction: float = 0.2
-    # Reserved for the profiler: which steps of the first epoch to record.
+    # The profiler records a window of the first epoch: skip `wait` steps, record and discard
+    # `warmup`, keep `active`.
     profile: bool = False
     profile_wait: int = 1
     profile_warmup: int = 1
     profile_active: int = 3
+    profile_stack: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -199,8 +201,9 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "strategy", list(STRATEGIES))
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
-    if not isinstance(cfg.pretrained, bool) or not isinstance(cfg.profile, bool):
-        raise ConfigError("pretrained", "pretrained and profile must be true or false")
+    for name in ("pretrained", "profile", "profile_stack"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
     _validate_devices(cfg)
 
 

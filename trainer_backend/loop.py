@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .profiling import StepProfiler
 from .strategies import Strategy
 
 StepCallback = Callable[[int, int], None]
@@ -59,32 +60,44 @@ def train_one_epoch(
     amp_dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
     on_step: StepCallback | None = None,
+    profiler: StepProfiler | None = None,
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
     model.train()
+    phase = profiler.range if profiler is not None else _no_range
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     total_steps = len(loader)
+    batches = iter(loader)
     synchronize(strategy.devices)
     start = time.perf_counter()
-    for step, (images, labels) in enumerate(loader, start=1):
-        images = images.to(strategy.input_device, non_blocking=True)
-        labels = labels.to(strategy.output_device, non_blocking=True)
-        with _autocast(strategy.input_device, amp_dtype):
+    for step in range(1, total_steps + 1):
+        with phase("data_loading"):
+            images, labels = next(batches)
+            images = images.to(strategy.input_device, non_blocking=True)
+            labels = labels.to(strategy.output_device, non_blocking=True)
+        with phase("forward"), _autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
+        with phase("backward"):
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        with phase("optimizer_step"):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         _accumulate(totals, loss.detach(), logits.detach(), labels)
+        if profiler is not None:
+            profiler.step()
         if on_step is not None:
             on_step(step, total_steps)
     synchronize(strategy.devices)
     return totals, time.perf_counter() - start
+
+
+def _no_range(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 @torch.no_grad()

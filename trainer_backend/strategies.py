@@ -99,6 +99,9 @@ class Strategy:
     def sync_buffers(self, model: nn.Module) -> None:
         """Make every process evaluate the same weights (BatchNorm statistics included)."""
 
+    def barrier(self) -> None:
+        """Wait for every process of the run."""
+
     def teardown(self) -> None:
         pass
 
@@ -169,6 +172,9 @@ class DistributedStrategy(Strategy):
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         dist.all_reduce(tensor, op=reduce_op)
         return tensor
+
+    def barrier(self) -> None:
+        dist.barrier()
 
     def sync_buffers(self, model: nn.Module) -> None:
         # Each rank updated BatchNorm statistics with its own last batch; take rank 0's, which is

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from db import lifecycle as state
-from db import make_engine, store
+from db import make_engine, profiles, store
 from db.settings import runs_dir
 
 from .config import RunConfig
@@ -36,6 +36,7 @@ from .loop import (
 )
 from .models import create_model
 from .plugins import load_plugins
+from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
 from .strategies import Strategy, make_strategy
 
 EpochPrinter = Callable[[str], None]
@@ -134,15 +135,19 @@ class ProgressWriter:
             state.set_progress(self.engine, self.run_id, epoch=self.epoch, step=step, total_steps=total_steps)
 
 
-def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler, on_step=None) -> EpochMetrics:
+def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
+              on_step=None, profiler: StepProfiler | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_one_epoch(
-        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step
+        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step,
+        profiler=profiler,
     )
+    if profiler is not None:
+        profiler.finish()  # an epoch shorter than the window still keeps what it recorded
     strategy.sync_buffers(model)
     val_totals = evaluate(strategy.unwrap(model), val_loader, strategy, amp_dtype=amp_dtype)
     totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
@@ -205,7 +210,13 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
         for epoch in range(1, config.epochs + 1):
             if progress is not None:
                 progress.epoch = epoch
-            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler, on_step=progress)
+            profiler = _start_profiler(config, strategy, run_id) if config.profile and epoch == 1 else None
+            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
+                                on_step=progress, profiler=profiler)
+            if profiler is not None:
+                strategy.barrier()  # every rank has written its profile
+                if engine is not None:
+                    store_profiles(engine, run_id, profiler.out_dir, config)
             if engine is None:
                 continue
             store.log_epoch(engine, run_id, vars(metrics))
@@ -216,6 +227,32 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
                 save_checkpoint(checkpoint, strategy.checkpoint_module(model), config, data, metrics)
     finally:
         strategy.teardown()
+
+
+def _start_profiler(config: RunConfig, strategy: Strategy, run_id: int) -> StepProfiler:
+    profiler = StepProfiler(
+        wait=config.profile_wait, warmup=config.profile_warmup, active=config.profile_active,
+        devices=strategy.devices, rank=strategy.rank, world_size=strategy.world_size,
+        out_dir=runs_dir(run_id) / "profile", with_stack=config.profile_stack,
+    )
+    profiler.start()
+    return profiler
+
+
+def store_profiles(engine, run_id: int, out_dir, config: RunConfig) -> None:
+    """Rank 0 moves every rank's profile files into the database."""
+    notes = [f"Epoch 1 was profiled (steps {config.profile_wait + config.profile_warmup + 1}-"
+             f"{config.profile_wait + config.profile_warmup + config.profile_active}); its timings include the profiler's cost."]
+    for summary, trace_gz in read_rank_outputs(out_dir):
+        profiles.save_profile(engine, run_id, summary["rank"], ops=summary["ops"], steps=summary["steps"],
+                              trace_gz=trace_gz, trace_bytes=summary["trace_bytes"])
+        if summary["trace_bytes"] > LARGE_TRACE_BYTES:
+            notes.append(f"The profiler trace of rank {summary['rank']} is large "
+                         f"({summary['trace_bytes'] / 2**20:.0f} MB): profile fewer active steps (--profile-active).")
+        if not summary["steps"]:
+            notes.append(f"Rank {summary['rank']} recorded no complete profiled step: the first epoch is "
+                         "shorter than the profiling window (--profile-wait/--profile-warmup/--profile-active).")
+    store.add_notes(engine, run_id, notes)
 
 
 def _die_with_parent() -> None:

@@ -1,0 +1,86 @@
+"""Profiling every strategy on CPU: the op table, step breakdown and traces land in SQLite,
+and the CLI exports traces that multi-rank tools can read, a CSV and an offline HTML report."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+
+import pytest
+
+from conftest import run_cli
+from db import make_engine, profiles
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
+STRATEGIES = {
+    "single": ("--strategy", "single", "--devices", "cpu"),
+    "ddp": ("--strategy", "ddp", "--devices", "cpu,cpu"),
+    "mp": ("--strategy", "mp", "--devices", "cpu,cpu"),
+}
+
+
+@pytest.fixture(scope="module")
+def profiled(home):
+    runs = {}
+    for name, flags in STRATEGIES.items():
+        result = run_cli("run", "--model", "test_resnet", "--epochs", "2", "--profile", "--profile-active", "2",
+                         *flags, home=home)
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[name] = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
+    return runs
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_each_strategy_stores_ops_breakdown_and_traces(home, profiled, strategy):
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    run_id = profiled[strategy]
+    ranks = [0, 1] if strategy == "ddp" else [0]
+    ops = profiles.read_ops(engine, run_id)
+    assert {op["rank"] for op in ops} == set(ranks)
+    assert any(op["name"] == "aten::convolution_backward" and op["calls"] > 0 for op in ops)
+    steps = profiles.read_steps(engine, [run_id])
+    # wait 1, warmup 1, active 2: training steps 3 and 4 are kept, on every rank.
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(r, n) for r in ranks for n in (3, 4)]
+    for step in steps:
+        phases = step["data_loading_ms"] + step["forward_ms"] + step["backward_ms"] + step["optimizer_step_ms"]
+        assert step["forward_ms"] > 0 and step["backward_ms"] > 0 and step["optimizer_step_ms"] > 0
+        assert phases + step["other_ms"] == pytest.approx(step["total_ms"], rel=1e-6)
+        assert (step["communication_ms"] > 0) == (strategy == "ddp")
+    assert [t["rank"] for t in profiles.list_traces(engine, run_id)] == ranks
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_cli_exports_traces_csv_and_an_offline_report(home, profiled, strategy, tmp_path):
+    run_id = profiled[strategy]
+    out = tmp_path / "profile"
+    result = run_cli("export", str(run_id), "--profile-dir", str(out), home=home)
+    assert result.returncode == 0, result.stderr
+    world = 2 if strategy == "ddp" else 1
+    for rank in range(world):
+        trace = json.loads(gzip.decompress((out / f"trace-rank{rank}.json.gz").read_bytes()))
+        assert trace["traceEvents"]
+        assert any(e.get("name", "").startswith("ProfilerStep") for e in trace["traceEvents"])
+        assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == world
+    rows = list(csv.DictReader((out / "ops.csv").open()))
+    assert rows and {"rank", "name", "calls", "self_cpu_us", "self_device_us"} <= set(rows[0])
+    report = (out / "report.html").read_text()
+    assert f"Profile of run {run_id}" in report and "Mean time per training step" in report
+    assert "<script" in report and "<script src=" not in report  # plotly.js inline: opens offline
+
+
+def test_profiling_is_noted_on_the_run(home, profiled):
+    run = json.loads(run_cli("export", str(profiled["single"]), home=home).stdout)
+    assert any("Epoch 1 was profiled (steps 3-4)" in note for note in run["notes"])
+
+
+def test_export_of_an_unprofiled_run_says_how_to_profile(home, profiled, tmp_path):
+    result = run_cli("run", "--model", "test_resnet", "--epochs", "1", home=home)
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    result = run_cli("export", run_id, "--profile-dir", str(tmp_path / "p"), home=home)
+    assert result.returncode == 2 and "has no profile" in result.stderr and "--profile" in result.stderr
