@@ -150,6 +150,8 @@ class EpochMetric(Base):
     peak_memory_mb: Mapped[dict[str, float]] = mapped_column(
         JSON, default=dict, server_default=text("'{}'")
     )
+    # Strategy-specific numbers, e.g. {"stage_busy_fraction": {"stage0": 0.61, ...}} for pipelines.
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="epochs")

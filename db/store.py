@@ -32,7 +32,7 @@ EPOCH_FLOAT_FIELDS = (
     "images_per_s",
     "lr",
 )
-EPOCH_FIELDS = ("epoch", *EPOCH_FLOAT_FIELDS, "peak_memory_mb")
+EPOCH_FIELDS = ("epoch", *EPOCH_FLOAT_FIELDS, "peak_memory_mb", "extra")
 CONFIG_COLUMNS = ("strategy", "model", "dataset")
 
 
@@ -280,6 +280,7 @@ def _epoch_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
         values[name] = None if value is None else float(value)
     peak_memory_mb = metrics.get("peak_memory_mb") or {}
     values["peak_memory_mb"] = {str(device): float(mb) for device, mb in peak_memory_mb.items()}
+    values["extra"] = dict(metrics.get("extra") or {})
     return values
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,3 +41,45 @@ def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None
 def cli(parallax_home):
     """``cli("run", "--epochs", "1")``: the CLI in a subprocess, on this test's PARALLAX_HOME."""
     return lambda *args, **kwargs: run_cli(*args, home=parallax_home, **kwargs)
+
+
+def train_and_export(home: Path, *flags: str) -> dict:
+    """Run ``trainer_backend run`` to the end and return the run's export (plus ``_cli``)."""
+    result = run_cli("run", "--dataset", "digits", *flags, home=home)
+    last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert last.startswith("run_id="), result.stdout + result.stderr
+    exported = run_cli("export", last.split()[0].split("=")[1], home=home)
+    assert exported.returncode == 0, exported.stderr
+    run = json.loads(exported.stdout)
+    run["_cli"] = result
+    return run
+
+
+def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]:
+    """Load a run's best.pt into a fresh timm model and evaluate it in one process over the whole
+    validation split: (checkpoint, accuracy, mean loss, images)."""
+    import torch
+
+    from trainer_backend.config import RunConfig
+    from trainer_backend.loop import evaluate
+    from trainer_backend.models import create_model
+    from trainer_backend.strategies import Strategy
+    from trainer_backend.trainer import build_loaders, load_data
+
+    checkpoint = torch.load(home / "runs" / f"run-{run['run_id']}" / "best.pt", weights_only=True)
+    config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})
+    old_home = os.environ.get("PARALLAX_HOME")
+    os.environ["PARALLAX_HOME"] = str(home)  # the run's dataset cache
+    try:
+        data = load_data(config)
+    finally:
+        if old_home is None:
+            os.environ.pop("PARALLAX_HOME")
+        else:
+            os.environ["PARALLAX_HOME"] = old_home
+    model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans)
+    model.load_state_dict(checkpoint["model"])
+    strategy = Strategy(config)
+    _, val_loader = build_loaders(data, config, strategy)
+    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()
+    return checkpoint, correct / count, loss_sum / count, int(count)

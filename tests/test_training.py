@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 import tifffile
-import torch
 
-from conftest import run_cli
+from conftest import evaluate_checkpoint, run_cli, train_and_export
 
 EPOCH_FIELDS = ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s", "train_time_s", "images_per_s", "lr")
 DIGITS_TRAIN = 1437  # 80 % of scikit-learn's 1797 digits, stratified
@@ -23,16 +22,7 @@ def home(tmp_path_factory):
 
 
 def train(home, *flags: str) -> dict:
-    """Run the CLI to the end and return the run's export."""
-    result = run_cli("run", "--dataset", "digits", "--model", "resnet18", *flags, home=home)
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("run_id="), result.stdout + result.stderr
-    run_id = int(last.split()[0].split("=")[1])
-    exported = run_cli("export", str(run_id), home=home)
-    assert exported.returncode == 0, exported.stderr
-    run = json.loads(exported.stdout)
-    run["_cli"] = result
-    return run
+    return train_and_export(home, "--model", "resnet18", *flags)
 
 
 @pytest.fixture(scope="module")
@@ -84,29 +74,15 @@ def test_throughput_counts_the_whole_global_batch(runs, strategy):
         assert DIGITS_TRAIN <= images <= 1.5 * DIGITS_TRAIN, epoch
 
 
-def test_ddp_validation_equals_single_process_evaluation(runs, home, monkeypatch):
+def test_ddp_validation_equals_single_process_evaluation(runs, home):
     """Rank-sharded validation, reduced across ranks, must score the saved weights exactly as
     one process evaluating every validation image once does."""
-    from trainer_backend.config import RunConfig
-    from trainer_backend.loop import evaluate
-    from trainer_backend.models import create_model
-    from trainer_backend.strategies import Strategy
-    from trainer_backend.trainer import build_loaders, load_data
-
     run = runs["ddp"]
-    monkeypatch.setenv("PARALLAX_HOME", str(home))
-    checkpoint = torch.load(home / "runs" / f"run-{run['run_id']}" / "best.pt", weights_only=True)
-    config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})
-    data = load_data(config)
-    model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans)
-    model.load_state_dict(checkpoint["model"])
-    strategy = Strategy(config)
-    _, val_loader = build_loaders(data, config, strategy)
-    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()
+    checkpoint, accuracy, loss, images = evaluate_checkpoint(home, run)
     recorded = run["epochs"][checkpoint["epoch"] - 1]
-    assert count == len(data.val) == 360
-    assert correct / count == recorded["val_acc"] == checkpoint["val_acc"]
-    assert loss_sum / count == pytest.approx(recorded["val_loss"], rel=1e-4)
+    assert images == 360
+    assert accuracy == recorded["val_acc"] == checkpoint["val_acc"]
+    assert loss == pytest.approx(recorded["val_loss"], rel=1e-4)
 
 
 def test_list_shows_one_line_per_run(runs, home):

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import AMP_MODES, OPTIMIZERS, STRATEGIES, ConfigError, RunConfig
+from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -36,8 +36,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--strategy", choices=list(STRATEGIES), help=" | ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
     add("--devices", help="comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU processes for ddp); "
         "a bare integer N means cuda:N (default cpu)")
-    add("--batch-size", type=int, help=f"GLOBAL batch size: ddp gives each of N processes batch/N, "
-        f"dp splits it over its GPUs (default {d.batch_size})")
+    add("--batch-size", type=int, help=f"GLOBAL batch size: ddp and fsdp give each of N processes batch/N, "
+        f"dp splits it over its GPUs, pp cuts it into microbatches (default {d.batch_size})")
     add("--epochs", type=int, help=f"default {d.epochs}")
     add("--lr", type=float, help=f"learning rate (default {d.lr})")
     add("--optimizer", choices=OPTIMIZERS, help=f"default {d.optimizer}")
@@ -47,6 +47,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--num-workers", type=int, help=f"data-loader worker processes per training process (default {d.num_workers})")
     add("--seed", type=int, help=f"default {d.seed}")
     add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
+    add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
     add("--tags", help="comma-separated labels for finding the run later")
     add("--profile", action=argparse.BooleanOptionalAction, default=None,
         help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")

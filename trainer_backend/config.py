@@ -21,7 +21,13 @@ STRATEGIES: dict[str, str] = {
     "The default choice when the model fits on one device.",
     "mp": "Model parallel: the model cut into stages on different devices, one stage busy at a "
     "time. Pays off only when the model does not fit on one device.",
+    "pp": "Pipeline parallel: stages as in mp, one process each, with the batch cut into "
+    "microbatches so stages work at once. Pays off for models too big for one device.",
+    "fsdp": "Fully sharded data parallel (FSDP2): like DDP, but parameters, gradients and optimizer "
+    "state are sharded over the devices. Pays off when the model does not fit with DDP.",
 }
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+DISTRIBUTED = ("ddp", "fsdp", "pp")  # one process per device
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
 MAX_EPOCHS = 10_000
@@ -87,6 +93,8 @@ class RunConfig:
     profile_warmup: int = 1
     profile_active: int = 3
     profile_stack: bool = False
+    microbatches: int = 4
+    pipeline_schedule: str = "gpipe"
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -99,13 +107,14 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        """Processes the run starts: one per device for DDP, one otherwise."""
-        return len(self.devices) if self.strategy == "ddp" else 1
+        """Processes the run starts: one per device for ddp, fsdp and pp, one otherwise."""
+        return len(self.devices) if self.strategy in DISTRIBUTED else 1
 
     @property
     def per_device_batch(self) -> int:
-        """The batch each DDP rank (or DataParallel GPU replica, rounded down) sees."""
-        if self.strategy == "ddp" or (self.strategy == "dp" and self.uses_cuda):
+        """The batch each DDP/FSDP rank (or DataParallel GPU replica, rounded down) sees. Pipeline
+        stages all see the whole batch, cut into microbatches."""
+        if self.strategy in ("ddp", "fsdp") or (self.strategy == "dp" and self.uses_cuda):
             return self.batch_size // len(self.devices)
         return self.batch_size
 
@@ -193,6 +202,8 @@ def _validate(cfg: RunConfig) -> None:
     for name in ("profile_wait", "profile_warmup"):
         _require_int(cfg, name, 0, 100)
     _require_int(cfg, "profile_active", 1, 100)
+    _require_int(cfg, "microbatches", 1, 1024)
+    _require_choice(cfg, "pipeline_schedule", PIPELINE_SCHEDULES)
     _require_float(cfg, "lr", 0.0, 10.0, low_open=True)
     _require_float(cfg, "weight_decay", 0.0, 1.0, low_open=False)
     _require_float(cfg, "val_fraction", 0.0, 0.9, low_open=True)
@@ -220,15 +231,20 @@ def _validate_devices(cfg: RunConfig) -> None:
             "devices", f"strategy single runs on one device, got {n} ({','.join(devices)}): "
             "list one, or pick dp, ddp or mp for several"
         )
-    if cfg.strategy == "mp" and n < 2:
+    if cfg.strategy in ("mp", "pp") and n < 2:
         raise ConfigError(
-            "devices", f"strategy mp cuts the model into one stage per device and needs at least 2 "
-            f"devices, got {','.join(devices)} (on CPU: --devices cpu,cpu)"
+            "devices", f"strategy {cfg.strategy} cuts the model into one stage per device and needs at "
+            f"least 2 devices, got {','.join(devices)} (on CPU: --devices cpu,cpu)"
         )
-    if cfg.strategy == "ddp" and cfg.batch_size % n:
+    if cfg.strategy in ("ddp", "fsdp") and cfg.batch_size % n:
         raise ConfigError(
             "batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
-            f"over {n} DDP processes: use a multiple of {n}"
+            f"over {n} {cfg.strategy.upper()} processes: use a multiple of {n}"
+        )
+    if cfg.strategy == "pp" and cfg.batch_size % cfg.microbatches:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
+            f"microbatches: use a multiple of {cfg.microbatches}, or change --microbatches"
         )
     if cfg.strategy == "dp" and gpus and cfg.batch_size < n:
         raise ConfigError(

@@ -16,8 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .profiling import StepProfiler
-from .strategies import Strategy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # strategies call these loops; only the type is needed here
+    from .profiling import StepProfiler
+    from .strategies import Strategy
 
 StepCallback = Callable[[int, int], None]
 

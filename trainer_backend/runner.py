@@ -128,7 +128,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
 def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True) -> tuple[str, str | None]:
     """Train and translate how it ended into (status, error)."""
     try:
-        if config.strategy == "ddp":
+        if config.world_size > 1:
             _spawn_ranks(config, run_id, url, echo)
         else:
             train_process(0, config.to_dict(), run_id, url, echo=echo)

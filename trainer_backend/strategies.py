@@ -35,11 +35,19 @@ def strategy_notes(config: RunConfig) -> list[str]:
             "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
             "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
         )
-    if config.strategy == "ddp" and not config.uses_cuda:
+    if config.world_size > 1 and not config.uses_cuda:
         threads = max(1, cpu_cores() // len(config.devices))
+        batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
+                 else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
         notes.append(
-            f"DDP on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) each "
-            f"({cpu_cores()} cores shared), per-process batch {config.per_device_batch}."
+            f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
+            f"each ({cpu_cores()} cores shared), {batch}."
+        )
+    if config.strategy == "pp":
+        notes.append(
+            f"Pipeline parallel ({config.pipeline_schedule}): each epoch records every stage's busy "
+            "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
+            "schedule, so the profiler's step breakdown shows them as 'other'."
         )
     if config.strategy == "mp" and not config.uses_cuda:
         notes.append(
@@ -55,6 +63,10 @@ class Strategy:
     """Single device, and the defaults every other strategy starts from."""
 
     name = "single"
+    # Validation totals are summed across processes (each holds a shard, or zeros); False where
+    # every process evaluates the whole set (FSDP) and one copy of the numbers is the answer.
+    sum_val_across_ranks = True
+    drop_last_train = False
 
     def __init__(self, config: RunConfig, rank: int = 0):
         self.config = config
@@ -86,6 +98,27 @@ class Strategy:
     def checkpoint_module(self, model: nn.Module) -> nn.Module:
         """The module whose state_dict has timm's parameter names: what a checkpoint saves."""
         return self.unwrap(model)
+
+    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The full state dict on rank 0 (None elsewhere). Called on every rank, since for
+        sharded and pipelined models assembling it is a collective."""
+        if not self.is_main:
+            return None
+        return {k: v.detach().cpu() for k, v in self.checkpoint_module(model).state_dict().items()}
+
+    def train_epoch(self, model: nn.Module, loader, optimizer, **kwargs) -> tuple[torch.Tensor, float]:
+        from .loop import train_one_epoch
+
+        return train_one_epoch(model, loader, optimizer, self, **kwargs)
+
+    def evaluate(self, model: nn.Module, loader, *, amp_dtype=None) -> torch.Tensor:
+        from .loop import evaluate
+
+        return evaluate(self.unwrap(model), loader, self, amp_dtype=amp_dtype)
+
+    def extra_metrics(self) -> dict:
+        """Strategy-specific numbers for the epoch (e.g. pipeline stage busy time); collective."""
+        return {}
 
     def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
         return None  # the loader shuffles with a seeded generator
@@ -214,9 +247,52 @@ class ModelParallelStrategy(Strategy):
         return model.source
 
 
+class FullyShardedStrategy(DistributedStrategy):
+    """FSDP2: ``fully_shard`` on every block and on the root, over a 1-D device mesh."""
+
+    name = "fsdp"
+    sum_val_across_ranks = False  # a sharded forward is a collective: every rank runs the same batches
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(self.input_device)
+        mesh = init_device_mesh(self.input_device.type, (self.world_size,))
+        for block in _blocks(model):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard changes the module in place
+
+    def val_indices(self, dataset_len: int) -> None:
+        return None
+
+    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.is_main else None
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The units FSDP shards one by one: the model's sequential layers that hold parameters."""
+    from .models import _flatten_sequential
+
+    return [layer for layer in _flatten_sequential(model) if any(True for _ in layer.parameters())]
+
+
 def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
     if config.strategy == "ddp":
         return DistributedStrategy(config, rank, store_host, store_port)
+    if config.strategy == "fsdp":
+        return FullyShardedStrategy(config, rank, store_host, store_port)
+    if config.strategy == "pp":
+        from .pipeline import PipelineStrategy
+
+        return PipelineStrategy(config, rank, store_host, store_port, in_chans=in_chans)
     if config.strategy == "dp":
         return DataParallelStrategy(config, rank)
     if config.strategy == "mp":

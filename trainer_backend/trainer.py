@@ -25,15 +25,7 @@ from db.settings import runs_dir
 
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
-from .loop import (
-    evaluate,
-    make_grad_scaler,
-    peak_memory_mb,
-    reset_peak_memory,
-    resolve_amp,
-    synchronize,
-    train_one_epoch,
-)
+from .loop import make_grad_scaler, peak_memory_mb, reset_peak_memory, resolve_amp, synchronize
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
@@ -62,7 +54,7 @@ def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
-    batch = config.per_device_batch if strategy.world_size > 1 else config.batch_size
+    batch = config.per_device_batch
     sampler = strategy.train_sampler(len(data.train), config.seed)
     shard_len = len(sampler) if sampler is not None else len(data.train)
     pin = strategy.input_device.type == "cuda"
@@ -74,8 +66,9 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         sampler=sampler,
         shuffle=sampler is None,
         generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
-        # A last batch of one image breaks BatchNorm in train mode; drop it only in that case.
-        drop_last=shard_len % batch == 1,
+        # A last batch of one image breaks BatchNorm in train mode; drop it only in that case
+        # (pipelines drop every short batch: their microbatch shapes are fixed at the first step).
+        drop_last=strategy.drop_last_train or shard_len % batch == 1,
         **common,
     )
     val_indices = strategy.val_indices(len(data.val))
@@ -95,6 +88,7 @@ class EpochMetrics:
     images_per_s: float
     lr: float
     peak_memory_mb: dict[str, float]
+    extra: dict
 
     def line(self, epochs: int) -> str:
         return (
@@ -142,15 +136,17 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
     epoch_start = time.perf_counter()
-    train_totals, train_time_s = train_one_epoch(
-        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step,
-        profiler=profiler,
+    train_totals, train_time_s = strategy.train_epoch(
+        model, train_loader, optimizer, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
     strategy.sync_buffers(model)
-    val_totals = evaluate(strategy.unwrap(model), val_loader, strategy, amp_dtype=amp_dtype)
-    totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
+    val_totals = strategy.evaluate(model, val_loader, amp_dtype=amp_dtype)
+    if strategy.sum_val_across_ranks:
+        totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
+    else:
+        totals = torch.cat([strategy.all_reduce(train_totals), val_totals])
     # The epoch lasts as long as its slowest rank.
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
     memory = _gather_memory(strategy)
@@ -169,11 +165,11 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         images_per_s=t_count / train_time.item(),
         lr=optimizer.param_groups[0]["lr"],
         peak_memory_mb=memory,
+        extra=strategy.extra_metrics(),
     )
 
 
-def save_checkpoint(path, module: nn.Module, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> None:
-    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
         {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
@@ -217,14 +213,18 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:
                     store_profiles(engine, run_id, profiler.out_dir, config)
+            # Every rank reaches the same verdict (the metrics are reduced), and assembling a
+            # sharded or pipelined state dict needs every rank.
+            improved = metrics.val_acc > best_acc
+            best_acc = max(best_acc, metrics.val_acc)
+            state = strategy.checkpoint_state(model) if improved else None
             if engine is None:
                 continue
             store.log_epoch(engine, run_id, vars(metrics))
             if echo:
                 print(metrics.line(config.epochs), flush=True)
-            if metrics.val_acc > best_acc:
-                best_acc = metrics.val_acc
-                save_checkpoint(checkpoint, strategy.checkpoint_module(model), config, data, metrics)
+            if state is not None:
+                save_checkpoint(checkpoint, state, config, data, metrics)
     finally:
         strategy.teardown()
 

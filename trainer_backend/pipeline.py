@@ -1,0 +1,156 @@
+"""Pipeline parallel (``pp``) with ``torch.distributed.pipelining``: one process per stage.
+
+The model is cut as for ``mp`` (consecutive layers, balanced by parameter count); each rank keeps
+its stage and the schedule (GPipe or 1F1B) streams microbatches through the stages so that
+several work at once. Every rank reads the same batches: the first stage uses the images, the
+last the labels. The pipeline's cost is the *bubble* — time a stage waits for its neighbours —
+recorded per epoch as each stage's busy fraction.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from .config import RunConfig
+from .loop import _autocast, _no_range, synchronize
+from .models import split_into_stages
+from .strategies import DistributedStrategy
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+class PipelineStrategy(DistributedStrategy):
+    name = "pp"
+    drop_last_train = True  # microbatch shapes are fixed by the first step
+
+    def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0, *, in_chans: int = 3):
+        super().__init__(config, rank, store_host, store_port)
+        self.in_chans = in_chans
+        self.is_first, self.is_last = rank == 0, rank == self.world_size - 1
+        self._busy_s = self._wall_s = 0.0
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
+                                   image_size=self.config.image_size, name=self.config.model)
+        stage_module = stages[self.rank].to(self.input_device)
+        names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+        self._state_names = [(names[id(t)], t) for t in [*stage_module.parameters(), *stage_module.buffers()]]
+        self._stage = PipelineStage(stage_module, self.rank, self.world_size, self.input_device)
+        self._time_compute(self._stage)
+        self._schedule = SCHEDULES[self.config.pipeline_schedule](
+            self._stage, n_microbatches=self.config.microbatches, loss_fn=F.cross_entropy
+        )
+        return stage_module
+
+    def _time_compute(self, stage: PipelineStage) -> None:
+        """Count the time this stage computes (forward and backward of a microbatch); the rest of
+        a step it waits for its neighbours. Waits for sends and receives happen outside these."""
+        for method in ("forward_one_chunk", "backward_one_chunk"):
+            original = getattr(stage, method)
+
+            def timed(*args, _original=original, **kwargs):
+                start = time.perf_counter()
+                result = _original(*args, **kwargs)
+                synchronize([self.input_device])
+                self._busy_s += time.perf_counter() - start
+                return result
+
+            setattr(stage, method, timed)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def train_sampler(self, dataset_len: int, seed: int) -> None:
+        return None  # the same seeded shuffle on every rank: all stages see the same batch
+
+    def val_indices(self, dataset_len: int) -> None:
+        return None
+
+    def sync_buffers(self, model: nn.Module) -> None:
+        pass  # each stage owns its layers' buffers outright
+
+    def _run_schedule(self, method, images: torch.Tensor, labels: torch.Tensor, losses: list | None):
+        if self.is_first:
+            return method(images)
+        if self.is_last:
+            return method(target=labels, losses=losses)
+        return method()
+
+    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None):
+        model.train()
+        phase = profiler.range if profiler is not None else _no_range
+        totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
+        self._busy_s = 0.0
+        total_steps = len(loader)
+        synchronize([self.input_device])
+        start = time.perf_counter()
+        for step, (images, labels) in enumerate(loader, start=1):
+            with phase("data_loading"):
+                images, labels = images.to(self.input_device), labels.to(self.output_device)
+            losses: list[torch.Tensor] = []
+            # Forward and backward interleave inside the schedule (they show as "other").
+            with _autocast(self.input_device, amp_dtype):
+                logits = self._run_schedule(self._schedule.step, images, labels, losses)
+            with phase("optimizer_step"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if self.is_last:
+                # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
+                totals[0] += torch.stack(losses).double().mean() * labels.numel()
+                totals[1] += (logits.argmax(dim=1) == labels).sum()
+                totals[2] += labels.numel()
+            if profiler is not None:
+                profiler.step()
+            if on_step is not None:
+                on_step(step, total_steps)
+        synchronize([self.input_device])
+        self._wall_s = time.perf_counter() - start
+        return totals, self._wall_s
+
+    @torch.no_grad()
+    def evaluate(self, model, loader, *, amp_dtype=None) -> torch.Tensor:
+        model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
+        batch = self.config.batch_size
+        for images, labels in loader:
+            real = labels.numel()
+            if real < batch:  # pad to the fixed microbatch shapes; the padding is not counted
+                images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
+                labels = torch.cat([labels, labels.new_zeros(batch - real)])
+            images, labels = images.to(self.input_device), labels.to(self.output_device)
+            with _autocast(self.input_device, amp_dtype):
+                logits = self._run_schedule(self._schedule.eval, images, labels, None)
+            if self.is_last:
+                logits, labels = logits[:real].float(), labels[:real]
+                totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
+                totals[1] += (logits.argmax(dim=1) == labels).sum()
+                totals[2] += real
+        return totals
+
+    def extra_metrics(self) -> dict:
+        """Each stage's share of the training time spent computing; the rest is the bubble."""
+        busy = torch.zeros(self.world_size, dtype=torch.float64, device=self.output_device)
+        busy[self.rank] = self._busy_s / self._wall_s if self._wall_s else 0.0
+        fractions = self.all_reduce(busy).tolist()
+        return {
+            "stage_busy_fraction": {f"stage{i}": round(f, 4) for i, f in enumerate(fractions)},
+            "bubble_fraction": round(1 - sum(fractions) / len(fractions), 4),
+        }
+
+    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Gather every stage's tensors, under timm's names, on rank 0."""
+        local = {name: tensor.detach().cpu() for name, tensor in self._state_names}
+        gathered: list[dict] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(local, gathered, dst=0)
+        if not self.is_main:
+            return None
+        state: dict[str, torch.Tensor] = {}
+        for part in gathered:
+            state.update(part)
+        return state
