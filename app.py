@@ -1,39 +1,35 @@
 """Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py``).
 
-For now one page: the runs recorded in the database, newest first. Runs are started with
-``python -m trainer_backend run ...``.
+Four pages: Launch a run, watch one Run live, browse all Runs, Compare runs and strategies.
+Runs started here are detached processes: they go on when the browser tab or the dashboard closes.
 """
 
 from __future__ import annotations
 
-import pandas as pd
+import os
+
 import streamlit as st
 
-from db import make_engine, store
+from db.settings import database_url, parallax_home
+from ui.state import COMPARE_PAGE, LAUNCH_PAGE, RUN_PAGE, RUNS_PAGE, return_to_requested_page
 
-st.set_page_config(page_title="Parallax", layout="wide")
+st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
+# A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
+st.set_option("client.toolbarMode", "viewer")
 
+navigation = st.navigation([
+    st.Page(LAUNCH_PAGE, title="Launch", icon=":material/rocket_launch:", default=True),
+    st.Page(RUN_PAGE, title="Run", icon=":material/monitoring:"),
+    st.Page(RUNS_PAGE, title="Runs", icon=":material/table_rows:"),
+    st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
+])
 
-@st.cache_resource
-def engine():
-    return make_engine()
+with st.sidebar:
+    st.caption("Parallax trains image classifiers under different parallel strategies and compares what each buys.")
+    kept = f"Runs, logs and checkpoints are kept in `{parallax_home()}`"
+    if os.environ.get("PARALLAX_DB_URL"):
+        kept += f"; the database is `{database_url()}`"
+    st.caption(kept + ".")
 
-
-st.title("Parallax")
-st.caption("Train image classifiers under different parallel strategies and compare what each buys.")
-
-runs = store.list_runs(engine())
-if not runs:
-    st.info(
-        "No runs yet. Start one from a terminal:\n\n"
-        "`python -m trainer_backend run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu --epochs 5`"
-    )
-else:
-    st.dataframe(
-        pd.DataFrame(
-            [{"run": r.id, "status": r.status, "strategy": r.strategy, "model": r.model,
-              "dataset": r.dataset, "created (UTC)": r.created_at} for r in runs]
-        ),
-        hide_index=True,
-        use_container_width=True,
-    )
+return_to_requested_page()
+navigation.run()

@@ -76,6 +76,18 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class Sweep(Base):
+    """A group of runs of one config, one per strategy, launched together to compare strategies."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    strategies: Mapped[list[str]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class Run(Base):
     """One training run: its configuration, lifecycle and the process that executes it."""
 
@@ -115,6 +127,8 @@ class Run(Base):
     progress_epoch: Mapped[int | None] = mapped_column(Integer)
     progress_step: Mapped[int | None] = mapped_column(Integer)
     progress_total_steps: Mapped[int | None] = mapped_column(Integer)
+    # Runs launched together to compare strategies on one config.
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
 
     epochs: Mapped[list[EpochMetric]] = relationship(
         back_populates="run",

@@ -20,7 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from db.engine import session_scope
-from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, utcnow
+from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 
 EPOCH_FLOAT_FIELDS = (
     "train_loss",
@@ -60,6 +60,7 @@ class RunRecord:
     progress_epoch: int | None
     progress_step: int | None
     progress_total_steps: int | None
+    sweep_id: int | None
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def create_run(
     status: str = "running",
     notes: list[str] | None = None,
     world_size: int = 1,
+    sweep_id: int | None = None,
 ) -> int:
     """Insert a run for ``config`` (a RunConfig as a dict) and return its id.
 
@@ -105,11 +107,36 @@ def create_run(
         tags=_unique(config.get("tags") or []),
         user_note="",
         world_size=world_size,
+        sweep_id=sweep_id,
     )
     with session_scope(engine) as session:
         session.add(run)
         session.flush()
         return run.id
+
+
+def create_sweep(engine: Engine, config: Mapping[str, Any], strategies: list[str]) -> int:
+    """Record a sweep: one config to be run under each of ``strategies``."""
+    with session_scope(engine) as session:
+        sweep = Sweep(created_at=utcnow(), config=dict(config), strategies=list(strategies))
+        session.add(sweep)
+        session.flush()
+        return sweep.id
+
+
+def sweep_run_ids(engine: Engine, sweep_id: int) -> list[int]:
+    """The runs of a sweep, in launch order."""
+    with session_scope(engine) as session:
+        if session.get(Sweep, sweep_id) is None:
+            raise LookupError(f"no sweep with id {sweep_id}")
+        return list(session.scalars(select(Run.id).where(Run.sweep_id == sweep_id).order_by(Run.id)))
+
+
+def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
+    """Sweeps, newest first: id, created_at, strategies."""
+    with session_scope(engine) as session:
+        rows = session.execute(select(Sweep.id, Sweep.created_at, Sweep.strategies).order_by(Sweep.id.desc()))
+        return [row._asdict() for row in rows]
 
 
 def set_status(engine: Engine, run_id: int, status: str, *, error: str | None = None) -> None:
@@ -213,6 +240,7 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
                 "total_steps": run.progress_total_steps,
             },
             "host": run.host,
+            "sweep_id": run.sweep_id,
             "world_size": run.world_size,
             "tags": run.tags,
             "user_note": run.user_note,

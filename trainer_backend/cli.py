@@ -59,7 +59,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="record Python stacks too (larger traces)")
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
+def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunConfig:
     values: dict = {}
     if args.config is not None:
         try:
@@ -72,6 +72,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         given = getattr(args, name, None)
         if given is not None:
             values[name] = given.split(",") if name == "tags" else given
+    if sweep:
+        # The base of a sweep only has to be valid for some strategy; each run's strategy and
+        # devices are set (and validated) per strategy before anything is launched.
+        several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
+        values["strategy"] = "mp" if several else "single"
     return RunConfig.from_dict(values)
 
 
@@ -85,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch = sub.add_parser("launch", help="start the run in the background (queued until its devices are "
                             "free); prints 'run_id=N status=queued' and returns")
     _add_config_flags(launch)
+    sweep = sub.add_parser("sweep", help="run one config under several strategies, one after another, "
+                           "then print the scaling report")
+    _add_config_flags(sweep)
+    sweep.add_argument("--strategies", required=True, help="comma list, e.g. single,ddp,mp,pp,fsdp")
+    sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
+    sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
     cancel.add_argument("run_id", type=int)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
@@ -99,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": _cmd_run, "launch": _cmd_launch, "cancel": _cmd_cancel, "worker": _cmd_worker,
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
                 "export": _cmd_export, "list": _cmd_list}
     try:
         load_plugins()
@@ -129,6 +140,46 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     run_id = launch(config_from_args(args), db_url=args.db)
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import time
+
+    from db import lifecycle, make_engine, store
+
+    from .lifecycle import cancel, launch_sweep
+
+    config = config_from_args(args, sweep=True)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)
+    engine = make_engine(args.db)
+    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; they run one after another)", flush=True)
+    pending = list(run_ids)
+    try:
+        while pending:
+            lifecycle.mark_lost_runs(engine)
+            for run_id in list(pending):
+                run = store.get_run(engine, run_id)
+                if run.status not in lifecycle.ACTIVE_STATUSES:
+                    print(f"run_id={run_id} status={run.status}", flush=True)
+                    if run.error:
+                        print(f"  {run.strategy}: {run.error.splitlines()[0]}", flush=True)
+                    pending.remove(run_id)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        for run_id in pending:
+            cancel(run_id, db_url=args.db)
+        print(f"sweep_id={sweep_id} cancelled", flush=True)
+        return 1
+    from ui.sweep_report import format_table, strategy_advice, sweep_html, sweep_table
+
+    table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
+    print(format_table(table))
+    print(strategy_advice(table))
+    if args.report is not None:
+        args.report.write_text(sweep_html(engine, sweep_id, target_acc=args.target_acc), encoding="utf-8")
+        print(f"wrote {args.report}", file=sys.stderr)
+    return 0 if (table["status"] == "completed").all() else 1
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

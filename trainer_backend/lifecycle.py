@@ -27,7 +27,7 @@ from db import lifecycle as state
 from db import make_engine, store
 from db.settings import database_url, parallax_home, runs_dir
 
-from .config import RunConfig
+from .config import STRATEGIES, ConfigError, RunConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 5.0
@@ -50,11 +50,12 @@ def log_path(run_id: int) -> Path:
     return runs_dir(run_id) / "run.log"
 
 
-def launch(config: RunConfig, *, db_url: str | None = None) -> int:
+def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:
     """Record the run as queued and start its detached worker; returns the run id at once."""
     url = database_url(db_url)
     engine = make_engine(url)
-    run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size)
+    run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
+                              sweep_id=sweep_id)
     env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path(run_id), "ab") as log:
@@ -67,6 +68,30 @@ def launch(config: RunConfig, *, db_url: str | None = None) -> int:
     # Reap the worker when it ends, so a long-lived launcher (the dashboard) holds no zombies.
     threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
     return run_id
+
+
+def sweep_configs(config: RunConfig, strategies: list[str]) -> list[RunConfig]:
+    """One config per strategy, on the devices that strategy uses: ``single`` takes the first,
+    DataParallel on CPU one CPU, the others all. Every one is validated before any is launched."""
+    if not strategies:
+        raise ConfigError("strategy", "a sweep needs at least one strategy, e.g. single,ddp,mp,pp")
+    configs = []
+    for strategy in dict.fromkeys(strategies):
+        if strategy not in STRATEGIES:
+            raise ConfigError("strategy", f"strategy {strategy!r} is not allowed: choose from {', '.join(STRATEGIES)}")
+        devices = config.devices
+        if strategy == "single" or (strategy == "dp" and not config.uses_cuda):
+            devices = config.devices[:1]
+        configs.append(config.replace(strategy=strategy, devices=devices))
+    return configs
+
+
+def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None = None) -> tuple[int, list[int]]:
+    """Launch one run per strategy of ``config`` as a sweep; they queue one after another."""
+    configs = sweep_configs(config, strategies)
+    engine = make_engine(db_url)
+    sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
+    return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id) for c in configs]
 
 
 def can_start(run_id: int, active: list[state.ActiveRun], cpu_slots: int) -> bool:

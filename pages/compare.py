@@ -1,0 +1,135 @@
+"""Compare: overlaid curves of the picked runs, the config fields that differ, and the strategy
+scaling view (throughput, speedup over the matching single-device run, scaling efficiency, time
+to a target accuracy), with a warning when the runs do not do the same work."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from db import dashboard, store
+from ui import charts, scaling, state, widgets
+
+state.enter_through_app("pages/compare.py")
+
+PICKER_KEY = "compare_picker"
+COMPARE_REQUEST = state.COMPARE_IDS_KEY  # runs sent here from the Runs page
+SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanation
+METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
+
+
+def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
+    ids = [run.id for run in summaries]
+    labels = {run.id: widgets.summary_label(run) for run in summaries}
+    if PICKER_KEY not in st.session_state or COMPARE_REQUEST in st.session_state:
+        # Runs sent from the Runs page replace the picker's content once.
+        st.session_state[PICKER_KEY] = [i for i in st.session_state.pop(COMPARE_REQUEST, []) if i in labels]
+    return st.multiselect("Runs to compare", ids, key=PICKER_KEY, format_func=labels.__getitem__,
+                          placeholder="Pick runs (type a run number, model or strategy)")
+
+
+def show_speedups(table: pd.DataFrame) -> None:
+    """The headline: how much faster each multi-device run is than one device."""
+    measured = table[(table["devices"] > 1) | (table["strategy"] != "single")].dropna(subset=["speedup"])
+    if measured.empty:
+        return
+    rows = list(measured.itertuples())
+    for start in range(0, len(rows), METRICS_PER_ROW):
+        for column, row in zip(st.columns(METRICS_PER_ROW), rows[start:start + METRICS_PER_ROW]):
+            column.metric(
+                f"Speedup of {row.label}", f"{row.speedup:.2f}×",
+                delta=f"{row.efficiency:.0%} scaling efficiency", delta_color="off", delta_arrow="off", border=True,
+                help=f"{row.throughput_images_per_s:,.0f} images/s against single-device run #{row.baseline_run_id}.",
+            )
+
+
+def scaling_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
+    return pd.DataFrame({
+        "run": table["label"],
+        "devices": table["devices"],
+        "throughput (images/s)": table["throughput_images_per_s"].round(0),
+        "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
+        "speedup (×)": table["speedup"].round(2),
+        "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
+        f"time to {target_acc:.0%} val acc": table["time_to_target_s"].map(
+            lambda s: widgets.format_duration(s) if pd.notna(s) else "not reached"),
+    })
+
+
+def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, int]) -> None:
+    st.subheader("Strategy scaling")
+    target_col, _ = st.columns([1, 3])
+    target_acc = target_col.number_input(
+        "Target validation accuracy", min_value=0.0, max_value=1.0, value=0.9, step=0.05, key="target_acc",
+        help="Time to target: wall-clock training time until validation accuracy first reaches this.")
+    table = scaling.scaling_table(runs, epochs, baselines, target_acc)
+    show_speedups(table)
+    st.dataframe(scaling_display(table, target_acc), hide_index=True)
+    if (table["efficiency"].dropna() > SUPERLINEAR).any():
+        st.caption("Efficiency above 100 % means the single-device baseline was slower than one device's share "
+                   "of this run: on a shared CPU, other load or thread contention can slow a one-process run. "
+                   "Compare runs measured under the same conditions.")
+    measured_epochs = epochs.groupby("run_id")["images_per_s"].count()
+    one_epoch = [f"#{run_id}" for run_id, count in measured_epochs.items() if count == 1]
+    if one_epoch:
+        st.caption(f"{', '.join(one_epoch)} ran one epoch, so their throughput includes start-up costs "
+                   "(with more epochs the first is left out): run two or more for a fair figure.")
+    missing = table[table["baseline_run_id"].isna()]
+    if not missing.empty:
+        st.caption("No completed single-device run with the same dataset, model, batch size, image size and AMP "
+                   f"for {', '.join(missing['label'])}: launch one to measure a speedup.")
+    left, right = st.columns(2)
+    left.plotly_chart(charts.speedup_figure(table), key="speedup")
+    right.plotly_chart(charts.efficiency_figure(table), key="efficiency")
+
+
+def show_curves(epochs: pd.DataFrame, labels: dict[int, str]) -> None:
+    st.subheader("Curves")
+    metric_col, x_col = st.columns([2, 1])
+    metric = metric_col.selectbox("Metric", list(charts.METRIC_TITLES), format_func=charts.METRIC_TITLES.get,
+                                  key="compare_metric")
+    x = x_col.radio("x axis", list(charts.X_AXES), format_func=charts.X_AXES.get, horizontal=True, key="compare_x")
+    st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels), key="overlay")
+
+
+st.title("Compare runs")
+engine = state.engine_with_fresh_states()
+summaries = store.list_runs(engine)
+if not summaries:
+    st.info("No runs to compare yet.")
+    st.page_link(state.LAUNCH_PAGE, label="Launch a run", icon=":material/rocket_launch:")
+    st.stop()
+
+picked_ids = pick_runs(summaries)
+if not picked_ids:
+    st.info("Pick two or more runs above, or tick them on the Runs page. Compare a DDP run with a "
+            "single-device run of the same model and data to see the speedup.")
+    st.stop()
+
+runs = dashboard.runs_for_compare(engine, picked_ids)
+problems = scaling.like_for_like_problems(runs)
+if problems:
+    st.warning("These runs are not like for like, so their speedups compare different work: "
+               + "; ".join(problems) + ".", icon=":material/warning:")
+
+baselines = scaling.pick_baselines(runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs]))
+wanted_ids = list(dict.fromkeys([*picked_ids, *baselines.values()]))
+epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, wanted_ids))
+labels = {run["id"]: scaling.label_for(run) for run in runs}
+
+show_scaling(runs, epochs, baselines)
+show_curves(epochs, labels)
+
+st.subheader("Config differences")
+differences = scaling.config_differences(runs)
+if differences.empty:
+    st.caption("The picked runs share every config field." if len(runs) > 1
+               else "Pick another run to see what differs.")
+else:
+    st.dataframe(differences)
+
+st.download_button(
+    "Download the metrics (CSV)", scaling.metrics_csv(runs, epochs[epochs["run_id"].isin(labels)]),
+    file_name=f"parallax-runs-{'-'.join(map(str, picked_ids))}.csv", mime="text/csv",
+    on_click="ignore", icon=":material/download:",
+)

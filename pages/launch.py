@@ -1,0 +1,215 @@
+"""Launch: choose data, model, strategy and devices; every value is checked by building the
+same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from db import dashboard
+from trainer_backend import devices as device_info
+from trainer_backend.config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES
+from trainer_backend.lifecycle import launch
+from ui import options, state
+from ui.validation import validate_form
+
+state.enter_through_app("pages/launch.py")
+
+QUICK_EPOCHS = 3  # the default run finishes in well under a minute on a laptop CPU
+
+values: dict = {}
+slots: dict = {}  # field -> the spot right under its widget where its error goes
+
+
+def field_slot(name: str) -> None:
+    slots[name] = st.empty()
+
+
+def batch_caption(config) -> str:
+    """What the global batch means for each device under the chosen strategy."""
+    if config is None:
+        return ""
+    if config.strategy == "pp":
+        return (f"Each of the {config.world_size} stages sees the whole batch of {config.batch_size}, "
+                f"in {config.microbatches} microbatches of {config.batch_size // config.microbatches}.")
+    if config.world_size > 1:
+        return (f"Global batch: each of the {config.world_size} processes takes {config.per_device_batch} "
+                "images per step.")
+    if config.strategy == "dp" and config.uses_cuda:
+        return f"DataParallel splits each batch: about {config.per_device_batch} images per GPU."
+    if config.strategy == "mp":
+        return f"Every stage sees the whole batch of {config.batch_size} images, one stage after the other."
+    return f"One device takes all {config.batch_size} images per step."
+
+
+def gpu_label(gpu: device_info.GpuStatus) -> str:
+    return f"cuda:{gpu.index} · {gpu.name} · {gpu.memory_total_mb / 1024:.0f} GB"
+
+
+@st.fragment(run_every=3)
+def gpu_load_table() -> None:
+    """Live NVML readings, refreshed on their own without rerunning the form."""
+    st.dataframe(
+        [{"GPU": f"cuda:{g.index}", "name": g.name,
+          "memory used (GB)": round(g.memory_used_mb / 1024, 1), "memory (GB)": round(g.memory_total_mb / 1024, 1),
+          "utilisation (%)": g.utilization_pct} for g in device_info.gpu_statuses()],
+        hide_index=True,
+    )
+
+
+def choose_devices(strategy: str) -> tuple[str, ...]:
+    gpus = device_info.gpu_statuses()
+    kind = "GPUs"
+    if gpus:
+        kind = st.radio("Train on", ["GPUs", "CPU processes"], horizontal=True, key="device_kind")
+    if gpus and kind == "GPUs":
+        # One key per strategy, so switching strategy brings that strategy's sensible default.
+        default = [gpus[0].index] if strategy == "single" else [g.index for g in gpus]
+        picked = st.multiselect("GPUs", [g.index for g in gpus], default=default, key=f"gpus_{strategy}",
+                                format_func=lambda i: gpu_label(gpus[i]))
+        gpu_load_table()
+        return tuple(f"cuda:{i}" for i in picked)
+    cores = device_info.cpu_cores()
+    if strategy == "single":
+        st.caption(f"One CPU process, using all {cores} cores.")
+        return ("cpu",)
+    label = {"mp": "CPU model stages (one process)", "dp": "CPU devices"}.get(strategy, "CPU worker processes")
+    processes = st.number_input(
+        label, value=2, step=1, key=f"cpu_processes_{strategy}",
+        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp.")
+    if not isinstance(processes, int) or processes < 1:
+        return ()
+    if strategy == "dp":
+        st.info("DataParallel on CPU is a pass-through: one process trains with all CPU threads, exactly like "
+                "single. Pick GPUs to see DataParallel split the batch.", icon=":material/info:")
+    elif strategy == "mp":
+        st.caption("The model is cut into one stage per device, all in one process; on a CPU this shows the "
+                   "mechanics, not a speed-up.")
+    else:
+        threads = max(1, cores // processes)
+        st.caption(f"{processes} processes share {cores} CPU cores ({threads} thread(s) each) and talk over gloo.")
+    return ("cpu",) * processes
+
+
+st.title("Launch a run")
+st.caption(f"The defaults train resnet18 on the bundled handwritten digits for {QUICK_EPOCHS} epochs in one CPU "
+           "process: a quick run that works on any machine. Every value is checked as you change it.")
+
+data_col, model_col = st.columns(2, gap="large")
+with data_col:
+    st.subheader("Data")
+    roots = ", ".join(str(p) for p in options.data_roots())
+    values["dataset"] = st.selectbox(
+        "Dataset", options.dataset_choices(), format_func=options.dataset_label, key="dataset",
+        help=f"Built-in sets, and every sub-folder (one folder per class inside) of: {roots} "
+        "(set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
+    info = options.describe_dataset(values["dataset"])
+    st.caption(options.dataset_summary(info))
+    for warning in info.get("warnings", []):
+        st.caption(f":orange[:material/warning: {warning}]")
+    field_slot("dataset")
+    values["image_size"] = st.number_input("Image size (pixels, square)", value=32, step=8, key="image_size",
+                                           help="Every image is resized to N×N before training.")
+    field_slot("image_size")
+
+with model_col:
+    st.subheader("Model")
+    values["model"] = st.selectbox("timm model (type to search)", options.model_choices(), key="model")
+    field_slot("model")
+    model_problem = options.model_problem(values["model"])
+    if model_problem is None:
+        num_classes = int(info.get("num_classes") or 10)
+        count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
+        st.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
+                   "Parameter count unavailable for this architecture.")
+
+strategy_col, devices_col = st.columns(2, gap="large")
+with strategy_col:
+    st.subheader("Strategy")
+    names = list(STRATEGIES)
+    values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
+                                  label_visibility="collapsed")
+    field_slot("strategy")
+    if values["strategy"] == "pp":
+        values["microbatches"] = st.number_input("Microbatches per batch", value=4, step=1, key="microbatches")
+        field_slot("microbatches")
+        values["pipeline_schedule"] = st.selectbox("Pipeline schedule", PIPELINE_SCHEDULES, key="pipeline_schedule")
+        field_slot("pipeline_schedule")
+with devices_col:
+    st.subheader("Devices")
+    values["devices"] = choose_devices(values["strategy"])
+    field_slot("devices")
+
+st.subheader("Training")
+# Three to a row: an error under a field needs room to be read.
+batch_col, epochs_col, lr_col = st.columns(3)
+with batch_col:
+    values["batch_size"] = st.number_input("Global batch size", value=128, step=16, key="batch_size")
+    batch_hint = st.empty()
+    field_slot("batch_size")
+with epochs_col:
+    values["epochs"] = st.number_input("Epochs", value=QUICK_EPOCHS, step=1, key="epochs")
+    field_slot("epochs")
+with lr_col:
+    values["lr"] = st.number_input("Learning rate", value=1e-3, step=1e-4, format="%g", key="lr")
+    field_slot("lr")
+optimizer_col, amp_col, profile_col = st.columns(3, vertical_alignment="bottom")
+with optimizer_col:
+    values["optimizer"] = st.selectbox("Optimizer", OPTIMIZERS, key="optimizer")
+    field_slot("optimizer")
+with amp_col:
+    values["amp"] = st.selectbox("Mixed precision (AMP)", AMP_MODES, key="amp",
+                                 help="auto: bf16 where the GPU supports it, else fp16. CPU runs train in fp32.")
+    field_slot("amp")
+with profile_col:
+    values["profile"] = st.toggle("Profile the first steps (torch.profiler)", key="profile")
+    field_slot("profile")
+
+with st.expander("More options"):
+    more_left, more_right = st.columns(2)
+    with more_left:
+        values["pretrained"] = st.checkbox("Start from pretrained weights (from the local cache when offline)",
+                                           key="pretrained")
+        field_slot("pretrained")
+        values["weight_decay"] = st.number_input("Weight decay", value=0.0, step=1e-4, format="%g", key="weight_decay")
+        field_slot("weight_decay")
+        values["val_fraction"] = st.number_input("Validation share", value=0.2, step=0.05, key="val_fraction")
+        field_slot("val_fraction")
+    with more_right:
+        values["seed"] = st.number_input("Seed", value=0, step=1, key="seed")
+        field_slot("seed")
+        values["num_workers"] = st.number_input("Data-loader workers per process", value=0, step=1, key="num_workers")
+        field_slot("num_workers")
+        bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands")
+        values["bands"] = bands_text.strip() or None
+        field_slot("bands")
+
+st.subheader("Labels")
+tags_col, note_col = st.columns([1, 2])
+with tags_col:
+    tags_text = st.text_input("Tags (comma-separated)", key="tags", placeholder="baseline, fp32")
+    values["tags"] = tuple(t.strip() for t in tags_text.split(",") if t.strip())
+    field_slot("tags")
+with note_col:
+    user_note = st.text_area("Note", key="note", height=68, placeholder="What is this run meant to show?")
+
+config, errors = validate_form(values)
+if model_problem:
+    errors["model"] = model_problem
+if info.get("problems"):
+    errors["dataset"] = "; ".join(info["problems"])
+batch_hint.caption(batch_caption(config))
+general = st.empty()
+for name, message in errors.items():
+    slots.get(name, general).error(message, icon=":material/error:")
+
+if st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
+    try:
+        run_id = launch(config)
+        if user_note.strip():
+            dashboard.set_user_note(state.engine(), run_id, user_note)
+    except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
+        st.error(f"The run could not be started: {exc}")
+    else:
+        state.open_run(run_id)
+if errors:
+    st.caption("Fix the values marked in red to launch.")

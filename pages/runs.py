@@ -1,0 +1,150 @@
+"""Runs: every run in one table; filter, sort, pick runs to open, compare or delete, and edit a
+run's tags and note."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from db import dashboard
+from db.lifecycle import ACTIVE_STATUSES
+from trainer_backend.housekeeping import RunActiveError, delete_run_and_files
+from ui import state
+
+state.enter_through_app("pages/runs.py")
+
+PENDING_DELETE_KEY = "runs_pending_delete"
+TABLE_VERSION_KEY = "runs_table_version"
+SORTS = {
+    "Newest first": ("run", False),
+    "Oldest first": ("run", True),
+    "Best validation accuracy": ("best val acc", False),
+    "Throughput": ("mean images/s", False),
+    "Training time": ("train time (s)", False),
+}
+
+
+def table_frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "run": [r["id"] for r in rows],
+        "status": [r["status"] for r in rows],
+        "strategy": [r["strategy"] for r in rows],
+        "devices": [",".join(r["devices"]) for r in rows],
+        "model": [r["model"] for r in rows],
+        "dataset": [r["dataset"] for r in rows],
+        "batch": [r["batch_size"] for r in rows],
+        "epochs": [f"{r['epochs_done']}/{r['epochs']}" for r in rows],
+        "best val acc": [r["best_val_acc"] for r in rows],
+        "mean images/s": [r["mean_images_per_s"] for r in rows],
+        "train time (s)": [r["train_time_s"] for r in rows],
+        "tags": [", ".join(r["tags"]) for r in rows],
+        "note": [r["user_note"] for r in rows],
+        "created (UTC)": [r["created_at"].replace(tzinfo=None) for r in rows],
+    })
+
+
+def read_filters(choices: dict[str, list[str]]) -> dashboard.RunFilters:
+    columns = st.columns(5)
+    picked = {
+        name: tuple(column.multiselect(label, choices[name], key=f"filter_{name}", placeholder="all"))
+        for column, name, label in zip(columns, ("statuses", "strategies", "models", "datasets", "tags"),
+                                       ("Status", "Strategy", "Model", "Dataset", "Tag"))
+    }
+    return dashboard.RunFilters(**picked)
+
+
+def delete_runs(run_ids: list[int]) -> None:
+    deleted, refused = [], []
+    for run_id in run_ids:
+        try:
+            delete_run_and_files(run_id)
+            deleted.append(run_id)
+        except (RunActiveError, LookupError) as exc:
+            refused.append(str(exc))
+    st.session_state.pop(PENDING_DELETE_KEY, None)
+    st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1  # clears the selection
+    if deleted:
+        st.toast(f"Deleted run(s) {', '.join(f'#{i}' for i in deleted)}", icon=":material/delete:")
+    for reason in refused:
+        st.toast(reason, icon=":material/block:")
+
+
+def confirm_delete(rows_by_id: dict[int, dict]) -> None:
+    pending = [i for i in st.session_state.get(PENDING_DELETE_KEY, []) if i in rows_by_id]
+    if not pending:
+        return
+    active = [i for i in pending if rows_by_id[i]["status"] in ACTIVE_STATUSES]
+    deletable = [i for i in pending if i not in active]
+    with st.container(border=True):
+        for run_id in active:
+            st.error(f"Run #{run_id} is {rows_by_id[run_id]['status']}: cancel it on its Run page first.")
+        if deletable:
+            st.warning(f"Delete {', '.join(f'#{i}' for i in deletable)} for good: the run, its metrics, log, "
+                       "checkpoints and profiles?", icon=":material/warning:")
+        yes, no, _ = st.columns([1, 1, 4])
+        if deletable and yes.button("Yes, delete", type="primary", key="confirm_delete"):
+            delete_runs(deletable)
+            st.rerun()
+        if no.button("Keep them", key="cancel_delete"):
+            st.session_state.pop(PENDING_DELETE_KEY, None)
+            st.rerun()
+
+
+def edit_labels(row: dict) -> None:
+    with st.form(f"labels_{row['id']}", border=True):
+        st.markdown(f"**Tags and note of run #{row['id']}**")
+        tags_text = st.text_input("Tags (comma-separated)", value=", ".join(row["tags"]))
+        note = st.text_area("Note", value=row["user_note"], height=68)
+        if st.form_submit_button("Save"):
+            engine = state.engine()
+            dashboard.set_tags(engine, row["id"], tags_text.split(","))
+            dashboard.set_user_note(engine, row["id"], note)
+            st.toast(f"Saved tags and note of run #{row['id']}", icon=":material/check:")
+            st.rerun()
+
+
+st.title("Runs")
+engine = state.engine_with_fresh_states()
+choices = dashboard.filter_choices(engine)
+if not choices["statuses"]:
+    st.info("No runs yet.")
+    st.page_link(state.LAUNCH_PAGE, label="Launch the first one", icon=":material/rocket_launch:")
+    st.stop()
+
+filters = read_filters(choices)
+sort_col, order_col, _ = st.columns([2, 1, 3])
+sort_by = sort_col.selectbox("Sort by", list(SORTS), key="sort_by")
+column, ascending = SORTS[sort_by]
+rows = dashboard.run_table(engine, filters)
+rows_by_id = {row["id"]: row for row in rows}
+frame = table_frame(rows)
+frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
+
+st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")
+# A new key when filters, sorting or the data's ids change: a selection never points at another row.
+table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"
+event = st.dataframe(
+    frame, key=table_key, on_select="rerun", selection_mode="multi-row", hide_index=True,
+    column_config={
+        "run": st.column_config.NumberColumn(format="#%d", width="small"),
+        "best val acc": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
+        "mean images/s": st.column_config.NumberColumn(format="%.0f"),
+        "train time (s)": st.column_config.NumberColumn(format="%.1f"),
+        "created (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
+    },
+)
+picked = [int(frame.loc[i, "run"]) for i in event.selection.rows if i < len(frame)]
+
+open_col, compare_col, delete_col, _ = st.columns([1, 1, 1, 3])
+if open_col.button("Open run", icon=":material/monitoring:", disabled=len(picked) != 1):
+    state.open_run(picked[0])
+compare_label = f"Compare {len(picked)} runs" if len(picked) > 1 else "Compare"
+if compare_col.button(compare_label, icon=":material/compare_arrows:", disabled=not picked):
+    state.open_compare(picked)
+if delete_col.button("Delete…", icon=":material/delete:", disabled=not picked):
+    st.session_state[PENDING_DELETE_KEY] = picked
+confirm_delete(rows_by_id)
+if len(picked) == 1:
+    edit_labels(rows_by_id[picked[0]])
+elif picked:
+    st.caption("Pick a single run to edit its tags and note.")

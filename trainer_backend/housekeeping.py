@@ -1,0 +1,42 @@
+"""Removing finished runs for good: the database row, its metrics, and its folder (log,
+checkpoints, profiler traces).
+
+    delete_run_and_files(7)        # RunActiveError if run 7 is queued or running: cancel it first
+
+Imports neither torch nor streamlit: the dashboard calls it.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from db import lifecycle as state
+from db import make_engine, store
+from db.settings import parallax_home
+
+
+class RunActiveError(ValueError):
+    """The run is queued or running; deleting it would pull its files from under its processes."""
+
+
+def run_folder(run_id: int):
+    """The run's folder, without creating it (``db.settings.runs_dir`` creates it)."""
+    return parallax_home() / "runs" / f"run-{run_id}"
+
+
+def delete_run_and_files(run_id: int, *, db_url: str | None = None) -> None:
+    """Delete a finished run: its files first, then its row and (by cascade) its metrics.
+
+    Files go first so that a failure part-way leaves the row in place and the delete can be retried.
+    """
+    engine = make_engine(db_url)
+    state.mark_lost_runs(engine)  # a run whose process died is no longer active and may go
+    run = store.get_run(engine, run_id)
+    if run is None:
+        raise LookupError(f"no run with id {run_id}")
+    if run.status in state.ACTIVE_STATUSES:
+        raise RunActiveError(f"run {run_id} is {run.status}: cancel it first, then delete it")
+    folder = run_folder(run_id)
+    if folder.exists():
+        shutil.rmtree(folder)
+    store.delete_run(engine, run_id)

@@ -1,0 +1,121 @@
+"""Plotly figures for the dashboard: pure functions ``DataFrame -> Figure``, no streamlit.
+
+Frames come from ``ui.scaling`` (``epochs_frame``, ``memory_frame``, ``scaling_table``). A frame
+without the data a chart needs gives a figure without traces, never an exception: a run that has
+not finished its first epoch is a normal sight.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+CHART_HEIGHT_PX = 300
+METRIC_TITLES = {
+    "val_acc": "Validation accuracy",
+    "train_acc": "Training accuracy",
+    "val_loss": "Validation loss",
+    "train_loss": "Training loss",
+    "images_per_s": "Throughput (images/s)",
+    "epoch_time_s": "Epoch time (s)",
+}
+X_AXES = {"epoch": "Epoch", "wall_time_s": "Wall-clock time (s)"}
+
+
+def _figure(title: str, x_title: str, y_title: str, *, percent: bool = False) -> go.Figure:
+    figure = go.Figure()
+    figure.update_layout(
+        title=title, height=CHART_HEIGHT_PX, margin=dict(l=10, r=10, t=40, b=10),
+        # Below the plot: a legend of several runs would otherwise run over the title.
+        legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0.0),
+        xaxis_title=x_title, yaxis_title=y_title, hovermode="x unified",
+    )
+    if percent:
+        figure.update_yaxes(tickformat=".0%")
+    return figure
+
+
+def _has(frame: pd.DataFrame, column: str) -> bool:
+    return column in frame and frame[column].notna().any()
+
+
+def epoch_lines(epochs: pd.DataFrame, columns: dict[str, str], title: str, y_title: str,
+                *, percent: bool = False) -> go.Figure:
+    """One line per metric column of one run, over epochs; ``columns`` maps column -> legend name."""
+    figure = _figure(title, "Epoch", y_title, percent=percent)
+    for column, name in columns.items():
+        if _has(epochs, column):
+            figure.add_scatter(x=epochs["epoch"], y=epochs[column], name=name, mode="lines+markers")
+    figure.update_xaxes(dtick=1 if len(epochs) <= 20 else None)
+    return figure
+
+
+def loss_figure(epochs: pd.DataFrame) -> go.Figure:
+    return epoch_lines(epochs, {"train_loss": "training", "val_loss": "validation"}, "Loss", "loss")
+
+
+def accuracy_figure(epochs: pd.DataFrame) -> go.Figure:
+    return epoch_lines(epochs, {"train_acc": "training", "val_acc": "validation"}, "Accuracy", "accuracy",
+                       percent=True)
+
+
+def throughput_figure(epochs: pd.DataFrame) -> go.Figure:
+    return epoch_lines(epochs, {"images_per_s": "training"}, "Throughput", "images/s")
+
+
+def epoch_time_figure(epochs: pd.DataFrame) -> go.Figure:
+    return epoch_lines(epochs, {"epoch_time_s": "epoch (train + validation)", "train_time_s": "training only"},
+                       "Epoch time", "seconds")
+
+
+def memory_figure(memory: pd.DataFrame) -> go.Figure:
+    """Peak memory per device over epochs, one line per device (``memory_frame`` of one run)."""
+    figure = _figure("Peak memory per device", "Epoch", "MB")
+    for device, rows in memory.groupby("device", sort=True):
+        figure.add_scatter(x=rows["epoch"], y=rows["peak_memory_mb"], name=str(device), mode="lines+markers")
+    figure.update_xaxes(dtick=1 if memory["epoch"].nunique() <= 20 else None)
+    return figure
+
+
+def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
+    """One line per run: ``metric`` over ``x`` ("epoch" or "wall_time_s"); ``labels`` names the runs."""
+    percent = metric.endswith("_acc")
+    figure = _figure(METRIC_TITLES.get(metric, metric), X_AXES.get(x, x), METRIC_TITLES.get(metric, metric),
+                     percent=percent)
+    for run_id, rows in epochs.groupby("run_id", sort=False):
+        if _has(rows, metric):
+            figure.add_scatter(x=rows[x], y=rows[metric], name=labels.get(run_id, f"#{run_id}"), mode="lines+markers")
+    if x == "epoch" and epochs["epoch"].nunique() <= 20:
+        figure.update_xaxes(dtick=1)
+    return figure
+
+
+def speedup_figure(scaling: pd.DataFrame) -> go.Figure:
+    """Speedup over the single-device baseline against the number of devices, with the ideal
+    (speedup = devices) as a dashed line."""
+    figure = _figure("Speedup over one device", "devices", "speedup (×)")
+    figure.update_layout(hovermode="closest")
+    measured = scaling.dropna(subset=["speedup"])
+    top_devices = max(2, int(max([1, *measured["devices"]])))
+    figure.add_scatter(x=[0, top_devices], y=[0, top_devices], name="ideal (linear)", mode="lines",
+                       line=dict(dash="dash", color="gray"))
+    for row in measured.itertuples():
+        figure.add_scatter(x=[row.devices], y=[row.speedup], name=row.label, mode="markers+text",
+                           text=[f"{row.speedup:.2f}×"], textposition="middle right", marker=dict(size=12))
+    top_speedup = max([top_devices, *measured["speedup"]])
+    figure.update_xaxes(dtick=1, range=[0, top_devices + 0.6])  # room for the labels right of the points
+    figure.update_yaxes(range=[0, top_speedup * 1.15])
+    return figure
+
+
+def efficiency_figure(scaling: pd.DataFrame) -> go.Figure:
+    """Scaling efficiency (speedup / devices) per run as bars; 100 % is perfect linear scaling."""
+    figure = _figure("Scaling efficiency", "", "speedup / devices", percent=True)
+    figure.update_layout(hovermode="closest", showlegend=False)
+    measured = scaling.dropna(subset=["efficiency"])
+    figure.add_bar(x=measured["label"], y=measured["efficiency"], name="measured",
+                   text=[f"{e:.0%}" for e in measured["efficiency"]], textposition="auto")
+    figure.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="ideal 100 %",
+                     annotation_position="top left")
+    figure.update_yaxes(range=[0, max([1.0, *measured["efficiency"]]) * 1.15])
+    return figure

@@ -1,0 +1,126 @@
+"""What the Launch form offers: datasets (built-ins and folders under the data roots), timm
+models with sensible defaults first, and a model's parameter count, all cached.
+
+Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
+``$PARALLAX_HOME/datasets``; each immediate sub-folder of a root is offered as a dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from db.settings import parallax_home
+
+DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny", "test_resnet")
+
+
+def data_roots() -> list[Path]:
+    configured = os.environ.get("PARALLAX_DATA_ROOTS")
+    if configured:
+        return [Path(p).expanduser() for p in configured.split(os.pathsep) if p.strip()]
+    return [parallax_home() / "datasets"]
+
+
+def dataset_folders() -> list[str]:
+    """Immediate, visible sub-folders of every data root, as absolute paths."""
+    folders = []
+    for root in data_roots():
+        if root.is_dir():
+            folders += sorted(str(p.resolve()) for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return folders
+
+
+def dataset_choices() -> list[str]:
+    from trainer_backend.datasets import BUILTIN_DATASETS
+
+    return [*BUILTIN_DATASETS, *dataset_folders()]
+
+
+def dataset_label(choice: str) -> str:
+    """Built-ins by name; folders as 'name (path)'."""
+    path = Path(choice)
+    return f"{path.name}  ({path.parent})" if path.is_absolute() else choice
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def describe_dataset(choice: str) -> dict[str, Any]:
+    """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable."""
+    from trainer_backend.datasets import DatasetError, inspect_dataset
+
+    try:
+        return inspect_dataset(choice)
+    except DatasetError as exc:
+        return {"problems": [str(exc)], "warnings": []}
+
+
+def dataset_summary(info: dict[str, Any]) -> str:
+    """'1,797 images · 10 classes · 8×8 px · 1 band' from ``inspect_dataset``."""
+    parts = []
+    if info.get("num_images") is not None:
+        parts.append(f"{info['num_images']:,} images")
+    if info.get("num_classes") is not None:
+        parts.append(f"{info['num_classes']} classes")
+    if info.get("image_shape"):
+        height, width = info["image_shape"][:2]
+        parts.append(f"{height}×{width} px")
+    if info.get("bands"):
+        parts.append(f"{info['bands']} band{'s' if info['bands'] != 1 else ''}")
+    return " · ".join(parts)
+
+
+def input_channels(info: dict[str, Any], bands: tuple[int, ...] | None) -> int:
+    """Channels the model will see: the chosen bands, else the folder's default bands, else the file's."""
+    if bands:
+        return len(bands)
+    if info.get("default_bands"):
+        return len(info["default_bands"])
+    return int(info.get("bands") or 3)
+
+
+@st.cache_data(show_spinner=False)
+def model_choices() -> list[str]:
+    """Every timm architecture, the defaults first."""
+    import timm
+
+    names = timm.list_models()
+    defaults = [name for name in DEFAULT_MODELS if name in names]
+    return defaults + sorted(set(names) - set(defaults))
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def parameter_count(model: str, num_classes: int, in_chans: int) -> int | None:
+    """Parameters of ``model`` sized for the dataset, built on the meta device (no memory, no
+    weights, instant even for large models). None if the model cannot be built that way."""
+    import timm
+    import torch
+
+    from trainer_backend.models import count_parameters
+
+    try:
+        with torch.device("meta"):
+            return count_parameters(timm.create_model(model, num_classes=num_classes, in_chans=in_chans))
+    except Exception:  # a few architectures compute values from tensors in __init__, which meta cannot
+        return None
+
+
+def model_problem(model: str) -> str | None:
+    """Why timm cannot build ``model`` (with close names), or None."""
+    from trainer_backend.models import ModelError, check_model_name
+
+    try:
+        check_model_name(model)
+    except ModelError as exc:
+        return str(exc)
+    return None
+
+
+def format_count(count: int) -> str:
+    """11689512 -> '11.7 M'."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return str(count)

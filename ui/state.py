@@ -1,0 +1,84 @@
+"""What the pages share: the cached database engine, the page paths, and moving between pages
+with the run (or runs) to show.
+
+The engine is cached per database URL with ``st.cache_resource``: one pool for every user and
+rerun, and a different ``PARALLAX_HOME`` gets its own engine rather than a stale one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import streamlit as st
+from sqlalchemy import Engine
+
+from db import make_engine
+from db.lifecycle import mark_lost_runs
+from db.settings import database_url
+
+LAUNCH_PAGE = "pages/launch.py"
+RUN_PAGE = "pages/run.py"
+RUNS_PAGE = "pages/runs.py"
+COMPARE_PAGE = "pages/compare.py"
+
+APP_RAN_KEY = "app_entry_ran"  # set by app.py on every run of this session
+RETURN_TO_KEY = "return_to_page"  # (page, query params) to reopen once app.py has set up navigation
+RUN_ID_KEY = "run_id"  # the run the Run page shows
+COMPARE_IDS_KEY = "compare_ids"  # the runs the Compare page starts with
+
+
+@st.cache_resource(show_spinner=False)
+def _engine_for(url: str) -> Engine:
+    return make_engine(url)
+
+
+def engine() -> Engine:
+    return _engine_for(database_url())
+
+
+def engine_with_fresh_states() -> Engine:
+    """The engine, after marking runs whose process has died as lost: no page ever shows a dead
+    run as running, and a lost run can be deleted."""
+    current = engine()
+    mark_lost_runs(current)
+    return current
+
+
+def enter_through_app(page: str) -> None:
+    """Send a page that was opened without ``app.py`` back through it, then to itself.
+
+    Until ``app.py`` has called ``st.navigation`` once in a server process, Streamlit treats the
+    ``pages/`` folder the old way: a first request for ``/run?run=3`` (a bookmark, a tab open
+    across a restart) runs that page alone, without the app's layout and navigation.
+    """
+    if st.session_state.get(APP_RAN_KEY):
+        return
+    st.session_state[RETURN_TO_KEY] = (page, st.query_params.to_dict())
+    st.switch_page("app.py")
+
+
+def return_to_requested_page() -> None:
+    """In app.py, after navigation is set up: reopen the page ``enter_through_app`` came from."""
+    st.session_state[APP_RAN_KEY] = True
+    if RETURN_TO_KEY in st.session_state:
+        page, query_params = st.session_state.pop(RETURN_TO_KEY)
+        st.switch_page(page, query_params=query_params)
+
+
+def open_run(run_id: int) -> None:
+    """Go to the Run page showing ``run_id`` (the id also lands in the URL: ?run=N)."""
+    st.session_state[RUN_ID_KEY] = int(run_id)
+    st.switch_page(RUN_PAGE, query_params={"run": int(run_id)})
+
+
+def open_compare(run_ids: Iterable[int]) -> None:
+    st.session_state[COMPARE_IDS_KEY] = [int(i) for i in run_ids]
+    st.switch_page(COMPARE_PAGE)
+
+
+def requested_run_id() -> int | None:
+    """The run asked for by the URL (?run=N), else the last one opened in this session."""
+    raw = st.query_params.get("run")
+    if raw is not None and str(raw).isdigit():
+        return int(raw)
+    return st.session_state.get(RUN_ID_KEY)

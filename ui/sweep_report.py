@@ -1,0 +1,125 @@
+"""The scaling report of a strategy sweep: one row per strategy, one sentence of advice.
+
+Shared by ``python -m trainer_backend sweep`` (a text table), the dashboard and the HTML export.
+
+    table = sweep_table(engine, sweep_id, target_acc=0.9)
+    print(format_table(table)); print(strategy_advice(table))
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from db import profiles, store
+
+from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
+from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
+
+REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "speedup",
+                  "efficiency", "peak_memory_mb", "time_to_target_s")
+
+
+def _run_dicts(engine, run_ids: list[int]) -> list[dict[str, Any]]:
+    runs = []
+    for run_id in run_ids:
+        record = store.get_run(engine, run_id)
+        runs.append({"id": record.id, "strategy": record.strategy, "model": record.model,
+                     "status": record.status, "config": record.config})
+    return runs
+
+
+def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFrame:
+    """Throughput, speedup over the sweep's single run, efficiency, the largest per-device peak
+    memory, time to ``target_acc``, and (for profiled runs) the mean step breakdown."""
+    run_ids = store.sweep_run_ids(engine, sweep_id)
+    runs = _run_dicts(engine, run_ids)
+    epochs = epochs_frame(store.read_epoch_metrics(engine, run_ids))
+    table = scaling_table(runs, epochs, pick_baselines(runs, {}), target_acc)
+    table.insert(3, "status", [run["status"] for run in runs])
+    memory = memory_frame(epochs)
+    peaks = memory.groupby("run_id")["peak_memory_mb"].max() if not memory.empty else pd.Series(dtype=float)
+    table["peak_memory_mb"] = table["run_id"].map(peaks)
+    steps = pd.DataFrame(profiles.read_steps(engine, run_ids))
+    if not steps.empty:
+        means = breakdown_means(steps[steps["rank"] == 0]).set_index("run_id")
+        for column in [*PHASE_COLUMNS, "communication_ms"]:
+            table[column] = table["run_id"].map(means[column])
+    return table
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The report as aligned text for a terminal."""
+    shown = table[list(REPORT_COLUMNS)].copy()
+    shown["throughput_images_per_s"] = shown["throughput_images_per_s"].map(lambda v: _num(v, "{:.0f}"))
+    shown["speedup"] = shown["speedup"].map(lambda v: _num(v, "{:.2f}x"))
+    shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
+    shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
+    shown["time_to_target_s"] = shown["time_to_target_s"].map(lambda v: _num(v, "{:.1f}", "not reached"))
+    shown.columns = ["run", "strategy", "devices", "status", "images/s", "speedup", "efficiency",
+                     "peak MB/device", "time to target s"]
+    return shown.to_string(index=False)
+
+
+def _num(value, pattern: str, missing: str = "-") -> str:
+    return missing if value is None or pd.isna(value) else pattern.format(value)
+
+
+def strategy_advice(table: pd.DataFrame) -> str:
+    """One plain sentence from the sweep's numbers, e.g. 'DDP on 2 devices: 1.80x, 90% efficient;
+    MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.'"""
+    done = table[(table["status"] == "completed") & table["throughput_images_per_s"].notna()]
+    if done.empty:
+        return "No run of this sweep has finished an epoch yet."
+    parts = [
+        f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
+        f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"
+        for row in done.itertuples() if row.strategy != "single" and pd.notna(row.speedup)
+    ]
+    best = done.loc[done["throughput_images_per_s"].idxmax()]
+    if best["strategy"] == "single":
+        verdict = ("Fastest: SINGLE — on these devices no parallel strategy beats one device "
+                   "(on CPU the processes share the same cores); parallelism pays off on GPUs.")
+    else:
+        verdict = f"Fastest: {best['strategy'].upper()}"
+        data_parallel_ok = done["strategy"].isin(["ddp", "fsdp"]).any()
+        if best["strategy"] in ("ddp", "fsdp", "dp") and (done["strategy"].isin(["mp", "pp"])).any() and data_parallel_ok:
+            verdict += " — the model fits one device, so prefer it over model and pipeline parallel."
+        else:
+            verdict += "."
+    return ("; ".join(parts) + ". " if parts else "") + verdict
+
+
+def scaling_figure(table: pd.DataFrame) -> go.Figure:
+    """Speedup of each strategy against the ideal line (speedup = number of devices)."""
+    fig = go.Figure()
+    fig.add_bar(x=table["strategy"], y=table["speedup"], name="speedup over single",
+                text=table["speedup"].map(lambda v: _num(v, "{:.2f}x")), textposition="outside")
+    fig.add_scatter(x=table["strategy"], y=table["devices"], mode="markers+lines", name="ideal (= devices)",
+                    line=dict(dash="dash", color="gray"))
+    fig.update_layout(title="Speedup over one device", yaxis_title="x single", margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
+    """The scaling report as one self-contained HTML page (plotly.js inline, works offline)."""
+    table = sweep_table(engine, sweep_id, target_acc=target_acc)
+    figures = [scaling_figure(table)]
+    steps = pd.DataFrame(profiles.read_steps(engine, table["run_id"].tolist()))
+    if not steps.empty:
+        figures.append(step_breakdown_figure(steps))
+    charts = "".join(
+        fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, default_width="100%")
+        for i, fig in enumerate(figures)
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Parallax sweep {sweep_id}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px}}pre{{background:#f6f6f6;padding:1rem}}</style>
+</head><body><h1>Strategy sweep {sweep_id}</h1>
+<p><b>{html.escape(strategy_advice(table))}</b></p>
+<pre>{html.escape(format_table(table))}</pre>
+<p>Time to target: wall time until validation accuracy first reached {target_acc:.0%}.</p>
+{charts}</body></html>"""
