@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -244,7 +245,7 @@ def _validate_devices(cfg: RunConfig) -> None:
     if cfg.strategy == "pp" and cfg.batch_size % cfg.microbatches:
         raise ConfigError(
             "batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
-            f"microbatches: use a multiple of {cfg.microbatches}, or change --microbatches"
+            f"microbatches: use a multiple of {cfg.microbatches}, or change the number of microbatches"
         )
     if cfg.strategy == "dp" and gpus and cfg.batch_size < n:
         raise ConfigError(
@@ -268,3 +269,39 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def strategy_notes(config: RunConfig) -> list[str]:
+    """What a user should know about how their strategy really runs on these devices."""
+    notes = []
+    if config.strategy == "dp" and not config.uses_cuda:
+        notes.append(
+            "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
+            "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
+        )
+    if config.world_size > 1 and not config.uses_cuda:
+        threads = max(1, cpu_cores() // len(config.devices))
+        batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
+                 else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
+        notes.append(
+            f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
+            f"each ({cpu_cores()} cores shared), {batch}."
+        )
+    if config.strategy == "pp":
+        notes.append(
+            f"Pipeline parallel ({config.pipeline_schedule}): each epoch records every stage's busy "
+            "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
+            "schedule, so the profiler's step breakdown shows them as 'other'."
+        )
+    if config.strategy == "mp" and not config.uses_cuda:
+        notes.append(
+            "Model parallel on CPU: the stages share the same CPU, so this shows the mechanics "
+            "(activations handed from stage to stage), not a speed-up."
+        )
+    if config.amp == "auto" and not config.uses_cuda:
+        notes.append("AMP auto: CPU runs train in fp32.")
+    return notes

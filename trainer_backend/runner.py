@@ -26,11 +26,10 @@ from db import lifecycle as state
 from db import make_engine, store
 from db.settings import database_url
 
-from .config import RunConfig
+from .config import RunConfig, strategy_notes
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .models import ModelError, create_model, split_into_stages
-from .strategies import strategy_notes
 from .trainer import load_data, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"

@@ -17,46 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from .config import RunConfig
+from .config import RunConfig, cpu_cores
 from .models import StagedModel, split_into_stages
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def strategy_notes(config: RunConfig) -> list[str]:
-    """What a user should know about how their strategy really runs on these devices."""
-    notes = []
-    if config.strategy == "dp" and not config.uses_cuda:
-        notes.append(
-            "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
-            "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
-        )
-    if config.world_size > 1 and not config.uses_cuda:
-        threads = max(1, cpu_cores() // len(config.devices))
-        batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
-                 else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
-        notes.append(
-            f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
-            f"each ({cpu_cores()} cores shared), {batch}."
-        )
-    if config.strategy == "pp":
-        notes.append(
-            f"Pipeline parallel ({config.pipeline_schedule}): each epoch records every stage's busy "
-            "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
-            "schedule, so the profiler's step breakdown shows them as 'other'."
-        )
-    if config.strategy == "mp" and not config.uses_cuda:
-        notes.append(
-            "Model parallel on CPU: the stages share the same CPU, so this shows the mechanics "
-            "(activations handed from stage to stage), not a speed-up."
-        )
-    if config.amp == "auto" and not config.uses_cuda:
-        notes.append("AMP auto: CPU runs train in fp32.")
-    return notes
 
 
 class Strategy:
