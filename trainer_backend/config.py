@@ -252,6 +252,10 @@ def _validate_devices(cfg: RunConfig) -> None:
             "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
             "splits it over: use at least one image per GPU"
         )
+    if cfg.strategy == "pp" and cfg.amp == "fp16":
+        raise ConfigError(
+            "amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto or off"
+        )
     if cfg.amp in ("bf16", "fp16") and not gpus:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"

@@ -197,6 +197,8 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
         model = strategy.wrap(model)
         optimizer = build_optimizer(config, model.parameters())
         amp_dtype = resolve_amp(config.amp, strategy.input_device)
+        if config.strategy == "pp" and amp_dtype == torch.float16:
+            amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
         scaler = make_grad_scaler(amp_dtype)
         loaders = build_loaders(data, config, strategy)
         engine = make_engine(db_url) if strategy.is_main else None
