@@ -1,6 +1,7 @@
 """Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py``).
 
-Four pages: Launch a run, watch one Run live, browse all Runs, Compare runs and strategies.
+Six pages: Launch a run (or a sweep of strategies), watch one Run live, browse all Runs, Compare runs
+and strategies, read a strategy Sweep's scaling report, and dig into a run's Profiler output.
 Runs started here are detached processes: they go on when the browser tab or the dashboard closes.
 """
 
@@ -11,7 +12,8 @@ import os
 import streamlit as st
 
 from db.settings import database_url, parallax_home
-from ui.state import COMPARE_PAGE, LAUNCH_PAGE, RUN_PAGE, RUNS_PAGE, return_to_requested_page
+from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
+                      return_to_requested_page)
 
 st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
 # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
@@ -22,6 +24,8 @@ navigation = st.navigation([
     st.Page(RUN_PAGE, title="Run", icon=":material/monitoring:"),
     st.Page(RUNS_PAGE, title="Runs", icon=":material/table_rows:"),
     st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
+    st.Page(SWEEP_PAGE, title="Sweeps", icon=":material/stacked_bar_chart:"),
+    st.Page(PROFILER_PAGE, title="Profiler", icon=":material/speed:"),
 ])
 
 with st.sidebar:

@@ -9,6 +9,7 @@ import streamlit as st
 
 from db import dashboard, store
 from ui import charts, scaling, state, widgets
+from ui.sweep_report import strategy_advice
 
 state.enter_through_app("pages/compare.py")
 
@@ -43,6 +44,15 @@ def show_speedups(table: pd.DataFrame) -> None:
             )
 
 
+def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
+    """The sweep report's one-sentence verdict, when the picked runs hold their own single-device
+    baseline: without one, "fastest" would compare runs against nothing measured here."""
+    if len(runs) < 2 or not any(r["strategy"] == "single" and r["status"] == "completed" for r in runs):
+        return
+    with_status = table.assign(status=[run["status"] for run in runs])
+    st.success(strategy_advice(with_status), icon=":material/lightbulb:")
+
+
 def scaling_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
     return pd.DataFrame({
         "run": table["label"],
@@ -63,6 +73,7 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
         "Target validation accuracy", min_value=0.0, max_value=1.0, value=0.9, step=0.05, key="target_acc",
         help="Time to target: wall-clock training time until validation accuracy first reaches this.")
     table = scaling.scaling_table(runs, epochs, baselines, target_acc)
+    show_advice(runs, table)
     show_speedups(table)
     st.dataframe(scaling_display(table, target_acc), hide_index=True)
     if (table["efficiency"].dropna() > SUPERLINEAR).any():

@@ -1,5 +1,8 @@
 """Launch: choose data, model, strategy and devices; every value is checked by building the
-same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page."""
+same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
+
+In "Compare strategies" mode the form takes several strategies instead of one: each one's config
+is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page."""
 
 from __future__ import annotations
 
@@ -7,14 +10,16 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES
-from trainer_backend.lifecycle import launch
+from trainer_backend.config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
+from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
 
 QUICK_EPOCHS = 3  # the default run finishes in well under a minute on a laptop CPU
+ONE_RUN, SWEEP = "One run", "Compare strategies"
+SWEEP_DEFAULT = ["single", "ddp", "mp", "pp"]
 
 values: dict = {}
 slots: dict = {}  # field -> the spot right under its widget where its error goes
@@ -72,7 +77,8 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     if strategy == "single":
         st.caption(f"One CPU process, using all {cores} cores.")
         return ("cpu",)
-    label = {"mp": "CPU model stages (one process)", "dp": "CPU devices"}.get(strategy, "CPU worker processes")
+    label = {"mp": "CPU model stages (one process)", "dp": "CPU devices",
+             "sweep": "CPU devices (processes or model stages)"}.get(strategy, "CPU worker processes")
     processes = st.number_input(
         label, value=2, step=1, key=f"cpu_processes_{strategy}",
         help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp.")
@@ -81,6 +87,9 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     if strategy == "dp":
         st.info("DataParallel on CPU is a pass-through: one process trains with all CPU threads, exactly like "
                 "single. Pick GPUs to see DataParallel split the batch.", icon=":material/info:")
+    elif strategy == "sweep":
+        st.caption(f"single trains in one process; the other strategies use all {processes} CPU devices "
+                   f"({cores} cores shared).")
     elif strategy == "mp":
         st.caption("The model is cut into one stage per device, all in one process; on a CPU this shows the "
                    "mechanics, not a speed-up.")
@@ -90,9 +99,23 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     return ("cpu",) * processes
 
 
+def sweep_errors(config, strategies: list[str]) -> dict[str, str]:
+    """Each strategy's own config checked as the sweep will build it; errors name the strategy."""
+    errors: dict[str, str] = {}
+    for strategy in strategies:
+        try:
+            sweep_configs(config, [strategy])
+        except ConfigError as exc:
+            errors.setdefault(exc.field, f"With {strategy}: {exc}")
+    return errors
+
+
 st.title("Launch a run")
 st.caption(f"The defaults train resnet18 on the bundled handwritten digits for {QUICK_EPOCHS} epochs in one CPU "
            "process: a quick run that works on any machine. Every value is checked as you change it.")
+mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode",
+                captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
+sweeping = mode == SWEEP
 
 data_col, model_col = st.columns(2, gap="large")
 with data_col:
@@ -124,20 +147,31 @@ with model_col:
 
 strategy_col, devices_col = st.columns(2, gap="large")
 with strategy_col:
-    st.subheader("Strategy")
     names = list(STRATEGIES)
-    values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
-                                  label_visibility="collapsed")
-    field_slot("strategy")
-    if values["strategy"] == "pp":
+    if sweeping:
+        st.subheader("Strategies")
+        sweep_strategies = st.multiselect("Strategies to compare", names, default=SWEEP_DEFAULT,
+                                          key="sweep_strategies", placeholder="Pick two or more strategies")
+        st.caption(" · ".join(f"**{n}**: {STRATEGIES[n]}" for n in sweep_strategies))
+        field_slot("strategy")
+    else:
+        st.subheader("Strategy")
+        values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
+                                      label_visibility="collapsed")
+        field_slot("strategy")
+    if (sweeping and "pp" in sweep_strategies) or values.get("strategy") == "pp":
         values["microbatches"] = st.number_input("Microbatches per batch", value=4, step=1, key="microbatches")
         field_slot("microbatches")
         values["pipeline_schedule"] = st.selectbox("Pipeline schedule", PIPELINE_SCHEDULES, key="pipeline_schedule")
         field_slot("pipeline_schedule")
 with devices_col:
     st.subheader("Devices")
-    values["devices"] = choose_devices(values["strategy"])
+    values["devices"] = choose_devices("sweep" if sweeping else values["strategy"])
     field_slot("devices")
+if sweeping:
+    # The shared fields are checked under a strategy that takes any number of devices; the
+    # strategies' own rules are then checked one by one, as the sweep will build them.
+    values["strategy"] = "mp" if len(values["devices"]) > 1 else "single"
 
 st.subheader("Training")
 # Three to a row: an error under a field needs room to be read.
@@ -193,16 +227,32 @@ with note_col:
     user_note = st.text_area("Note", key="note", height=68, placeholder="What is this run meant to show?")
 
 config, errors = validate_form(values)
+if sweeping:
+    if config is not None:
+        errors = sweep_errors(config, sweep_strategies)
+    if len(sweep_strategies) < 2:
+        errors.setdefault("strategy", "Pick at least two strategies to compare.")
 if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
-batch_hint.caption(batch_caption(config))
+batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
 for name, message in errors.items():
     slots.get(name, general).error(message, icon=":material/error:")
 
-if st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
+if sweeping:
+    if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
+                 disabled=bool(errors), help="They queue and run one after another (one CPU run at a time)."):
+        try:
+            sweep_id, run_ids = launch_sweep(config, sweep_strategies)
+            for run_id in run_ids if user_note.strip() else []:
+                dashboard.set_user_note(state.engine(), run_id, user_note)
+        except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
+            st.error(f"The sweep could not be started: {exc}")
+        else:
+            state.open_sweep(sweep_id)
+elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
     try:
         run_id = launch(config)
         if user_note.strip():

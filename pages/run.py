@@ -6,11 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from db import store
+from db import profiles, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import run_folder
 from trainer_backend.lifecycle import cancel
 from ui import charts, scaling, state, widgets
+from ui.profile_views import step_breakdown_chart
 
 state.enter_through_app("pages/run.py")
 
@@ -93,6 +94,17 @@ def show_log(run_id: int, expanded: bool) -> None:
             st.code(tail or "(empty so far)", language="text")
 
 
+def show_profile(run_id: int) -> None:
+    """For a profiled run: where a step's time goes, and the way to the Profiler page."""
+    engine = state.engine()
+    if not profiles.profiled_runs(engine, [run_id]):
+        return
+    st.subheader("Profile")
+    step_breakdown_chart(engine, [run_id], key="profile_breakdown")
+    st.page_link(state.PROFILER_PAGE, label="Open in the Profiler: heaviest ops, memory, traces",
+                 icon=":material/speed:", query_params={"run": run_id})
+
+
 def show_static(run: store.RunRecord) -> None:
     """What does not change while the run trains: labels, config, the checkpoint."""
     if run.tags or run.user_note:
@@ -106,6 +118,7 @@ def show_static(run: store.RunRecord) -> None:
             file_name=f"parallax-run-{run.id}-best.pt", mime="application/octet-stream",
             on_click="ignore", icon=":material/download:",
         )
+    show_profile(run.id)
     with st.expander("Config"):
         st.dataframe(
             pd.DataFrame({"value": [scaling.display_value(v) for v in run.config.values()]}, index=list(run.config)),

@@ -1,6 +1,7 @@
 """The dashboard in a real browser, used as a new user would: launch a DDP run on two CPU
 processes from the form, watch it complete with its charts, launch a single-device run, and
-compare the two to read the speedup. Screenshots of every step go to ``test-artifacts/``.
+compare the two to read the speedup; and launch a sweep of four strategies and read its scaling
+report. Screenshots of every step go to ``test-artifacts/``.
 
     .venv/bin/python -m pytest tests/test_e2e_browser.py -q
 
@@ -185,7 +186,7 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             page.goto(f"{dashboard}/compare")
             expect(page.get_by_role("heading", name="Compare runs")).to_be_visible(timeout=UI_MS)
             expect(page.get_by_test_id("stSidebarNav").get_by_role("link")).to_have_text(  # icon name, then title
-                [re.compile(f"{title}$") for title in ("Launch", "Run", "Runs", "Compare")])
+                [re.compile(f"{title}$") for title in ("Launch", "Run", "Runs", "Compare", "Sweeps", "Profiler")])
 
             ddp_id = user.launch_from_form(strategy="ddp", epochs=2, shot="01-launch-ddp-form")
             engine_note = page.get_by_test_id("stAlert").filter(has_text="DDP on CPU: 2 processes on gloo")
@@ -209,5 +210,54 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             expect(page.locator(".stPlotlyChart")).to_have_count(3)  # speedup, efficiency, curves
             user.wait_idle()
             user.shoot("05-compare-speedup")
+        finally:
+            browser.close()
+
+
+def test_new_user_sweeps_four_strategies_and_reads_the_scaling_report(dashboard):
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        pytest.fail("playwright is not installed: pip install playwright (it is in requirements-test.txt)")
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(UI_MS)
+            user = Visitor(page, dashboard)
+
+            page.goto(dashboard)
+            page.get_by_test_id("stBaseButton-primary").filter(has_text="Launch").wait_for(timeout=UI_MS)
+            page.get_by_test_id("stRadio").get_by_text("Compare strategies", exact=True).click()
+            user.wait_idle()
+            picked = page.get_by_test_id("stMultiSelect").filter(has_text="Strategies to compare")
+            for strategy in ("single", "ddp", "mp", "pp"):
+                expect(picked.get_by_text(strategy, exact=True)).to_be_visible()
+            expect(page.get_by_label("CPU devices (processes or model stages)", exact=True)).to_have_value("2")
+            user.choose("timm model", "test_resnet")
+            user.set_number("Epochs", 1)
+            # :visible: Streamlit keeps the replaced one-run button hidden in the page for a while.
+            launch_button = page.locator("[data-testid=stBaseButton-primary]:visible",
+                                         has_text="Launch the sweep (4 runs)")
+            user.shoot("06-launch-sweep-form")
+            expect(launch_button).to_be_enabled()
+            launch_button.click()
+            page.wait_for_url(re.compile(r"/sweep\?sweep=\d+"), timeout=UI_MS)
+            expect(page.get_by_role("heading", name="Sweeps")).to_be_visible(timeout=UI_MS)
+            user.shoot("07-sweep-running")
+
+            # The page refreshes itself while any run of the sweep is queued or running.
+            done = page.get_by_role("paragraph").filter(has=page.get_by_role("img", name="check_circle icon"))
+            expect(done).to_have_count(4, timeout=4 * RUN_DONE_MS)
+            advice = page.get_by_test_id("stAlert").filter(has_text="Fastest:")
+            expect(advice).to_be_visible(timeout=UI_MS)
+            report = page.get_by_test_id("stTable")
+            expect(report.get_by_role("columnheader", name="speedup (×)")).to_be_visible()
+            expect(report.get_by_role("row")).to_have_count(5)  # the header and one row per strategy
+            expect(page.get_by_test_id("stDownloadButton").filter(has_text="report (HTML)")).to_be_visible()
+            user.wait_idle()
+            user.shoot("08-sweep-report")
         finally:
             browser.close()

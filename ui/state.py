@@ -20,11 +20,14 @@ LAUNCH_PAGE = "pages/launch.py"
 RUN_PAGE = "pages/run.py"
 RUNS_PAGE = "pages/runs.py"
 COMPARE_PAGE = "pages/compare.py"
+PROFILER_PAGE = "pages/profiler.py"
+SWEEP_PAGE = "pages/sweep.py"
 
 APP_RAN_KEY = "app_entry_ran"  # set by app.py on every run of this session
 RETURN_TO_KEY = "return_to_page"  # (page, query params) to reopen once app.py has set up navigation
 RUN_ID_KEY = "run_id"  # the run the Run page shows
 COMPARE_IDS_KEY = "compare_ids"  # the runs the Compare page starts with
+SWEEP_ID_KEY = "sweep_id"  # the sweep the Sweep page shows
 
 
 @st.cache_resource(show_spinner=False)
@@ -76,9 +79,24 @@ def open_compare(run_ids: Iterable[int]) -> None:
     st.switch_page(COMPARE_PAGE)
 
 
-def requested_run_id() -> int | None:
-    """The run asked for by the URL (?run=N), else the last one opened in this session."""
-    raw = st.query_params.get("run")
+def open_sweep(sweep_id: int) -> None:
+    """Go to the Sweep page showing ``sweep_id`` (?sweep=N)."""
+    st.session_state[SWEEP_ID_KEY] = int(sweep_id)
+    st.switch_page(SWEEP_PAGE, query_params={"sweep": int(sweep_id)})
+
+
+def requested_id(param: str, session_key: str) -> int | None:
+    """The id asked for by the URL (?param=N), else the last one opened in this session."""
+    raw = st.query_params.get(param)
     if raw is not None and str(raw).isdigit():
         return int(raw)
-    return st.session_state.get(RUN_ID_KEY)
+    return st.session_state.get(session_key)
+
+
+def requested_sweep_id() -> int | None:
+    return requested_id("sweep", SWEEP_ID_KEY)
+
+
+def requested_run_id() -> int | None:
+    """The run asked for by the URL (?run=N), else the last one opened in this session."""
+    return requested_id("run", RUN_ID_KEY)
