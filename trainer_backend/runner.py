@@ -15,12 +15,14 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import os
+import signal
 import socket
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from db import lifecycle as state
 from db import make_engine, store
@@ -30,7 +32,7 @@ from .config import RunConfig, strategy_notes
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .models import ModelError, create_model, split_into_stages
-from .trainer import load_data, train_process
+from .trainer import load_data, read_rank_failures, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
 USER_ERRORS = (ValueError, LookupError, FileNotFoundError)  # ConfigError, DatasetError, ModelError
@@ -135,30 +137,59 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True)
     except (RunCancelled, KeyboardInterrupt):
         _stop_children()
         return "cancelled", "cancelled by the user"
-    except mp.ProcessRaisedException as exc:
-        return "failed", _with_oom_hint(f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}")
-    except mp.ProcessExitedException as exc:
-        how = f"was killed by signal {exc.signal_name}" if exc.signal_name else f"exited with code {exc.exit_code}"
-        return "failed", f"rank {exc.error_index} {how}; the other ranks were stopped"
+    except RankFailure as exc:
+        return "failed", _with_oom_hint(str(exc))
     except USER_ERRORS as exc:
         return "failed", str(exc)
     except Exception as exc:
         return "failed", _with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
 
 
+class RankFailure(Exception):
+    """A rank of a multi-process run failed; the message names the rank that failed first."""
+
+
 def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
+    context = mp.start_processes(
+        train_process,
+        args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo),
+        nprocs=config.world_size,
+        join=False,
+        start_method="spawn",
+    )
     try:
-        mp.spawn(
-            train_process,
-            args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo),
-            nprocs=config.world_size,
-            join=True,
-        )
+        while not context.join():
+            pass
+    except ProcessException as exc:
+        # join() reports the first rank it sees end, which is often a rank that failed only
+        # because its peer vanished mid-collective; find the one that failed first.
+        raise RankFailure(_root_cause(context, run_id, exc)) from None
     finally:
         del store_server
+
+
+def _root_cause(context, run_id: int, exc: ProcessException) -> str:
+    for process in context.processes:
+        process.join(5)  # join() has already sent SIGTERM to the ranks still running
+    if isinstance(exc, ProcessExitedException) and exc.signal_name:
+        return f"rank {exc.error_index} was killed by signal {exc.signal_name}; the other ranks were stopped"
+    failures = read_rank_failures(run_id)
+    failed = {f["rank"] for f in failures}
+    # A rank killed from outside (SIGKILL from the OOM killer, a crash) leaves no traceback;
+    # its peers then raise mid-collective. SIGTERM is what join() itself sent to the others.
+    for rank, process in enumerate(context.processes):
+        code = process.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM and rank not in failed:
+            return f"rank {rank} was killed by signal {signal.Signals(-code).name}; the other ranks were stopped"
+    if failures:
+        first = min(failures, key=lambda f: f["time"])
+        return f"rank {first['rank']} raised an exception:\n{first['traceback']}"
+    if isinstance(exc, ProcessExitedException):
+        return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
+    return f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}"
 
 
 def _stop_children(grace_s: float = 3.0) -> None:

@@ -8,10 +8,12 @@ the database; every number it writes is already reduced across ranks.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -181,6 +183,21 @@ def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, me
 
 def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0, echo: bool = True) -> None:
     """Train one process's part of run ``run_id``. Raises on any failure; the runner records it."""
+    try:
+        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo)
+    except Exception:
+        # When one rank fails its peers fail too, mid-collective; the time tells the runner
+        # which failure came first, i.e. which one to report.
+        failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}
+        (runs_dir(run_id) / f"rank{rank}.failure.json").write_text(json.dumps(failure))
+        raise
+
+
+def read_rank_failures(run_id: int) -> list[dict]:
+    return [json.loads(path.read_text()) for path in runs_dir(run_id).glob("rank*.failure.json")]
+
+
+def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool) -> None:
     if store_port:
         _die_with_parent()
     # Lets an operator (or a test) find and signal one rank of a run.
