@@ -27,3 +27,14 @@ test: $(VENV)/.installed-test
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# make bench - install the benchmark extras, run bench/ (about 15 minutes on 2 cores; take figures on a
+# quiet machine), write bench/results.json and docs/BENCHMARKS.md
+.PHONY: bench
+
+$(VENV)/.installed-bench: $(VENV)/.installed requirements-bench.txt
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	touch $@
+
+bench: $(VENV)/.installed-bench
+	$(PY) bench/run_all.py

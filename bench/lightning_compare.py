@@ -1,0 +1,77 @@
+"""Against PyTorch Lightning: the engine's training throughput next to ``lightning.Trainer``'s.
+
+The same model, data, split, batch and optimizer (bench/lightning_loop.py, resnet18 on digits at
+32x32, batch 128, Adam, 2 epochs, CPU), the engine and Lightning started in turn five times each.
+Compared: training images/s of the second epoch, each as its own side records it (the
+engine's ``images_per_s``; Lightning's from a callback timing the training batches). Lightning is
+installed from requirements-bench.txt; the product does not depend on it.
+
+    python bench/lightning_compare.py            # full: 5 repeats
+    python bench/lightning_compare.py --quick    # one tiny repeat, to check the script runs
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    BENCH_DIR,
+    PYTHON,
+    Report,
+    alternate,
+    at_least,
+    digits_workload,
+    epoch_field,
+    later_epochs,
+    parallax_home,
+    parse_args,
+    prime_dataset_cache,
+    run_engine,
+    run_timed,
+)
+
+METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
+
+
+def run_lightning(settings: dict) -> dict:
+    done = run_timed([PYTHON, str(BENCH_DIR / "lightning_loop.py"), "--model", settings["model"],
+                      "--epochs", str(settings["epochs"]), "--batch-size", str(settings["batch_size"]),
+                      "--image-size", str(settings["image_size"])])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"wall_s": done.seconds, **result}
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    report = Report("lightning_compare", "Against PyTorch Lightning", method=METHOD)
+    if importlib.util.find_spec("lightning") is None:
+        report.skip("lightning is not installed: pip install -r requirements-bench.txt (make bench does)")
+        report.finish(args)
+        return
+    settings = digits_workload(args.quick, epochs=2)
+    report.settings = {**settings, "repeats": args.repeats}
+    with parallax_home() as home:
+        db_url = f"sqlite:///{home / 'parallax.db'}"
+        prime_dataset_cache(settings, args.quick)
+        runs = alternate({"lightning": lambda: run_lightning(settings),
+                          "engine": lambda: run_engine(settings, db_url)}, args.repeats)
+    engine_speed = [epoch_field(r, "images_per_s") for r in runs["engine"]]
+    lightning_speed = [statistics.median(later_epochs([e["images_per_s"] for e in r["epochs"]]))
+                       for r in runs["lightning"]]
+    report.ratio("training images/s, engine / Lightning", engine_speed, lightning_speed, target=at_least(1.0))
+    report.add("engine training images/s (epochs 2+)", engine_speed, headline=False)
+    report.add("Lightning training images/s (epochs 2+)", lightning_speed, headline=False)
+    report.add("engine process", [r["wall_s"] for r in runs["engine"]], unit=" s", headline=False)
+    report.add("Lightning process", [r["wall_s"] for r in runs["lightning"]], unit=" s", headline=False)
+    report.settings["lightning"] = runs["lightning"][0]["lightning"]
+    report.finish(args)
+
+
+if __name__ == "__main__":
+    main()

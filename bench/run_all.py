@@ -1,0 +1,121 @@
+"""Run every benchmark, then write bench/results.json and the tables in docs/BENCHMARKS.md.
+
+    python bench/run_all.py                       # the whole suite (make bench), about 15 minutes on 2 cores
+    python bench/run_all.py --only dashboard,profiler   # some of them; the others' figures are kept
+    python bench/run_all.py --render              # rewrite docs/BENCHMARKS.md from bench/results.json
+    python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
+
+Each benchmark runs in its own process, one after the other, so that none inherits another's
+threads, imports or memory. Take figures on a quiet machine: the 1-minute load average is
+printed first, and each benchmark records how busy other processes kept the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    BENCH_DIR,
+    DOCS_PATH,
+    PYTHON,
+    QUIET_LOAD,
+    RESULTS_PATH,
+    ROOT,
+    child_env,
+    read_results,
+    render_markdown,
+)
+
+# Order of the table; each is bench/<name>.py and its key in results.json.
+BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
+              "profiler", "ddp_cpu")
+
+PREAMBLE = """# Benchmarks
+
+What Parallax costs and what it buys, measured on this project's reference machine (2 CPU cores,
+no GPU). `make bench` installs the benchmark extras (`requirements-bench.txt`: PyTorch Lightning,
+which Parallax itself does not use) and runs `bench/run_all.py`, which runs every script in
+`bench/`, writes `bench/results.json` and rewrites this file. Each script also runs alone:
+`python bench/engine_overhead.py` (`--quick` for a tiny check that it runs, `--repeats N`).
+
+How the figures are taken: every contender is measured at least 5 times, and contenders that are
+compared run in turn within one invocation (A B A B …), so that slow drifts of the machine fall
+on both. A figure is the median, with the smallest and largest of the repeats; a comparison is
+quoted as the median of the ratios of pairs run back to back. Training throughput is taken from
+the epochs after the first, which carry one-off costs (allocator growth, kernel selection).
+Every benchmark works in its own temporary `PARALLAX_HOME`.
+"""
+
+
+def script_path(name: str) -> Path:
+    return BENCH_DIR / f"{name}.py"
+
+
+def run_benchmark(name: str, results: Path, quick: bool) -> tuple[int, float]:
+    command = [PYTHON, str(script_path(name)), "--results", str(results)] + (["--quick"] if quick else [])
+    print(f"\n### {name}  (load average {os.getloadavg()[0]:.2f})", flush=True)
+    started = time.perf_counter()
+    code = subprocess.run(command, cwd=ROOT, env=child_env()).returncode
+    return code, time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny settings; results go to a temporary folder")
+    parser.add_argument("--only", default="", help=f"comma list of benchmarks to run: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--render", action="store_true", help="only rewrite the markdown from the results file")
+    parser.add_argument("--results", type=Path, default=None, help=f"default {RESULTS_PATH.relative_to(ROOT)}")
+    parser.add_argument("--docs", type=Path, default=None, help=f"default {DOCS_PATH.relative_to(ROOT)}")
+    args = parser.parse_args()
+    if args.quick:
+        scratch = Path(tempfile.mkdtemp(prefix="parallax-bench-quick-"))
+        args.results = args.results or scratch / "results.json"
+        args.docs = args.docs or scratch / "BENCHMARKS.md"
+    results, docs = args.results or RESULTS_PATH, args.docs or DOCS_PATH
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()] or list(BENCHMARKS)
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+
+    failed = []
+    if not args.render:
+        load = os.getloadavg()[0]
+        print(f"load average {load:.2f} at the start"
+              + ("" if load < QUIET_LOAD else f" (above {QUIET_LOAD}: figures will be noisy)"), flush=True)
+        started = time.perf_counter()
+        for name in chosen:
+            code, seconds = run_benchmark(name, results, args.quick)
+            print(f"### {name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s", flush=True)
+            if code != 0:
+                failed.append(name)
+        suite_s = time.perf_counter() - started
+        data = read_results(results)
+        if set(chosen) == set(BENCHMARKS):
+            data["suite_wall_s"] = suite_s
+            data["suite_load_avg_start"] = load
+            results.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"\nsuite: {suite_s / 60:.1f} minutes", flush=True)
+    data = read_results(results)
+    if not data:
+        print(f"no results in {results}", file=sys.stderr)
+        return 1
+    order = list(BENCHMARKS)
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    docs.write_text(render_markdown(data, order, PREAMBLE))
+    print(f"wrote {docs}", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
