@@ -259,11 +259,16 @@ class CpuShare:
     """How busy the machine was with other people's work while a benchmark ran.
 
     /proc/stat gives the whole machine's busy time; getrusage gives this process's and its
-    reaped children's. The difference is what everything else used. Detached grandchildren
-    (a launched run's worker) are not reaped by us, so they count as 'others' too."""
+    reaped children's. The difference is what everything else used. Processes we start but do
+    not reap (a launched run's detached worker) are added with ``count_as_own``."""
 
     def __init__(self) -> None:
         self._start = self._read()
+        self._extra_own_s = 0.0
+
+    def count_as_own(self, cpu_seconds: float) -> None:
+        """CPU time of processes this benchmark started but does not reap (a launched worker)."""
+        self._extra_own_s += cpu_seconds
 
     @staticmethod
     def _read() -> tuple[float, float, float]:
@@ -283,7 +288,29 @@ class CpuShare:
         now, busy, own = self._read()
         start, busy0, own0 = self._start
         elapsed = max(now - start, 1e-9)
-        return max(0.0, ((busy - busy0) - (own - own0)) / elapsed)
+        return max(0.0, ((busy - busy0) - (own - own0) - self._extra_own_s) / elapsed)
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User and system CPU seconds used so far by ``pid`` and its live descendants (Linux)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the name: state, ppid, ... utime and stime are fields 14 and 15 of stat.
+        parents[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    tree, changed = {pid}, True
+    while changed:
+        grown = tree | {child for child, parent in parents.items() if parent in tree}
+        changed, tree = grown != tree, grown
+    return sum(cpu.get(p, 0.0) for p in tree)
 
 
 def machine_info() -> dict[str, Any]:
@@ -321,7 +348,7 @@ class Report:
     settings: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
     _load_start: tuple[float, ...] = field(default_factory=os.getloadavg)
-    _cpu: CpuShare = field(default_factory=CpuShare)
+    cpu: CpuShare = field(default_factory=CpuShare)
     _started: float = field(default_factory=time.perf_counter)
 
     def add(self, metric: str, values: list[float], *, unit: str = "", target: Target | None = None,
@@ -360,7 +387,7 @@ class Report:
             "wall_s": time.perf_counter() - self._started,
             "load_avg_start": list(self._load_start),
             "load_avg_end": list(os.getloadavg()),
-            "other_processes_cores": self._cpu.others_cores(),
+            "other_processes_cores": self.cpu.others_cores(),
         }
 
     def finish(self, args: argparse.Namespace) -> dict[str, Any]:
@@ -423,10 +450,19 @@ def _verdict(row: dict[str, Any]) -> str:
     return "met" if row["met"] else "**missed**"
 
 
+def _is_quiet(data: dict[str, Any]) -> bool:
+    return data.get("other_processes_cores", 0.0) < 0.25
+
+
+def _machine_text(data: dict[str, Any]) -> str:
+    others = data.get("other_processes_cores", 0.0)
+    return f"{others:.2f} cores" + ("" if _is_quiet(data) else " (**busy**)")
+
+
 def _quiet_text(data: dict[str, Any]) -> str:
     load = data["load_avg_start"][0]
     others = data.get("other_processes_cores", 0.0)
-    quiet = load < QUIET_LOAD and others < 0.25
+    quiet = _is_quiet(data)
     return (f"load average {load:.2f} at the start; other processes used {others:.2f} of the cores on "
             f"average{' (quiet machine)' if quiet else ' (**busy machine: figures are noisy**)'}")
 
@@ -440,20 +476,22 @@ def render_markdown(results: dict[str, Any], order: list[str], preamble: str) ->
         out += [f"Measured on {machine.get('cores')} cores ({machine.get('cpu') or 'unknown CPU'}), "
                 f"Python {machine.get('python')}, torch {machine.get('torch')}, "
                 f"{results.get('suite_wall_s', 0) / 60:.1f} minutes for the whole suite.", ""]
-    out += ["| # | benchmark | measure | median | min–max | n | target | |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out += ["The last column says how many cores other processes kept busy, on average, while the benchmark "
+            "ran: above 0.25 the machine was busy and the figures are noisy.", "",
+            "| # | benchmark | measure | median | min–max | n | target | | other processes |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for number, key in enumerate(order, start=1):
         data = benchmarks.get(key)
         if data is None:
-            out.append(f"| {number} | {key} | not run yet | | | | | |")
+            out.append(f"| {number} | {key} | not run yet | | | | | | |")
             continue
         if data["skipped"]:
-            out.append(f"| {number} | {data['title']} | skipped: {data['skipped']} | | | | | |")
+            out.append(f"| {number} | {data['title']} | skipped: {data['skipped']} | | | | | | |")
             continue
         for row in (r for r in data["rows"] if r.get("headline", True)):
             median, spread = _figure(row)
             out.append(f"| {number} | {data['title']} | {row['metric']} | {median} | {spread} | {row['n']} | "
-                       f"{row.get('target', '—')} | {_verdict(row)} |")
+                       f"{row.get('target', '—')} | {_verdict(row)} | {_machine_text(data)} |")
     out.append("")
     for number, key in enumerate(order, start=1):
         data = benchmarks.get(key)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (  # noqa: E402
     PYTHON,
     ROOT,
+    CpuShare,
     Report,
     alternate,
     at_most,
@@ -42,6 +43,7 @@ from bench.common import (  # noqa: E402
     engine_command,
     parallax_home,
     parse_args,
+    process_tree_cpu_s,
     run_id_from,
     run_timed,
 )
@@ -52,7 +54,8 @@ PHASES = ("launch returned", "worker claimed the run", "checks before training d
           "first step")
 
 
-def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: str, home: Path) -> dict:
+def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: str, home: Path,
+                         cpu: CpuShare) -> dict:
     """Seconds from starting ``launch`` to each mark of the run's timeline."""
     from db import make_engine, store
     from trainer_backend.lifecycle import cancel
@@ -85,6 +88,10 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
                 marks["first step"] = now
             time.sleep(POLL_S)
     finally:
+        # The detached worker is not our child: count its CPU as ours, not as other people's load.
+        worker = store.get_run(engine, run_id).pid
+        if worker:
+            cpu.count_as_own(process_tree_cpu_s(worker))
         cancel(run_id, db_url=db_url)  # waits until every process of the run is gone
     # A mark first seen in the same poll as a later one happened no later than it.
     for earlier, later in zip(PHASES[-2::-1], PHASES[:0:-1]):
@@ -200,8 +207,8 @@ def main() -> None:
         prepare_data(settings["dataset"], image_size=settings["image_size"])
         report.details["dataset_decode_s"] = time.perf_counter() - started
         runs = alternate({
-            "single": lambda: launch_to_first_step(settings, "single", "cpu", db_url, home),
-            "ddp": lambda: launch_to_first_step(settings, "ddp", "cpu,cpu", db_url, home),
+            "single": lambda: launch_to_first_step(settings, "single", "cpu", db_url, home, report.cpu),
+            "ddp": lambda: launch_to_first_step(settings, "ddp", "cpu,cpu", db_url, home, report.cpu),
         }, args.repeats)
         imports = import_times("db" if args.quick else "trainer_backend.runner")
         singles = single_start_parts(settings)
