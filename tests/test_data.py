@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import multiprocessing
 import os
 import pickle
@@ -80,6 +81,23 @@ def test_digits_shapes_classes_and_stratified_split(parallax_home):
     assert torch.equal(again.val.labels, data.val.labels)
     other_seed = prepare_data("digits", image_size=32, seed=1)
     assert not torch.equal(other_seed.val.labels, data.val.labels)
+
+
+def test_a_cached_dataset_loads_its_split_without_importing_scikit_learn(parallax_home):
+    """Every run after the first, and every DDP rank, loads the pool and its split from the cache;
+    importing scikit-learn would add over a second to each process start."""
+    import subprocess
+    import sys
+
+    first = prepare_data("digits", image_size=16)
+    probe = ("import json, sys; from trainer_backend.datasets import prepare_data; "
+             "d = prepare_data('digits', image_size=16); "
+             "print(json.dumps([[m for m in ('sklearn', 'scipy') if m in sys.modules], d.val.labels.tolist()]))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    imported, val_labels = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported == []
+    assert val_labels == first.val.labels.tolist()  # the same split as the process that made it
 
 
 def test_training_images_are_normalised_per_channel(parallax_home):

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from .base import DatasetError, DecodedPool
 from .builtin import (
@@ -76,8 +77,9 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
     bands = check_options(image_size, bands, band_scale, val_fraction, seed)
     source = resolve_source(dataset, image_size, bands, band_scale)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
-    pool, _ = load_or_build(cache_path(Path(source.name).name, key), source.decode)
-    train_indices, val_indices = stratified_split(pool, val_fraction, seed)
+    path = cache_path(Path(source.name).name, key)
+    pool, _ = load_or_build(path, source.decode)
+    train_indices, val_indices = cached_split(path, pool, val_fraction, seed)
     train, val = split_datasets(pool, train_indices, val_indices)
     info = DatasetInfo(
         name=source.name,
@@ -155,7 +157,30 @@ def dataset_folder(dataset: str) -> Path:
     return resolve_folder(dataset)
 
 
+def cached_split(pool_path: Path, pool: DecodedPool, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stratified split of the pool cached at ``pool_path``, computed once per (fraction, seed)
+    and saved beside the pool, so later runs and DDP ranks neither split again nor import scikit-learn."""
+    split_path = pool_path.with_name(f"{pool_path.stem}-split-{val_fraction!r}-{seed}.npz")
+    with contextlib.suppress(Exception):  # missing, truncated or foreign: split again
+        with np.load(split_path) as saved:
+            return saved["train"], saved["val"]
+    train, val = stratified_split(pool, val_fraction, seed)
+    handle, temp_name = tempfile.mkstemp(dir=split_path.parent, prefix=split_path.stem, suffix=".tmp.npz")
+    try:
+        with os.fdopen(handle, "wb") as temp_file:
+            np.savez(temp_file, train=train, val=val)
+        os.replace(temp_name, split_path)  # readers never see half a file
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+    return train, val
+
+
 def stratified_split(pool: DecodedPool, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    # Imported here, not at the top: scikit-learn (with scipy) takes over a second to import, and
+    # only building a cache splits; every later run, and every DDP rank, loads the split.
+    from sklearn.model_selection import train_test_split
+
     labels = pool.labels.numpy()
     try:
         return train_test_split(np.arange(len(labels)), test_size=val_fraction, random_state=seed,
