@@ -22,6 +22,7 @@ from sqlalchemy import JSON, event, func, select
 
 import db
 import db.engine as db_engine
+from db import profiles
 from db.models import Base, EpochMetric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,6 +308,28 @@ def test_unknown_run_ids_raise_lookup_error(engine):
         with pytest.raises(LookupError, match=f"no run with id {missing}"):
             call()
     assert db.get_run(engine, missing) is None
+
+
+def test_profiles_keep_a_large_trace_byte_for_byte(engine):
+    run_id = db.create_run(engine, CONFIG)
+    trace = os.urandom(8 * 1024 * 1024)  # incompressible, as big as a long gzipped trace gets
+    op = {"name": "aten::conv2d", "calls": 3, "self_cpu_us": 10.0, "cpu_total_us": 30.0, "self_device_us": 0.0,
+          "device_total_us": 0.0, "self_cpu_memory_bytes": 2**33, "self_device_memory_bytes": 0}
+    step = {"step": 2, "data_loading_ms": 1.0, "forward_ms": 2.0, "backward_ms": 3.0, "optimizer_step_ms": 0.5,
+            "communication_ms": 0.0, "other_ms": 0.25, "total_ms": 6.75}
+    profiles.save_profile(engine, run_id, 0, ops=[op], steps=[step], trace_gz=trace, trace_bytes=10 * len(trace))
+    profiles.save_profile(engine, run_id, 1, ops=[op], steps=[step], trace_gz=b"rank 1", trace_bytes=6)
+
+    assert profiles.read_trace(engine, run_id, 0) == trace
+    assert profiles.list_traces(engine, run_id) == [
+        {"rank": 0, "trace_bytes": 10 * len(trace), "gzip_bytes": len(trace)},
+        {"rank": 1, "trace_bytes": 6, "gzip_bytes": 6},
+    ]
+    assert profiles.read_ops(engine, run_id)[0]["self_cpu_memory_bytes"] == 2**33
+    assert [row["rank"] for row in profiles.read_steps(engine, [run_id])] == [0, 1]
+    assert profiles.profiled_runs(engine) == {run_id}
+    db.delete_run(engine, run_id)  # the profile goes with the run
+    assert profiles.profiled_runs(engine) == set()
 
 
 # --- a worker writing while the dashboard reads ---------------------------------------------
