@@ -14,10 +14,11 @@ import time
 
 import pytest
 from sqlalchemy import create_engine, func, pool, select, text
+from streamlit.testing.v1 import AppTest
 
 import db
 import db.engine as db_engine
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from db import store
 from db.engine import MIGRATION_LOCK_KEY, DatabaseUnavailable
 
@@ -109,3 +110,15 @@ def test_unusable_urls_say_what_is_allowed(url, expected):
         db.make_engine(url)
     assert str(raised.value).startswith(expected) and "pw@" not in str(raised.value)
     assert "postgresql+psycopg://user:password@host/database" in str(raised.value)  # what is allowed
+
+
+def test_dashboard_shows_an_unreachable_database_as_one_error(parallax_home, monkeypatch):
+    monkeypatch.setenv("PARALLAX_DB_URL", "postgresql+psycopg://parallax:s3cret@127.0.0.1:1/parallax")
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    at.switch_page("pages/runs.py")
+    at.run()
+    assert not at.exception, at.exception
+    (error,) = [e.value for e in at.error]
+    assert error.startswith("cannot open the database postgresql+psycopg://parallax:***@127.0.0.1:1/parallax: ")
+    captions = " ".join(c.value for c in at.sidebar.caption)
+    assert "parallax:***@127.0.0.1:1/parallax" in captions and "s3cret" not in captions + error
