@@ -46,7 +46,9 @@ class ThrowawayCluster:
     def __init__(self, binaries: Path):
         self.binaries = binaries
         self.run_as = _unprivileged_user()
-        self.folder = Path(tempfile.mkdtemp(prefix="parallax-pg-"))
+        # As root the server runs as another user, who must reach the folder: /tmp always lets it
+        # (a TMPDIR under /root would not), and keeps the socket path short.
+        self.folder = Path(tempfile.mkdtemp(prefix="parallax-pg-", dir="/tmp" if self.run_as else None))
         self.password = secrets.token_hex(12)
         self.port = _free_port()
         self.data = self.folder / "data"
@@ -64,9 +66,16 @@ class ThrowawayCluster:
         self._run("initdb", "-D", str(self.data), "-U", "parallax", f"--pwfile={password_file}",
                   "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync")
         password_file.unlink()
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -F -c full_page_writes=off -c max_connections=200"
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.folder / "server.log"),
-                  "-w", "-t", str(START_TIMEOUT_S), "start")
+        for attempt in range(3):  # the free port may be taken before the server binds it
+            options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -F -c full_page_writes=off -c max_connections=200"
+            try:
+                self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.folder / "server.log"),
+                          "-w", "-t", str(START_TIMEOUT_S), "start")
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                self.port = _free_port()
         self._started = True
         return URL.create("postgresql+psycopg", username="parallax", password=self.password,
                           host="127.0.0.1", port=self.port, database="postgres")
