@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, func, pool, select, text
+from sqlalchemy import create_engine, func, make_url, pool, select, text
 from streamlit.testing.v1 import AppTest
 
 import db
@@ -45,6 +46,22 @@ def test_a_cli_run_records_into_postgresql(parallax_home, postgres_url):
     assert run["status"] == "completed" and run["heartbeat_at"]
     assert not (parallax_home / "parallax.db").exists()  # nothing went to SQLite
     assert store.get_run(db.make_engine(postgres_url), int(run_id)).model == "test_resnet"
+
+
+def test_a_launched_worker_gets_the_url_without_showing_its_password(parallax_home, postgres_url):
+    password = make_url(postgres_url).password
+    result = run_cli("--db", postgres_url, "launch", "--dataset", "digits", "--model", "test_resnet",
+                     "--image-size", "16", "--epochs", "1", home=parallax_home)
+    assert result.returncode == 0, result.stderr
+    run_id = int(result.stdout.split()[0].split("=")[1])
+    engine = db.make_engine(postgres_url)
+    pid = store.get_run(engine, run_id).pid
+    try:
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        assert "worker" in command_line and password and password not in command_line  # ps shows argv to all
+    finally:
+        assert run_cli("--db", postgres_url, "cancel", str(run_id), home=parallax_home).returncode == 0
+    assert store.get_run(engine, run_id).status == "cancelled"
 
 
 def test_first_migration_waits_for_the_advisory_lock(postgres_url):

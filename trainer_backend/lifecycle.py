@@ -56,11 +56,12 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
                               sweep_id=sweep_id)
-    env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1",
+    # The database URL travels in the environment, not in argv, where ps would show its password.
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1", "PARALLAX_DB_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path(run_id), "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer_backend", "--db", url, "worker", str(run_id)],
+            [sys.executable, "-m", "trainer_backend", "worker", str(run_id)],
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
         )
