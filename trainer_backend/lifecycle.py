@@ -96,9 +96,13 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
 
 
 def can_start(run_id: int, active: list[state.ActiveRun], cpu_slots: int) -> bool:
-    """Queue rule, in launch order: a run starts when none of its GPUs is held by a running run
-    or wanted by an earlier queued one; CPU runs also wait while ``cpu_slots`` CPU runs run."""
+    """Queue rule, in launch order, among the runs on the same host: a run starts when none of its
+    GPUs is held by a running run or wanted by an earlier queued one; CPU runs also wait while
+    ``cpu_slots`` CPU runs run."""
     me = next(r for r in active if r.id == run_id)
+    # Devices belong to a machine: on a shared database, runs on other hosts hold none of ours.
+    here = me.host or socket.gethostname()
+    active = [r for r in active if (r.host or here) == here]
     running = [r for r in active if r.status == "running"]
     earlier = [r for r in active if r.status == "queued" and r.id < run_id]
     if me.uses_cpu:
