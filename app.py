@@ -11,6 +11,7 @@ import os
 
 import streamlit as st
 
+from db.engine import masked_url
 from db.settings import database_url, parallax_home
 from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
@@ -32,7 +33,7 @@ with st.sidebar:
     st.caption("Parallax trains image classifiers under different parallel strategies and compares what each buys.")
     kept = f"Runs, logs and checkpoints are kept in `{parallax_home()}`"
     if os.environ.get("PARALLAX_DB_URL"):
-        kept += f"; the database is `{database_url()}`"
+        kept += f"; the database is `{masked_url(database_url())}`"
     st.caption(kept + ".")
 
 return_to_requested_page()

@@ -6,13 +6,17 @@
 
 ``make_engine`` brings the schema to the newest Alembic revision before returning, so the
 dashboard and every worker process can just call it. Opening an up-to-date database costs
-one read of ``alembic_version``.
+one read of ``alembic_version``. Two backends are supported: SQLite (one machine) and
+PostgreSQL through psycopg 3 (``postgresql+psycopg://user:password@host/db``, shared by
+several machines). A URL that cannot be used raises ``DatabaseUnavailable`` with one line
+naming it, password masked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +26,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, func, make_url, select
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from db.settings import database_url
@@ -45,27 +50,53 @@ SQLITE_PRAGMAS = (
     "PRAGMA foreign_keys=ON",
 )
 
+# PostgreSQL: check a pooled connection before use (the server restarted, or a firewall dropped
+# an idle connection) and renew connections after half an hour; give up connecting after 10 s
+# rather than hanging on an unreachable host.
+POSTGRESQL_ENGINE_OPTIONS = {"pool_pre_ping": True, "pool_recycle": 1800}
+POSTGRESQL_CONNECT_ARGS = {"connect_timeout": 10, "application_name": "parallax"}
+# Key of the PostgreSQL advisory lock that serialises first-time migrations of one database.
+MIGRATION_LOCK_KEY = 0x70617261_6C6C6178  # "parallax"
+
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
+
+
+class DatabaseUnavailable(ValueError):
+    """The database URL cannot be used: not a URL, no driver for it, or the server cannot be reached."""
 
 
 def make_engine(url: str | None = None) -> Engine:
     """The engine for ``url`` (resolved by ``db.settings.database_url``), migrated to the head.
 
     Cached per URL: calling it again in the same process returns the same engine.
+    Raises ``DatabaseUnavailable`` when the database cannot be opened.
     """
     resolved = database_url(url)
     with _engines_lock:
         engine = _engines.get(resolved)
         if engine is None:
-            engine = _create_engine(make_url(resolved))
+            engine = _create_engine(_parse_url(resolved))
             try:
                 upgrade_to_head(engine)
+            except DBAPIError as exc:  # unreachable, refused, no such database, no permission
+                engine.dispose()
+                raise DatabaseUnavailable(
+                    f"cannot open the database {masked_url(engine.url)}: {_first_line(exc.orig or exc)}"
+                ) from exc
             except BaseException:
                 engine.dispose()
                 raise
             _engines[resolved] = engine
         return engine
+
+
+def masked_url(url: URL | str) -> str:
+    """``url`` as text with its password replaced by ***, fit for messages and the dashboard."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", str(url))
 
 
 def dispose_engines() -> None:
@@ -101,14 +132,40 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def _parse_url(text: str) -> URL:
+    try:
+        return make_url(text)
+    except ArgumentError:
+        raise DatabaseUnavailable(
+            f"database URL {masked_url(text)!r} is not a database URL; use sqlite:///path/to/parallax.db "
+            "or postgresql+psycopg://user:password@host/database"
+        ) from None
+
+
 def _create_engine(url: URL) -> Engine:
     path = sqlite_file(url)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
+    options: dict[str, Any] = {}
+    if url.get_backend_name() == "postgresql":
+        # Options given in the URL (?connect_timeout=3) win over these defaults.
+        connect_args = {k: v for k, v in POSTGRESQL_CONNECT_ARGS.items() if k not in url.query}
+        options = {**POSTGRESQL_ENGINE_OPTIONS, "connect_args": connect_args}
+    try:
+        engine = create_engine(url, **options)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise DatabaseUnavailable(
+            f"database URL {masked_url(url)} needs a driver that is not installed ({_first_line(exc)}); "
+            "supported: sqlite:///path/to/parallax.db and postgresql+psycopg://user:password@host/database"
+        ) from None
     if url.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _set_sqlite_pragmas)
     return engine
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
@@ -156,8 +213,10 @@ def upgrade_to_head(engine: Engine) -> None:
     """Apply any pending migrations; a no-op read when the database is already current.
 
     Safe when several processes open a new database at once: SQLite files are migrated
-    under an exclusive lock on ``<file>.migrate.lock``; elsewhere a process whose upgrade
-    fails because another one got there first accepts the result.
+    under an exclusive lock on ``<file>.migrate.lock``; PostgreSQL databases under an advisory
+    lock held by the migration's own transaction, so processes on different machines queue
+    too. Elsewhere a process whose upgrade fails because another one got there first accepts
+    the result.
     """
     config = alembic_config(engine.url)
     heads = set(ScriptDirectory.from_config(config).get_heads())
@@ -169,6 +228,13 @@ def upgrade_to_head(engine: Engine) -> None:
             return
         try:
             with engine.connect() as connection:
+                if connection.dialect.name == "postgresql":
+                    # Released when the migration commits (or fails); a waiting process, here
+                    # or on another machine, then reads the new revision and has nothing to do.
+                    connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+                    if set(MigrationContext.configure(connection).get_current_heads()) == heads:
+                        connection.rollback()
+                        return
                 _upgrade(config, connection)
         except Exception:
             if current_revisions(engine) != heads:

@@ -3,6 +3,10 @@
 Several processes touch a run's state: its worker, a ``cancel`` from another terminal, the
 dashboard marking a dead run ``lost``. Every change from an active state (queued, running) is a
 conditional UPDATE, so the first writer wins and a finished run is never reopened or relabelled.
+
+With a shared database (PostgreSQL) the run may live on another machine: its pid means nothing
+here, so only its heartbeat can tell whether it is gone. Heartbeats are then stamped and judged
+by the database server's clock, so clocks that differ between machines do not matter.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.orm import Session
 
 from db.engine import session_scope
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
-# A worker beats every few seconds; a minute of silence from a run on another host means it is gone.
-STALE_AFTER = timedelta(seconds=60)
+HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.lifecycle.Heartbeat)
+# Six missed beats: a run whose heartbeat is older is gone. Long enough for a slow write or a
+# worker still starting up (its launcher stamped created_at), short enough that a dead run on
+# another machine frees its place within half a minute.
+STALE_AFTER = timedelta(seconds=6 * HEARTBEAT_INTERVAL_S)
 
 
 @dataclass(frozen=True)
@@ -43,11 +51,10 @@ class ActiveRun:
 
 def claim(engine: Engine, run_id: int) -> bool:
     """queued -> running; False if the run is no longer queued (e.g. cancelled meanwhile)."""
-    now = utcnow()
     with session_scope(engine) as session:
         result = session.execute(
             update(Run).where(Run.id == run_id, Run.status == "queued")
-            .values(status="running", started_at=now, heartbeat_at=now)
+            .values(status="running", started_at=utcnow(), heartbeat_at=_clock(session))
         )
         return result.rowcount == 1
 
@@ -66,11 +73,28 @@ def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -
         return result.rowcount == 1
 
 
-def heartbeat(engine: Engine, run_id: int) -> None:
+def heartbeat(engine: Engine, run_id: int) -> bool:
+    """Stamp the run as alive; False if it is no longer active (cancelled or marked lost meanwhile)."""
     with session_scope(engine) as session:
-        session.execute(
-            update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=utcnow())
+        result = session.execute(
+            update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=_clock(session))
         )
+        return result.rowcount == 1
+
+
+def database_now(engine: Engine) -> datetime:
+    """The time heartbeats are judged by: the server's clock on PostgreSQL, this machine's on SQLite."""
+    with session_scope(engine) as session:
+        clock = _clock(session)
+        return clock if isinstance(clock, datetime) else session.scalar(select(clock))
+
+
+def _clock(session: Session):
+    # PostgreSQL is shared by machines whose clocks may differ: its own now() is the one clock
+    # that every writer and reader of a heartbeat agrees on. SQLite lives on one machine.
+    if session.get_bind().dialect.name == "postgresql":
+        return func.now()
+    return utcnow()
 
 
 def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_steps: int) -> None:
@@ -114,24 +138,28 @@ def mark_lost_runs(engine: Engine) -> list[int]:
     """Mark active runs whose process is gone as ``lost``; returns their ids.
 
     On this host the pid answers directly (a process killed from outside, by ``kill -9`` or the
-    OOM killer, never writes its own end). For another host only the heartbeat can tell.
+    OOM killer, never writes its own end). For a run on another host only the heartbeat can
+    tell: it is lost when its last beat is older than ``STALE_AFTER``.
     """
     here = socket.gethostname()
-    now = utcnow()
+    runs = active_runs(engine)
+    if not runs:
+        return []
+    now = database_now(engine)
     lost = []
-    for run in active_runs(engine):
+    for run in runs:
         last_sign = run.heartbeat_at or run.created_at
         stale = now - last_sign > STALE_AFTER
+        last = f"last heartbeat {last_sign.isoformat(timespec='seconds')}"
         if run.pid is not None and run.host == here:
             gone = not process_alive(run.pid) or stale  # stale with a live pid: the pid was reused
-            where = f"process {run.pid} on {here}"
+            error = (f"process {run.pid} on {here} is gone without recording how the run ended (killed from "
+                     f"outside, e.g. kill -9 or the out-of-memory killer; {last})")
         else:
             gone = stale
-            where = f"process {run.pid} on {run.host}" if run.pid else "its process"
-        if gone and finish(
-            engine, run.id, "lost",
-            error=f"{where} is gone without recording how the run ended (killed from outside, e.g. "
-            f"kill -9 or the out-of-memory killer; last heartbeat {last_sign.isoformat(timespec='seconds')})",
-        ):
+            where = f"process {run.pid} on {run.host}" if run.pid and run.host else "its process"
+            error = (f"no heartbeat from {where} for {int((now - last_sign).total_seconds())} s: the process or "
+                     f"its machine stopped, or lost its connection to the database ({last})")
+        if gone and finish(engine, run.id, "lost", error=error):
             lost.append(run.id)
     return lost

@@ -1,4 +1,9 @@
-"""Shared fixtures: every test gets its own PARALLAX_HOME and SQLite file, never the user's."""
+"""Shared fixtures: every test gets its own PARALLAX_HOME and SQLite file, never the user's.
+
+Tests that take ``backend_db_url`` run twice: on SQLite and on a fresh PostgreSQL database
+(see ``pg_server.py``: ``PARALLAX_TEST_PG_URL``, a role allowed to create databases, or else a
+throwaway cluster; skipped only where PostgreSQL is not installed).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import pg_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,10 +34,50 @@ def db_url(parallax_home) -> str:
     return f"sqlite:///{parallax_home / 'parallax.db'}"
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """The URL of a PostgreSQL server to create test databases on."""
+    server = pg_server.server_from_env()
+    if server is not None:
+        yield server
+        return
+    binaries = pg_server.find_binaries()
+    if binaries is None:
+        pytest.skip(pg_server.NOT_INSTALLED)
+    try:
+        cluster = pg_server.ThrowawayCluster(binaries)
+    except pg_server.Unavailable as reason:
+        pytest.skip(str(reason))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """A new, empty PostgreSQL database for this test, dropped after it."""
+    from db import dispose_engines
+
+    database = pg_server.create_database(postgres_server)
+    yield database.render_as_string(hide_password=False)
+    dispose_engines()
+    pg_server.drop_database(postgres_server, database)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_db_url(request, parallax_home) -> str:
+    """The test's database URL, once for each backend Parallax supports."""
+    if request.param == "sqlite":
+        return f"sqlite:///{parallax_home / 'parallax.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
 def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m trainer_backend`` as a real subprocess with its own PARALLAX_HOME."""
-    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
+    env.update(env_extra or {})
     return subprocess.run(
         [sys.executable, "-m", "trainer_backend", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,

@@ -1,5 +1,6 @@
 """Racing state changes: the first end of a run stands, claims only take queued runs, and a
-run whose process is gone reads as lost."""
+run whose process is gone reads as lost: on this host by its pid, on another by its heartbeat.
+Every test runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,18 +9,38 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from db import lifecycle as state
-from db import make_engine, store
+from db import make_engine, session_scope, store
+from db.models import Run
 
 CONFIG = {"strategy": "single", "model": "resnet18", "dataset": "digits", "devices": ["cpu"]}
 
 
 @pytest.fixture
+def db_url(backend_db_url):
+    return backend_db_url
+
+
+@pytest.fixture
 def engine(db_url):
     return make_engine(db_url)
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()  # reaped: the pid no longer exists
+    return process.pid
+
+
+def beat_seconds_ago(engine, run_id: int, seconds: float) -> None:
+    with session_scope(engine) as session:
+        session.execute(update(Run).where(Run.id == run_id)
+                        .values(heartbeat_at=state.database_now(engine) - timedelta(seconds=seconds)))
 
 
 def test_claim_takes_only_a_queued_run(engine):
@@ -50,21 +71,44 @@ def test_progress_and_active_runs(engine):
 
 
 def test_a_run_whose_process_is_gone_is_marked_lost(engine):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()  # reaped: the pid no longer exists
+    dead = dead_pid()
     gone = store.create_run(engine, CONFIG)
-    store.set_process(engine, gone, pid=dead.pid, host=socket.gethostname())
+    store.set_process(engine, gone, pid=dead, host=socket.gethostname())
+    state.heartbeat(engine, gone)  # a fresh heartbeat does not hide a dead process here
     alive = store.create_run(engine, CONFIG)
     store.set_process(engine, alive, pid=os.getpid(), host=socket.gethostname())
+    reused = store.create_run(engine, CONFIG)  # its pid lives, but has not beaten for long: reused
+    store.set_process(engine, reused, pid=os.getpid(), host=socket.gethostname())
+    beat_seconds_ago(engine, reused, state.STALE_AFTER.total_seconds() + 5)
     done = store.create_run(engine, CONFIG)
-    store.set_process(engine, done, pid=dead.pid, host=socket.gethostname())
+    store.set_process(engine, done, pid=dead, host=socket.gethostname())
     store.set_status(engine, done, "completed")
 
-    assert state.mark_lost_runs(engine) == [gone]
+    assert state.mark_lost_runs(engine) == [gone, reused]
     assert store.get_run(engine, gone).status == "lost"
-    assert f"process {dead.pid}" in store.get_run(engine, gone).error
+    assert f"process {dead} on {socket.gethostname()} is gone" in store.get_run(engine, gone).error
     assert store.get_run(engine, alive).status == "running"
     assert store.get_run(engine, done).status == "completed"  # an ended run is never relabelled
+    assert state.heartbeat(engine, gone) is False  # an ended run takes no more beats
+
+
+def test_a_run_on_another_host_is_judged_by_its_heartbeat_not_its_pid(engine):
+    # The pids say nothing about another machine: a pid dead here, and one alive here.
+    beating = store.create_run(engine, CONFIG)
+    store.set_process(engine, beating, pid=dead_pid(), host="gpu-node-7")
+    beat_seconds_ago(engine, beating, state.STALE_AFTER.total_seconds() - 10)
+    silent = store.create_run(engine, CONFIG)
+    store.set_process(engine, silent, pid=os.getpid(), host="gpu-node-8")
+    beat_seconds_ago(engine, silent, state.STALE_AFTER.total_seconds() + 5)
+    starting = store.create_run(engine, CONFIG, status="queued")  # launched, its worker not beating yet
+    store.set_process(engine, starting, pid=dead_pid(), host="gpu-node-9")
+
+    assert state.mark_lost_runs(engine) == [silent]
+    error = store.get_run(engine, silent).error
+    assert f"no heartbeat from process {os.getpid()} on gpu-node-8 for 3" in error
+    assert store.get_run(engine, beating).status == "running"
+    assert store.get_run(engine, starting).status == "queued"
+    assert state.heartbeat(engine, beating) is True
 
 
 def test_zombies_are_not_alive():

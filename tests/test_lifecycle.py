@@ -148,8 +148,8 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     assert run["status"] == "completed" and len(run["epochs"]) == 2
 
 
-def active(run_id, status, devices):
-    return state.ActiveRun(run_id, status, tuple(devices), None, None, None, None)
+def active(run_id, status, devices, host=None):
+    return state.ActiveRun(run_id, status, tuple(devices), None, host, None, None)
 
 
 @pytest.mark.parametrize(
@@ -161,6 +161,10 @@ def active(run_id, status, devices):
         ([active(1, "running", ["cpu"]), active(2, "queued", ["cpu", "cpu"])], 2, 1, False),
         ([active(1, "running", ["cpu"]), active(2, "queued", ["cpu"])], 2, 2, True),
         ([active(1, "running", ["cuda:0"]), active(2, "queued", ["cpu"])], 2, 1, True),
+        # A shared database: another machine's cuda:0 and CPU slots are not this one's.
+        ([active(1, "running", ["cuda:0"], "node-a"), active(2, "queued", ["cuda:0"], "node-b")], 2, 1, True),
+        ([active(1, "running", ["cpu"], "node-a"), active(2, "queued", ["cpu"], "node-b")], 2, 1, True),
+        ([active(1, "running", ["cpu"], "node-b"), active(2, "queued", ["cpu"], "node-b")], 2, 1, False),
     ],
 )
 def test_queue_rule(runs, run_id, slots, expected):

@@ -1,6 +1,7 @@
 """What the dashboard reads and changes outside the pages: the run table and its filters
 (``db/dashboard.py``), deleting a run with its files (``trainer_backend/housekeeping.py``) and
-device discovery (``trainer_backend/devices.py``). Real SQLite files in tmp_path.
+device discovery (``trainer_backend/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
+databases: every test that takes ``db_url`` runs on both.
 
     .venv/bin/python -m pytest tests/test_ui_data.py -q
 """
@@ -30,6 +31,11 @@ def add_run(engine, *, status="completed", accs=(0.5, 0.7), images_per_s=(100.0,
     for epoch, (acc, ips) in enumerate(zip(accs, images_per_s), start=1):
         store.log_epoch(engine, run_id, {"epoch": epoch, "val_acc": acc, "images_per_s": ips, "epoch_time_s": 2.0})
     return run_id
+
+
+@pytest.fixture
+def db_url(backend_db_url):
+    return backend_db_url
 
 
 @pytest.fixture

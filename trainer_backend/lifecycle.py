@@ -56,7 +56,8 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
                               sweep_id=sweep_id)
-    env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1",
+    # The database URL travels in the environment, not in argv, where ps would show its password.
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1", "PARALLAX_DB_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     # A launched run shares the machine with the dashboard, the browser and other runs. Idle
     # OpenMP threads that spin then starve the threads doing work (resnet18 on 2 cores with
@@ -66,7 +67,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log_path(run_id), "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer_backend", "--db", url, "worker", str(run_id)],
+            [sys.executable, "-m", "trainer_backend", "worker", str(run_id)],
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
         )
@@ -101,9 +102,13 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
 
 
 def can_start(run_id: int, active: list[state.ActiveRun], cpu_slots: int) -> bool:
-    """Queue rule, in launch order: a run starts when none of its GPUs is held by a running run
-    or wanted by an earlier queued one; CPU runs also wait while ``cpu_slots`` CPU runs run."""
+    """Queue rule, in launch order, among the runs on the same host: a run starts when none of its
+    GPUs is held by a running run or wanted by an earlier queued one; CPU runs also wait while
+    ``cpu_slots`` CPU runs run."""
     me = next(r for r in active if r.id == run_id)
+    # Devices belong to a machine: on a shared database, runs on other hosts hold none of ours.
+    here = me.host or socket.gethostname()
+    active = [r for r in active if (r.host or here) == here]
     running = [r for r in active if r.status == "running"]
     earlier = [r for r in active if r.status == "queued" and r.id < run_id]
     if me.uses_cpu:

@@ -13,6 +13,7 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from db import make_engine
+from db.engine import DatabaseUnavailable
 from db.lifecycle import mark_lost_runs
 from db.settings import database_url
 
@@ -36,7 +37,12 @@ def _engine_for(url: str) -> Engine:
 
 
 def engine() -> Engine:
-    return _engine_for(database_url())
+    """The engine; a database that cannot be opened stops the page with one line saying why."""
+    try:
+        return _engine_for(database_url())
+    except DatabaseUnavailable as exc:  # not cached: the next rerun tries again
+        st.error(str(exc))
+        st.stop()
 
 
 def engine_with_fresh_states() -> Engine:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import Connection, create_engine, make_url, pool
+from sqlalchemy import Connection, create_engine, func, make_url, pool, select
 
-from db.engine import sqlite_file
+from db.engine import MIGRATION_LOCK_KEY, sqlite_file
 from db.models import Base
 from db.settings import database_url
 
@@ -55,6 +55,9 @@ def run_migrations_online() -> None:
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
+            if connection.dialect.name == "postgresql":
+                # The lock the application migrates under: never two migrations at once.
+                connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
             _configure_and_run(connection=connection)
             connection.commit()
     finally:
