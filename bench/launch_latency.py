@@ -237,9 +237,10 @@ def main() -> None:
             f"The worker's imports take {imports['total']:.1f} s: torch {imports.get('torch', 0):.1f} s, timm "
             f"{imports['timm']:.1f} s (of which torchvision {imports.get('torchvision', 0):.1f} s: timm's "
             "feature-extraction helpers import torchvision.models, which imports torch._dynamo and sympy), "
-            f"scikit-learn {imports.get('sklearn', 0):.1f} s (scipy, pandas; needed only for the stratified "
-            f"split), SQLAlchemy and Alembic {imports.get('sqlalchemy', 0) + imports.get('alembic', 0):.1f} s. "
-            "Every DDP rank is a new interpreter (spawn) and pays the same imports again.")
+            f"SQLAlchemy and Alembic {imports.get('sqlalchemy', 0) + imports.get('alembic', 0):.1f} s. "
+            + ("scikit-learn is not imported: the dataset's split is cached with its pixels. " if "sklearn" not in
+               imports else f"scikit-learn {imports['sklearn']:.1f} s. ")
+            + "Every DDP rank is a new interpreter (spawn) and pays the same imports again.")
     report.details.update({"imports": imports, "timelines": runs, "single_parts": singles, "rank_parts": ranks})
     report.note(f"Decoding the digits into the dataset cache (first run on a machine only) took "
                 f"{report.details['dataset_decode_s']:.2f} s; every launch above found the cache.")
