@@ -60,6 +60,21 @@ def loop_in_process(settings: dict, quick: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def own_work_note(loop: dict) -> str:
+    """Where any loop difference could come from: the engine's extra work per step, timed directly,
+    next to how much epochs of the same loop differ from each other on this machine."""
+    extra = loop["extra"]
+    parts = ", ".join(f"{name} {1000 * seconds:+.3f} ms" for name, seconds in extra["parts_s"].items())
+    spread = [max(loop[side]) / min(loop[side]) - 1 for side in ("engine", "plain")]
+    means = statistics.mean(loop["plain"]) / statistics.mean(loop["engine"])
+    return (f"The engine's own work in a step of {1000 * extra['step_s']:.0f} ms, timed piece by piece: {parts} "
+            f"(a progress write takes {1000 * extra['progress_write_s']:.2f} ms and happens about once a second); "
+            f"{100 * extra['share']:+.2f} % of the step in all. In the same process, epochs of one and the same "
+            f"loop differ by up to {100 * max(spread):.0f} % from one another (interference from the machine), "
+            f"and the ratio of the mean epoch speeds is {means:.3f}: the loop comparison above can resolve a few "
+            f"per cent at best on this machine, and the pieces above bound what the engine adds.")
+
+
 def outside_epochs_s(run: dict) -> float:
     """Process time not spent in epochs: interpreter start, imports, data, model, teardown."""
     return run["wall_s"] - sum(e["epoch_time_s"] for e in run["epochs"])
@@ -83,6 +98,10 @@ def main() -> None:
     # Loop time is images / (images/s): engine time over plain time is plain images/s over engine's.
     report.ratio("training loop time, engine / plain (one process, alternating epochs)", loop["plain"],
                  loop["engine"], target=at_most(1.03))
+    extra = loop["extra"]
+    report.add("engine's own work per step, share of a step (measured piece by piece)", [100 * extra["share"]],
+               unit=" %", headline=False)
+    report.note(own_work_note(loop))
     report.ratio("training loop time, engine / plain (separate processes)", speed["plain"], speed["engine"],
                  headline=False)
     report.add("engine process", wall["engine"], unit=" s", headline=False)

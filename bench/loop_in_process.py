@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from bench.plain_loop import build_model, load_digits_split, train_epoch  # noqa
 from db import make_engine, store  # noqa: E402
 from trainer_backend.config import RunConfig  # noqa: E402
 from trainer_backend.lifecycle import Heartbeat  # noqa: E402
-from trainer_backend.loop import train_one_epoch  # noqa: E402
+from trainer_backend.loop import _accumulate, train_one_epoch  # noqa: E402
 from trainer_backend.strategies import Strategy  # noqa: E402
 from trainer_backend.trainer import ProgressWriter, build_loaders, load_data  # noqa: E402
 
@@ -77,7 +78,42 @@ def main() -> None:
                 else:
                     engine.append(engine_epoch(progress))
                     plain.append(plain_epoch())
-    print(json.dumps({"threads": torch.get_num_threads(), "engine": engine, "plain": plain}), flush=True)
+        extra = engine_own_work(engine_loader, plain_loader, model, strategy, progress, engine)
+    print(json.dumps({"threads": torch.get_num_threads(), "engine": engine, "plain": plain, "extra": extra}),
+          flush=True)
+
+
+def per_call_s(call, repeats: int) -> float:
+    """The median time of ``call`` over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def engine_own_work(engine_loader, plain_loader, model, strategy, progress, engine_speeds) -> dict:
+    """What the engine's epoch does that the plain loop does not, timed piece by piece, per step:
+    its data path against the plain one, summing loss and accuracy on the device, and the progress
+    write (about one a second, so its cost per step is spread over the steps of a second)."""
+    steps = len(engine_loader)
+    batch = engine_loader.batch_size
+    step_s = batch / statistics.median(engine_speeds)
+    data_engine = per_call_s(lambda: list(engine_loader), 3) / steps
+    data_plain = per_call_s(lambda: list(plain_loader), 3) / len(plain_loader)
+    images, labels = next(iter(engine_loader))
+    with torch.no_grad():
+        logits = model(images)
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    totals = torch.zeros(3, dtype=torch.float64)
+    accumulate = per_call_s(lambda: _accumulate(totals, loss, logits, labels), 200)
+    write = per_call_s(lambda: progress(steps, steps), 20)  # the last step always writes
+    writes_per_step = min(1.0, step_s / progress.min_interval_s)
+    parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": accumulate,
+             "progress write (amortised)": write * writes_per_step}
+    return {"step_s": step_s, "parts_s": parts, "share": sum(parts.values()) / step_s,
+            "progress_write_s": write}
 
 
 if __name__ == "__main__":
