@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, select, update
 
-from db.engine import session_scope
+from db.engine import session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
@@ -66,19 +66,21 @@ def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -
         return result.rowcount == 1
 
 
-def heartbeat(engine: Engine, run_id: int) -> None:
-    with session_scope(engine) as session:
-        session.execute(
-            update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=utcnow())
-        )
+def heartbeat(engine: Engine, run_id: int) -> bool:
+    """Stamp the run as alive; skipped (False) while another process holds the database locked,
+    since the next beat follows within seconds and a run is judged lost only after a minute."""
+    return try_write(
+        engine, update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=utcnow())
+    )
 
 
-def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_steps: int) -> None:
-    with session_scope(engine) as session:
-        session.execute(
-            update(Run).where(Run.id == run_id)
-            .values(progress_epoch=epoch, progress_step=step, progress_total_steps=total_steps)
-        )
+def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_steps: int) -> bool:
+    """Record (epoch, step of total); skipped (False) while the database is locked: training
+    must not wait for a progress bar, and the next update follows within a second."""
+    return try_write(
+        engine, update(Run).where(Run.id == run_id)
+        .values(progress_epoch=epoch, progress_step=step, progress_total_steps=total_steps)
+    )
 
 
 def active_runs(engine: Engine) -> list[ActiveRun]:
