@@ -77,7 +77,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     dashboard = start_dashboard(parallax_home, port)
     try:
         wait_healthy(url, dashboard, parallax_home / f"streamlit-{port}.log")
-        run_id = launch(parallax_home, *MODEL, "--epochs", "30")
+        run_id = launch(parallax_home, *MODEL, "--epochs", "24")
         before = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
 
         os.killpg(dashboard.pid, signal.SIGKILL)  # the whole server, as a closed terminal would
@@ -94,7 +94,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     finally:
         os.killpg(dashboard.pid, signal.SIGKILL)
         dashboard.wait()
-    assert done["status"] == "completed" and epochs_of(done) == list(range(1, 31))
+    assert done["status"] == "completed" and epochs_of(done) == list(range(1, 25))
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
     at.session_state["run_id"] = run_id
@@ -102,7 +102,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     assert not at.exception
     badge = next(m.value for m in at.markdown if "-badge[" in m.value)
     assert badge.rstrip("]").endswith("completed")
-    assert [p.text for p in at.get("progress")] == ["Epoch 30 of 30 done", "All steps done"]
+    assert [p.text for p in at.get("progress")] == ["Epoch 24 of 24 done", "All steps done"]
     assert len(at.get("plotly_chart")) >= 4  # loss, accuracy, throughput, epoch time
 
 
@@ -125,7 +125,7 @@ def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earli
     wait = {"PARALLAX_DB_LOCK_WAIT_S": "3"}
     run_id = launch(parallax_home, *MODEL, "--epochs", "200", env_extra=wait)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
-    holder = hold_write_lock(parallax_home / "parallax.db", 10)
+    holder = hold_write_lock(parallax_home / "parallax.db", 8)
     kept = epochs_of(export(parallax_home, run_id))
     holder.wait()
 
