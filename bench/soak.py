@@ -279,7 +279,7 @@ def main() -> int:
           f"page views {results['page_views']}, page errors {len(results['page_errors'])}; "
           f"streamlit RSS MB first {rss.get('first')} after warm-up {rss.get('after_warm_up')} "
           f"last {rss.get('last')} max {rss.get('max')} flat={rss.get('flat')}")
-    print(f"results: {args.results}")
+    print(f"results: {args.results}; logs and database kept in {home}")
     clean = (results["lost_epochs"] == 0 and results["database_is_locked"]["total"] == 0
              and not results["page_errors"] and rss.get("flat", False)
              and all(r["status"] in ("completed", "cancelled") for r in results["runs"]))
