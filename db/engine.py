@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, event, func, make_url, select
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
 from db.settings import database_url
@@ -39,16 +40,20 @@ except ImportError:  # Windows has no flock; first-time migrations there are not
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
-# busy_timeout: a writer waits up to 30 s for another writer instead of failing at once.
-# WAL lets the dashboard read while a worker writes; synchronous=NORMAL is safe under WAL
-# (a power cut can lose the last commits, never corrupt the file) and much faster than FULL.
-# SQLite enforces foreign keys (and so ON DELETE CASCADE) only when asked, per connection.
+# busy_timeout (set per connection, see busy_timeout_ms): a writer waits for another writer
+# instead of failing at once. WAL lets the dashboard read while a worker writes;
+# synchronous=NORMAL is safe under WAL (a power cut can lose the last commits, never corrupt
+# the file) and much faster than FULL. SQLite enforces foreign keys (and so ON DELETE CASCADE)
+# only when asked, per connection.
 SQLITE_PRAGMAS = (
-    "PRAGMA busy_timeout=30000",
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",
     "PRAGMA foreign_keys=ON",
 )
+LOCK_WAIT_ENV = "PARALLAX_DB_LOCK_WAIT_S"
+DEFAULT_LOCK_WAIT_S = 300.0
+MAX_BUSY_TIMEOUT_S = 30.0
+SKIPPABLE_WRITE_WAIT_S = 1.0  # heartbeats and progress: skipped rather than stalling training
 
 # PostgreSQL: check a pooled connection before use (the server restarted, or a firewall dropped
 # an idle connection) and renew connections after half an hour; give up connecting after 10 s
@@ -171,10 +176,94 @@ def _first_line(error: BaseException) -> str:
 def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms()}")
         for pragma in SQLITE_PRAGMAS:
             cursor.execute(pragma)
     finally:
         cursor.close()
+
+
+# --- a database locked by another process ---------------------------------------------------
+
+
+class DatabaseLockedError(RuntimeError):
+    """A write kept finding the database locked by another process for the whole retry window."""
+
+
+def lock_wait_s() -> float:
+    """How long a write that must not be lost (an epoch's metrics, how a run ended) keeps trying
+    while another process holds the database's write lock: ``PARALLAX_DB_LOCK_WAIT_S``, default 300."""
+    raw = os.environ.get(LOCK_WAIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{LOCK_WAIT_ENV}={raw!r} is not allowed: give a number of seconds above 0, e.g. 300")
+    return value
+
+
+def busy_timeout_ms() -> int:
+    """SQLite's own wait for a lock, per statement: 30 s, or a fifth of the retry window if that
+    is shorter, so a write is tried several times (with backoff) within the window."""
+    return int(min(MAX_BUSY_TIMEOUT_S, lock_wait_s() / 5) * 1000)
+
+
+def is_locked_error(exc: BaseException) -> bool:
+    """True for SQLite's "database is locked" / "database is busy" (another process holds the lock)."""
+    if not isinstance(exc, OperationalError):
+        return False
+    text = str(exc.orig if exc.orig is not None else exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def retry_when_locked(action, *, what: str, window_s: float | None = None):
+    """``action()``, tried again with backoff while the database is locked, for up to ``window_s``
+    (default ``lock_wait_s()``); then DatabaseLockedError saying what could not be written."""
+    window = lock_wait_s() if window_s is None else window_s
+    deadline = time.monotonic() + window
+    delay_s = 0.25
+    while True:
+        try:
+            return action()
+        except OperationalError as exc:
+            remaining = deadline - time.monotonic()
+            if not is_locked_error(exc):
+                raise
+            if remaining <= 0:
+                raise DatabaseLockedError(
+                    f"could not {what}: the database stayed locked by another process for {window:g} s "
+                    f"({LOCK_WAIT_ENV} sets how long to wait)"
+                ) from exc
+            time.sleep(min(delay_s, remaining))
+            delay_s = min(delay_s * 2, 5.0)
+
+
+def try_write(engine: Engine, statement) -> bool:
+    """Execute one write that may be skipped (a heartbeat, a progress update: a newer one follows
+    within seconds): it waits at most about a second for a lock. False if it was skipped, or if it
+    matched no row (the run it stamps has ended)."""
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        try:
+            if sqlite:
+                connection.exec_driver_sql(f"PRAGMA busy_timeout={min(int(SKIPPABLE_WRITE_WAIT_S * 1000), busy_timeout_ms())}")
+            matched = connection.execute(statement).rowcount
+            connection.commit()
+            return matched != 0
+        except OperationalError as exc:
+            if not is_locked_error(exc):
+                raise
+            connection.rollback()
+            return False
+        finally:
+            if sqlite:
+                try:
+                    connection.exec_driver_sql(f"PRAGMA busy_timeout={busy_timeout_ms()}")
+                except Exception:
+                    connection.invalidate()  # never pool a connection that gives up after a second
 
 
 def _forget_engines_after_fork() -> None:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session
 
-from db.engine import session_scope
+from db.engine import session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
@@ -28,6 +28,10 @@ HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_back
 # worker still starting up (its launcher stamped created_at), short enough that a dead run on
 # another machine frees its place within half a minute.
 STALE_AFTER = timedelta(seconds=6 * HEARTBEAT_INTERVAL_S)
+# On this host a live pid outweighs a late heartbeat: beats are skipped while another process
+# holds SQLite locked (up to PARALLAX_DB_LOCK_WAIT_S, 300 s by default). Only a live pid silent
+# for this long is taken for a reused pid.
+PID_REUSED_AFTER = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,13 @@ def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -
 
 
 def heartbeat(engine: Engine, run_id: int) -> bool:
-    """Stamp the run as alive; False if it is no longer active (cancelled or marked lost meanwhile)."""
-    with session_scope(engine) as session:
-        result = session.execute(
-            update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=_clock(session))
-        )
-        return result.rowcount == 1
+    """Stamp the run as alive. False if it is no longer active (cancelled or marked lost meanwhile),
+    or if the beat was skipped because another process held the database locked: the next beat
+    follows within seconds, and a run is judged lost only after ``STALE_AFTER``."""
+    stamp = func.now() if engine.dialect.name == "postgresql" else utcnow()
+    return try_write(
+        engine, update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(heartbeat_at=stamp)
+    )
 
 
 def database_now(engine: Engine) -> datetime:
@@ -97,12 +102,13 @@ def _clock(session: Session):
     return utcnow()
 
 
-def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_steps: int) -> None:
-    with session_scope(engine) as session:
-        session.execute(
-            update(Run).where(Run.id == run_id)
-            .values(progress_epoch=epoch, progress_step=step, progress_total_steps=total_steps)
-        )
+def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_steps: int) -> bool:
+    """Record (epoch, step of total); skipped (False) while the database is locked: training
+    must not wait for a progress bar, and the next update follows within a second."""
+    return try_write(
+        engine, update(Run).where(Run.id == run_id)
+        .values(progress_epoch=epoch, progress_step=step, progress_total_steps=total_steps)
+    )
 
 
 def active_runs(engine: Engine) -> list[ActiveRun]:
@@ -152,7 +158,7 @@ def mark_lost_runs(engine: Engine) -> list[int]:
         stale = now - last_sign > STALE_AFTER
         last = f"last heartbeat {last_sign.isoformat(timespec='seconds')}"
         if run.pid is not None and run.host == here:
-            gone = not process_alive(run.pid) or stale  # stale with a live pid: the pid was reused
+            gone = not process_alive(run.pid) or now - last_sign > PID_REUSED_AFTER
             error = (f"process {run.pid} on {here} is gone without recording how the run ended (killed from "
                      f"outside, e.g. kill -9 or the out-of-memory killer; {last})")
         else:

@@ -79,7 +79,10 @@ def test_a_run_whose_process_is_gone_is_marked_lost(engine):
     store.set_process(engine, alive, pid=os.getpid(), host=socket.gethostname())
     reused = store.create_run(engine, CONFIG)  # its pid lives, but has not beaten for long: reused
     store.set_process(engine, reused, pid=os.getpid(), host=socket.gethostname())
-    beat_seconds_ago(engine, reused, state.STALE_AFTER.total_seconds() + 5)
+    beat_seconds_ago(engine, reused, state.PID_REUSED_AFTER.total_seconds() + 5)
+    late = store.create_run(engine, CONFIG)  # beats skipped while the database was locked
+    store.set_process(engine, late, pid=os.getpid(), host=socket.gethostname())
+    beat_seconds_ago(engine, late, state.STALE_AFTER.total_seconds() + 60)
     done = store.create_run(engine, CONFIG)
     store.set_process(engine, done, pid=dead, host=socket.gethostname())
     store.set_status(engine, done, "completed")
@@ -88,6 +91,7 @@ def test_a_run_whose_process_is_gone_is_marked_lost(engine):
     assert store.get_run(engine, gone).status == "lost"
     assert f"process {dead} on {socket.gethostname()} is gone" in store.get_run(engine, gone).error
     assert store.get_run(engine, alive).status == "running"
+    assert store.get_run(engine, late).status == "running"  # a live local pid outweighs a late beat
     assert store.get_run(engine, done).status == "completed"  # an ended run is never relabelled
     assert state.heartbeat(engine, gone) is False  # an ended run takes no more beats
 

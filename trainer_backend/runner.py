@@ -26,16 +26,24 @@ from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from db import lifecycle as state
 from db import make_engine, store
+from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
 from db.settings import database_url
 
 from .config import RunConfig, strategy_notes
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
+from .logguard import guard_output
 from .models import ModelError, create_model, split_into_stages
-from .trainer import load_data, read_rank_failures, train_process
+from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
+from .trainer import load_data, note_log_incomplete, read_rank_failures, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
 USER_ERRORS = (ValueError, LookupError, FileNotFoundError)  # ConfigError, DatasetError, ModelError
+# Messages that say all there is to say: shown without a traceback.
+PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
+# How long the last write of a run (how it ended) waits out a locked database: it matters most,
+# and the worker has nothing else left to do.
+FINAL_WRITE_WAIT_S = 60.0
 
 
 def preflight(config: RunConfig) -> DatasetInfo:
@@ -97,6 +105,8 @@ def work(run_id: int, *, db_url: str | None = None) -> str:
     run = store.get_run(engine, run_id)
     if run is None:
         raise LookupError(f"no run with id {run_id}")
+    # stdout and stderr are the run's log: a full disk there must not end the run.
+    guard_output(on_failure=lambda exc: note_log_incomplete(engine, run_id, exc))
     return _run_to_end(engine, run_id, url, RunConfig.from_dict(run.config), echo=True, needs_preflight=True)
 
 
@@ -111,18 +121,21 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
                 if needs_preflight:
                     info = preflight(config)
                     notes = run_notes(config, info)
-                    store.add_notes(engine, run_id, notes)
+                    retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
                     if echo:
                         _announce(run_id, config, info, notes)
                 status, error = train_to_end(config, run_id, url, echo=echo)
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
-    except USER_ERRORS as exc:
+    except PLAIN_ERRORS as exc:
         status, error = "failed", str(exc)
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
     finally:
-        state.finish(engine, run_id, status, error=error)  # a cancel that already ended it stands
+        # A cancel that already ended the run stands. If even this write finds the database
+        # locked for good, the process ends and readers mark the run lost.
+        retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
+                          what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
     return store.get_run(engine, run_id).status
 
 
@@ -139,7 +152,7 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True)
         return "cancelled", "cancelled by the user"
     except RankFailure as exc:
         return "failed", _with_oom_hint(str(exc))
-    except USER_ERRORS as exc:
+    except PLAIN_ERRORS as exc:
         return "failed", str(exc)
     except Exception as exc:
         return "failed", _with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
@@ -150,6 +163,7 @@ class RankFailure(Exception):
 
 
 def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
+    collective_timeout()  # a bad PARALLAX_COLLECTIVE_TIMEOUT_S is refused here, in one line
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
@@ -183,13 +197,42 @@ def _root_cause(context, run_id: int, exc: ProcessException) -> str:
     for rank, process in enumerate(context.processes):
         code = process.exitcode
         if code is not None and code < 0 and -code != signal.SIGTERM and rank not in failed:
-            return f"rank {rank} was killed by signal {signal.Signals(-code).name}; the other ranks were stopped"
+            message = f"rank {rank} was killed by signal {signal.Signals(-code).name}; the other ranks were stopped"
+            if -code == signal.SIGABRT:
+                # NCCL's watchdog tears down a rank whose collective outlived the timeout
+                # (TORCH_NCCL_ASYNC_ERROR_HANDLING); its log line names the collective.
+                message += (f" (on GPUs this is how NCCL ends a rank whose collective waited longer than "
+                            f"{COLLECTIVE_TIMEOUT_ENV}; see the log)")
+            return message
     if failures:
         first = min(failures, key=lambda f: f["time"])
+        if _is_collective_timeout(first):
+            return _collective_timeout_message(first, failed, len(context.processes))
+        if first.get("type") == DatabaseLockedError.__name__:
+            return f"rank {first['rank']}: {first['message']}"
         return f"rank {first['rank']} raised an exception:\n{first['traceback']}"
     if isinstance(exc, ProcessExitedException):
         return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
     return f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}"
+
+
+def _is_collective_timeout(failure: dict) -> bool:
+    # gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL with blocking wait:
+    # "... Watchdog caught collective operation timeout".
+    text = failure.get("message") or failure["traceback"]
+    return "timed out waiting" in text.lower() or "collective operation timeout" in text.lower()
+
+
+def _collective_timeout_message(first: dict, failed: set[int], world_size: int) -> str:
+    """Name the ranks that never reached the collective: those that did not time out themselves
+    (with two ranks, exactly the other one)."""
+    missing = [rank for rank in range(world_size) if rank not in failed]
+    who = (f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}") if missing else "a rank"
+    timeout_s = collective_timeout().total_seconds()
+    return (f"collective timeout: {who} did not arrive at a collective within {timeout_s:g} s "
+            f"({COLLECTIVE_TIMEOUT_ENV}); rank {first['rank']} stopped waiting and every rank was stopped. "
+            f"A rank that hangs (a deadlock, a stuck data loader, a stalled device) causes this.\n\n"
+            f"rank {first['rank']}: {first['traceback']}")
 
 
 def _stop_children(grace_s: float = 3.0) -> None:

@@ -20,7 +20,26 @@ from torch.utils.data import DistributedSampler, Sampler
 from .config import RunConfig, cpu_cores
 from .models import StagedModel, split_into_stages
 
-COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+# Rendezvous waits for every rank to start (imports, data loading): never shorter than this.
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def collective_timeout() -> datetime.timedelta:
+    """How long a rank waits in a collective for the others before the run fails:
+    ``PARALLAX_COLLECTIVE_TIMEOUT_S`` seconds, default 600. gloo raises in the waiting rank
+    when it passes; NCCL's watchdog tears the waiting process down."""
+    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not allowed: give a number of seconds above 0, e.g. 600")
+    return datetime.timedelta(seconds=seconds)
 
 
 class Strategy:
@@ -140,10 +159,9 @@ class DistributedStrategy(Strategy):
             # Spawned workers inherit every core's worth of threads; N of them oversubscribe.
             torch.set_num_threads(max(1, cpu_cores() // self.world_size))
         backend = "nccl" if self.input_device.type == "cuda" else "gloo"
-        store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=COLLECTIVE_TIMEOUT)
-        dist.init_process_group(
-            backend, store=store, rank=self.rank, world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT
-        )
+        timeout = collective_timeout()
+        store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=max(timeout, RENDEZVOUS_TIMEOUT))
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)

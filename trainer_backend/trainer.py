@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from db import lifecycle as state
 from db import make_engine, profiles, store
+from db.engine import retry_when_locked
 from db.settings import runs_dir
 
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
+from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import make_grad_scaler, peak_memory_mb, reset_peak_memory, resolve_amp, synchronize
 from .models import create_model
 from .plugins import load_plugins
@@ -185,10 +187,11 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
     """Train one process's part of run ``run_id``. Raises on any failure; the runner records it."""
     try:
         _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo)
-    except Exception:
+    except Exception as exc:
         # When one rank fails its peers fail too, mid-collective; the time tells the runner
         # which failure came first, i.e. which one to report.
-        failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}
+        failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
+                   "type": type(exc).__name__, "message": str(exc)}
         (runs_dir(run_id) / f"rank{rank}.failure.json").write_text(json.dumps(failure))
         raise
 
@@ -200,6 +203,8 @@ def read_rank_failures(run_id: int) -> list[dict]:
 def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool) -> None:
     if store_port:
         _die_with_parent()
+        # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
+        guard_output(on_failure=(lambda exc: note_log_incomplete(make_engine(db_url), run_id, exc)) if rank == 0 else None)
     # Lets an operator (or a test) find and signal one rank of a run.
     (runs_dir(run_id) / f"rank{rank}.pid").write_text(str(os.getpid()))
     load_plugins()
@@ -239,7 +244,9 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             state = strategy.checkpoint_state(model) if improved else None
             if engine is None:
                 continue
-            store.log_epoch(engine, run_id, vars(metrics))
+            # The one write that must not be lost: wait out another process's lock (with backoff)
+            # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
+            retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
             if echo:
                 print(metrics.line(config.epochs), flush=True)
             if state is not None:
@@ -272,6 +279,12 @@ def store_profiles(engine, run_id: int, out_dir, config: RunConfig) -> None:
             notes.append(f"Rank {summary['rank']} recorded no complete profiled step: the first epoch is "
                          "shorter than the profiling window (--profile-wait/--profile-warmup/--profile-active).")
     store.add_notes(engine, run_id, notes)
+
+
+def note_log_incomplete(engine, run_id: int, exc: OSError) -> None:
+    """Tell the run's reader that its log has gaps (the metrics are in the database)."""
+    note = LOG_INCOMPLETE_NOTE.format(error=describe(exc))
+    retry_when_locked(lambda: store.add_notes(engine, run_id, [note]), what="note that the log is incomplete")
 
 
 def _die_with_parent() -> None:

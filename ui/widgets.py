@@ -60,7 +60,8 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
             handle.seek(0, 2)
             size = handle.tell()
             handle.seek(max(0, size - LOG_TAIL_BYTES))
-            text = handle.read().decode("utf-8", errors="replace")
+            # Bounded: a log that is a device (or grows fast) must not be read without end.
+            text = handle.read(LOG_TAIL_BYTES).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
     return "\n".join(text.splitlines()[-lines:])
