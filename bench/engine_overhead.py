@@ -6,7 +6,7 @@ turn, plain then engine, five times each. Two figures:
 
 - whole process: wall-clock time from start to exit, imports, data and start-up included;
 - training loop alone, in one process (bench/loop_in_process.py): the engine's epoch (its loader,
-  its loop, its progress writes and heartbeat) and the plain script's epoch alternate six times on
+  its loop, its progress writes and heartbeat) and the plain script's epoch alternate five times on
   one model, after a warm-up epoch of each; quoted as engine loop time over plain loop time, pair
   by pair. Separate processes differ by more than 3 % from run to run on this machine whatever
   they run, so the loop is compared where nothing else differs;
@@ -54,7 +54,7 @@ def run_plain(settings: dict) -> dict:
 
 def loop_in_process(settings: dict, quick: bool) -> dict:
     """bench/loop_in_process.py: the engine's epoch and the plain loop's, alternating in one process."""
-    done = run_timed([PYTHON, str(BENCH_DIR / "loop_in_process.py"), "--pairs", "1" if quick else "6",
+    done = run_timed([PYTHON, str(BENCH_DIR / "loop_in_process.py"), "--pairs", "1" if quick else "5",
                       "--model", settings["model"], "--batch-size", str(settings["batch_size"]),
                       "--image-size", str(settings["image_size"])])
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,8 +1,8 @@
 """Against PyTorch Lightning: the engine's training throughput next to ``lightning.Trainer``'s.
 
 The same model, data, split, batch and optimizer (bench/lightning_loop.py, resnet18 on digits at
-32x32, batch 128, Adam, 3 epochs, CPU), the engine and Lightning started in turn five times each.
-Compared: training images/s of epochs 2 and 3 (median), each as its own side records it (the
+32x32, batch 128, Adam, 2 epochs, CPU), the engine and Lightning started in turn five times each.
+Compared: training images/s of the second epoch, each as its own side records it (the
 engine's ``images_per_s``; Lightning's from a callback timing the training batches). Lightning is
 installed from requirements-bench.txt; the product does not depend on it.
 
@@ -54,7 +54,7 @@ def main() -> None:
         report.skip("lightning is not installed: pip install -r requirements-bench.txt (make bench does)")
         report.finish(args)
         return
-    settings = digits_workload(args.quick, epochs=3)
+    settings = digits_workload(args.quick, epochs=2)
     report.settings = {**settings, "repeats": args.repeats}
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
