@@ -114,14 +114,29 @@ def main(argv: list[str] | None = None) -> int:
                 "export": _cmd_export, "list": _cmd_list}
     try:
         load_plugins()
+        if args.command in ("launch", "sweep") and _under_torchrun():
+            raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
+                             "'run', which joins torchrun's world")
         return commands[args.command](args)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
+def _under_torchrun() -> bool:
+    from .torchrun import torchrun_world
+
+    world = torchrun_world()
+    return world is not None and world.world_size > 1
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # refuse bad values before torch and timm are even imported
+    from .torchrun import run_in_world, torchrun_world
+
+    world = torchrun_world()
+    if world is not None and world.joined_by(config):
+        return run_in_world(config, world, db_url=args.db, echo=not args.quiet)
     from .runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
