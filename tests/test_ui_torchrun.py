@@ -48,6 +48,8 @@ def test_restarts_and_quoting():
     built = command(RunConfig(strategy="ddp", devices=("cpu", "cpu"), dataset="/data/it's here"), max_restarts=3)
     assert "--rdzv-id job-1 --max-restarts 3 -m trainer_backend run" in built
     assert parse_back(built).dataset == "/data/it's here"
+    assert built.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")  # agents that count restarts apart
+    assert command(RunConfig(strategy="ddp", devices=("cpu", "cpu")), nodes=1, max_restarts=3).startswith("torchrun ")
 
 
 @pytest.mark.parametrize(("changes", "field", "words"), [

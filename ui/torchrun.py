@@ -80,7 +80,10 @@ def torchrun_command(config: RunConfig, *, nodes: int, procs_per_node: int, endp
     per_node = [f"cuda:{i}" for i in range(procs_per_node)] if config.uses_cuda else ["cpu"] * procs_per_node
     joined_config(config, per_node * nodes, nodes=nodes)
     restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
-    return shlex.join([
+    # Each machine's agent counts restarts of its own; the agents' shared store would then mix
+    # attempts (pytorch#135712). Without it, rank 0 serves a fresh store for every attempt.
+    unshared = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " if max_restarts and nodes > 1 else ""
+    return unshared + shlex.join([
         "torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(procs_per_node), "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint, "--rdzv-id", job_id, *restarts,
         "-m", "trainer_backend", "run", *config_flags(config),
