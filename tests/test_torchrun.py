@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT, evaluate_checkpoint, run_cli
 from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.torchrun import TorchrunWorld, check_joinable, joined_config, torchrun_world
+from trainer_backend.torchrun import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
 DIGITS_TRAIN, DIGITS_VAL = 1437, 360
@@ -88,12 +88,11 @@ def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_h
 
 
 def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_home):
-    agent = start_agent(
-        parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
-        ["--dataset", "digits", "--model", "parallax_fails_in_epoch2_once", "--image-size", "16", "--epochs", "3",
-         "--strategy", "ddp", "--devices", "cpu"],
-        env_extra={"PARALLAX_PLUGINS": "tests.plugins.failing_model"},
-    )
+    flags = ["--dataset", "digits", "--model", "parallax_fails_in_epoch2_once", "--image-size", "16", "--epochs", "3",
+             "--strategy", "ddp"]
+    plugin = {"PARALLAX_PLUGINS": "tests.plugins.failing_model"}
+    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
+                        [*flags, "--devices", "cpu"], env_extra=plugin)
     ((code, out, err),) = finish([agent])
     assert code == 0, out + err
     assert "deliberate failure in rank 1" in err  # the first attempt really failed
@@ -106,6 +105,15 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
     assert any(note.startswith("Attempt 1 of the torchrun job stopped (RuntimeError: deliberate failure in rank 1")
                for note in run["notes"]), run["notes"]
+
+    # The same training spawned in one go (the model fails only under torchrun's first attempt):
+    # resuming restored the weights, the optimizer and the shuffle, so every epoch matches.
+    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=parallax_home, env_extra=plugin)
+    assert spawned.returncode == 0, spawned.stderr
+    twin = next(r for r in runs_of(parallax_home) if r["run_id"] != run["run_id"])
+    for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
+        for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
+            assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
 
 
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):
@@ -139,17 +147,22 @@ def test_torchrun_world_reads_torchruns_environment():
 
 def test_which_strategies_join_and_what_the_world_trains():
     world = torchrun_world(ENV)
-    check_joinable(RunConfig(strategy="fsdp"), world)
+    check_joinable("fsdp", world)
     with pytest.raises(ConfigError, match="strategy mp runs in one process"):
-        check_joinable(RunConfig(strategy="mp", devices=("cpu", "cpu")), world)
+        check_joinable("mp", world)
     solo = torchrun_world({**ENV, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
     assert not solo.joined_by(RunConfig()) and solo.joined_by(RunConfig(strategy="ddp"))
     with pytest.raises(ConfigError, match="pp needs at least 2 processes"):
-        check_joinable(RunConfig(strategy="pp", devices=("cpu", "cpu")), solo)
+        check_joinable("pp", solo)
+    # --devices names the kind; the world's size decides the count (and what the batch divides over).
+    assert values_for_world({"strategy": "pp", "devices": "cpu"}, world) == {
+        "strategy": "pp", "devices": ["cpu"] * 4, "nodes": 1}
+    assert RunConfig.from_dict(values_for_world({"strategy": "ddp", "devices": "0"}, world)).world_size == 4
+    assert values_for_world({"strategy": "single"}, solo) == {"strategy": "single"}
     # Each machine's own GPUs: indices repeat across machines, and the batch divides over the world.
-    joined = joined_config(RunConfig(strategy="ddp", devices=("cpu",), batch_size=128),
-                           ["cpu"] * 4, nodes=2)
+    joined = joined_config(RunConfig(strategy="ddp", devices=("cpu",), batch_size=128), ["cpu"] * 4, nodes=2)
     assert joined.world_size == 4 and joined.per_device_batch == 32 and joined.processes_per_node == 2
+    assert joined_config(RunConfig(strategy="ddp"), ["cuda:0", "cuda:1"] * 2, nodes=2).devices[2] == "cuda:0"
     with pytest.raises(ConfigError, match="must divide evenly over 4 DDP processes"):
         joined_config(RunConfig(strategy="ddp", batch_size=6), ["cpu"] * 4, nodes=2)
     with pytest.raises(ConfigError, match="nodes 2: only ddp, fsdp and pp"):

@@ -59,7 +59,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="record Python stacks too (larger traces)")
 
 
-def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunConfig:
+def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=None) -> RunConfig:
+    """The RunConfig the flags (and --config) ask for; under torchrun (``world``) its devices are
+    one per process of torchrun's world, of the kind --devices names."""
     values: dict = {}
     if args.config is not None:
         try:
@@ -77,6 +79,10 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunCon
         # devices are set (and validated) per strategy before anything is launched.
         several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
         values["strategy"] = "mp" if several else "single"
+    if world is not None:
+        from .torchrun import values_for_world
+
+        values = values_for_world(values, world)
     return RunConfig.from_dict(values)
 
 
@@ -131,10 +137,15 @@ def _under_torchrun() -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)  # refuse bad values before torch and timm are even imported
-    from .torchrun import run_in_world, torchrun_world
+    from .torchrun import refuse, run_in_world, torchrun_world
 
     world = torchrun_world()
+    try:
+        config = config_from_args(args, world=world)  # refuse bad values before torch and timm are even imported
+    except ConfigError as exc:
+        if world is None:
+            raise
+        return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet)
     from .runner import execute_run

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
-from .config import DISTRIBUTED, ConfigError, RunConfig, cuda_device_count, strategy_notes
+from .config import DISTRIBUTED, ConfigError, RunConfig, cuda_device_count, parse_devices
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -74,13 +74,33 @@ def torchrun_world(environ: Mapping[str, str] | None = None) -> TorchrunWorld | 
     )
 
 
-def check_joinable(config: RunConfig, world: TorchrunWorld) -> None:
-    if config.strategy not in DISTRIBUTED:
+def values_for_world(values: dict, world: TorchrunWorld) -> dict:
+    """Config values (flags, --config) for a run under torchrun: ddp, fsdp and pp get one device of
+    the kind --devices names per process of the world, so that the checks that depend on it (the
+    batch divides over it) hold for torchrun's world and not for the length of --devices. Until every
+    process has joined and said which device it has (``joined_config``), GPUs stand in as cuda:0 on
+    a machine each, which passes the checks that only the real world can answer."""
+    strategy = values.get("strategy") or RunConfig.strategy
+    check_joinable(strategy, world)
+    if strategy not in DISTRIBUTED:
+        return values  # a world of one: it runs as it would without torchrun
+    kinds = {device.split(":")[0] for device in parse_devices(values.get("devices") or RunConfig.devices)}
+    if len(kinds) > 1:
+        return values  # RunConfig names the mix
+    size = world.world_size
+    if kinds == {"cpu"}:
+        return {**values, "devices": ["cpu"] * size, "nodes": 1}
+    return {**values, "devices": ["cuda:0"] * size, "nodes": size}
+
+
+def check_joinable(strategy: str, world: TorchrunWorld) -> None:
+    """Refuse a strategy that cannot join torchrun's world, naming what can."""
+    if strategy not in DISTRIBUTED and world.world_size > 1:
         raise ConfigError(
-            "strategy", f"strategy {config.strategy} runs in one process and cannot join torchrun's world of "
-            f"{world.world_size} processes: use --strategy ddp, fsdp or pp under torchrun, or run {config.strategy} "
+            "strategy", f"strategy {strategy} runs in one process and cannot join torchrun's world of "
+            f"{world.world_size} processes: use --strategy ddp, fsdp or pp under torchrun, or run {strategy} "
             "without torchrun")
-    if config.strategy == "pp" and world.world_size < 2:
+    if strategy == "pp" and world.world_size < 2:
         raise ConfigError(
             "strategy", "strategy pp needs at least 2 processes, one per stage, and torchrun started 1: "
             "use --nproc-per-node 2 or more")
@@ -105,12 +125,12 @@ def joined_config(config: RunConfig, devices: list[str] | tuple[str, ...], nodes
     return config.replace(devices=tuple(devices), nodes=nodes)
 
 
-def world_note(config: RunConfig, joined: RunConfig, world: TorchrunWorld, hosts: list[str]) -> str:
+def world_note(joined: RunConfig, world: TorchrunWorld, hosts: list[str]) -> str:
     kind = "GPU" if joined.uses_cuda else "CPU"
     machines = ", ".join(dict.fromkeys(hosts))
     return (f"Started by torchrun (job {world.job_id}): {joined.world_size} processes on {joined.nodes} machine(s) "
             f"({machines}), one {kind} device each. The world comes from torchrun (--nnodes, --nproc-per-node); "
-            f"--devices {','.join(config.devices)} only chose {kind} devices.")
+            f"--devices only chose {kind} devices.")
 
 
 def refuse(world: TorchrunWorld, exc: Exception) -> int:
@@ -123,7 +143,7 @@ def refuse(world: TorchrunWorld, exc: Exception) -> int:
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True) -> int:
     """Join torchrun's world and train this process's part of the job; returns the exit code."""
     try:
-        check_joinable(config, world)
+        check_joinable(config.strategy, world)
         device = local_device(config, world)
     except ConfigError as exc:
         return refuse(world, exc)
@@ -171,7 +191,7 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
         if world.rank == 0:
-            return _lead(config, joined, world, hosts, url, echo, restarted)
+            return _lead(joined, world, hosts, url, echo, restarted)
         return _follow(joined, world, url)
     finally:
         if dist.is_initialized():
@@ -197,15 +217,14 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str) -> int:
     return 0
 
 
-def _lead(config: RunConfig, joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool,
-          restarted: bool) -> int:
+def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool) -> int:
     from db import make_engine, store
 
     from .runner import USER_ERRORS, _announce, preflight, run_notes
 
     try:
         info = preflight(joined)
-        notes = [world_note(config, joined, world, hosts), *run_notes(joined, info)]
+        notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
         engine = make_engine(url)
         run_id, status = _open_run(engine, joined, world, hosts, notes, restarted)
     except USER_ERRORS as exc:
@@ -303,7 +322,12 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
 
         own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
         _attempt_failed(engine, run_id, world, _failure_cause(run_id, started) or own)
-    return store.get_run(engine, run_id).status
+    status = store.get_run(engine, run_id).status
+    if status != "completed":
+        # Recorded: from here on torchrun's SIGTERM may end this process at once, even if
+        # leaving a process group whose peers are gone would hang.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return status
 
 
 class _CancelWatch:

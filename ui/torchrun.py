@@ -74,7 +74,7 @@ def torchrun_command(config: RunConfig, *, nodes: int, procs_per_node: int, endp
     if not job_id or any(c.isspace() for c in job_id):
         raise ConfigError("job_id", f"job id {job_id!r} is not allowed: use one word, unique to this job, e.g. {new_job_id()}")
     world_size = nodes * procs_per_node
-    check_joinable(config, TorchrunWorld(rank=0, world_size=world_size, local_rank=0, local_world_size=procs_per_node,
+    check_joinable(config.strategy, TorchrunWorld(rank=0, world_size=world_size, local_rank=0, local_world_size=procs_per_node,
                                          node_rank=0, job_id=job_id, restart_count=0, max_restarts=max_restarts))
     # The world the processes will build: does the batch divide over it, and so on.
     per_node = [f"cuda:{i}" for i in range(procs_per_node)] if config.uses_cuda else ["cpu"] * procs_per_node
