@@ -119,6 +119,11 @@ class Run(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     host: Mapped[str | None] = mapped_column(String(255))
     world_size: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    # A run started by torchrun spans machines: how many, each one's host name (by node rank),
+    # and torchrun's job id (--rdzv-id), by which a restarted job finds its run again.
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    hosts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    elastic_run_id: Mapped[str | None] = mapped_column(String(255), index=True)
 
     notes: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
     tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))

@@ -61,6 +61,9 @@ class RunRecord:
     progress_step: int | None
     progress_total_steps: int | None
     sweep_id: int | None
+    nodes: int
+    hosts: list[str]
+    elastic_run_id: str | None
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,9 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "host": run.host,
             "sweep_id": run.sweep_id,
             "world_size": run.world_size,
+            "nodes": run.nodes,
+            "hosts": run.hosts,
+            "elastic_run_id": run.elastic_run_id,
             "tags": run.tags,
             "user_note": run.user_note,
             "strategy": run.strategy,

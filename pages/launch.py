@@ -6,13 +6,16 @@ is checked (``sweep_configs``), and Launch starts them as one sweep and opens th
 
 from __future__ import annotations
 
+import socket
+
 import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
+from trainer_backend.config import AMP_MODES, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
+from ui import torchrun as torchrun_ui
 from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
@@ -263,3 +266,25 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
         state.open_run(run_id)
 if errors:
     st.caption("Fix the values marked in red to launch.")
+
+if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
+    with st.expander("Run across machines with torchrun"):
+        st.caption("Run the same command on every machine. torchrun starts nodes × processes per node processes, "
+                   "one device each (cuda:LOCAL_RANK, or the CPU): the world comes from torchrun, the devices above "
+                   "only say which kind. Every machine needs the dataset and the same database: set PARALLAX_DB_URL "
+                   "to one they all reach, since rank 0 records the run on whichever machine torchrun gives it. "
+                   "With restarts, a failed job starts again and resumes its run from the last finished epoch.")
+        nodes_col, procs_col, restarts_col = st.columns(3)
+        nodes = nodes_col.number_input("Nodes (machines)", value=2, step=1, key="torchrun_nodes")
+        procs = procs_col.number_input("Processes per node", value=len(config.devices), step=1, key="torchrun_procs")
+        restarts = restarts_col.number_input("Restarts on failure", value=0, step=1, key="torchrun_restarts")
+        endpoint_col, job_col = st.columns(2)
+        endpoint = endpoint_col.text_input("Rendezvous endpoint (HOST:PORT on one of the machines)",
+                                           value=f"{socket.gethostname()}:29400", key="torchrun_endpoint")
+        st.session_state.setdefault("torchrun_job_id", torchrun_ui.new_job_id())  # one per session, not per rerun
+        job_id = job_col.text_input("Job id (unique per job)", key="torchrun_job_id")
+        try:
+            st.code(torchrun_ui.torchrun_command(config, nodes=nodes, procs_per_node=procs, endpoint=endpoint,
+                                                 job_id=job_id, max_restarts=restarts), language="bash")
+        except ConfigError as exc:
+            st.error(str(exc), icon=":material/error:")

@@ -30,11 +30,11 @@ CONFIG = {"strategy": "ddp", "model": "resnet18", "dataset": "cifar10", "epochs"
 EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {
     "created_at", "started_at", "finished_at", "host", "world_size", "tags", "user_note",
-    "strategy", "model", "dataset", "heartbeat_at", "progress", "sweep_id",
+    "strategy", "model", "dataset", "heartbeat_at", "progress", "sweep_id", "nodes", "hosts", "elastic_run_id",
 }
 
 
-HEAD = "0004"  # the newest migration; a new one bumps this
+HEAD = "0005"  # the newest migration; a new one bumps this
 
 
 def epoch_metrics(epoch: int, **overrides) -> dict:

@@ -59,7 +59,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="record Python stacks too (larger traces)")
 
 
-def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunConfig:
+def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=None) -> RunConfig:
+    """The RunConfig the flags (and --config) ask for; under torchrun (``world``) its devices are
+    one per process of torchrun's world, of the kind --devices names."""
     values: dict = {}
     if args.config is not None:
         try:
@@ -77,6 +79,10 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunCon
         # devices are set (and validated) per strategy before anything is launched.
         several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
         values["strategy"] = "mp" if several else "single"
+    if world is not None:
+        from .torchrun import values_for_world
+
+        values = values_for_world(values, world)
     return RunConfig.from_dict(values)
 
 
@@ -114,14 +120,34 @@ def main(argv: list[str] | None = None) -> int:
                 "export": _cmd_export, "list": _cmd_list}
     try:
         load_plugins()
+        if args.command in ("launch", "sweep") and _under_torchrun():
+            raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
+                             "'run', which joins torchrun's world")
         return commands[args.command](args)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
+def _under_torchrun() -> bool:
+    from .torchrun import torchrun_world
+
+    world = torchrun_world()
+    return world is not None and world.world_size > 1
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)  # refuse bad values before torch and timm are even imported
+    from .torchrun import refuse, run_in_world, torchrun_world
+
+    world = torchrun_world()
+    try:
+        config = config_from_args(args, world=world)  # refuse bad values before torch and timm are even imported
+    except ConfigError as exc:
+        if world is None:
+            raise
+        return refuse(world, exc)  # one line per machine, not one per process
+    if world is not None and world.joined_by(config):
+        return run_in_world(config, world, db_url=args.db, echo=not args.quiet)
     from .runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)

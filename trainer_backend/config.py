@@ -34,6 +34,7 @@ AMP_MODES = ("auto", "off", "bf16", "fp16")
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
+MAX_NODES = 4096
 
 
 class ConfigError(ValueError):
@@ -97,6 +98,9 @@ class RunConfig:
     microbatches: int = 4
     pipeline_schedule: str = "gpipe"
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
+    # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         # Normalise containers first so that the frozen instance is hashable and JSON-stable.
@@ -110,6 +114,11 @@ class RunConfig:
     def world_size(self) -> int:
         """Processes the run starts: one per device for ddp, fsdp and pp, one otherwise."""
         return len(self.devices) if self.strategy in DISTRIBUTED else 1
+
+    @property
+    def processes_per_node(self) -> int:
+        """Processes sharing one machine's cores (all of them, unless torchrun spread the run)."""
+        return max(1, self.world_size // self.nodes)
 
     @property
     def per_device_batch(self) -> int:
@@ -204,6 +213,7 @@ def _validate(cfg: RunConfig) -> None:
         _require_int(cfg, name, 0, 100)
     _require_int(cfg, "profile_active", 1, 100)
     _require_int(cfg, "microbatches", 1, 1024)
+    _require_int(cfg, "nodes", 1, MAX_NODES)
     _require_choice(cfg, "pipeline_schedule", PIPELINE_SCHEDULES)
     _require_float(cfg, "lr", 0.0, 10.0, low_open=True)
     _require_float(cfg, "weight_decay", 0.0, 1.0, low_open=False)
@@ -225,7 +235,12 @@ def _validate_devices(cfg: RunConfig) -> None:
     if len(kinds) > 1:
         raise ConfigError("devices", f"devices {','.join(devices)} mix CPU and GPU: use one kind")
     gpus = [d for d in devices if d.startswith("cuda")]
-    if len(set(gpus)) != len(gpus):
+    if cfg.nodes > 1 and (cfg.strategy not in DISTRIBUTED or n < cfg.nodes):
+        raise ConfigError(
+            "nodes", f"nodes {cfg.nodes}: only ddp, fsdp and pp run across machines, with at least one "
+            "process per machine; start them with torchrun"
+        )
+    if cfg.nodes == 1 and len(set(gpus)) != len(gpus):
         raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
     if cfg.strategy == "single" and n != 1:
         raise ConfigError(
@@ -260,7 +275,7 @@ def _validate_devices(cfg: RunConfig) -> None:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
         )
-    if gpus:
+    if gpus and cfg.nodes == 1:  # other machines' GPUs cannot be counted from here
         available = cuda_device_count()
         missing = [d for d in gpus if int(d.split(":")[1]) >= available]
         if missing:
@@ -288,7 +303,7 @@ def strategy_notes(config: RunConfig) -> list[str]:
             "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
         )
     if config.world_size > 1 and not config.uses_cuda:
-        threads = max(1, cpu_cores() // len(config.devices))
+        threads = max(1, cpu_cores() // config.processes_per_node)
         batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
                  else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
         notes.append(

@@ -203,9 +203,10 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
         raise LookupError(f"no run with id {run_id}")
     if run.status not in state.ACTIVE_STATUSES:
         return run.status
-    if run.pid and run.host == socket.gethostname():
+    # Marked before the signal: the run's own process then records nothing over it, and a
+    # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
+    if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():
         _signal_run(run.pid, grace_s)
-    state.finish(engine, run_id, "cancelled", error="cancelled by the user")
     return store.get_run(engine, run_id).status
 
 

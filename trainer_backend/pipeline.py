@@ -143,6 +143,22 @@ class PipelineStrategy(DistributedStrategy):
             "bubble_fraction": round(1 - sum(fractions) / len(fractions), 4),
         }
 
+    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+        """Every stage's module and optimizer state, gathered on rank 0 as a list by stage."""
+        local = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                 "optimizer": optimizer.state_dict()}
+        gathered: list[dict] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(local, gathered, dst=0)
+        return {"stages": gathered} if self.is_main else None
+
+    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        if len(state["stages"]) != self.world_size:
+            raise ValueError(f"the checkpoint holds {len(state['stages'])} pipeline stages and this world has "
+                             f"{self.world_size} processes: a pipeline resumes only on as many processes as it had")
+        own = state["stages"][self.rank]
+        model.load_state_dict(own["model"])
+        optimizer.load_state_dict(own["optimizer"])
+
     def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         """Gather every stage's tensors, under timm's names, on rank 0."""
         local = {name: tensor.detach().cpu() for name, tensor in self._state_names}

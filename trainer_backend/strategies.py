@@ -89,6 +89,19 @@ class Strategy:
             return None
         return {k: v.detach().cpu() for k, v in self.checkpoint_module(model).state_dict().items()}
 
+    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+        """Model and optimizer state to carry on training from, on rank 0 (None elsewhere);
+        collective, like ``checkpoint_state``. Replicated strategies need rank 0's copy only."""
+        if not self.is_main:
+            return None
+        return {"model": {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()},
+                "optimizer": optimizer.state_dict()}
+
+    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load what ``resume_state`` returned; every rank is given the whole of it."""
+        self.unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
     def train_epoch(self, model: nn.Module, loader, optimizer, **kwargs) -> tuple[torch.Tensor, float]:
         from .loop import train_one_epoch
 
@@ -157,7 +170,9 @@ class DistributedStrategy(Strategy):
         super().setup()
         if self.input_device.type == "cpu":
             # Spawned workers inherit every core's worth of threads; N of them oversubscribe.
-            torch.set_num_threads(max(1, cpu_cores() // self.world_size))
+            torch.set_num_threads(max(1, cpu_cores() // self.config.processes_per_node))
+        if dist.is_initialized():
+            return  # torchrun started this process and it has joined torchrun's world already
         backend = "nccl" if self.input_device.type == "cuda" else "gloo"
         timeout = collective_timeout()
         store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=max(timeout, RENDEZVOUS_TIMEOUT))
@@ -257,6 +272,20 @@ class FullyShardedStrategy(DistributedStrategy):
 
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_main else None
+
+    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        # Gathered whole (the shards of every rank), so a restart may shard it over a new world.
+        model_state, optimizer_state = get_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {"model": model_state, "optimizer": optimizer_state} if self.is_main else None
+
+    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

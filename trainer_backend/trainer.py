@@ -26,6 +26,7 @@ from db import make_engine, profiles, store
 from db.engine import retry_when_locked
 from db.settings import runs_dir
 
+from . import resume
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
@@ -112,8 +113,11 @@ def _gather_memory(strategy: Strategy) -> dict[str, float]:
     slots[strategy.rank] = value
     strategy.all_reduce(slots)
     kind = label.split(":")[0]
+    devices = strategy.config.devices
+    # Across machines (torchrun) each machine has its own cuda:0: name the rank too.
     return {
-        (f"rank{r}:{kind}" if kind == "cpu" else f"cuda:{strategy.config.devices[r].split(':')[1]}"): float(v)
+        (f"rank{r}:{kind}" if kind == "cpu" else f"rank{r}:{devices[r]}" if strategy.config.nodes > 1
+         else f"cuda:{devices[r].split(':')[1]}"): float(v)
         for r, v in enumerate(slots.tolist())
     }
 
@@ -183,10 +187,14 @@ def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, me
     tmp.replace(path)  # a crash mid-save never leaves a truncated best.pt
 
 
-def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0, echo: bool = True) -> None:
-    """Train one process's part of run ``run_id``. Raises on any failure; the runner records it."""
+def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0,
+                  echo: bool = True, resumable: bool = False) -> None:
+    """Train one process's part of run ``run_id``. Raises on any failure; the runner records it.
+
+    ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
+    if any, and write one after every epoch."""
     try:
-        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo)
+        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable)
     except Exception as exc:
         # When one rank fails its peers fail too, mid-collective; the time tells the runner
         # which failure came first, i.e. which one to report.
@@ -200,7 +208,8 @@ def read_rank_failures(run_id: int) -> list[dict]:
     return [json.loads(path.read_text()) for path in runs_dir(run_id).glob("rank*.failure.json")]
 
 
-def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool) -> None:
+def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool,
+                   resumable: bool) -> None:
     if store_port:
         _die_with_parent()
         # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
@@ -226,8 +235,12 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         checkpoint = runs_dir(run_id) / "best.pt"
-        best_acc = -1.0
-        for epoch in range(1, config.epochs + 1):
+        start_epoch, best_acc = 1, -1.0
+        if resumable:
+            start_epoch, best_acc = resume.restore(run_id, strategy, model, optimizer, loaders[0])
+            if engine is not None and resume.restart_count() > 0:
+                store.add_notes(engine, run_id, [resume.resume_note(start_epoch, resume.restart_count())])
+        for epoch in range(start_epoch, config.epochs + 1):
             if progress is not None:
                 progress.epoch = epoch
             profiler = _start_profiler(config, strategy, run_id) if config.profile and epoch == 1 else None
@@ -242,15 +255,16 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             improved = metrics.val_acc > best_acc
             best_acc = max(best_acc, metrics.val_acc)
             state = strategy.checkpoint_state(model) if improved else None
-            if engine is None:
-                continue
-            # The one write that must not be lost: wait out another process's lock (with backoff)
-            # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
-            retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
-            if echo:
-                print(metrics.line(config.epochs), flush=True)
-            if state is not None:
-                save_checkpoint(checkpoint, state, config, data, metrics)
+            if engine is not None:
+                # The one write that must not be lost: wait out another process's lock (with backoff)
+                # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
+                retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
+                if echo:
+                    print(metrics.line(config.epochs), flush=True)
+                if state is not None:
+                    save_checkpoint(checkpoint, state, config, data, metrics)
+            if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
+                resume.save_resume_point(run_id, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
     finally:
         strategy.teardown()
 

@@ -1,8 +1,10 @@
 """Test plugin (PARALLAX_PLUGINS=tests.plugins.failing_model): timm-registered models that fail
-on purpose — inside DDP rank 1 on its second step, or with CUDA's out-of-memory error — to check
-how a crash is recorded."""
+on purpose — inside DDP rank 1 on its second step, in rank 1's second epoch of a torchrun job's
+first attempt, or with CUDA's out-of-memory error — to check how a crash is recorded."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -44,3 +46,28 @@ class RunsOutOfMemory(FailsOnRank1):
 @register_model
 def parallax_out_of_memory(pretrained: bool = False, **kwargs) -> nn.Module:
     return RunsOutOfMemory(**kwargs)
+
+
+class FailsOnRank1InEpoch2Once(FailsOnRank1):
+    """Under torchrun: rank 1 fails in its second epoch on the job's first attempt only, so a job
+    started with --max-restarts 1 fails once and then finishes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.epochs_started = 0
+
+    def train(self, mode: bool = True):
+        if mode:
+            self.epochs_started += 1  # the training loop switches to train mode once per epoch
+        return super().train(mode)
+
+    def forward(self, x):
+        if (self.training and self.epochs_started == 2 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+                and dist.is_initialized() and dist.get_rank() == 1):
+            raise RuntimeError(FAILURE)
+        return self.head(self.body(x))
+
+
+@register_model
+def parallax_fails_in_epoch2_once(pretrained: bool = False, **kwargs) -> nn.Module:
+    return FailsOnRank1InEpoch2Once(**kwargs)

@@ -1,0 +1,169 @@
+"""Runs started by torchrun: real torchrun agents (``python -m torch.distributed.run``) in real
+subprocesses, gloo on CPU, one SQLite file; and the pure pieces that read torchrun's world.
+
+    .venv/bin/python -m pytest tests/test_torchrun.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from conftest import ROOT, evaluate_checkpoint, run_cli
+from trainer_backend.config import ConfigError, RunConfig
+from trainer_backend.torchrun import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
+
+TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
+DIGITS_TRAIN, DIGITS_VAL = 1437, 360
+TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    """A port the OS had free a moment ago, for the c10d rendezvous (torch's own tests do the same)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_agent(home, agent_flags: list[str], run_flags: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env.pop("PARALLAX_DB_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *agent_flags, "-m", "trainer_backend", "run", *run_flags],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finish(agents: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    try:
+        outputs = [agent.communicate(timeout=TIMEOUT_S) for agent in agents]
+        return [(agent.returncode, *output) for agent, output in zip(agents, outputs)]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+
+
+def runs_of(home) -> list[dict]:
+    listed = run_cli("list", home=home).stdout.strip().splitlines()
+    ids = [line.split()[0].split("=")[1] for line in listed]
+    return [json.loads(run_cli("export", run_id, home=home).stdout) for run_id in ids]
+
+
+def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_home):
+    job = f"parallax-test-{uuid.uuid4().hex[:8]}"
+    agent_flags = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", job]
+    agents = [start_agent(parallax_home, agent_flags, [*TINY, "--strategy", "ddp", "--devices", "cpu", "--batch-size", "64"])
+              for _ in range(2)]
+    results = finish(agents)
+    for agent, (_, out, err) in zip(agents, results):
+        assert agent.returncode == 0, out + err
+    printed = "".join(out for _, out, _ in results)
+    assert printed.count("status=completed") == 1  # rank 0 alone reports
+
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed" and run["error"] is None
+    assert run["world_size"] == 2 and run["nodes"] == 2 and run["hosts"] == [socket.gethostname()] * 2
+    assert run["elastic_run_id"] == job and run["host"] == socket.gethostname() and run["pid"] > 0
+    assert run["config"]["devices"] == ["cpu", "cpu"] and run["config"]["nodes"] == 2
+    assert any("Started by torchrun" in note and "2 processes on 2 machine(s)" in note for note in run["notes"])
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+    for epoch in run["epochs"]:
+        # The global batch: both ranks' images (the sampler pads the shorter shard by one).
+        assert DIGITS_TRAIN <= round(epoch["images_per_s"] * epoch["train_time_s"]) <= DIGITS_TRAIN + 1
+        assert set(epoch["peak_memory_mb"]) == {"rank0:cpu", "rank1:cpu"}
+    # One process on this machine evaluates the saved weights over the whole split.
+    checkpoint, accuracy, loss, images = evaluate_checkpoint(parallax_home, {**run, "config": {**run["config"], "nodes": 1}})
+    recorded = run["epochs"][checkpoint["epoch"] - 1]
+    assert images == DIGITS_VAL
+    assert accuracy == recorded["val_acc"] == checkpoint["val_acc"]  # the whole split, counted once
+    assert loss == pytest.approx(recorded["val_loss"], rel=1e-4)
+
+
+def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_home):
+    flags = ["--dataset", "digits", "--model", "parallax_fails_in_epoch2_once", "--image-size", "16", "--epochs", "3",
+             "--strategy", "ddp"]
+    plugin = {"PARALLAX_PLUGINS": "tests.plugins.failing_model"}
+    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
+                        [*flags, "--devices", "cpu"], env_extra=plugin)
+    ((code, out, err),) = finish([agent])
+    assert code == 0, out + err
+    assert "deliberate failure in rank 1" in err  # the first attempt really failed
+
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed" and run["error"] is None
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
+    for epoch in (1, 2, 3):  # epoch 1 was trained (and printed) once, not again after the restart
+        assert out.count(f"epoch {epoch}/3 ") == 1, out
+    assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
+    assert any(note.startswith("Attempt 1 of the torchrun job stopped (RuntimeError: deliberate failure in rank 1")
+               for note in run["notes"]), run["notes"]
+
+    # The same training spawned in one go (the model fails only under torchrun's first attempt):
+    # resuming restored the weights, the optimizer and the shuffle, so every epoch matches.
+    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=parallax_home, env_extra=plugin)
+    assert spawned.returncode == 0, spawned.stderr
+    twin = next(r for r in runs_of(parallax_home) if r["run_id"] != run["run_id"])
+    for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
+        for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
+            assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
+
+
+def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):
+    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"],
+                        [*TINY, "--strategy", "single", "--devices", "cpu"])
+    ((code, out, err),) = finish([agent])
+    assert code != 0
+    refusals = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert refusals == ["error: strategy single runs in one process and cannot join torchrun's world of 2 processes: "
+                        "use --strategy ddp, fsdp or pp under torchrun, or run single without torchrun"]
+    assert "run_id=" not in out and runs_of(parallax_home) == []
+
+
+# --- the pure parts -----------------------------------------------------------------------
+
+ENV = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "exp-1",
+       "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3"}
+
+
+def test_torchrun_world_reads_torchruns_environment():
+    assert torchrun_world({}) is None
+    assert torchrun_world({k: v for k, v in ENV.items() if k != "MASTER_PORT"}) is None
+    world = torchrun_world(ENV)
+    assert world == TorchrunWorld(rank=3, world_size=4, local_rank=1, local_world_size=2, node_rank=1,
+                                  job_id="exp-1", restart_count=1, max_restarts=3)
+    assert world.restarts_left == 2
+    with pytest.raises(ValueError, match="RANK='x'"):
+        torchrun_world({**ENV, "RANK": "x"})
+
+
+def test_which_strategies_join_and_what_the_world_trains():
+    world = torchrun_world(ENV)
+    check_joinable("fsdp", world)
+    with pytest.raises(ConfigError, match="strategy mp runs in one process"):
+        check_joinable("mp", world)
+    solo = torchrun_world({**ENV, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
+    assert not solo.joined_by(RunConfig()) and solo.joined_by(RunConfig(strategy="ddp"))
+    with pytest.raises(ConfigError, match="pp needs at least 2 processes"):
+        check_joinable("pp", solo)
+    # --devices names the kind; the world's size decides the count (and what the batch divides over).
+    assert values_for_world({"strategy": "pp", "devices": "cpu"}, world) == {
+        "strategy": "pp", "devices": ["cpu"] * 4, "nodes": 1}
+    assert RunConfig.from_dict(values_for_world({"strategy": "ddp", "devices": "0"}, world)).world_size == 4
+    assert values_for_world({"strategy": "single"}, solo) == {"strategy": "single"}
+    # Each machine's own GPUs: indices repeat across machines, and the batch divides over the world.
+    joined = joined_config(RunConfig(strategy="ddp", devices=("cpu",), batch_size=128), ["cpu"] * 4, nodes=2)
+    assert joined.world_size == 4 and joined.per_device_batch == 32 and joined.processes_per_node == 2
+    assert joined_config(RunConfig(strategy="ddp"), ["cuda:0", "cuda:1"] * 2, nodes=2).devices[2] == "cuda:0"
+    with pytest.raises(ConfigError, match="must divide evenly over 4 DDP processes"):
+        joined_config(RunConfig(strategy="ddp", batch_size=6), ["cpu"] * 4, nodes=2)
+    with pytest.raises(ConfigError, match="nodes 2: only ddp, fsdp and pp"):
+        RunConfig(strategy="single", nodes=2)
