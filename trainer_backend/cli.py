@@ -21,6 +21,13 @@ from .plugins import load_plugins
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags end in one line naming the flag and what is allowed, not the whole usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     d = RunConfig()
     # default=None everywhere: only flags the user typed override --config.
@@ -81,7 +88,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False) -> RunCon
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer_backend", description="Parallax training engine")
+    parser = OneLineParser(prog="python -m trainer_backend", description="Parallax training engine")
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
@@ -118,10 +125,39 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        problem = _database_problem(exc, args.db)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+
+def _database_problem(exc: Exception, url: str | None) -> str | None:
+    """One line for a database that cannot be opened or written (e.g. it became read-only or
+    unreachable mid-command); None for any other error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.access import DatabaseUnavailable, describe_failure
+    from db.settings import database_url
+
+    if isinstance(exc, DatabaseUnavailable):
+        return str(exc)
+    if isinstance(exc, SQLAlchemyError):
+        return describe_failure(database_url(url), exc)
+    return None
+
+
+def open_database(url: str | None):
+    """The engine, or DatabaseUnavailable naming the database (imported here: a bad flag stays instant)."""
+    from db.access import open_database as open_or_explain
+
+    return open_or_explain(url)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # refuse bad values before torch and timm are even imported
+    open_database(args.db)
     from .runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
@@ -137,7 +173,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_launch(args: argparse.Namespace) -> int:
     from .lifecycle import launch
 
-    run_id = launch(config_from_args(args), db_url=args.db)
+    config = config_from_args(args)
+    open_database(args.db)
+    run_id = launch(config, db_url=args.db)
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
 
@@ -150,6 +188,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .lifecycle import cancel, launch_sweep
 
     config = config_from_args(args, sweep=True)
+    open_database(args.db)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)
     engine = make_engine(args.db)
@@ -199,9 +238,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _engine_with_fresh_states(url: str | None):
     """The engine, after marking runs whose process died as lost: a read never shows a dead run as running."""
-    from db import lifecycle, make_engine
+    from db import lifecycle
 
-    engine = make_engine(url)
+    engine = open_database(url)
     lifecycle.mark_lost_runs(engine)
     return engine
 
