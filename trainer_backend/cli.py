@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=int)
+    worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
     return parser
 
 
@@ -231,7 +233,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .runner import work
 
-    status = work(args.run_id, db_url=args.db)
+    roots = [Path(p) for p in args.data_roots.split(os.pathsep)] if args.data_roots is not None else None
+    status = work(args.run_id, db_url=args.db, data_roots=roots)
     print(f"run_id={args.run_id} status={status}", flush=True)
     return 0 if status == "completed" else 1
 

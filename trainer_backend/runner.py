@@ -28,7 +28,8 @@ from db import lifecycle as state
 from db import make_engine, store
 from db.settings import database_url
 
-from .config import RunConfig, strategy_notes
+from .config import ConfigError, RunConfig, strategy_notes
+from .data_roots import check_under_roots
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .models import ModelError, create_model, split_into_stages
@@ -90,14 +91,22 @@ def _announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str
         print(f"note: {note}", flush=True)
 
 
-def work(run_id: int, *, db_url: str | None = None) -> str:
-    """The body of a launched worker process: the run row exists and is queued."""
+def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = None) -> str:
+    """The body of a launched worker process: the run row exists and is queued. ``data_roots``
+    (a run launched from the dashboard) confines its dataset to folders inside them."""
     url = database_url(db_url)
     engine = make_engine(url)
     run = store.get_run(engine, run_id)
     if run is None:
         raise LookupError(f"no run with id {run_id}")
-    return _run_to_end(engine, run_id, url, RunConfig.from_dict(run.config), echo=True, needs_preflight=True)
+    config = RunConfig.from_dict(run.config)
+    if data_roots is not None:
+        try:
+            check_under_roots(config.dataset, data_roots)
+        except ConfigError as exc:
+            state.finish(engine, run_id, "failed", error=str(exc))
+            return store.get_run(engine, run_id).status
+    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True)
 
 
 def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool) -> str:
