@@ -33,10 +33,11 @@ from .data_roots import check_under_roots
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .models import ModelError, create_model, split_into_stages
+from .storage import DiskFullError
 from .trainer import load_data, read_rank_failures, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
-USER_ERRORS = (ValueError, LookupError, FileNotFoundError)  # ConfigError, DatasetError, ModelError
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
 
 
 def preflight(config: RunConfig) -> DatasetInfo:
@@ -195,10 +196,17 @@ def _root_cause(context, run_id: int, exc: ProcessException) -> str:
             return f"rank {rank} was killed by signal {signal.Signals(-code).name}; the other ranks were stopped"
     if failures:
         first = min(failures, key=lambda f: f["time"])
-        return f"rank {first['rank']} raised an exception:\n{first['traceback']}"
+        return f"rank {first['rank']} raised an exception: {_last_line(first['traceback'])}\n{first['traceback']}"
     if isinstance(exc, ProcessExitedException):
         return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
-    return f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}"
+    details = _strip_spawn_banner(str(exc))
+    return f"rank {exc.error_index} raised an exception: {_last_line(details)}\n{details}"
+
+
+def _last_line(traceback_text: str) -> str:
+    """The exception line of a traceback: the headline a user reads first (e.g. the disk is full)."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def _stop_children(grace_s: float = 3.0) -> None:
