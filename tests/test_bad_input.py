@@ -216,6 +216,8 @@ def read_only_dir(tmp_path):
         with mounted_tmpfs(folder, "ro", "size=1m"):
             yield folder
     except PermissionError:
+        if os.geteuid() == 0:
+            pytest.fail("cannot make a read-only folder: mounting is not permitted here and root ignores permissions")
         folder.mkdir(exist_ok=True)
         folder.chmod(0o555)
         yield folder
@@ -232,9 +234,13 @@ def test_database_in_a_read_only_folder_is_named(read_only_dir, parallax_home, c
     assert_nothing_left(parallax_home)
 
 
+FILE_SIZE_LIMIT = 5 * 2**18  # 1.25 MiB
+
+
 def run_with_a_small_disk(home: Path, *flags: str) -> subprocess.CompletedProcess:
-    """``trainer_backend run`` with ``home/runs`` on a 48 KiB tmpfs (as root), else with a 4 MiB
-    file size limit in the child (EFBIG), which the database and log stay under and a checkpoint does not."""
+    """``trainer_backend run`` with ``home/runs`` on a 48 KiB tmpfs (as root), else with a 1.25 MiB
+    file size limit in the child (EFBIG), which the database and the digits cache stay under and
+    test_resnet's 1.5 MB checkpoint does not."""
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
     command = [sys.executable, "-m", "trainer_backend", "run", *flags]
@@ -243,7 +249,7 @@ def run_with_a_small_disk(home: Path, *flags: str) -> subprocess.CompletedProces
             return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     except PermissionError:
         def limit_file_size():
-            resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 2**20, 4 * 2**20))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
         return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                               preexec_fn=limit_file_size)
@@ -255,7 +261,7 @@ def run_with_a_small_disk(home: Path, *flags: str) -> subprocess.CompletedProces
      "profile/rank0.json", []),  # the trace is written inside epoch 1, before any epoch ends
 ], ids=["checkpoint", "trace"])
 def test_disk_full_fails_the_run_with_the_reason_and_keeps_its_metrics(what, flags, path, epochs_kept, parallax_home):
-    result = run_with_a_small_disk(parallax_home, "--dataset", "digits", "--model", "resnet18", "--image-size", "16",
+    result = run_with_a_small_disk(parallax_home, "--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
                                    "--epochs", "1", "--batch-size", "256", "--quiet", *flags)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "run_id=1 status=failed"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import BinaryIO
 
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # Writers in C++ (torch.save to a path, the profiler's trace export) drop the errno; after their
-# failure, this little room left on the file system is read as the disk being full.
+# failure, this little room left on the file system (or a file size limit) is read as the disk being full.
 NEARLY_FULL_BYTES = 16 * 2**20
 
 
@@ -45,6 +46,9 @@ def no_space_reason(exc: BaseException, folder: Path) -> str | None:
     with contextlib.suppress(OSError):
         if shutil.disk_usage(folder).free < NEARLY_FULL_BYTES:
             return f"{shutil.disk_usage(folder).free // 1024} KiB left on the file system"
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY:
+        return f"or over this process's file size limit of {limit} bytes (ulimit -f)"
     return None
 
 
