@@ -11,14 +11,23 @@ import os
 
 import streamlit as st
 
+from db.access import DatabaseUnavailable, open_database
 from db.engine import masked_url
 from db.settings import database_url, parallax_home
+from ui import auth
 from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
 
 st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
 # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
 st.set_option("client.toolbarMode", "viewer")
+
+# Before any page: on an address other machines can reach, only after a login (ui/auth.py).
+auth.require_access()
+try:
+    open_database()
+except DatabaseUnavailable as exc:
+    auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
 
 navigation = st.navigation([
     st.Page(LAUNCH_PAGE, title="Launch", icon=":material/rocket_launch:", default=True),

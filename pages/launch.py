@@ -128,7 +128,8 @@ with data_col:
         "Dataset", options.dataset_choices(), format_func=options.dataset_label, key="dataset",
         help=f"Built-in sets, and every sub-folder (one folder per class inside) of: {roots} "
         "(set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
-    info = options.describe_dataset(values["dataset"])
+    outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
+    info = {"problems": [outside], "warnings": []} if outside else options.describe_dataset(values["dataset"])
     st.caption(options.dataset_summary(info))
     for warning in info.get("warnings", []):
         st.caption(f":orange[:material/warning: {warning}]")
@@ -239,6 +240,8 @@ if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
+elif memory := options.memory_problem(info, values["image_size"], config.bands if config else None):
+    errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
 for name, message in errors.items():
@@ -248,7 +251,7 @@ if sweeping:
     if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
                  disabled=bool(errors), help="They queue and run one after another (one CPU run at a time)."):
         try:
-            sweep_id, run_ids = launch_sweep(config, sweep_strategies)
+            sweep_id, run_ids = launch_sweep(config, sweep_strategies, data_roots=options.data_roots())
             for run_id in run_ids if user_note.strip() else []:
                 dashboard.set_user_note(state.engine(), run_id, user_note)
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
@@ -257,7 +260,7 @@ if sweeping:
             state.open_sweep(sweep_id)
 elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
     try:
-        run_id = launch(config)
+        run_id = launch(config, data_roots=options.data_roots())
         if user_note.strip():
             dashboard.set_user_note(state.engine(), run_id, user_note)
     except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why

@@ -48,6 +48,11 @@ if not profiled:
     st.page_link(state.LAUNCH_PAGE, label="Launch a profiled run", icon=":material/rocket_launch:")
     st.stop()
 
+if problem := state.unknown_url_id("run", summaries):
+    st.error(problem, icon=":material/error:")
+    st.page_link(state.RUNS_PAGE, label="All runs", icon=":material/table_rows:")
+    st.stop()
+
 labels = {run_id: widgets.summary_label(summaries[run_id]) for run_id in profiled}
 run_col, compare_col = st.columns(2)
 with run_col:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from db import profiles, store
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.housekeeping import run_folder
+from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import cancel
 from ui import charts, scaling, state, widgets
 from ui.profile_views import step_breakdown_chart
@@ -88,7 +88,11 @@ def live_view(run_id: int, was_active: bool) -> None:
 
 
 def show_log(run_id: int, expanded: bool) -> None:
-    tail = widgets.read_log_tail(run_folder(run_id) / "run.log")
+    try:
+        tail = widgets.read_log_tail(run_file(run_id, "run.log"))
+    except OutsideRunFolder as exc:
+        st.error(str(exc), icon=":material/block:")
+        return
     if tail is not None:
         with st.expander(f"Log (last {widgets.LOG_TAIL_LINES} lines)", expanded=expanded):
             st.code(tail or "(empty so far)", language="text")
@@ -109,8 +113,12 @@ def show_static(run: store.RunRecord) -> None:
     """What does not change while the run trains: labels, config, the checkpoint."""
     if run.tags or run.user_note:
         st.caption(" ".join(f"`{tag}`" for tag in run.tags) + (f"  {run.user_note}" if run.user_note else ""))
-    checkpoint = run_folder(run.id) / "best.pt"
-    if checkpoint.exists() and run.status not in ACTIVE_STATUSES:
+    try:
+        checkpoint = run_file(run.id, "best.pt")
+    except OutsideRunFolder as exc:
+        st.error(str(exc), icon=":material/block:")
+        checkpoint = None
+    if checkpoint is not None and checkpoint.exists() and run.status not in ACTIVE_STATUSES:
         size_mb = checkpoint.stat().st_size / 2**20
         st.download_button(
             f"Download the best checkpoint ({size_mb:.1f} MB)",
@@ -132,6 +140,12 @@ if not runs:
     st.title("Run")
     st.info("No runs yet.")
     st.page_link(state.LAUNCH_PAGE, label="Launch the first one", icon=":material/rocket_launch:")
+    st.stop()
+
+if problem := state.unknown_url_id("run", [r.id for r in runs]):
+    st.title("Run")
+    st.error(problem, icon=":material/error:")
+    st.page_link(state.RUNS_PAGE, label="All runs", icon=":material/table_rows:")
     st.stop()
 
 title_col, picker_col = st.columns([3, 2], vertical_alignment="bottom")

@@ -105,6 +105,10 @@ if not sweeps:
 
 labels = {sweep["id"]: sweep_label(sweep) for sweep in sweeps}
 ids = list(labels)
+if problem := state.unknown_url_id("sweep", ids, noun="Sweep"):
+    st.error(problem, icon=":material/error:")
+    st.page_link(state.SWEEP_PAGE, label="All sweeps", icon=":material/stacked_bar_chart:")
+    st.stop()
 wanted = state.requested_sweep_id()
 picker_col, target_col = st.columns([3, 1], vertical_alignment="bottom")
 sweep_id = picker_col.selectbox("Sweep", ids, index=ids.index(wanted) if wanted in ids else 0,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, Confi
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags end in one line naming the flag and what is allowed, not the whole usage text."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +95,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer_backend", description="Parallax training engine")
+    parser = OneLineParser(prog="python -m trainer_backend", description="Parallax training engine")
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
@@ -111,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=int)
+    worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
     return parser
 
 
@@ -127,6 +136,34 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        problem = _database_problem(exc, args.db)
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+
+def _database_problem(exc: Exception, url: str | None) -> str | None:
+    """One line for a database that cannot be opened or written (e.g. it became read-only or
+    unreachable mid-command); None for any other error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.access import DatabaseUnavailable, describe_failure
+    from db.settings import database_url
+
+    if isinstance(exc, DatabaseUnavailable):
+        return str(exc)
+    if isinstance(exc, SQLAlchemyError):
+        return describe_failure(database_url(url), exc)
+    return None
+
+
+def open_database(url: str | None):
+    """The engine, or DatabaseUnavailable naming the database (imported here: a bad flag stays instant)."""
+    from db.access import open_database as open_or_explain
+
+    return open_or_explain(url)
 
 
 def _under_torchrun() -> bool:
@@ -148,6 +185,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet)
+    open_database(args.db)
     from .runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
@@ -163,7 +201,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_launch(args: argparse.Namespace) -> int:
     from .lifecycle import launch
 
-    run_id = launch(config_from_args(args), db_url=args.db)
+    config = config_from_args(args)
+    open_database(args.db)
+    run_id = launch(config, db_url=args.db)
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
 
@@ -176,6 +216,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .lifecycle import cancel, launch_sweep
 
     config = config_from_args(args, sweep=True)
+    open_database(args.db)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)
     engine = make_engine(args.db)
@@ -218,16 +259,17 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .runner import work
 
-    status = work(args.run_id, db_url=args.db)
+    roots = [Path(p) for p in args.data_roots.split(os.pathsep)] if args.data_roots is not None else None
+    status = work(args.run_id, db_url=args.db, data_roots=roots)
     print(f"run_id={args.run_id} status={status}", flush=True)
     return 0 if status == "completed" else 1
 
 
 def _engine_with_fresh_states(url: str | None):
     """The engine, after marking runs whose process died as lost: a read never shows a dead run as running."""
-    from db import lifecycle, make_engine
+    from db import lifecycle
 
-    engine = make_engine(url)
+    engine = open_database(url)
     lifecycle.mark_lost_runs(engine)
     return engine
 

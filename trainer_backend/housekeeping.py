@@ -24,6 +24,21 @@ def run_folder(run_id: int):
     return parallax_home() / "runs" / f"run-{run_id}"
 
 
+class OutsideRunFolder(ValueError):
+    """A run's file that resolves outside the run's folder (e.g. a link planted there)."""
+
+
+def run_file(run_id: int, name: str):
+    """``run_folder(run_id) / name``, refused if it resolves (through ``..`` or a link) outside that folder:
+    what the dashboard reads or offers for download is always the run's own file."""
+    folder = run_folder(int(run_id)).resolve()
+    path = (folder / name).resolve()
+    if path.parent != folder:
+        raise OutsideRunFolder(f"{name} of run {run_id} leads outside the run's folder {folder} (to {path}): "
+                               "it is not shown or offered for download")
+    return folder / name
+
+
 def delete_run_and_files(run_id: int, *, db_url: str | None = None) -> None:
     """Delete a finished run: its files first, then its row and (by cascade) its metrics.
 

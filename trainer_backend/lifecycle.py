@@ -28,6 +28,7 @@ from db import make_engine, store
 from db.settings import database_url, parallax_home, runs_dir
 
 from .config import STRATEGIES, ConfigError, RunConfig
+from .data_roots import check_under_roots
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 5.0
@@ -50,8 +51,15 @@ def log_path(run_id: int) -> Path:
     return runs_dir(run_id) / "run.log"
 
 
-def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:
-    """Record the run as queued and start its detached worker; returns the run id at once."""
+def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None,
+           data_roots: list[Path] | None = None) -> int:
+    """Record the run as queued and start its detached worker; returns the run id at once.
+
+    With ``data_roots`` (the dashboard passes them) a dataset folder outside them is refused
+    here, and the worker checks again before it reads any data. The worker's command line is
+    an argv list holding only the run id and these paths: no config value ever reaches a shell."""
+    if data_roots is not None:
+        check_under_roots(config.dataset, data_roots)
     url = database_url(db_url)
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
@@ -67,7 +75,8 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log_path(run_id), "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer_backend", "worker", str(run_id)],
+            [sys.executable, "-m", "trainer_backend", "worker", str(run_id),
+             *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])],
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
         )
@@ -93,12 +102,15 @@ def sweep_configs(config: RunConfig, strategies: list[str]) -> list[RunConfig]:
     return configs
 
 
-def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None = None) -> tuple[int, list[int]]:
+def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None = None,
+                 data_roots: list[Path] | None = None) -> tuple[int, list[int]]:
     """Launch one run per strategy of ``config`` as a sweep; they queue one after another."""
     configs = sweep_configs(config, strategies)
+    if data_roots is not None:
+        check_under_roots(config.dataset, data_roots)
     engine = make_engine(db_url)
     sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
-    return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id) for c in configs]
+    return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id, data_roots=data_roots) for c in configs]
 
 
 def can_start(run_id: int, active: list[state.ActiveRun], cpu_slots: int) -> bool:

@@ -25,6 +25,8 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from .storage import disk_full_error, no_space_reason, writing
+
 PHASES = ("data_loading", "forward", "backward", "optimizer_step")
 RANGE_PREFIX = "parallax/"
 # Collectives and DataParallel's scatter/gather, as the profiler names them on gloo, NCCL and DP.
@@ -77,18 +79,32 @@ class StepProfiler:
         self._prof.stop()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         trace = self.out_dir / f"rank{self.rank}.json"
-        self._prof.export_chrome_trace(str(trace))
-        content = json.loads(trace.read_text())
-        trace.unlink()
+        try:
+            self._prof.export_chrome_trace(str(trace))
+            content = json.loads(trace.read_text())
+        except Exception as exc:  # the exporter reports a full disk only as a missing or cut-off file
+            reason = no_space_reason(exc, self.out_dir)
+            if reason is not None:
+                raise disk_full_error("profiler trace", trace, reason) from exc
+            raise
+        finally:
+            trace.unlink(missing_ok=True)
+            trace.with_name(trace.name + ".tmp").unlink(missing_ok=True)  # the exporter's own part file
         # torch writes distributedInfo only for an initialised process group; multi-rank tools
         # (Holistic Trace Analysis) expect it on every trace.
         content.setdefault("distributedInfo", {"backend": "none", "rank": self.rank, "world_size": self.world_size})
         raw = json.dumps(content).encode()
-        (self.out_dir / f"rank{self.rank}.json.gz").write_bytes(gzip.compress(raw, compresslevel=6))
+        with writing(self.out_dir / f"rank{self.rank}.json.gz", "profiler trace") as handle:
+            handle.write(gzip.compress(raw, compresslevel=6))
         trace_bytes = len(raw)
         summary = {"rank": self.rank, "world_size": self.world_size, "trace_bytes": trace_bytes,
                    "ops": op_table(self._prof), "steps": step_breakdown(self._prof.events(), self.first_active_step)}
-        (self.out_dir / f"rank{self.rank}.summary.json").write_text(json.dumps(summary))
+        try:
+            with writing(self.out_dir / f"rank{self.rank}.summary.json", "profiler summary") as handle:
+                handle.write(json.dumps(summary).encode())
+        except BaseException:
+            (self.out_dir / f"rank{self.rank}.json.gz").unlink(missing_ok=True)  # no trace without its summary
+            raise
 
 
 class _Phase(record_function):

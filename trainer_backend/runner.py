@@ -29,16 +29,18 @@ from db import make_engine, store
 from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
 from db.settings import database_url
 
-from .config import RunConfig, strategy_notes
+from .config import ConfigError, RunConfig, strategy_notes
+from .data_roots import check_under_roots
 from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
 from .models import ModelError, create_model, split_into_stages
+from .storage import DiskFullError
 from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from .trainer import load_data, note_log_incomplete, read_rank_failures, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
-USER_ERRORS = (ValueError, LookupError, FileNotFoundError)  # ConfigError, DatasetError, ModelError
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
@@ -98,8 +100,9 @@ def _announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str
         print(f"note: {note}", flush=True)
 
 
-def work(run_id: int, *, db_url: str | None = None) -> str:
-    """The body of a launched worker process: the run row exists and is queued."""
+def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = None) -> str:
+    """The body of a launched worker process: the run row exists and is queued. ``data_roots``
+    (a run launched from the dashboard) confines its dataset to folders inside them."""
     url = database_url(db_url)
     engine = make_engine(url)
     run = store.get_run(engine, run_id)
@@ -107,7 +110,14 @@ def work(run_id: int, *, db_url: str | None = None) -> str:
         raise LookupError(f"no run with id {run_id}")
     # stdout and stderr are the run's log: a full disk there must not end the run.
     guard_output(on_failure=lambda exc: note_log_incomplete(engine, run_id, exc))
-    return _run_to_end(engine, run_id, url, RunConfig.from_dict(run.config), echo=True, needs_preflight=True)
+    config = RunConfig.from_dict(run.config)
+    if data_roots is not None:
+        try:
+            check_under_roots(config.dataset, data_roots)
+        except ConfigError as exc:
+            state.finish(engine, run_id, "failed", error=str(exc))
+            return store.get_run(engine, run_id).status
+    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True)
 
 
 def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool) -> str:
@@ -210,10 +220,17 @@ def _root_cause(context, run_id: int, exc: ProcessException) -> str:
             return _collective_timeout_message(first, failed, len(context.processes))
         if first.get("type") == DatabaseLockedError.__name__:
             return f"rank {first['rank']}: {first['message']}"
-        return f"rank {first['rank']} raised an exception:\n{first['traceback']}"
+        return f"rank {first['rank']} raised an exception: {_last_line(first['traceback'])}\n{first['traceback']}"
     if isinstance(exc, ProcessExitedException):
         return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
-    return f"rank {exc.error_index} raised an exception:\n{_strip_spawn_banner(str(exc))}"
+    details = _strip_spawn_banner(str(exc))
+    return f"rank {exc.error_index} raised an exception: {_last_line(details)}\n{details}"
+
+
+def _last_line(traceback_text: str) -> str:
+    """The exception line of a traceback: the headline a user reads first (e.g. the disk is full)."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def _is_collective_timeout(failure: dict) -> bool:

@@ -7,6 +7,7 @@ the database; every number it writes is already reduced across ranks.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -34,6 +35,7 @@ from .loop import make_grad_scaler, peak_memory_mb, reset_peak_memory, resolve_a
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
+from .storage import writing
 from .strategies import Strategy, make_strategy
 
 EpochPrinter = Callable[[str], None]
@@ -178,13 +180,14 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
 
 
 def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
-         "epoch": metrics.epoch, "val_acc": metrics.val_acc},
-        tmp,
-    )
-    tmp.replace(path)  # a crash mid-save never leaves a truncated best.pt
+    # Through a part file: a crash or a full disk mid-save never leaves a truncated best.pt, and
+    # a file object (not a path) keeps the errno that says the disk is full.
+    with writing(path, "checkpoint") as handle:
+        torch.save(
+            {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
+             "epoch": metrics.epoch, "val_acc": metrics.val_acc},
+            handle,
+        )
 
 
 def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0,
@@ -200,12 +203,18 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
         # which failure came first, i.e. which one to report.
         failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
                    "type": type(exc).__name__, "message": str(exc)}
-        (runs_dir(run_id) / f"rank{rank}.failure.json").write_text(json.dumps(failure))
+        with contextlib.suppress(OSError):  # on a full disk this note cannot be written; the error itself must win
+            with writing(runs_dir(run_id) / f"rank{rank}.failure.json", "failure note") as handle:
+                handle.write(json.dumps(failure).encode())
         raise
 
 
 def read_rank_failures(run_id: int) -> list[dict]:
-    return [json.loads(path.read_text()) for path in runs_dir(run_id).glob("rank*.failure.json")]
+    failures = []
+    for path in runs_dir(run_id).glob("rank*.failure.json"):
+        with contextlib.suppress(OSError, ValueError):  # a note cut short must not hide the failure itself
+            failures.append(json.loads(path.read_text()))
+    return failures
 
 
 def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool,

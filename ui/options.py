@@ -7,31 +7,38 @@ Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
-from db.settings import parallax_home
+from trainer_backend.data_roots import data_roots, is_under_roots
 
 DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny", "test_resnet")
 
 
-def data_roots() -> list[Path]:
-    configured = os.environ.get("PARALLAX_DATA_ROOTS")
-    if configured:
-        return [Path(p).expanduser() for p in configured.split(os.pathsep) if p.strip()]
-    return [parallax_home() / "datasets"]
-
-
 def dataset_folders() -> list[str]:
-    """Immediate, visible sub-folders of every data root, as absolute paths."""
+    """Immediate, visible sub-folders of every data root, as absolute paths; a link that leads
+    out of the roots is not offered."""
+    roots = data_roots()
     folders = []
-    for root in data_roots():
+    for root in roots:
         if root.is_dir():
-            folders += sorted(str(p.resolve()) for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            folders += sorted(str(p.resolve()) for p in root.iterdir()
+                              if p.is_dir() and not p.name.startswith(".") and is_under_roots(p, roots))
     return folders
+
+
+def outside_roots(choice: str) -> str | None:
+    """Why the dashboard may not use ``choice`` (a folder outside the data roots), or None."""
+    from trainer_backend.config import ConfigError
+    from trainer_backend.data_roots import check_under_roots
+
+    try:
+        check_under_roots(choice, data_roots())
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def dataset_choices() -> list[str]:
@@ -70,6 +77,17 @@ def dataset_summary(info: dict[str, Any]) -> str:
     if info.get("bands"):
         parts.append(f"{info['bands']} band{'s' if info['bands'] != 1 else ''}")
     return " · ".join(parts)
+
+
+def memory_problem(info: dict[str, Any], image_size: Any, bands: tuple[int, ...] | None) -> str | None:
+    """Why a folder would not fit the decode limit at ``image_size`` (the check the run makes), or None."""
+    from trainer_backend.datasets.limits import too_large_decoded
+
+    if info.get("kind") != "folder" or not isinstance(image_size, int) or not info.get("num_images"):
+        return None
+    eight_bit = info.get("dtype") == "uint8" and info.get("default_scale") == 255.0
+    return too_large_decoded(info["path"], info["num_images"], input_channels(info, bands), image_size,
+                             1 if eight_bit else 2)
 
 
 def input_channels(info: dict[str, Any], bands: tuple[int, ...] | None) -> int:

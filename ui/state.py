@@ -99,6 +99,19 @@ def requested_id(param: str, session_key: str) -> int | None:
     return st.session_state.get(session_key)
 
 
+def unknown_url_id(param: str, known_ids, noun: str = "Run") -> str | None:
+    """Why the id in the URL (?param=N) names nothing here, or None (also when there is none).
+    A page shows this instead of falling back to another item: a link never serves another run's files."""
+    raw = st.query_params.get(param)
+    if raw is None:
+        return None
+    if not str(raw).isdigit():
+        return f"?{param}={raw} in the address is not a {noun.lower()} number: it must be a whole number, e.g. ?{param}=3."
+    if int(raw) not in set(known_ids):
+        return f"{noun} #{int(raw)} in the address does not exist (it may have been deleted): nothing of it is shown."
+    return None
+
+
 def requested_sweep_id() -> int | None:
     return requested_id("sweep", SWEEP_ID_KEY)
 

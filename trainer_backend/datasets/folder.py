@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from .base import DatasetError, DecodedPool, make_pool
-from .image_files import DecodedImage, decode_image_file, is_image_file
+from .image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
+from .limits import too_large_decoded, too_many_images
 
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512
@@ -106,7 +107,22 @@ def listing_problems(listing: FolderListing) -> list[str]:
                 f"class {name!r} in {listing.root} has {len(files)} image(s); every class needs at least "
                 f"{MIN_IMAGES_PER_CLASS} so that both train and val get one"
             )
+    too_many = too_many_images(listing.root, listing.num_images)
+    if too_many:
+        problems.append(too_many)
     return problems
+
+
+def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ...] | None,
+                   band_scale: float | None) -> str | None:
+    """Why decoding ``listing`` at ``image_size`` would not fit the memory limit, judged from its first file."""
+    first = next((files[0] for files in listing.files_by_class if files), None)
+    if first is None:
+        return None
+    native = describe_image_file(first)
+    channels = len(bands) if bands else len(native["default_bands"])
+    eight_bit = native["dtype"] == "uint8" and native["default_scale"] == 255.0 and band_scale in (None, 255.0)
+    return too_large_decoded(listing.root, listing.num_images, channels, image_size, 1 if eight_bit else 2)
 
 
 def listing_warnings(listing: FolderListing) -> list[str]:

@@ -31,6 +31,7 @@ from .folder import (
     list_image_folder,
     listing_problems,
     listing_warnings,
+    memory_problem,
     resolve_folder,
 )
 from .image_files import describe_image_file
@@ -138,6 +139,9 @@ def folder_source(listing: FolderListing, name: str, image_size: int, bands, ban
     problems = listing_problems(listing)
     if problems:
         raise DatasetError("; ".join(problems))
+    too_large = memory_problem(listing, image_size, bands, band_scale)
+    if too_large:
+        raise DatasetError(too_large)
     return DatasetSource(name, ("folder", listing.fingerprint),
                          lambda: decode_image_folder(listing, image_size, bands, band_scale))
 
