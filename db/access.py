@@ -14,14 +14,12 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from db.engine import make_engine, sqlite_file
+from db.engine import DatabaseUnavailable, make_engine, sqlite_file
 from db.settings import database_url
 
+__all__ = ["DatabaseUnavailable", "describe_failure", "open_database", "shown_url"]
+
 HINT = "check that it exists, is reachable and writable, or give another with --db or PARALLAX_DB_URL"
-
-
-class DatabaseUnavailable(RuntimeError):
-    """The configured database cannot be opened or written; the message names it and why."""
 
 
 def shown_url(url: str) -> str:
@@ -62,5 +60,9 @@ def open_database(url: str | None = None) -> Engine:
     resolved = database_url(url)
     try:
         return make_engine(resolved)
+    except DatabaseUnavailable as exc:
+        if exc.__cause__ is None:  # a URL that is not one: its message says all
+            raise
+        raise DatabaseUnavailable(describe_failure(resolved, exc.__cause__)) from None
     except (SQLAlchemyError, OSError) as exc:
         raise DatabaseUnavailable(describe_failure(resolved, exc)) from None

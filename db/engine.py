@@ -31,7 +31,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, func, make
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
-from db.settings import database_url
+from db.settings import database_url, seconds_from_env
 
 try:
     import fcntl
@@ -193,16 +193,7 @@ class DatabaseLockedError(RuntimeError):
 def lock_wait_s() -> float:
     """How long a write that must not be lost (an epoch's metrics, how a run ended) keeps trying
     while another process holds the database's write lock: ``PARALLAX_DB_LOCK_WAIT_S``, default 300."""
-    raw = os.environ.get(LOCK_WAIT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_LOCK_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{LOCK_WAIT_ENV}={raw!r} is not allowed: give a number of seconds above 0, e.g. 300")
-    return value
+    return seconds_from_env(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S)
 
 
 def busy_timeout_ms() -> int:

@@ -39,3 +39,18 @@ def runs_dir(run_id: int) -> Path:
     path = parallax_home() / "runs" / f"run-{run_id}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from environment variable ``name`` (``default`` when unset);
+    anything else is refused with a message naming the variable, its value and what is allowed."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:  # also refuses nan
+        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0, e.g. {default:g}")
+    return value

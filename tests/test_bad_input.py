@@ -107,7 +107,7 @@ CASES = [
      {"PARALLAX_MAX_IMAGES": "lots"}),
     ("image-size-model-cannot-take", ["--model", "vit_tiny_patch16_224", "--image-size", "16"],
      ["'vit_tiny_patch16_224' cannot take 16x16 images", "larger --image-size"], {}),
-    ("database-url-malformed", ["--db", "notaurl"], ["'notaurl' is not a SQLAlchemy URL"], {}),
+    ("database-url-malformed", ["--db", "notaurl"], ["'notaurl' is not a database URL"], {}),
     ("database-unreachable", ["--db", "postgresql+psycopg://parallax:secret@127.0.0.1:1/parallax"],
      ["cannot open the database postgresql+psycopg://parallax:***@127.0.0.1:1/parallax", "Connection refused"], {}),
     ("config-file-nan-batch", ["--config", "{root}/bad.json"], ["batch_size nan"], {}),

@@ -191,7 +191,11 @@ def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_hom
     folders = [parallax_home / "runs" / f"run-{run_id}" for run_id in (first, second)]
     for folder, run_id in zip(folders, (first, second)):
         assert (folder / "best.pt").exists()
-        assert f"run_id={run_id} status=completed" in (folder / "run.log").read_text()
+        # The worker prints its last line just after it records the end: give it a moment.
+        line, log_deadline = f"run_id={run_id} status=completed", time.monotonic() + 10
+        while line not in (folder / "run.log").read_text() and time.monotonic() < log_deadline:
+            time.sleep(0.1)
+        assert line in (folder / "run.log").read_text()
 
 
 def test_out_of_memory_suggests_a_smaller_batch(parallax_home):

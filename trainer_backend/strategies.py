@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
+from db.settings import seconds_from_env
+
 from .config import RunConfig, cpu_cores
 from .models import StagedModel, split_into_stages
 
@@ -30,16 +32,7 @@ def collective_timeout() -> datetime.timedelta:
     """How long a rank waits in a collective for the others before the run fails:
     ``PARALLAX_COLLECTIVE_TIMEOUT_S`` seconds, default 600. gloo raises in the waiting rank
     when it passes; NCCL's watchdog tears the waiting process down."""
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return datetime.timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not allowed: give a number of seconds above 0, e.g. 600")
-    return datetime.timedelta(seconds=seconds)
+    return datetime.timedelta(seconds=seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
 class Strategy:

@@ -163,8 +163,9 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
 
     from db.settings import database_url
 
-    from .strategies import COLLECTIVE_TIMEOUT
+    from .strategies import collective_timeout
 
+    timeout = collective_timeout()
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -173,11 +174,11 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         # are, the processes of a restarted job meet stale peers and hang (pytorch#135712).
         # Each attempt keeps to keys of its own.
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
-                              is_master=False, timeout=COLLECTIVE_TIMEOUT)
+                              is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store),
-                                rank=world.rank, world_size=world.world_size, timeout=COLLECTIVE_TIMEOUT)
+                                rank=world.rank, world_size=world.world_size, timeout=timeout)
     else:
-        dist.init_process_group(backend, init_method="env://", timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
     try:
         members: list = [None] * world.world_size
         dist.all_gather_object(members, (socket.gethostname(), world.node_rank, device, world.restart_count))
