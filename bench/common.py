@@ -295,17 +295,12 @@ def process_tree_cpu_s(pid: int) -> float:
     """User and system CPU seconds used so far by ``pid`` and its live descendants (Linux)."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
+    from trainer_backend.lifecycle import proc_stats
+
     ticks = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # After the name: state, ppid, ... utime and stime are fields 14 and 15 of stat.
-        parents[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    for process, fields in proc_stats():
+        parents[process] = int(fields[1])
+        cpu[process] = (int(fields[11]) + int(fields[12])) / ticks
     tree, changed = {pid}, True
     while changed:
         grown = tree | {child for child, parent in parents.items() if parent in tree}

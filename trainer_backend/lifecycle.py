@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from db import lifecycle as state
@@ -189,19 +190,21 @@ def install_cancel_handler() -> None:
     signal.signal(signal.SIGTERM, _raise_cancelled)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    members = []
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, fields of /proc/PID/stat after the name) for every process (Linux): state, ppid,
+    pgrp, ... utime and stime are fields 11 and 12 of the list. Processes that end meanwhile are skipped."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            yield int(entry.name), (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    return [pid for pid, fields in proc_stats() if int(fields[2]) == pgid and fields[0] not in ("Z", "X")]
 
 
 def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GRACE_S) -> str:
