@@ -2,7 +2,8 @@
 
 The same global batch (128: DDP gives each of its 2 processes 64) and work (resnet18 on digits at
 32x32, Adam, 2 epochs) as ``single`` on ``cpu`` and as ``ddp`` on ``cpu,cpu`` (gloo; the engine
-gives each rank cores // 2 = 1 thread), started in turn, five times each. Compared: training
+gives each rank cores // 2 = 1 thread), started in turn, five times each (in make bench, in one
+rotation with the other benchmarks that share the engine's runs). Compared: training
 images/s of the second epoch (all ranks together, over the slowest rank's time), epoch
 time with validation, and the whole process. No target: this says what DDP buys on a CPU.
 
@@ -17,33 +18,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    Report,
-    alternate,
-    digits_workload,
-    epoch_field,
-    parallax_home,
-    parse_args,
-    prime_dataset_cache,
-    run_engine,
-)
+from bench.common import Report, epoch_field, run_engine  # noqa: E402
 
+KEY, TITLE = "ddp_cpu", "DDP on CPU"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    settings = digits_workload(args.quick, epochs=2)
-    report = Report("ddp_cpu", "DDP on CPU", method=METHOD)
-    report.settings = {**settings, "repeats": args.repeats}
-    with parallax_home() as home:
-        db_url = f"sqlite:///{home / 'parallax.db'}"
-        prime_dataset_cache(settings, args.quick)
-        runs = alternate({
-            "single, 1 process x 2 threads": lambda: run_engine(settings, db_url),
-            "ddp, 2 processes x 1 thread": lambda: run_engine(settings, db_url, strategy="ddp", devices="cpu,cpu"),
-        }, args.repeats)
-    single, ddp = runs["single, 1 process x 2 threads"], runs["ddp, 2 processes x 1 thread"]
+def contenders(settings: dict, db_url: str) -> dict:
+    return {"ddp": lambda: run_engine(settings, db_url, strategy="ddp", devices="cpu,cpu")}
+
+
+def fill(report: Report, runs: dict, context) -> None:
+    single, ddp = runs["engine"], runs["ddp"]
     report.ratio("training images/s, ddp / single", [epoch_field(r, "images_per_s") for r in ddp],
                  [epoch_field(r, "images_per_s") for r in single])
     report.ratio("epoch time with validation, ddp / single", [epoch_field(r, "epoch_time_s") for r in ddp],
@@ -58,8 +44,9 @@ def main() -> None:
     report.add("single: validation accuracy, last epoch", [r["epochs"][-1]["val_acc"] for r in single],
                headline=False)
     report.add("ddp: validation accuracy, last epoch", [r["epochs"][-1]["val_acc"] for r in ddp], headline=False)
-    report.finish(args)
 
 
 if __name__ == "__main__":
-    main()
+    from bench import shared_runs
+
+    shared_runs.run([sys.modules[__name__]], __doc__)

@@ -2,14 +2,16 @@
 
 Both processes do the same work (bench/plain_loop.py: digits at 32x32, stratified split, resnet18,
 Adam, batch 128, torch's default threads, validation every epoch, 2 epochs) and are started in
-turn, plain then engine, five times each. Two figures:
+turn, five times each (in make bench, in one rotation with the other benchmarks that share the
+engine's runs: bench/shared_runs.py). Two figures:
 
 - whole process: wall-clock time from start to exit, imports, data and start-up included;
 - training loop alone, in one process (bench/loop_in_process.py): the engine's epoch (its loader,
-  its loop, its progress writes and heartbeat) and the plain script's epoch alternate five times on
-  one model, after a warm-up epoch of each; quoted as engine loop time over plain loop time, pair
-  by pair. Separate processes differ by more than 3 % from run to run on this machine whatever
-  they run, so the loop is compared where nothing else differs;
+  its loop, its progress writes and heartbeat) and the plain script's steps interleaved step by
+  step on one model, eight epochs after two warm-up epochs; quoted per epoch as engine loop time
+  over plain loop time for the same images. Separate processes, and even whole epochs in one
+  process, differ by more than 3 % from one another on this machine whatever they run, so the loops
+  are compared step against neighbouring step;
 - the same from the separate processes above (images/s of the epochs after the first, as the
   engine records them and as the plain script measures them), for reference.
 
@@ -26,21 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    BENCH_DIR,
-    PYTHON,
-    Report,
-    alternate,
-    at_most,
-    digits_workload,
-    epoch_field,
-    parallax_home,
-    parse_args,
-    prime_dataset_cache,
-    run_engine,
-    run_timed,
-)
+from bench.common import BENCH_DIR, PYTHON, Report, at_most, epoch_field, run_timed  # noqa: E402
 
+KEY, TITLE = "engine_overhead", "Engine overhead"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 
 
@@ -53,26 +43,36 @@ def run_plain(settings: dict) -> dict:
 
 
 def loop_in_process(settings: dict, quick: bool) -> dict:
-    """bench/loop_in_process.py: the engine's epoch and the plain loop's, alternating in one process."""
-    done = run_timed([PYTHON, str(BENCH_DIR / "loop_in_process.py"), "--pairs", "1" if quick else "5",
+    """bench/loop_in_process.py: the engine's steps and the plain loop's, interleaved in one process."""
+    done = run_timed([PYTHON, str(BENCH_DIR / "loop_in_process.py"), "--epochs", "1" if quick else "8",
                       "--model", settings["model"], "--batch-size", str(settings["batch_size"]),
                       "--image-size", str(settings["image_size"])])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def loop_ratios(loop: dict) -> list[float]:
+    """Per measured epoch: the engine's seconds per image over the plain loop's."""
+    return [(e["engine_s"] / e["engine_images"]) / (e["plain_s"] / e["plain_images"]) for e in loop["epochs"]]
+
+
+def step_pair_ratios(loop: dict) -> list[float]:
+    """Each engine step over the plain step next to it (full batches only: the last is shorter)."""
+    return [engine / plain for e in loop["epochs"]
+            for engine, plain in zip(e["engine_steps_s"][:-1], e["plain_steps_s"][:-1])]
+
+
 def own_work_note(loop: dict) -> str:
-    """Where any loop difference could come from: the engine's extra work per step, timed directly,
-    next to how much epochs of the same loop differ from each other on this machine."""
+    """The engine's extra work per step, timed directly, next to how much whole epochs of one loop
+    differ from each other on this machine."""
     extra = loop["extra"]
     parts = ", ".join(f"{name} {1000 * seconds:+.3f} ms" for name, seconds in extra["parts_s"].items())
-    spread = [max(loop[side]) / min(loop[side]) - 1 for side in ("engine", "plain")]
-    means = statistics.mean(loop["plain"]) / statistics.mean(loop["engine"])
+    epoch_s = {side: [e[f"{side}_s"] for e in loop["epochs"]] for side in ("engine", "plain")}
+    spread = max(max(times) / min(times) - 1 for times in epoch_s.values())
     return (f"The engine's own work in a step of {1000 * extra['step_s']:.0f} ms, timed piece by piece: {parts} "
             f"(a progress write takes {1000 * extra['progress_write_s']:.2f} ms and happens about once a second); "
-            f"{100 * extra['share']:+.2f} % of the step in all. In the same process, epochs of one and the same "
-            f"loop differ by up to {100 * max(spread):.0f} % from one another (interference from the machine), "
-            f"and the ratio of the mean epoch speeds is {means:.3f}: the loop comparison above can resolve a few "
-            f"per cent at best on this machine, and the pieces above bound what the engine adds.")
+            f"{100 * extra['share']:+.2f} % of the step in all. Whole epochs of one and the same loop took up to "
+            f"{100 * spread:.0f} % longer than others in this measurement, which is why the loops are compared "
+            f"step by step.")
 
 
 def outside_epochs_s(run: dict) -> float:
@@ -80,28 +80,26 @@ def outside_epochs_s(run: dict) -> float:
     return run["wall_s"] - sum(e["epoch_time_s"] for e in run["epochs"])
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    settings = digits_workload(args.quick, epochs=2)
-    report = Report("engine_overhead", "Engine overhead", method=METHOD)
-    report.settings = {**settings, "repeats": args.repeats}
-    with parallax_home() as home:
-        db_url = f"sqlite:///{home / 'parallax.db'}"
-        prime_dataset_cache(settings, args.quick)
-        runs = alternate({"plain": lambda: run_plain(settings), "engine": lambda: run_engine(settings, db_url)},
-                         args.repeats)
-        loop = loop_in_process(settings, args.quick)
+def contenders(settings: dict, db_url: str) -> dict:
+    return {"plain": lambda: run_plain(settings)}
+
+
+def fill(report: Report, runs: dict, context) -> None:
+    settings = context.settings
+    loop = loop_in_process(settings, context.quick)
     plain, engine = runs["plain"], runs["engine"]
-    wall = {name: [r["wall_s"] for r in group] for name, group in runs.items()}
-    speed = {name: [epoch_field(r, "images_per_s") for r in group] for name, group in runs.items()}
+    wall = {name: [r["wall_s"] for r in runs[name]] for name in ("engine", "plain")}
+    speed = {name: [epoch_field(r, "images_per_s") for r in runs[name]] for name in ("engine", "plain")}
     report.ratio("whole process time, engine / plain", wall["engine"], wall["plain"], target=at_most(1.10))
-    # Loop time is images / (images/s): engine time over plain time is plain images/s over engine's.
-    report.ratio("training loop time, engine / plain (one process, alternating epochs)", loop["plain"],
-                 loop["engine"], target=at_most(1.03))
+    report.add("training loop time, engine / plain (one process, steps interleaved)", loop_ratios(loop), unit="×",
+               target=at_most(1.03))
+    report.add("engine step / the plain step next to it (every full step of the epochs above)",
+               step_pair_ratios(loop), unit="×", headline=False)
     extra = loop["extra"]
     report.add("engine's own work per step, share of a step (measured piece by piece)", [100 * extra["share"]],
                unit=" %", headline=False)
     report.note(own_work_note(loop))
+    # Loop time is images / (images/s): engine time over plain time is plain images/s over engine's.
     report.ratio("training loop time, engine / plain (separate processes)", speed["plain"], speed["engine"],
                  headline=False)
     report.add("engine process", wall["engine"], unit=" s", headline=False)
@@ -116,7 +114,6 @@ def main() -> None:
                unit=" s", headline=False)
     report.settings["torch_threads"] = plain[0]["threads"]
     report.note(startup_note(engine, plain, settings["epochs"]))
-    report.finish(args)
 
 
 def startup_note(engine: list[dict], plain: list[dict], epochs: int) -> str:
@@ -137,4 +134,6 @@ def startup_note(engine: list[dict], plain: list[dict], epochs: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from bench import shared_runs
+
+    shared_runs.run([sys.modules[__name__]], __doc__)

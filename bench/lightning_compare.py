@@ -1,7 +1,8 @@
 """Against PyTorch Lightning: the engine's training throughput next to ``lightning.Trainer``'s.
 
 The same model, data, split, batch and optimizer (bench/lightning_loop.py, resnet18 on digits at
-32x32, batch 128, Adam, 2 epochs, CPU), the engine and Lightning started in turn five times each.
+32x32, batch 128, Adam, 2 epochs, CPU), the engine and Lightning started in turn five times each
+(in make bench, in one rotation with the other benchmarks that share the engine's runs).
 Compared: training images/s of the second epoch, each as its own side records it (the
 engine's ``images_per_s``; Lightning's from a callback timing the training batches). Lightning is
 installed from requirements-bench.txt; the product does not depend on it.
@@ -24,18 +25,13 @@ from bench.common import (  # noqa: E402
     BENCH_DIR,
     PYTHON,
     Report,
-    alternate,
     at_least,
-    digits_workload,
     epoch_field,
     later_epochs,
-    parallax_home,
-    parse_args,
-    prime_dataset_cache,
-    run_engine,
     run_timed,
 )
 
+KEY, TITLE = "lightning_compare", "Against PyTorch Lightning"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 
 
@@ -47,20 +43,17 @@ def run_lightning(settings: dict) -> dict:
     return {"wall_s": done.seconds, **result}
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    report = Report("lightning_compare", "Against PyTorch Lightning", method=METHOD)
+def unavailable() -> str | None:
     if importlib.util.find_spec("lightning") is None:
-        report.skip("lightning is not installed: pip install -r requirements-bench.txt (make bench does)")
-        report.finish(args)
-        return
-    settings = digits_workload(args.quick, epochs=2)
-    report.settings = {**settings, "repeats": args.repeats}
-    with parallax_home() as home:
-        db_url = f"sqlite:///{home / 'parallax.db'}"
-        prime_dataset_cache(settings, args.quick)
-        runs = alternate({"lightning": lambda: run_lightning(settings),
-                          "engine": lambda: run_engine(settings, db_url)}, args.repeats)
+        return "lightning is not installed: pip install -r requirements-bench.txt (make bench does)"
+    return None
+
+
+def contenders(settings: dict, db_url: str) -> dict:
+    return {"lightning": lambda: run_lightning(settings)}
+
+
+def fill(report: Report, runs: dict, context) -> None:
     engine_speed = [epoch_field(r, "images_per_s") for r in runs["engine"]]
     lightning_speed = [statistics.median(later_epochs([e["images_per_s"] for e in r["epochs"]]))
                        for r in runs["lightning"]]
@@ -70,8 +63,9 @@ def main() -> None:
     report.add("engine process", [r["wall_s"] for r in runs["engine"]], unit=" s", headline=False)
     report.add("Lightning process", [r["wall_s"] for r in runs["lightning"]], unit=" s", headline=False)
     report.settings["lightning"] = runs["lightning"][0]["lightning"]
-    report.finish(args)
 
 
 if __name__ == "__main__":
-    main()
+    from bench import shared_runs
+
+    shared_runs.run([sys.modules[__name__]], __doc__)

@@ -1,15 +1,23 @@
-"""The training loop alone, in one process: the engine's epoch against bench/plain_loop.py's.
+"""The training loop alone, in one process: the engine's steps interleaved with bench/plain_loop.py's.
 
-One process, one model, one optimizer; epochs alternate between the engine's ``train_one_epoch``
-(with the run's real progress writes to SQLite every second and its heartbeat thread beating every
-5 s, as in a run) fed by the engine's cached dataset and loader, and the hand-written loop of
-bench/plain_loop.py fed by its own TensorDataset. Both see the same weights, threads, allocator
-and machine moment, so what differs between them is the loop and its data path, and nothing of
-process start-up or of the machine drifting between two processes.
+One process, one model, one optimizer. The engine's ``train_one_epoch`` runs as it does in a run:
+fed by the engine's cached dataset and loader, with the run's real progress writes to SQLite (at
+most one a second) and its heartbeat thread beating every 5 s. Its step callback, after the progress
+write, takes one step of the hand-written loop (bench/plain_loop.py's ``train_step`` on its own
+TensorDataset and DataLoader), so the loops alternate step by step: engine, plain, engine, plain …
+(every other epoch plain first, with one plain step before the engine's epoch). Each side's time is
+the sum of its own intervals, so both see the same weights, threads and allocator and, to within a
+step, the same moment of the machine. Whole epochs of one loop drift by tens of per cent on a shared
+2-core machine; adjacent steps do not.
 
-    python bench/loop_in_process.py --pairs 6 --batch-size 128 --image-size 32
+The plain step leaves its gradients in place (it zeroes them before its backward pass, the engine
+after its optimizer step), so they are dropped between a plain step and the next engine step,
+outside both clocks: otherwise the engine's backward pass would add into them, an extra pass over
+every parameter that costs about 7 % of a step and is no part of either loop.
 
-Prints one JSON line: images/s of each epoch, ``engine`` and ``plain``, pair by pair.
+    python bench/loop_in_process.py --epochs 8 --batch-size 128 --image-size 32
+
+Prints one JSON line: per epoch, each side's seconds and images, and the per-step times.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from bench.plain_loop import build_model, load_digits_split, train_epoch  # noqa: E402
+from bench.plain_loop import build_model, load_digits_split, train_step  # noqa: E402
 from db import make_engine, store  # noqa: E402
 from trainer_backend.config import RunConfig  # noqa: E402
 from trainer_backend.lifecycle import Heartbeat  # noqa: E402
@@ -36,9 +44,67 @@ from trainer_backend.strategies import Strategy  # noqa: E402
 from trainer_backend.trainer import ProgressWriter, build_loaders, load_data  # noqa: E402
 
 
+class PlainSteps:
+    """The plain loop, one step at a time: its loader restarts when an epoch's batches run out."""
+
+    def __init__(self, model, loader: DataLoader, optimizer) -> None:
+        self.model, self.loader, self.optimizer = model, loader, optimizer
+        self.batches = iter(loader)
+        self.loss_sum, self.correct, self.seen = 0.0, 0, 0
+
+    def step(self) -> int:
+        try:
+            images, labels = next(self.batches)
+        except StopIteration:
+            self.model.train()
+            self.batches = iter(self.loader)
+            images, labels = next(self.batches)
+        loss, correct = train_step(self.model, images, labels, self.optimizer)
+        self.loss_sum += loss
+        self.correct += correct
+        self.seen += len(labels)
+        return len(labels)
+
+
+def interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain: PlainSteps,
+                      plain_first: bool) -> dict:
+    """One engine epoch and one plain epoch, step by step (plain, engine, … when ``plain_first``,
+    else engine, plain, …); each side's own time and images."""
+    engine_steps: list[float] = []
+    plain_steps: list[float] = []
+    plain_images = 0
+    clock = {"resume": 0.0}
+
+    def plain_step() -> None:
+        nonlocal plain_images
+        start = time.perf_counter()
+        plain_images += plain.step()
+        plain_steps.append(time.perf_counter() - start)
+        optimizer.zero_grad(set_to_none=True)  # drop the plain step's gradients, on neither clock
+        clock["resume"] = time.perf_counter()
+
+    def after_engine_step(step: int, total: int) -> None:
+        progress(step, total)  # the engine's own work: part of its step
+        engine_steps.append(time.perf_counter() - clock["resume"])
+        if not (plain_first and step == total):
+            plain_step()
+        else:
+            clock["resume"] = time.perf_counter()
+
+    if plain_first:
+        plain_step()
+    else:
+        clock["resume"] = time.perf_counter()
+    totals, _ = train_one_epoch(model, engine_loader, optimizer, strategy, on_step=after_engine_step)
+    engine_steps[-1] += time.perf_counter() - clock["resume"]  # the epoch's end, after its last step
+    return {"plain_first": plain_first, "engine_s": sum(engine_steps), "plain_s": sum(plain_steps),
+            "engine_images": int(totals[2].item()), "plain_images": plain_images,
+            "engine_steps_s": engine_steps, "plain_steps_s": plain_steps}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=8, help="measured epochs, after one warm-up epoch")
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--image-size", type=int, default=32)
@@ -53,34 +119,20 @@ def main() -> None:
     torch.manual_seed(0)
     model = build_model(args.model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def engine_epoch(progress) -> float:
-        totals, seconds = train_one_epoch(model, engine_loader, optimizer, strategy, on_step=progress)
-        return totals[2].item() / seconds
-
-    def plain_epoch() -> float:
-        start = time.perf_counter()
-        _, _, seen = train_epoch(model, plain_loader, optimizer)
-        return seen / (time.perf_counter() - start)
+    plain = PlainSteps(model, plain_loader, optimizer)
 
     with tempfile.TemporaryDirectory(prefix="parallax-loop-") as folder:
         db = make_engine(f"sqlite:///{folder}/parallax.db")
         run_id = store.create_run(db, config.to_dict(), status="running", world_size=1)
         progress = ProgressWriter(db, run_id)
         with Heartbeat(db, run_id):
-            engine_epoch(progress), plain_epoch()  # warm-up: allocator growth, kernel selection
-            engine, plain = [], []
-            for pair in range(args.pairs):
-                # Alternate which goes first, so neither always follows the other.
-                if pair % 2:
-                    plain.append(plain_epoch())
-                    engine.append(engine_epoch(progress))
-                else:
-                    engine.append(engine_epoch(progress))
-                    plain.append(plain_epoch())
-        extra = engine_own_work(engine_loader, plain_loader, model, strategy, progress, engine)
-    print(json.dumps({"threads": torch.get_num_threads(), "engine": engine, "plain": plain, "extra": extra}),
-          flush=True)
+            for plain_first in (False, True):  # warm-up: allocator growth, kernel selection
+                interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain, plain_first)
+            # Which loop steps first alternates from epoch to epoch, so neither always follows the other.
+            epochs = [interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain, epoch % 2 == 1)
+                      for epoch in range(args.epochs)]
+        extra = engine_own_work(engine_loader, plain_loader, model, strategy, progress, epochs)
+    print(json.dumps({"threads": torch.get_num_threads(), "epochs": epochs, "extra": extra}), flush=True)
 
 
 def per_call_s(call, repeats: int) -> float:
@@ -93,14 +145,12 @@ def per_call_s(call, repeats: int) -> float:
     return statistics.median(times)
 
 
-def engine_own_work(engine_loader, plain_loader, model, strategy, progress, engine_speeds) -> dict:
-    """What the engine's epoch does that the plain loop does not, timed piece by piece, per step:
-    its data path against the plain one, summing loss and accuracy on the device, and the progress
-    write (about one a second, so its cost per step is spread over the steps of a second)."""
-    steps = len(engine_loader)
-    batch = engine_loader.batch_size
-    step_s = batch / statistics.median(engine_speeds)
-    data_engine = per_call_s(lambda: list(engine_loader), 3) / steps
+def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epochs: list[dict]) -> dict:
+    """What the engine's step does that the plain step does not, timed piece by piece: its data
+    path against the plain one, summing loss and accuracy on the device, and the progress write
+    (about one a second, so its cost per step is spread over the steps of a second)."""
+    step_s = statistics.median(s for epoch in epochs for s in epoch["engine_steps_s"])
+    data_engine = per_call_s(lambda: list(engine_loader), 3) / len(engine_loader)
     data_plain = per_call_s(lambda: list(plain_loader), 3) / len(plain_loader)
     images, labels = next(iter(engine_loader))
     with torch.no_grad():
@@ -108,6 +158,7 @@ def engine_own_work(engine_loader, plain_loader, model, strategy, progress, engi
     loss = torch.nn.functional.cross_entropy(logits, labels)
     totals = torch.zeros(3, dtype=torch.float64)
     accumulate = per_call_s(lambda: _accumulate(totals, loss, logits, labels), 200)
+    steps = len(engine_loader)
     write = per_call_s(lambda: progress(steps, steps), 20)  # the last step always writes
     writes_per_step = min(1.0, step_s / progress.min_interval_s)
     parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": accumulate,

@@ -46,17 +46,23 @@ def build_model(name: str = "resnet18", num_classes: int = 10, in_chans: int = 1
     return timm.create_model(name, num_classes=num_classes, in_chans=in_chans)
 
 
+def train_step(model, images, labels, optimizer) -> tuple[float, int]:
+    """One optimisation step; returns the batch's summed loss and its correct predictions."""
+    logits = model(images)
+    loss = F.cross_entropy(logits, labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item() * len(labels), (logits.argmax(1) == labels).sum().item()
+
+
 def train_epoch(model, loader, optimizer) -> tuple[float, float, int]:
     model.train()
     loss_sum, correct, seen = 0.0, 0, 0
     for images, labels in loader:
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.item() * len(labels)
-        correct += (logits.argmax(1) == labels).sum().item()
+        batch_loss, batch_correct = train_step(model, images, labels, optimizer)
+        loss_sum += batch_loss
+        correct += batch_correct
         seen += len(labels)
     return loss_sum / seen, correct / seen, seen
 

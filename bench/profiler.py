@@ -2,9 +2,10 @@
 
 An unprofiled and a profiled run (``--profile``: torch.profiler over the default window of the
 first epoch, 1 step skipped, 1 warm-up, 3 kept, shapes and memory on) of the same work (resnet18
-on digits at 32x32, batch 128, 3 epochs) are started in turn, five times each. Figures:
+on digits at 32x32, batch 128, 2 epochs) are started in turn, five times each (in make bench, in
+one rotation with the other benchmarks that share the engine's runs). Figures:
 
-- later-epoch throughput: the profiled run's training images/s in epochs 2 and 3 (median) over the unprofiled
+- later-epoch throughput: the profiled run's training images/s in epoch 2 over the unprofiled
   run's, pair by pair;
 - cost per profiled step: the extra training time of the profiled run's first epoch over the
   unprofiled one's, divided by the steps in the window. It includes writing the trace and the
@@ -24,20 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    Report,
-    alternate,
-    at_least,
-    digits_workload,
-    engine_accepts,
-    epoch_field,
-    pair_ratios,
-    parallax_home,
-    parse_args,
-    prime_dataset_cache,
-    run_engine,
-)
+from bench.common import Report, at_least, engine_accepts, epoch_field, pair_ratios, run_engine  # noqa: E402
 
+KEY, TITLE = "profiler", "Profiler"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 
 
@@ -60,34 +50,30 @@ def kept_step_ms(db_url: str, run_id: int) -> float:
     return statistics.median(steps)
 
 
-def main() -> None:
-    args = parse_args(__doc__)
-    report = Report("profiler", "Profiler", method=METHOD)
+def unavailable() -> str | None:
     if not engine_accepts("--profile"):
-        report.skip("`python -m trainer_backend run` does not accept --profile yet")
-        report.finish(args)
-        return
-    settings = digits_workload(args.quick, epochs=3)
-    if args.quick:
-        settings["epochs"] = 2  # the later epoch is the point
+        return "`python -m trainer_backend run` does not accept --profile yet"
+    return None
+
+
+def contenders(settings: dict, db_url: str) -> dict:
+    return {"profiled": lambda: run_engine(settings, db_url, "--profile")}
+
+
+def fill(report: Report, runs: dict, context) -> None:
     from trainer_backend.config import RunConfig
 
     defaults = RunConfig()
     window = defaults.profile_wait + defaults.profile_warmup + defaults.profile_active
-    report.settings = {**settings, "profile window (steps)": window, "repeats": args.repeats}
-    with parallax_home() as home:
-        db_url = f"sqlite:///{home / 'parallax.db'}"
-        prime_dataset_cache(settings, args.quick)
-        runs = alternate({"unprofiled": lambda: run_engine(settings, db_url),
-                          "profiled": lambda: run_engine(settings, db_url, "--profile")}, args.repeats)
-        kept = [kept_step_ms(db_url, r["run_id"]) for r in runs["profiled"]]
-    plain, profiled = runs["unprofiled"], runs["profiled"]
+    report.settings["profile window (steps)"] = window
+    plain, profiled = runs["engine"], runs["profiled"]
+    kept = [kept_step_ms(context.db_url, r["run_id"]) for r in profiled]
     report.ratio("later-epoch images/s, profiled / unprofiled", [epoch_field(r, "images_per_s") for r in profiled],
                  [epoch_field(r, "images_per_s") for r in plain], target=at_least(0.98))
     extra_s = [first_epoch(p, "train_time_s") - first_epoch(u, "train_time_s") for p, u in zip(profiled, plain)]
     report.add("cost per profiled step (first-epoch extra time / window steps)",
                [1000 * s / window for s in extra_s], unit=" ms")
-    unprofiled_step_ms = [1000 * first_epoch(u, "train_time_s") / steps_per_epoch(settings) for u in plain]
+    unprofiled_step_ms = [1000 * first_epoch(u, "train_time_s") / steps_per_epoch(context.settings) for u in plain]
     report.add("step time the profiler recorded (kept steps)", kept, unit=" ms", headline=False)
     report.add("unprofiled step time (first epoch, mean)", unprofiled_step_ms, unit=" ms", headline=False)
     report.add("first-epoch training time, profiled", [first_epoch(r, "train_time_s") for r in profiled],
@@ -97,8 +83,9 @@ def main() -> None:
     report.add("whole process, profiled / unprofiled", pair_ratios([r["wall_s"] for r in profiled],
                                                                    [r["wall_s"] for r in plain]),
                unit="×", headline=False)
-    report.finish(args)
 
 
 if __name__ == "__main__":
-    main()
+    from bench import shared_runs
+
+    shared_runs.run([sys.modules[__name__]], __doc__)

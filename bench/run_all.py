@@ -6,7 +6,9 @@
     python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
 
 Each benchmark runs in its own process, one after the other, so that none inherits another's
-threads, imports or memory. Take figures on a quiet machine: the 1-minute load average is
+threads, imports or memory, except the four that compare something with the engine's own run
+(engine overhead, Lightning, profiler, DDP on CPU): they run together in bench/shared_runs.py,
+one rotation that shares the engine's runs among them. Take figures on a quiet machine: the 1-minute load average is
 printed first, and each benchmark records how busy other processes kept the cores.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import shared_runs  # noqa: E402
 from bench.common import (  # noqa: E402
     BENCH_DIR,
     DOCS_PATH,
@@ -56,13 +59,23 @@ Every benchmark works in its own temporary `PARALLAX_HOME`.
 """
 
 
-def script_path(name: str) -> Path:
-    return BENCH_DIR / f"{name}.py"
+def units(chosen: list[str]) -> list[tuple[str, list[str]]]:
+    """The processes that measure ``chosen``, in order: (label, command arguments after the interpreter).
+
+    The chosen members of bench/shared_runs.py run as one process, where the first of them stands."""
+    shared = [name for name in chosen if name in shared_runs.MEMBERS]
+    result: list[tuple[str, list[str]]] = []
+    for name in chosen:
+        if name not in shared_runs.MEMBERS:
+            result.append((name, [str(BENCH_DIR / f"{name}.py")]))
+        elif name == shared[0]:
+            result.append((", ".join(shared), [str(BENCH_DIR / "shared_runs.py"), "--only", ",".join(shared)]))
+    return result
 
 
-def run_benchmark(name: str, results: Path, quick: bool) -> tuple[int, float]:
-    command = [PYTHON, str(script_path(name)), "--results", str(results)] + (["--quick"] if quick else [])
-    print(f"\n### {name}  (load average {os.getloadavg()[0]:.2f})", flush=True)
+def run_unit(label: str, arguments: list[str], results: Path, quick: bool) -> tuple[int, float]:
+    command = [PYTHON, *arguments, "--results", str(results)] + (["--quick"] if quick else [])
+    print(f"\n### {label}  (load average {os.getloadavg()[0]:.2f})", flush=True)
     started = time.perf_counter()
     code = subprocess.run(command, cwd=ROOT, env=child_env()).returncode
     return code, time.perf_counter() - started
@@ -92,11 +105,11 @@ def main() -> int:
         print(f"load average {load:.2f} at the start"
               + ("" if load < QUIET_LOAD else f" (above {QUIET_LOAD}: figures will be noisy)"), flush=True)
         started = time.perf_counter()
-        for name in chosen:
-            code, seconds = run_benchmark(name, results, args.quick)
-            print(f"### {name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s", flush=True)
+        for label, arguments in units(chosen):
+            code, seconds = run_unit(label, arguments, results, args.quick)
+            print(f"### {label}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s", flush=True)
             if code != 0:
-                failed.append(name)
+                failed.append(label)
         suite_s = time.perf_counter() - started
         data = read_results(results)
         if set(chosen) == set(BENCHMARKS):
