@@ -209,7 +209,7 @@ def summarize(values: list[float]) -> dict[str, Any]:
 
 
 def pair_ratios(numerators: list[float], denominators: list[float]) -> list[float]:
-    """Ratio of each A/B pair run back to back (the pair shares the machine's state)."""
+    """Ratio of each A/B pair from the same round (the pair shares the machine's state)."""
     return [a / b for a, b in zip(numerators, denominators)]
 
 

@@ -51,11 +51,14 @@ which Parallax itself does not use) and runs `bench/run_all.py`, which runs ever
 `python bench/engine_overhead.py` (`--quick` for a tiny check that it runs, `--repeats N`).
 
 How the figures are taken: every contender is measured at least 5 times, and contenders that are
-compared run in turn within one invocation (A B A B …), so that slow drifts of the machine fall
-on both. A figure is the median, with the smallest and largest of the repeats; a comparison is
-quoted as the median of the ratios of pairs run back to back. Training throughput is taken from
-the epochs after the first, which carry one-off costs (allocator growth, kernel selection).
-Every benchmark works in its own temporary `PARALLAX_HOME`.
+compared run in turn within one invocation (A B A B …), so that slow drifts of the machine fall on
+both. The four benchmarks that compare something with the engine's own run (1, 2, 7 and 8) share
+those engine runs: one rotation starts the engine run and then each one's contender (engine, plain
+script, Lightning, profiled run, DDP run, engine, …), and each pairs its contender with the engine
+run of the same round. A figure is the median, with the smallest and largest of the repeats; a
+comparison is quoted as the median of the ratios of pairs run in the same round. Training throughput
+is taken from the epochs after the first, which carry one-off costs (allocator growth, kernel
+selection). Every benchmark works in its own temporary `PARALLAX_HOME`.
 """
 
 
