@@ -28,7 +28,7 @@ test: $(VENV)/.installed-test
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# make bench - install the benchmark extras, run bench/ (about 15 minutes on 2 cores; take figures on a
+# make bench - install the benchmark extras, run bench/ (about 12 minutes on 2 cores; take figures on a
 # quiet machine), write bench/results.json and docs/BENCHMARKS.md
 .PHONY: bench
 

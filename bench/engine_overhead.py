@@ -3,7 +3,7 @@
 Both processes do the same work (bench/plain_loop.py: digits at 32x32, stratified split, resnet18,
 Adam, batch 128, torch's default threads, validation every epoch, 2 epochs) and are started in
 turn, five times each (in make bench, in one rotation with the other benchmarks that share the
-engine's runs: bench/shared_runs.py). Two figures:
+engine's runs: bench/shared_runs.py). Figures:
 
 - whole process: wall-clock time from start to exit, imports, data and start-up included;
 - training loop alone, in one process (bench/loop_in_process.py): the engine's epoch (its loader,
@@ -11,7 +11,9 @@ engine's runs: bench/shared_runs.py). Two figures:
   step on one model, eight epochs after two warm-up epochs; quoted per epoch as engine loop time
   over plain loop time for the same images. Separate processes, and even whole epochs in one
   process, differ by more than 3 % from one another on this machine whatever they run, so the loops
-  are compared step against neighbouring step;
+  are compared step against neighbouring step. The plain step leaves its gradients in place (it
+  zeroes before its backward pass, the engine after its optimizer step); they are dropped off both
+  clocks, or the engine's next backward pass would add into them;
 - the same from the separate processes above (images/s of the epochs after the first, as the
   engine records them and as the plain script measures them), for reference.
 

@@ -1,6 +1,6 @@
 """Run every benchmark, then write bench/results.json and the tables in docs/BENCHMARKS.md.
 
-    python bench/run_all.py                       # the whole suite (make bench), about 15 minutes on 2 cores
+    python bench/run_all.py                       # the whole suite (make bench), about 12 minutes on 2 cores
     python bench/run_all.py --only dashboard,profiler   # some of them; the others' figures are kept
     python bench/run_all.py --render              # rewrite docs/BENCHMARKS.md from bench/results.json
     python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
