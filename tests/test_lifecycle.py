@@ -85,6 +85,22 @@ def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(paralla
     assert "ddp on cpu,cpu" in log or "DDP on CPU" in log
 
 
+def test_a_cancel_that_can_only_mark_the_run_still_stops_it(parallax_home):
+    # What `cancel` does from another host sharing the database: it marks the run and cannot
+    # signal it. The run's heartbeat (every 5 s) must see the mark and stop the process.
+    run_id = launch(parallax_home, *MODEL, "--epochs", "200")
+    run = wait_for(parallax_home, run_id, training_started, what="training under way")
+    engine = make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
+    assert state.finish(engine, run_id, "cancelled", error="cancelled by the user")
+    marked = time.monotonic()
+    assert_group_gone(run["pid"], timeout_s=15)
+    assert time.monotonic() - marked < 15
+    run = export(parallax_home, run_id)
+    assert run["status"] == "cancelled" and run["error"] == "cancelled by the user"
+    assert len(run["epochs"]) < 200
+    assert [e["epoch"] for e in run["epochs"]] == list(range(1, len(run["epochs"]) + 1))
+
+
 def test_a_rank_killed_by_a_signal_fails_the_run_naming_rank_and_signal(parallax_home):
     run_id = launch(parallax_home, *DDP_FLAGS, "--epochs", "50")
     run = wait_for(parallax_home, run_id, training_started, what="training under way")

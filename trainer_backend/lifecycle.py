@@ -159,7 +159,11 @@ def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
 
 
 class Heartbeat:
-    """Beats from the run's main process every few seconds, whatever the training is doing."""
+    """Beats from the run's main process every few seconds, whatever the training is doing.
+
+    A beat that finds the run cancelled stops it as ``cancel``'s signal would (SIGTERM to this
+    process, whose ``install_cancel_handler`` turns it into RunCancelled): a cancel from another
+    machine sharing the database can mark the run but cannot signal it."""
 
     def __init__(self, engine, run_id: int, interval_s: float = HEARTBEAT_S):
         self._engine, self._run_id, self._interval = engine, run_id, interval_s
@@ -168,8 +172,15 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
-            with contextlib.suppress(Exception):  # a locked database must not end the run
-                state.heartbeat(self._engine, self._run_id)
+            try:
+                if state.heartbeat(self._engine, self._run_id):
+                    continue
+                # Not stamped: the run has ended meanwhile, or the database was locked.
+                if store.get_run(self._engine, self._run_id).status == "cancelled":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            except Exception:  # a locked or unreachable database must not end the run
+                continue
 
     def __enter__(self) -> Heartbeat:
         state.heartbeat(self._engine, self._run_id)

@@ -305,7 +305,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
 
     started = time.time()
     try:
-        with Heartbeat(engine, run_id), _CancelWatch(engine, run_id):
+        with Heartbeat(engine, run_id):
             train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0)
         state.finish(engine, run_id, "completed")
     except KeyboardInterrupt:
@@ -329,38 +329,6 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # leaving a process group whose peers are gone would hang.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
-
-
-class _CancelWatch:
-    """Rank 0 may run on a machine the canceller cannot signal; it looks for the cancel itself
-    and stops as a signal would have stopped it."""
-
-    def __init__(self, engine, run_id: int, interval_s: float = 5.0):
-        import threading
-
-        self._engine, self._run_id, self._interval = engine, run_id, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name=f"cancel-watch-run-{run_id}", daemon=True)
-
-    def _watch(self) -> None:
-        from db import store
-
-        while not self._stop.wait(self._interval):
-            try:
-                cancelled = store.get_run(self._engine, self._run_id).status == "cancelled"
-            except Exception:  # a database that does not answer for a moment must not end the run
-                continue
-            if cancelled:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-    def __enter__(self) -> _CancelWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self._interval + 1)
 
 
 def _failure_cause(run_id: int, since: float) -> str | None:
