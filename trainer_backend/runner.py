@@ -13,6 +13,7 @@ cancel, Ctrl-C — is written to it, and metrics already written stay.
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing
 import os
 import signal
@@ -178,7 +179,7 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
     context = mp.start_processes(
-        train_process,
+        _rank_main,
         args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo),
         nprocs=config.world_size,
         join=False,
@@ -193,6 +194,15 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
         raise RankFailure(_root_cause(context, run_id, exc)) from None
     finally:
         del store_server
+
+
+def _rank_main(rank: int, *args) -> None:
+    """One spawned rank: train, then skip the slow garbage collection of interpreter shutdown
+    (see __main__.py); the runner waits for every rank to exit."""
+    try:
+        train_process(rank, *args)
+    finally:
+        gc.freeze()
 
 
 def _root_cause(context, run_id: int, exc: ProcessException) -> str:
