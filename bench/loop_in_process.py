@@ -73,30 +73,31 @@ def interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain
     engine_steps: list[float] = []
     plain_steps: list[float] = []
     plain_images = 0
-    clock = {"resume": 0.0}
+    resume = 0.0  # when the engine's clock restarts: after the last plain step
 
     def plain_step() -> None:
-        nonlocal plain_images
+        nonlocal plain_images, resume
         start = time.perf_counter()
         plain_images += plain.step()
         plain_steps.append(time.perf_counter() - start)
         optimizer.zero_grad(set_to_none=True)  # drop the plain step's gradients, on neither clock
-        clock["resume"] = time.perf_counter()
+        resume = time.perf_counter()
 
     def after_engine_step(step: int, total: int) -> None:
+        nonlocal resume
         progress(step, total)  # the engine's own work: part of its step
-        engine_steps.append(time.perf_counter() - clock["resume"])
-        if not (plain_first and step == total):
-            plain_step()
+        engine_steps.append(time.perf_counter() - resume)
+        if plain_first and step == total:
+            resume = time.perf_counter()
         else:
-            clock["resume"] = time.perf_counter()
+            plain_step()
 
     if plain_first:
         plain_step()
     else:
-        clock["resume"] = time.perf_counter()
+        resume = time.perf_counter()
     totals, _ = train_one_epoch(model, engine_loader, optimizer, strategy, on_step=after_engine_step)
-    engine_steps[-1] += time.perf_counter() - clock["resume"]  # the epoch's end, after its last step
+    engine_steps[-1] += time.perf_counter() - resume  # the epoch's end, after its last step
     return {"plain_first": plain_first, "engine_s": sum(engine_steps), "plain_s": sum(plain_steps),
             "engine_images": int(totals[2].item()), "plain_images": plain_images,
             "engine_steps_s": engine_steps, "plain_steps_s": plain_steps}

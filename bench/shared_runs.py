@@ -51,10 +51,6 @@ class Context:
     quick: bool
 
 
-def workload(quick: bool) -> dict[str, Any]:
-    return digits_workload(quick, epochs=2)
-
-
 def run(modules: list[ModuleType], description: str = __doc__) -> None:
     """Measure ``modules`` in one rotation around shared engine runs and record each one's figures."""
     args = parse_args(description, _only_flag if len(modules) > 1 else None)
@@ -64,7 +60,7 @@ def run(modules: list[ModuleType], description: str = __doc__) -> None:
         if unknown:
             sys.exit(f"error: unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(MEMBERS)}")
         modules = [module for module in modules if module.KEY in wanted]
-    settings = workload(args.quick)
+    settings = digits_workload(args.quick, epochs=2)
     reports: dict[ModuleType, Report] = {}
     for module in modules:
         report = Report(module.KEY, module.TITLE, method=module.METHOD)

@@ -14,20 +14,12 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from db.engine import DatabaseUnavailable, make_engine, sqlite_file
+from db.engine import DatabaseUnavailable, make_engine, masked_url, sqlite_file
 from db.settings import database_url
 
-__all__ = ["DatabaseUnavailable", "describe_failure", "open_database", "shown_url"]
+__all__ = ["DatabaseUnavailable", "describe_failure", "open_database"]
 
 HINT = "check that it exists, is reachable and writable, or give another with --db or PARALLAX_DB_URL"
-
-
-def shown_url(url: str) -> str:
-    """The URL as it may be printed: any password replaced by ***."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
 
 
 def describe_failure(url: str, exc: BaseException) -> str:
@@ -52,7 +44,7 @@ def describe_failure(url: str, exc: BaseException) -> str:
             folder = folder.parent
         if not os.access(folder, os.W_OK):
             reason += f" (the folder {folder} is read-only)"
-    return f"cannot open the database {shown_url(url)}: {reason}; {HINT}"
+    return f"cannot open the database {masked_url(url)}: {reason}; {HINT}"
 
 
 def open_database(url: str | None = None) -> Engine:

@@ -32,7 +32,6 @@ from .config import STRATEGIES, ConfigError, RunConfig
 from .data_roots import check_under_roots
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-HEARTBEAT_S = 5.0
 QUEUE_POLL_S = 1.0
 CANCEL_GRACE_S = 6.0
 
@@ -165,7 +164,7 @@ class Heartbeat:
     process, whose ``install_cancel_handler`` turns it into RunCancelled): a cancel from another
     machine sharing the database can mark the run but cannot signal it."""
 
-    def __init__(self, engine, run_id: int, interval_s: float = HEARTBEAT_S):
+    def __init__(self, engine, run_id: int, interval_s: float = state.HEARTBEAT_INTERVAL_S):
         self._engine, self._run_id, self._interval = engine, run_id, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-run-{run_id}", daemon=True)
