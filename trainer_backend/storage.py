@@ -44,8 +44,9 @@ def no_space_reason(exc: BaseException, folder: Path) -> str | None:
             return os.strerror(cause.errno)
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     with contextlib.suppress(OSError):
-        if shutil.disk_usage(folder).free < NEARLY_FULL_BYTES:
-            return f"{shutil.disk_usage(folder).free // 1024} KiB left on the file system"
+        free = shutil.disk_usage(folder).free
+        if free < NEARLY_FULL_BYTES:
+            return f"{free // 1024} KiB left on the file system"
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if limit != resource.RLIM_INFINITY:
         return f"or over this process's file size limit of {limit} bytes (ulimit -f)"
