@@ -13,7 +13,6 @@ and the newest is sent from there to all. Both functions are collectives.
 from __future__ import annotations
 
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -21,14 +20,17 @@ from torch import nn
 
 from db.settings import runs_dir
 
+from .storage import writing
 from .strategies import Strategy
+from .torchrun import torchrun_world
 
 RESUME_FILE, RESUME_EPOCH_FILE = "resume.pt", "resume.json"
 
 
 def restart_count() -> int:
     """How often torchrun has restarted this job (0 for its first attempt, and outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    world = torchrun_world()
+    return world.restart_count if world is not None else 0
 
 
 def save_resume_point(run_id: int, strategy: Strategy, model: nn.Module, optimizer, train_loader,
@@ -48,11 +50,12 @@ def save_resume_point(run_id: int, strategy: Strategy, model: nn.Module, optimiz
         "loader_rng": generator.get_state() if generator is not None else None,
     }
     folder = runs_dir(run_id)
-    tmp = folder / (RESUME_FILE + ".tmp")
-    torch.save(point, tmp)
-    tmp.replace(folder / RESUME_FILE)  # a crash mid-save leaves the previous epoch's point whole
+    # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
+    with writing(folder / RESUME_FILE, "resume point") as handle:
+        torch.save(point, handle)
     # Written after the checkpoint: it may lag behind it, never run ahead of it.
-    (folder / RESUME_EPOCH_FILE).write_text(json.dumps({"epoch": epoch}))
+    with writing(folder / RESUME_EPOCH_FILE, "resume point") as handle:
+        handle.write(json.dumps({"epoch": epoch}).encode())
 
 
 def _local_epoch(run_id: int) -> int:
