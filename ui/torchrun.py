@@ -56,9 +56,9 @@ def parse_endpoint(endpoint: str) -> str:
     return text
 
 
-def _whole(name: str, label: str, value, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise ConfigError(name, f"{label} {value!r} is not allowed: use a whole number from 1 to {high}")
+def _whole(name: str, label: str, value, high: int, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(name, f"{label} {value!r} is not allowed: use a whole number from {low} to {high}")
     return value
 
 
@@ -67,8 +67,7 @@ def torchrun_command(config: RunConfig, *, nodes: int, procs_per_node: int, endp
     """The command to run on each of ``nodes`` machines, quoted for a POSIX shell."""
     _whole("nodes", "nodes", nodes, MAX_NODES)
     _whole("procs_per_node", "processes per node", procs_per_node, MAX_PROCS_PER_NODE)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= 100:
-        raise ConfigError("max_restarts", f"restarts {max_restarts!r} is not allowed: use a whole number from 0 to 100")
+    _whole("max_restarts", "restarts", max_restarts, 100, low=0)
     endpoint = parse_endpoint(endpoint)
     job_id = str(job_id).strip()
     if not job_id or any(c.isspace() for c in job_id):
