@@ -42,15 +42,22 @@ def fake_nvml(monkeypatch):
     return install
 
 
+def pin_cuda_count(monkeypatch, count: int) -> None:
+    """What torch would count, for the config checks that ask it (the form's "no such GPU")."""
+    monkeypatch.setattr("trainer_backend.config.cuda_device_count", lambda: count)
+
+
 @pytest.fixture
-def cpu_machine(fake_nvml):
+def cpu_machine(fake_nvml, monkeypatch):
     fake_nvml(None)
+    pin_cuda_count(monkeypatch, 0)
 
 
 @pytest.fixture
 def two_gpu_machine(fake_nvml, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_nvml(TWO_GPUS)
+    pin_cuda_count(monkeypatch, len(TWO_GPUS))
     return TWO_GPUS
 
 
