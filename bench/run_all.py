@@ -38,9 +38,10 @@ from bench.common import (  # noqa: E402
     render_markdown,
 )
 
-# Order of the table; each is bench/<name>.py and its key in results.json.
+# Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
+# where CUDA exists; elsewhere it records that it skipped, and says so in one line.
 BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
-              "profiler", "ddp_cpu")
+              "profiler", "ddp_cpu", "gpu")
 
 PREAMBLE = """# Benchmarks
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.lifecycle import cancel
@@ -66,7 +67,8 @@ def dashboard(parallax_home, db_url):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = parallax_home / "streamlit.log"
-    env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"}
+    # A CPU machine, whatever GPUs this one has: the form's defaults (and the screenshots) depend on it.
+    env = subprocess_env(None, {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"})
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",

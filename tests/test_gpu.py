@@ -54,3 +54,88 @@ def test_model_parallel_over_two_gpus(parallax_home):
     run = train(parallax_home, "--strategy", "mp", "--devices", "cuda:0,cuda:1")
     memory = run["epochs"][0]["peak_memory_mb"]
     assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+# --- measurement ---
+# The profiler, peak memory, pipeline busy time and GPU numbering as only a GPU shows them.
+
+PHASE_FIELDS = ("data_loading_ms", "forward_ms", "backward_ms", "optimizer_step_ms")
+
+
+def profiled_steps(home, run):
+    from db import make_engine, profiles
+
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    return profiles.read_ops(engine, run["run_id"]), profiles.read_steps(engine, [run["run_id"]])
+
+
+@one_gpu
+def test_profiler_on_cuda_counts_each_step_once_with_kernels_on_the_gpu(parallax_home):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--profile", "--profile-active", "3")
+    ops, steps = profiled_steps(parallax_home, run)
+    assert any(op["self_device_us"] > 0 for op in ops), "no kernel with device time"
+    assert [s["step"] for s in steps] == [3, 4, 5]  # exactly the active steps: no device-side copies
+    for step in steps:
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+        assert step["forward_ms"] > 0 and step["backward_ms"] > 0 and step["communication_ms"] == 0
+
+
+@two_gpus
+def test_profiler_reads_nccl_collectives_from_the_gpus(parallax_home):
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--profile", "--profile-active", "2")
+    _, steps = profiled_steps(parallax_home, run)
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(r, n) for r in (0, 1) for n in (3, 4)]
+    for step in steps:
+        assert 0 < step["communication_ms"] <= step["total_ms"]
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+
+
+@one_gpu
+def test_peak_memory_records_allocated_and_reserved_per_gpu(parallax_home):
+    epoch = train(parallax_home, "--strategy", "single", "--devices", "0")["epochs"][0]
+    allocated, reserved = epoch["peak_memory_mb"], epoch["extra"]["peak_memory_reserved_mb"]
+    assert set(allocated) == set(reserved) == {"cuda:0"}
+    assert 0 < allocated["cuda:0"] <= reserved["cuda:0"]
+
+
+@two_gpus
+def test_peak_memory_of_each_ddp_rank_has_both_figures(parallax_home):
+    epoch = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128")["epochs"][0]
+    reserved = epoch["extra"]["peak_memory_reserved_mb"]
+    assert set(reserved) == {"cuda:0", "cuda:1"}
+    assert all(0 < epoch["peak_memory_mb"][d] <= reserved[d] for d in reserved)
+
+
+@two_gpus
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_stages_on_two_gpus_are_busy_less_than_all_the_time(parallax_home, schedule):
+    run = train(parallax_home, "--strategy", "pp", "--devices", "0,1", "--pipeline-schedule", schedule)
+    extra = run["epochs"][0]["extra"]
+    busy = extra["stage_busy_fraction"]
+    assert set(busy) == {"stage0", "stage1"} and all(0 < f < 1 for f in busy.values()), busy
+    assert 0 < extra["bubble_fraction"] < 1
+
+
+@one_gpu
+def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
+    """NVML's GPU for cuda:N is the GPU a process gets as cuda:N under Parallax's PCI bus order."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from trainer_backend import devices
+
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
+        pytest.skip("needs NVML and whole GPUs")
+    probe = ("import torch\n"
+             "print(','.join(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())))")
+    env = {**os.environ, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+    def plain(uuid: str) -> str:
+        return uuid.strip().lower().removeprefix("gpu-")
+
+    assert [plain(u) for u in done.stdout.split(",")] == [plain(s.uuid) for s in statuses], done.stderr

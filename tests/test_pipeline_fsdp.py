@@ -64,3 +64,72 @@ def test_pipeline_records_each_stage_busy_time(runs, name):
         busy = epoch["extra"]["stage_busy_fraction"]
         assert set(busy) == {"stage0", "stage1"} and all(0 < f <= 1 for f in busy.values())
         assert epoch["extra"]["bubble_fraction"] == pytest.approx(1 - sum(busy.values()) / 2, abs=1e-3)
+
+
+# --- how a stage's busy time is measured ----------------------------------------------------
+
+
+class FakeCudaEvent:
+    """torch.cuda.Event at the edge: the 'GPU' ran each chunk for a set time, the first chunk
+    still runs until told otherwise, and the host never waited (host clocks would read ~0)."""
+
+    timeline: list[float] = []
+    done: set[int] = set()
+
+    def __init__(self, enable_timing: bool = False):
+        self.at = None
+
+    def record(self, stream=None) -> None:
+        self.at = len(FakeCudaEvent.timeline)
+        FakeCudaEvent.timeline.append(0.0)
+
+    def query(self) -> bool:
+        return self.at in FakeCudaEvent.done
+
+    def synchronize(self) -> None:
+        FakeCudaEvent.done.add(self.at)
+
+    def elapsed_time(self, end: "FakeCudaEvent") -> float:
+        return sum(FakeCudaEvent.timeline[self.at + 1:end.at + 1])
+
+
+def test_a_cuda_stage_is_timed_by_events_on_its_stream_without_a_sync_per_chunk(monkeypatch):
+    import torch
+
+    from trainer_backend.pipeline import StageClock
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    FakeCudaEvent.timeline, FakeCudaEvent.done = [], set()
+    clock = StageClock(torch.device("cuda:0"))
+
+    def chunk(ms: float):
+        FakeCudaEvent.timeline.append(ms)  # the kernels this chunk enqueued, as the GPU will run them
+        return "output"
+
+    forward = clock.timed(chunk)
+    assert forward(30.0) == "output" and forward(20.0) == "output"
+    # The second chunk has finished, the first has not: only finished chunks count, and the host
+    # is never stalled to find out.
+    FakeCudaEvent.done = {5}
+    clock.collect()
+    assert clock.busy_s == pytest.approx(0.020) and not syncs
+    clock.collect(wait=True)  # at the end of the epoch
+    assert clock.busy_s == pytest.approx(0.050)
+
+
+def test_a_cpu_stage_is_timed_by_the_host_clock():
+    import time
+
+    import torch
+
+    from trainer_backend.pipeline import StageClock
+
+    clock = StageClock(torch.device("cpu"))
+    clock.timed(lambda: time.sleep(0.05))()
+    clock.collect(wait=True)
+    assert 0.05 <= clock.busy_s < 0.5
+    clock.reset()
+    assert clock.busy_s == 0.0

@@ -176,3 +176,17 @@ def test_validate_form_returns_the_config_when_all_is_well():
     config, errors = validate_form({"strategy": "ddp", "devices": ("cpu", "cpu"), "batch_size": 64, "epochs": 2})
     assert errors == {}
     assert config.world_size == 2 and config.per_device_batch == 32
+
+
+def test_memory_chart_says_what_it_shows_on_cpu_and_on_gpus():
+    cpu = charts.memory_figure(scaling.memory_frame(scaling.epochs_frame(epoch_rows(1, [1.0], [0.5]))))
+    assert "peak resident set" in cpu.layout.title.text and names(cpu) == ["cpu"]
+
+    rows = epoch_rows(2, [1.0, 1.0], [0.5, 0.6], memory={"cuda:0": 900.0, "cuda:1": 700.0})
+    for row in rows:
+        row["extra"] = {"peak_memory_reserved_mb": {"cuda:0": 1024.0, "cuda:1": 768.0}}
+    gpu = charts.memory_figure(scaling.memory_frame(scaling.epochs_frame(rows)))
+    assert "allocated by tensors" in gpu.layout.title.text and "reserved" in gpu.layout.title.text
+    assert names(gpu) == ["cuda:0", "cuda:0 reserved", "cuda:1", "cuda:1 reserved"]
+    assert list(gpu.data[1].y) == [1024.0, 1024.0] and gpu.data[1].line.dash == "dash"
+    assert gpu.data[0].line.color == gpu.data[1].line.color != gpu.data[2].line.color

@@ -121,14 +121,6 @@ def test_delete_refuses_an_active_run_but_takes_a_dead_one(engine, db_url):
     assert store.get_run(engine, dead) is None
 
 
-def test_nvml_indices_follow_cuda_visible_devices():
-    assert devices.visible_nvml_indices(4, None) == [0, 1, 2, 3]
-    assert devices.visible_nvml_indices(4, "2,0") == [2, 0]
-    assert devices.visible_nvml_indices(4, "1,7,2") == [1]  # CUDA stops at the first invalid entry
-    assert devices.visible_nvml_indices(4, "") == []
-    assert devices.visible_nvml_indices(2, "GPU-3f2a,GPU-77b1") == [0, 1]  # UUIDs: cannot map, list all
-
-
 def test_gpu_statuses_describe_each_gpu_or_nothing_without_nvml():
     statuses = devices.gpu_statuses()
     for index, gpu in enumerate(statuses):

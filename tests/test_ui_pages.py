@@ -4,6 +4,8 @@ Runs table (filter, sort, edit, delete) and Compare (scaling view, like-for-like
 
 Runs are made with ``db.store`` for speed; the one launch is a real background process.
 Fragments with ``run_every`` do not tick in AppTest: a second ``.run()`` stands for the tick.
+Every test pins the machine it tests by faking NVML: a CPU machine unless it asks for
+``two_gpu_machine``, so the tests read the same on a laptop and on a GPU workstation.
 
     .venv/bin/python -m pytest tests/test_ui_pages.py -q
 """
@@ -19,6 +21,7 @@ from streamlit.testing.v1 import AppTest
 
 import db
 from conftest import ROOT
+from nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
 from db import store
 from db.engine import session_scope
 from db.models import EpochMetric, Run, utcnow
@@ -76,6 +79,15 @@ def hold_by_this_process(engine, run_id: int) -> None:
 def engine(db_url):
     yield db.make_engine(db_url)
     db.dispose_engines()
+
+
+@pytest.fixture(autouse=True)
+def cpu_machine(fake_nvml, monkeypatch):  # noqa: F811
+    """A machine without GPUs, whatever this one has (``two_gpu_machine`` overrides it)."""
+    from nvml_machines import pin_cuda_count
+
+    fake_nvml(None)
+    pin_cuda_count(monkeypatch, 0)
 
 
 # --- empty database -----------------------------------------------------------------------
@@ -161,6 +173,49 @@ def test_launch_on_cpu_notes_that_data_parallel_is_a_pass_through(parallax_home)
     at = open_page("pages/launch.py")
     at.radio(key="strategy").set_value("dp").run()
     assert any("DataParallel on CPU is a pass-through" in text for text in texts(at.info))
+
+
+def gpu_table(at: AppTest) -> list[tuple[str, str]]:
+    frame = next(d.value for d in at.dataframe if "utilisation (%)" in d.value)
+    return list(zip(frame["GPU"], frame["name"]))
+
+
+def test_launch_on_a_gpu_machine_defaults_to_its_gpus_in_pci_order(parallax_home, two_gpu_machine):  # noqa: F811
+    at = open_page("pages/launch.py")
+    assert not at.exception, at.exception
+    assert at.radio(key="device_kind").value == "GPUs"
+    picker = at.multiselect(key="gpus_single")
+    assert picker.value == [0]  # single: the first GPU
+    # The fake driver lists the A6000 first, but CUDA (pinned to PCI order) numbers the 4090 (bus 3B) cuda:0.
+    assert picker.options == ["cuda:0 · NVIDIA GeForce RTX 4090 · 24 GB", "cuda:1 · NVIDIA RTX A6000 · 48 GB"]
+    assert gpu_table(at) == [("cuda:0", "NVIDIA GeForce RTX 4090"), ("cuda:1", "NVIDIA RTX A6000")]
+    assert not at.error and not launch_button(at).disabled
+    assert not [n for n in at.number_input if n.key.startswith("cpu_processes")]
+
+    at.radio(key="strategy").set_value("ddp").run()
+    assert at.multiselect(key="gpus_ddp").value == [0, 1]  # the others: every GPU
+    assert "Global batch: each of the 2 processes takes 64 images per step." in texts(at.caption)
+    at.radio(key="strategy").set_value("dp").run()
+    assert "DataParallel splits each batch: about 64 images per GPU." in texts(at.caption)
+    assert not any("pass-through" in text for text in texts(at.info))
+    assert not at.error and not launch_button(at).disabled
+
+
+def test_launch_on_a_gpu_machine_can_still_train_on_cpu_processes(parallax_home, two_gpu_machine):  # noqa: F811
+    at = open_page("pages/launch.py")
+    at.radio(key="strategy").set_value("ddp").run()
+    at.radio(key="device_kind").set_value("CPU processes").run()
+    assert at.number_input(key="cpu_processes_ddp").label == "CPU worker processes"
+    assert not [d for d in at.dataframe if "utilisation (%)" in d.value]
+    assert "Global batch: each of the 2 processes takes 64 images per step." in texts(at.caption)
+    assert not at.error and not launch_button(at).disabled
+
+
+def test_launch_on_a_cpu_machine_offers_cpu_processes_only(parallax_home):
+    at = open_page("pages/launch.py")
+    at.radio(key="strategy").set_value("ddp").run()
+    assert not [r for r in at.radio if r.key == "device_kind"]
+    assert at.number_input(key="cpu_processes_ddp").label == "CPU worker processes"
 
 
 def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_home, engine):

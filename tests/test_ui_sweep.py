@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 import db
 from conftest import ROOT
+from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.lifecycle import cancel
@@ -38,7 +39,8 @@ def sweep_button(at: AppTest):
     return next(b for b in at.button if b.label.startswith("Launch the sweep"))
 
 
-def test_launch_in_compare_mode_checks_every_strategy_and_starts_a_sweep(engine, db_url, parallax_home):
+def test_launch_in_compare_mode_checks_every_strategy_and_starts_a_sweep(engine, db_url, parallax_home,
+                                                                        cpu_machine):  # noqa: F811
     at = open_page("pages/launch.py")
     at.radio(key="launch_mode").set_value("Compare strategies").run()
     assert at.multiselect(key="sweep_strategies").value == ["single", "ddp", "mp", "pp"]

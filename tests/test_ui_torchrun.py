@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import ROOT
+from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.cli import build_parser, config_from_args
 from trainer_backend.config import ConfigError, RunConfig
 from ui.torchrun import torchrun_command
@@ -71,7 +72,7 @@ def test_single_process_strategies_have_no_torchrun_command():
         command(RunConfig(strategy="mp", devices=("cpu", "cpu")))
 
 
-def test_the_launch_page_offers_the_command_for_ddp_only(parallax_home):
+def test_the_launch_page_offers_the_command_for_ddp_only(parallax_home, cpu_machine):  # noqa: F811
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
     at.switch_page("pages/launch.py").run()
     assert not [e for e in at.expander if e.label == "Run across machines with torchrun"]  # single

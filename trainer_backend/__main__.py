@@ -7,6 +7,12 @@ import sys
 # `python -m trainer_backend list | head` ends quietly, like any command-line tool.
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
+# Before torch is imported: CUDA reads the order once, when it starts. Every process Parallax
+# starts (the CLI, a launched run's worker, its spawned ranks, torchrun's ranks) comes through here.
+from .devices import pin_cuda_device_order  # noqa: E402
+
+pin_cuda_device_order()
+
 from .cli import main  # noqa: E402
 
 if __name__ == "__main__":

@@ -6,12 +6,26 @@ and the CPU cores worker processes share.
 
 Imports neither torch nor streamlit: the dashboard polls it every few seconds, and asking torch
 would create a CUDA context in the dashboard's own process.
+
+``cuda:N`` must name the same physical GPU in the picker, the queue and the training processes.
+CUDA numbers GPUs fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML (and nvidia-smi) by
+PCI bus; so every Parallax process pins CUDA to the PCI bus order before CUDA starts
+(``pin_cuda_device_order``), and the picker resolves ``CUDA_VISIBLE_DEVICES`` (indices, GPU
+UUIDs or MIG ids) against the GPUs in that same order.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+DEVICE_ORDER = "PCI_BUS_ID"
+
+
+def pin_cuda_device_order(environ=os.environ) -> None:
+    """Make CUDA number GPUs by PCI bus, as NVML and nvidia-smi do. Must run before CUDA
+    initialises in this process; processes it starts inherit it."""
+    environ["CUDA_DEVICE_ORDER"] = DEVICE_ORDER
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,7 @@ class GpuStatus:
     memory_total_mb: float
     memory_used_mb: float
     utilization_pct: float | None  # None where the driver does not report it
+    uuid: str = ""  # NVML's GPU-… or MIG-… id: the same physical device whatever the numbering
 
 
 def cpu_cores() -> int:
@@ -30,23 +45,29 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def visible_nvml_indices(nvml_count: int, cuda_visible_devices: str | None) -> list[int]:
-    """NVML indices of the GPUs torch numbers 0, 1, ...
+def visible_device_ids(gpu_uuids: list[str], cuda_visible_devices: str | None) -> list[str]:
+    """The ids of the devices torch numbers cuda:0, cuda:1, ... in order.
 
-    NVML lists every GPU; CUDA_VISIBLE_DEVICES="2,0" makes torch's cuda:0 NVML's GPU 2. Entries that
-    are not plain indices (UUIDs, MIG names) cannot be mapped here, so then every GPU is listed.
+    ``gpu_uuids`` are the GPUs' UUIDs in PCI bus order (CUDA's order under PCI_BUS_ID). Entries of
+    CUDA_VISIBLE_DEVICES are indices into that order, GPU UUIDs or unique prefixes of them
+    ("GPU-3f2a"), or MIG ids (passed through, for NVML to look up); like CUDA, the list ends at the
+    first entry that names no device or names one again.
     """
     if cuda_visible_devices is None:
-        return list(range(nvml_count))
-    entries = [e.strip() for e in cuda_visible_devices.split(",") if e.strip()]
-    if not all(e.isdigit() for e in entries):
-        return list(range(nvml_count))
-    visible = []
-    for entry in entries:
-        index = int(entry)
-        if index >= nvml_count or index in visible:
-            break  # CUDA stops at the first invalid entry
-        visible.append(index)
+        return list(gpu_uuids)
+    visible: list[str] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        match = None
+        if entry.isdigit():
+            match = gpu_uuids[int(entry)] if int(entry) < len(gpu_uuids) else None
+        elif entry.startswith("GPU-"):
+            candidates = [u for u in gpu_uuids if u.lower().startswith(entry.lower())]
+            match = candidates[0] if len(candidates) == 1 else None
+        elif entry.startswith("MIG-"):
+            match = entry
+        if match is None or match in visible:
+            break
+        visible.append(match)
     return visible
 
 
@@ -61,8 +82,18 @@ def gpu_statuses() -> list[GpuStatus]:
     except pynvml.NVMLError:  # no driver or no GPU: a CPU machine
         return []
     try:
-        indices = visible_nvml_indices(pynvml.nvmlDeviceGetCount(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return [_read_gpu(pynvml, torch_index, nvml_index) for torch_index, nvml_index in enumerate(indices)]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles.sort(key=lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
+        ids = visible_device_ids([_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles],
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        statuses = []
+        for torch_index, device_id in enumerate(ids):
+            try:
+                handle = _handle_for(pynvml, device_id)
+            except pynvml.NVMLError:  # a MIG id NVML does not know: CUDA stops there too
+                break
+            statuses.append(_read_gpu(pynvml, torch_index, handle, device_id))
+        return statuses
     except pynvml.NVMLError:
         return []
     finally:
@@ -72,8 +103,29 @@ def gpu_statuses() -> list[GpuStatus]:
             pass
 
 
-def _read_gpu(pynvml, torch_index: int, nvml_index: int) -> GpuStatus:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _handle_for(pynvml, device_id: str):
+    """NVML's handle for a GPU UUID, a MIG UUID ("MIG-<uuid>") or a MIG id of the older form
+    "MIG-GPU-<gpu uuid>/<GPU instance>/<compute instance>"."""
+    if not device_id.startswith("MIG-GPU-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(device_id)
+    gpu_uuid, gpu_instance, compute_instance = device_id[len("MIG-"):].split("/")
+    parent = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+        except pynvml.NVMLError:  # an empty slot
+            continue
+        if (str(pynvml.nvmlDeviceGetGpuInstanceId(mig)), str(pynvml.nvmlDeviceGetComputeInstanceId(mig))) == \
+                (gpu_instance, compute_instance):
+            return mig
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+
+def _read_gpu(pynvml, torch_index: int, handle, device_id: str) -> GpuStatus:
     name = pynvml.nvmlDeviceGetName(handle)
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
     try:
@@ -82,8 +134,9 @@ def _read_gpu(pynvml, torch_index: int, nvml_index: int) -> GpuStatus:
         utilization_pct = None
     return GpuStatus(
         index=torch_index,
-        name=name.decode() if isinstance(name, bytes) else str(name),
+        name=_text(name),
         memory_total_mb=memory.total / 2**20,
         memory_used_mb=memory.used / 2**20,
         utilization_pct=utilization_pct,
+        uuid=device_id,
     )

@@ -142,3 +142,10 @@ def peak_memory_mb(devices: list[torch.device]) -> dict[str, float]:
             # ru_maxrss is in KiB on Linux.
             peaks["cpu"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return peaks
+
+
+def peak_memory_reserved_mb(devices: list[torch.device]) -> dict[str, float]:
+    """Peak memory PyTorch's caching allocator held this epoch per CUDA device ({} on CPU):
+    allocated counts live tensors only; reserved adds the cached blocks, and is closer to what
+    nvidia-smi shows and to what decides an out-of-memory error."""
+    return {str(d): torch.cuda.max_memory_reserved(d) / 2**20 for d in devices if d.type == "cuda"}

@@ -25,6 +25,54 @@ from .strategies import DistributedStrategy
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
+class StageClock:
+    """The time a stage spends computing its microbatches.
+
+    On CPU (gloo) a chunk's host time is its work: receives were waited for before it. On CUDA
+    the host only enqueues a chunk, and NCCL's ``wait()`` returns at once, leaving the stream to
+    wait for the neighbour's data; host clocks would count that wait as work, and a sync after
+    each chunk to make them honest would serialise the pipeline. So on CUDA each chunk is
+    bracketed by CUDA events on the stage's stream (the start event passes only once the
+    received data is there), read back when they have completed, without stalling the host.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.busy_s = 0.0
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def reset(self) -> None:
+        self.busy_s, self._pending = 0.0, []
+
+    def timed(self, chunk):
+        def run(*args, **kwargs):
+            if self.device.type != "cuda":
+                start = time.perf_counter()
+                result = chunk(*args, **kwargs)
+                self.busy_s += time.perf_counter() - start
+                return result
+            stream = torch.cuda.current_stream(self.device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            result = chunk(*args, **kwargs)
+            end.record(stream)
+            self._pending.append((begin, end))
+            return result
+        return run
+
+    def collect(self, wait: bool = False) -> None:
+        """Add the chunks whose events have completed (all of them with ``wait``)."""
+        still_running = []
+        for begin, end in self._pending:
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                still_running.append((begin, end))
+                continue
+            self.busy_s += begin.elapsed_time(end) / 1000  # milliseconds
+        self._pending = still_running
+
+
 class PipelineStrategy(DistributedStrategy):
     name = "pp"
     drop_last_train = True  # microbatch shapes are fixed by the first step
@@ -33,7 +81,8 @@ class PipelineStrategy(DistributedStrategy):
         super().__init__(config, rank, store_host, store_port)
         self.in_chans = in_chans
         self.is_first, self.is_last = rank == 0, rank == self.world_size - 1
-        self._busy_s = self._wall_s = 0.0
+        self._clock = StageClock(self.input_device)
+        self._wall_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
@@ -52,16 +101,7 @@ class PipelineStrategy(DistributedStrategy):
         """Count the time this stage computes (forward and backward of a microbatch); the rest of
         a step it waits for its neighbours. Waits for sends and receives happen outside these."""
         for method in ("forward_one_chunk", "backward_one_chunk"):
-            original = getattr(stage, method)
-
-            def timed(*args, _original=original, **kwargs):
-                start = time.perf_counter()
-                result = _original(*args, **kwargs)
-                synchronize([self.input_device])
-                self._busy_s += time.perf_counter() - start
-                return result
-
-            setattr(stage, method, timed)
+            setattr(stage, method, self._clock.timed(getattr(stage, method)))
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -86,7 +126,7 @@ class PipelineStrategy(DistributedStrategy):
         model.train()
         phase = profiler.range if profiler is not None else _no_range
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
-        self._busy_s = 0.0
+        self._clock.reset()
         total_steps = len(loader)
         synchronize([self.input_device])
         start = time.perf_counter()
@@ -109,8 +149,10 @@ class PipelineStrategy(DistributedStrategy):
                 profiler.step()
             if on_step is not None:
                 on_step(step, total_steps)
+            self._clock.collect()
         synchronize([self.input_device])
         self._wall_s = time.perf_counter() - start
+        self._clock.collect(wait=True)
         return totals, self._wall_s
 
     @torch.no_grad()
@@ -136,7 +178,7 @@ class PipelineStrategy(DistributedStrategy):
     def extra_metrics(self) -> dict:
         """Each stage's share of the training time spent computing; the rest is the bubble."""
         busy = torch.zeros(self.world_size, dtype=torch.float64, device=self.output_device)
-        busy[self.rank] = self._busy_s / self._wall_s if self._wall_s else 0.0
+        busy[self.rank] = self._clock.busy_s / self._wall_s if self._wall_s else 0.0
         fractions = self.all_reduce(busy).tolist()
         return {
             "stage_busy_fraction": {f"stage{i}": round(f, 4) for i, f in enumerate(fractions)},

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
@@ -29,9 +30,16 @@ from .storage import disk_full_error, no_space_reason, writing
 
 PHASES = ("data_loading", "forward", "backward", "optimizer_step")
 RANGE_PREFIX = "parallax/"
-# Collectives and DataParallel's scatter/gather, as the profiler names them on gloo, NCCL and DP.
-COMM_MARKERS = ("allreduce", "all_reduce", "broadcast", "allgather", "all_gather", "reduce_scatter",
-                "nccl:", "gloo:", "c10d::", "scatter", "gather")
+# Collectives as the host records them: c10d's ops and the backends' ranges (gloo:all_reduce,
+# nccl:send). ATen ops are computation even when named like one (aten::gather, aten::scatter_add_),
+# and so are their backward nodes (GatherBackward0): only collective names count.
+HOST_COMM_MARKERS = ("c10d::", "c10d_functional::", "gloo:", "nccl:", "allreduce", "all_reduce", "allgather",
+                     "all_gather", "reduce_scatter")
+# Collectives as they run on a GPU: every NCCL kernel (ncclDevKernel_AllReduce_*, _SendRecv for
+# pp, _Reduce and _Broadcast for DataParallel; ncclKernel_* before NCCL 2.19) and the
+# peer-to-peer copies DataParallel scatters inputs and gathers outputs with.
+DEVICE_COMM_PREFIXES = ("nccl",)
+DEVICE_COMM_MARKERS = ("memcpy ptop",)
 LARGE_TRACE_BYTES = 50 * 2**20
 
 
@@ -140,9 +148,18 @@ def op_table(prof: profile) -> list[dict]:
     return rows
 
 
-def _is_comm(name: str) -> bool:
+def _on_host(event) -> bool:
+    return event.device_type == DeviceType.CPU
+
+
+def _is_host_comm(name: str) -> bool:
     lowered = name.lower()
-    return any(marker in lowered for marker in COMM_MARKERS)
+    return any(marker in lowered for marker in HOST_COMM_MARKERS)
+
+
+def _is_device_comm(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(DEVICE_COMM_PREFIXES) or any(marker in lowered for marker in DEVICE_COMM_MARKERS)
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
@@ -158,15 +175,27 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 def step_breakdown(events, first_step: int = 1) -> list[dict]:
     """Per profiled step: milliseconds in each phase; communication is the union of collective
     intervals in the step (under DDP they run during backward, so they overlap it).
-    ``first_step`` is the training step (1-based) the kept window starts at."""
+    ``first_step`` is the training step (1-based) the kept window starts at.
+
+    Steps and phases are the host's ``record_function`` ranges: with CUDA the profiler also
+    lists a device-side copy of each range under the same name, which would count every step
+    and phase twice. Communication is what the GPUs ran where they ran any (the host only
+    enqueues NCCL work), else the host's collectives (gloo)."""
+    host = [e for e in events if _on_host(e)]
+    device = [e for e in events if not _on_host(e)]
     # The kept steps appear as "ProfilerStep*" (or "ProfilerStep#N"), in order.
-    steps = sorted((e for e in events if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+    steps = sorted((e for e in host if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
     rows = []
     for number, step in enumerate(steps, start=first_step):
         start, end = step.time_range.start, step.time_range.end
-        inside = [e for e in events if start <= e.time_range.start and e.time_range.end <= end and e is not step]
+        inside = [e for e in host if start <= e.time_range.start and e.time_range.end <= end and e is not step]
         phase_us = {p: sum(e.time_range.elapsed_us() for e in inside if e.name == RANGE_PREFIX + p) for p in PHASES}
-        comm_us = _union_us([(e.time_range.start, e.time_range.end) for e in inside if _is_comm(e.name)])
+        if device:  # kernels, clipped to the step: one still running at its end counts up to the end
+            comm = [(max(start, e.time_range.start), min(end, e.time_range.end)) for e in device
+                    if _is_device_comm(e.name) and e.time_range.start < end and e.time_range.end > start]
+        else:
+            comm = [(e.time_range.start, e.time_range.end) for e in inside if _is_host_comm(e.name)]
+        comm_us = _union_us(comm)
         total_us = end - start
         rows.append({
             "step": number,

@@ -31,7 +31,8 @@ from . import resume
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
-from .loop import make_grad_scaler, peak_memory_mb, reset_peak_memory, resolve_amp, synchronize
+from .loop import (make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory, resolve_amp,
+                   synchronize)
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
@@ -105,10 +106,9 @@ class EpochMetrics:
         )
 
 
-def _gather_memory(strategy: Strategy) -> dict[str, float]:
+def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, float]:
     """Peak memory of every rank, keyed by rank when there are several processes."""
-    local = peak_memory_mb(strategy.devices)
-    if strategy.world_size == 1:
+    if strategy.world_size == 1 or not local:  # every rank has the same kind of device: all skip or none
         return local
     (label, value), = local.items()  # DDP: one device per rank
     slots = torch.zeros(strategy.world_size, dtype=torch.float64, device=strategy.output_device)
@@ -159,7 +159,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         totals = torch.cat([strategy.all_reduce(train_totals), val_totals])
     # The epoch lasts as long as its slowest rank.
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
-    memory = _gather_memory(strategy)
+    memory = _gather_memory(strategy, peak_memory_mb(strategy.devices))
+    reserved = _gather_memory(strategy, peak_memory_reserved_mb(strategy.devices))
     synchronize(strategy.devices)
     epoch_time_s = time.perf_counter() - epoch_start
     t_loss, t_correct, t_count, v_loss, v_correct, v_count = totals.tolist()
@@ -175,7 +176,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         images_per_s=t_count / train_time.item(),
         lr=optimizer.param_groups[0]["lr"],
         peak_memory_mb=memory,
-        extra=strategy.extra_metrics(),
+        extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {})},
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import DEFAULT_PLOTLY_COLORS
 
 CHART_HEIGHT_PX = 300
 METRIC_TITLES = {
@@ -68,11 +69,25 @@ def epoch_time_figure(epochs: pd.DataFrame) -> go.Figure:
                        "Epoch time", "seconds")
 
 
+MEMORY_ON_GPU = ("allocated by tensors (solid) and reserved by PyTorch's caching allocator (dashed; "
+                 "nvidia-smi shows about this plus the CUDA context)")
+MEMORY_ON_CPU = "the process's peak resident set"
+
+
 def memory_figure(memory: pd.DataFrame) -> go.Figure:
-    """Peak memory per device over epochs, one line per device (``memory_frame`` of one run)."""
-    figure = _figure("Peak memory per device", "Epoch", "MB")
-    for device, rows in memory.groupby("device", sort=True):
-        figure.add_scatter(x=rows["epoch"], y=rows["peak_memory_mb"], name=str(device), mode="lines+markers")
+    """Peak memory per device over epochs, one line per device (``memory_frame`` of one run); on
+    GPUs a dashed line per device for what the allocator reserved. The title says which is which."""
+    reserved = "peak_memory_reserved_mb" in memory and memory["peak_memory_reserved_mb"].notna().any()
+    shows = MEMORY_ON_GPU if reserved else MEMORY_ON_CPU
+    figure = _figure(f"Peak memory per device<br><sup>{shows}</sup>", "Epoch", "MB")
+    figure.update_layout(margin=dict(t=60))
+    for i, (device, rows) in enumerate(memory.groupby("device", sort=True)):
+        color = DEFAULT_PLOTLY_COLORS[i % len(DEFAULT_PLOTLY_COLORS)]  # a device's two lines share its colour
+        figure.add_scatter(x=rows["epoch"], y=rows["peak_memory_mb"], name=str(device), mode="lines+markers",
+                           line=dict(color=color))
+        if reserved and rows["peak_memory_reserved_mb"].notna().any():
+            figure.add_scatter(x=rows["epoch"], y=rows["peak_memory_reserved_mb"], name=f"{device} reserved",
+                               mode="lines+markers", line=dict(dash="dash", color=color))
     figure.update_xaxes(dtick=1 if memory["epoch"].nunique() <= 20 else None)
     return figure
 

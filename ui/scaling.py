@@ -51,13 +51,21 @@ def epochs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def memory_frame(epochs: pd.DataFrame) -> pd.DataFrame:
-    """Peak memory in long form: one row per (run_id, epoch, device)."""
+    """Peak memory in long form: one row per (run_id, epoch, device). ``peak_memory_mb`` is what
+    tensors took (on CPU, the process's peak resident set); ``peak_memory_reserved_mb`` what
+    PyTorch's allocator held on a GPU (NaN on CPU and for runs recorded before it was kept)."""
     records = [
-        {"run_id": row.run_id, "epoch": row.epoch, "device": device, "peak_memory_mb": mb}
+        {"run_id": row.run_id, "epoch": row.epoch, "device": device, "peak_memory_mb": mb,
+         "peak_memory_reserved_mb": _reserved(row).get(device, float("nan"))}
         for row in epochs.itertuples()
         for device, mb in (row.peak_memory_mb or {}).items()
     ]
-    return pd.DataFrame(records, columns=["run_id", "epoch", "device", "peak_memory_mb"])
+    return pd.DataFrame(records, columns=["run_id", "epoch", "device", "peak_memory_mb", "peak_memory_reserved_mb"])
+
+
+def _reserved(row) -> dict[str, float]:
+    extra = getattr(row, "extra", None)
+    return (extra.get("peak_memory_reserved_mb") or {}) if isinstance(extra, dict) else {}
 
 
 def throughput_images_per_s(run_epochs: pd.DataFrame) -> float | None:
