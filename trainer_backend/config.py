@@ -267,6 +267,11 @@ def _validate_devices(cfg: RunConfig) -> None:
             "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
             "splits it over: use at least one image per GPU"
         )
+    if cfg.strategy == "pp" and n > cfg.microbatches:
+        raise ConfigError(
+            "microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
+            f"{cfg.microbatches}: every stage must have a microbatch to work on (use --microbatches {n} or more)"
+        )
     if cfg.strategy == "pp" and cfg.amp == "fp16":
         raise ConfigError(
             "amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto or off"
