@@ -19,7 +19,7 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from db.settings import seconds_from_env
 
-from .config import RunConfig, cpu_cores
+from .config import RunConfig, threads_per_process
 from .models import StagedModel, split_into_stages
 
 COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
@@ -63,6 +63,9 @@ class Strategy:
     def setup(self) -> None:
         if self.input_device.type == "cuda":
             torch.cuda.set_device(self.input_device)
+            # Every batch has the same shape, so cuDNN's one-off search for the fastest
+            # convolution algorithms pays for itself within the first epoch.
+            torch.backends.cudnn.benchmark = True
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
@@ -161,15 +164,24 @@ class DistributedStrategy(Strategy):
 
     def setup(self) -> None:
         super().setup()
-        if self.input_device.type == "cpu":
-            # Spawned workers inherit every core's worth of threads; N of them oversubscribe.
-            torch.set_num_threads(max(1, cpu_cores() // self.config.processes_per_node))
+        # Spawned workers inherit every core's worth of threads; N of them oversubscribe the CPU,
+        # and on GPUs that CPU is what launches kernels and feeds the loaders.
+        torch.set_num_threads(threads_per_process(self.config))
         if dist.is_initialized():
             return  # torchrun started this process and it has joined torchrun's world already
         backend = "nccl" if self.input_device.type == "cuda" else "gloo"
         timeout = collective_timeout()
-        store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=max(timeout, RENDEZVOUS_TIMEOUT))
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        if self.world_size == 1 and not self.store_port:
+            # A world of one is not spawned: the process serves its own store and forms a process
+            # group of one, so DDP and FSDP wrap and reduce exactly as they do over several ranks.
+            self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
+        elif not self.store_port:
+            # Connecting to port 0 would wait in C++ for a store nobody serves, deaf to signals.
+            raise RuntimeError(f"rank {self.rank} of {self.world_size} was started without the run's rendezvous store")
+        else:
+            self._store = dist.TCPStore(self.store_host, self.store_port, None, False,
+                                        timeout=max(timeout, RENDEZVOUS_TIMEOUT))
+        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
@@ -208,6 +220,7 @@ class DistributedStrategy(Strategy):
     def teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None  # a world of one stops serving its store here
 
 
 class ModelParallelStrategy(Strategy):
