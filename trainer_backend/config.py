@@ -129,6 +129,12 @@ class RunConfig:
         return self.batch_size
 
     @property
+    def process_batch(self) -> int:
+        """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
+        whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
+        return self.batch_size // self.world_size if self.strategy in ("ddp", "fsdp") else self.batch_size
+
+    @property
     def uses_cuda(self) -> bool:
         return self.devices[0].startswith("cuda")
 

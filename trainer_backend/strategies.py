@@ -90,8 +90,7 @@ class Strategy:
         collective, like ``checkpoint_state``. Replicated strategies need rank 0's copy only."""
         if not self.is_main:
             return None
-        return {"model": {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()},
-                "optimizer": optimizer.state_dict()}
+        return on_cpu({"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()})
 
     def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load what ``resume_state`` returned; every rank is given the whole of it."""
@@ -131,6 +130,47 @@ class Strategy:
         pass
 
 
+def on_cpu(state):
+    """A (nested) state dict with every tensor on the CPU: what a resume file holds, so
+    that loading it puts nothing on the GPU the saving rank happened to use."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
+
+
+class _AutocastReplica(nn.Module):
+    """Runs a DataParallel replica under the caller's autocast dtype. DataParallel's worker threads
+    re-enter autocast with only ``enabled`` and autocast state is per thread, so without this
+    each replica would run in the thread's default dtype (fp16 on CUDA), whatever the run chose."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+class AutocastDataParallel(nn.DataParallel):
+    """``nn.DataParallel`` whose replicas run in the autocast dtype active where it is called."""
+
+    def __init__(self, module: nn.Module, *args, **kwargs):
+        super().__init__(module, *args, **kwargs)
+        self.autocast_device_type = self.src_device_obj.type if self.device_ids else "cpu"
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        device_type = self.autocast_device_type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            replicas = [_AutocastReplica(replica, device_type, dtype) for replica in replicas]
+        return super().parallel_apply(replicas, inputs, kwargs)
+
+
 class DataParallelStrategy(Strategy):
     name = "dp"
 
@@ -139,9 +179,9 @@ class DataParallelStrategy(Strategy):
         if self.input_device.type != "cuda":
             # Without CUDA, DataParallel has no device_ids and simply calls the module: the
             # wrapper is kept so the run exercises the same code, and a run note says so.
-            return nn.DataParallel(model)
+            return AutocastDataParallel(model)
         ids = [torch.device(d).index for d in self.config.devices]
-        return nn.DataParallel(model, device_ids=ids, output_device=ids[0])
+        return AutocastDataParallel(model, device_ids=ids, output_device=ids[0])
 
     @property
     def devices(self) -> list[torch.device]:

@@ -61,7 +61,7 @@ def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
-    batch = config.per_device_batch
+    batch = config.process_batch
     sampler = strategy.train_sampler(len(data.train), config.seed)
     shard_len = len(sampler) if sampler is not None else len(data.train)
     pin = strategy.input_device.type == "cuda"
