@@ -55,6 +55,8 @@ def test_round_trip_through_json():
         ({"amp": "fp16"}, "amp", ["needs CUDA"]),
         ({"strategy": "pp", "devices": "cpu,cpu", "amp": "fp16"}, "amp", ["'fp16'", "bf16"]),
         ({"strategy": "pp", "devices": "cpu,cpu", "batch_size": 30}, "batch_size", ["batch_size 30", "4 microbatches"]),
+        ({"strategy": "pp", "devices": "cpu," * 4 + "cpu", "batch_size": 20}, "microbatches",
+         ["5 stages", "at least 5 microbatches", "got 4"]),
         ({"strategy": "fsdp", "devices": "cpu,cpu", "batch_size": 5}, "batch_size", ["batch_size 5", "FSDP"]),
         ({"pipeline_schedule": "zb"}, "pipeline_schedule", ["'zb'", "1f1b"]),
         ({"bands": "x,y"}, "bands", ["'x,y'"]),

@@ -139,3 +139,96 @@ def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
         return uuid.strip().lower().removeprefix("gpu-")
 
     assert [plain(u) for u in done.stdout.split(",")] == [plain(s.uuid) for s in statuses], done.stderr
+
+
+# --- engine ---
+
+def run_of(home, result) -> dict:
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    return json.loads(run_cli("export", run_id, home=home).stdout)
+
+
+def auto_dtype() -> str:
+    return "bfloat16" if torch.cuda.get_device_capability(0) >= (8, 0) else "float16"
+
+
+@one_gpu
+@pytest.mark.parametrize("amp", ["auto", "bf16", "fp16", "off"])
+def test_single_gpu_forward_runs_in_the_dtype_asked_for(parallax_home, amp):
+    # 64 px: larger activation gradients, so fp16's first steps overflow at the scaler's initial 2**16.
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp, "--image-size", "64")
+    extra = run["epochs"][0]["extra"]
+    expected = {"auto": auto_dtype(), "bf16": "bfloat16", "fp16": "float16", "off": None}[amp]
+    assert extra.get("forward_dtype") == expected
+    if expected == "float16":
+        # GradScaler starts at 2**16 and halves on every step whose gradients overflow.
+        assert 0 < extra["grad_scale"] < 2.0**16
+    else:
+        assert "grad_scale" not in extra
+
+
+@one_gpu
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_on_one_gpu_train_as_a_world_of_one(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0")
+    assert run["world_size"] == 1 and any("world of one" in note for note in run["notes"])
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0"}
+
+
+@two_gpus
+def test_dataparallel_replicas_run_in_bf16(parallax_home):
+    run = train(parallax_home, "--strategy", "dp", "--devices", "0,1", "--amp", "bf16")
+    assert run["epochs"][0]["extra"]["forward_dtype"] == "bfloat16"
+    assert all(v > 0 for v in run["epochs"][0]["peak_memory_mb"].values())
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["fsdp", "pp"])
+def test_fsdp_and_pipeline_over_two_gpus(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128")
+    memory = run["epochs"][0]["peak_memory_mb"]
+    assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "mp"])
+def test_devices_listed_in_reverse_keep_their_order(parallax_home, strategy):
+    """--devices 1,0: rank 0 (ddp), DataParallel's gathering GPU and mp's first stage are cuda:1."""
+    run = train(parallax_home, "--strategy", strategy, "--devices", "1,0")
+    assert run["config"]["devices"] == ["cuda:1", "cuda:0"]
+    memory = run["epochs"][0]["peak_memory_mb"]
+    assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+@one_gpu
+def test_out_of_memory_fails_with_the_hint_and_frees_the_gpu(parallax_home):
+    from trainer_backend.runner import OOM_HINT
+
+    free_before, _ = torch.cuda.mem_get_info(0)
+    # All 1437 training images in one batch of resnet50 at 384 px: hundreds of GB of activations.
+    result = run_cli("run", "--dataset", "digits", "--model", "resnet50", "--image-size", "384", "--batch-size",
+                     "2048", "--epochs", "1", "--amp", "off", "--devices", "0", home=parallax_home, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = run_of(parallax_home, result)
+    assert run["status"] == "failed" and run["error"].startswith(OOM_HINT), run["error"]
+    free_after, _ = torch.cuda.mem_get_info(0)
+    assert free_after > free_before - 2**30  # the failed run's memory went back to the GPU
+    train(parallax_home, "--strategy", "single", "--devices", "0")  # and the GPU trains again
+
+
+@one_gpu
+def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
+    """So that reading it back puts nothing on the GPU of the rank that saved it."""
+    from torch import nn
+
+    from trainer_backend.config import RunConfig
+    from trainer_backend.strategies import Strategy
+
+    strategy = Strategy(RunConfig(strategy="single", devices="0"))
+    model = strategy.wrap(nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4, device="cuda:0")).sum().backward()
+    optimizer.step()
+    state = strategy.resume_state(model, optimizer)
+    tensors = [*state["model"].values(), *state["optimizer"]["state"][0].values()]
+    assert any(t.numel() > 1 for t in tensors) and all(t.device.type == "cpu" for t in tensors)

@@ -129,6 +129,12 @@ class RunConfig:
         return self.batch_size
 
     @property
+    def process_batch(self) -> int:
+        """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
+        whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
+        return self.batch_size // self.world_size if self.strategy in ("ddp", "fsdp") else self.batch_size
+
+    @property
     def uses_cuda(self) -> bool:
         return self.devices[0].startswith("cuda")
 
@@ -267,6 +273,11 @@ def _validate_devices(cfg: RunConfig) -> None:
             "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
             "splits it over: use at least one image per GPU"
         )
+    if cfg.strategy == "pp" and n > cfg.microbatches:
+        raise ConfigError(
+            "microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
+            f"{cfg.microbatches}: every stage must have a microbatch to work on (use --microbatches {n} or more)"
+        )
     if cfg.strategy == "pp" and cfg.amp == "fp16":
         raise ConfigError(
             "amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto or off"
@@ -294,6 +305,12 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def threads_per_process(config: RunConfig) -> int:
+    """CPU threads for each of a run's processes on one machine: its cores shared out, whether the
+    processes compute on the CPU or feed GPUs (N processes each taking every core fight for them)."""
+    return max(1, cpu_cores() // config.processes_per_node)
+
+
 def strategy_notes(config: RunConfig) -> list[str]:
     """What a user should know about how their strategy really runs on these devices."""
     notes = []
@@ -302,8 +319,13 @@ def strategy_notes(config: RunConfig) -> list[str]:
             "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
             "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
         )
+    if config.strategy in ("ddp", "fsdp") and config.world_size == 1:
+        notes.append(
+            f"{config.strategy.upper()} on one device: a world of one process (its own process group), "
+            "so the run does single's work plus the wrapper's overhead. List more devices to spread it."
+        )
     if config.world_size > 1 and not config.uses_cuda:
-        threads = max(1, cpu_cores() // config.processes_per_node)
+        threads = threads_per_process(config)
         batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
                  else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
         notes.append(

@@ -25,13 +25,18 @@ if TYPE_CHECKING:  # strategies call these loops; only the type is needed here
 StepCallback = Callable[[int, int], None]
 
 
+# bf16 tensor cores arrived with Ampere; before it bf16 is emulated (slower than fp32), although
+# torch.cuda.is_bf16_supported() says yes.
+BF16_MIN_CAPABILITY = (8, 0)
+
+
 def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for this run, or None for plain fp32 (always on CPU)."""
     if device.type != "cuda" or amp == "off":
         return None
     if amp == "fp16":
         return torch.float16
-    if amp == "bf16" or torch.cuda.is_bf16_supported():
+    if amp == "bf16" or torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY:
         return torch.bfloat16
     return torch.float16
 
@@ -39,6 +44,29 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
 def make_grad_scaler(amp_dtype: torch.dtype | None) -> torch.amp.GradScaler | None:
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     return torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+
+class PrecisionRecord:
+    """What mixed precision really did, for the epoch's ``extra``: the dtype the training forward's
+    output came out in (autocast is per thread, so this is observed, not assumed) and, under fp16,
+    the gradient scaler's scale at the end of the epoch (it halves on every overflowing step)."""
+
+    def __init__(self, model: nn.Module, scaler: torch.amp.GradScaler | None):
+        self.scaler = scaler
+        self.forward_dtype: torch.dtype | None = None
+        self._hook = model.register_forward_hook(self._record)
+
+    def _record(self, module: nn.Module, inputs, output) -> None:
+        if module.training and isinstance(output, torch.Tensor):
+            self.forward_dtype = output.dtype
+
+    def extra(self) -> dict:
+        record = {}
+        if self.forward_dtype is not None:
+            record["forward_dtype"] = str(self.forward_dtype).removeprefix("torch.")
+        if self.scaler is not None:
+            record["grad_scale"] = float(self.scaler.get_scale())
+        return record
 
 
 def _autocast(device: torch.device, amp_dtype: torch.dtype | None):

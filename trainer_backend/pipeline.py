@@ -20,7 +20,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from .config import RunConfig
 from .loop import _autocast, _no_range, synchronize
 from .models import split_into_stages
-from .strategies import DistributedStrategy
+from .strategies import DistributedStrategy, on_cpu
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -187,8 +187,7 @@ class PipelineStrategy(DistributedStrategy):
 
     def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
         """Every stage's module and optimizer state, gathered on rank 0 as a list by stage."""
-        local = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                 "optimizer": optimizer.state_dict()}
+        local = on_cpu({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
         gathered: list[dict] | None = [None] * self.world_size if self.is_main else None
         dist.gather_object(local, gathered, dst=0)
         return {"stages": gathered} if self.is_main else None

@@ -76,7 +76,10 @@ def restore(run_id: int, strategy: Strategy, model: nn.Module, optimizer, train_
     if newest == 0:
         return 1, -1.0
     source = epochs.index(newest)
-    holder = [torch.load(runs_dir(run_id) / RESUME_FILE, weights_only=True) if strategy.rank == source else None]
+    # Onto the CPU: the point travels to every rank, and each rank's load_state_dict puts it on
+    # that rank's own device (without map_location it would come back on the saving rank's GPU).
+    holder = [torch.load(runs_dir(run_id) / RESUME_FILE, weights_only=True, map_location="cpu")
+              if strategy.rank == source else None]
     dist.broadcast_object_list(holder, src=source)
     point = holder[0]
     strategy.load_resume_state(model, optimizer, point["state"])

@@ -16,6 +16,7 @@ import datetime
 import gc
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import traceback
@@ -41,6 +42,13 @@ from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from .trainer import load_data, note_log_incomplete, read_rank_failures, train_process
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+# How running out of GPU memory reads in each library's own words.
+OUT_OF_MEMORY = re.compile(
+    r"OutOfMemoryError|CUDA out of memory"  # PyTorch's caching allocator
+    r"|CUBLAS_STATUS_ALLOC_FAILED"  # cuBLAS: a handle or workspace
+    r"|CUDNN_STATUS_ALLOC_FAILED|CUDNN_STATUS_INTERNAL_ERROR_(?:HOST|DEVICE)_ALLOCATION_FAILED"  # cuDNN 8, cuDNN 9
+    r"|Cuda failure (?:\d+ )?'out of memory'|Failed to CUDA (?:calloc|malloc)"  # NCCL's last error
+)
 USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
@@ -279,6 +287,6 @@ def _strip_spawn_banner(text: str) -> str:
 
 
 def _with_oom_hint(error: str) -> str:
-    if "OutOfMemoryError" in error or "CUDA out of memory" in error:
+    if OUT_OF_MEMORY.search(error):
         return f"{OOM_HINT}\n\n{error}"
     return error

@@ -19,7 +19,7 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from db.settings import seconds_from_env
 
-from .config import RunConfig, cpu_cores
+from .config import RunConfig, threads_per_process
 from .models import StagedModel, split_into_stages
 
 COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
@@ -63,6 +63,9 @@ class Strategy:
     def setup(self) -> None:
         if self.input_device.type == "cuda":
             torch.cuda.set_device(self.input_device)
+            # Every batch has the same shape, so cuDNN's one-off search for the fastest
+            # convolution algorithms pays for itself within the first epoch.
+            torch.backends.cudnn.benchmark = True
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
@@ -87,8 +90,7 @@ class Strategy:
         collective, like ``checkpoint_state``. Replicated strategies need rank 0's copy only."""
         if not self.is_main:
             return None
-        return {"model": {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()},
-                "optimizer": optimizer.state_dict()}
+        return on_cpu({"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()})
 
     def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load what ``resume_state`` returned; every rank is given the whole of it."""
@@ -128,6 +130,47 @@ class Strategy:
         pass
 
 
+def on_cpu(state):
+    """A (nested) state dict with every tensor on the CPU: what a resume file holds, so
+    that loading it puts nothing on the GPU the saving rank happened to use."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
+
+
+class _AutocastReplica(nn.Module):
+    """Runs a DataParallel replica under the caller's autocast dtype. DataParallel's worker threads
+    re-enter autocast with only ``enabled`` and autocast state is per thread, so without this
+    each replica would run in the thread's default dtype (fp16 on CUDA), whatever the run chose."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
+class AutocastDataParallel(nn.DataParallel):
+    """``nn.DataParallel`` whose replicas run in the autocast dtype active where it is called."""
+
+    def __init__(self, module: nn.Module, *args, **kwargs):
+        super().__init__(module, *args, **kwargs)
+        self.autocast_device_type = self.src_device_obj.type if self.device_ids else "cpu"
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        device_type = self.autocast_device_type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            replicas = [_AutocastReplica(replica, device_type, dtype) for replica in replicas]
+        return super().parallel_apply(replicas, inputs, kwargs)
+
+
 class DataParallelStrategy(Strategy):
     name = "dp"
 
@@ -136,9 +179,9 @@ class DataParallelStrategy(Strategy):
         if self.input_device.type != "cuda":
             # Without CUDA, DataParallel has no device_ids and simply calls the module: the
             # wrapper is kept so the run exercises the same code, and a run note says so.
-            return nn.DataParallel(model)
+            return AutocastDataParallel(model)
         ids = [torch.device(d).index for d in self.config.devices]
-        return nn.DataParallel(model, device_ids=ids, output_device=ids[0])
+        return AutocastDataParallel(model, device_ids=ids, output_device=ids[0])
 
     @property
     def devices(self) -> list[torch.device]:
@@ -161,15 +204,24 @@ class DistributedStrategy(Strategy):
 
     def setup(self) -> None:
         super().setup()
-        if self.input_device.type == "cpu":
-            # Spawned workers inherit every core's worth of threads; N of them oversubscribe.
-            torch.set_num_threads(max(1, cpu_cores() // self.config.processes_per_node))
+        # Spawned workers inherit every core's worth of threads; N of them oversubscribe the CPU,
+        # and on GPUs that CPU is what launches kernels and feeds the loaders.
+        torch.set_num_threads(threads_per_process(self.config))
         if dist.is_initialized():
             return  # torchrun started this process and it has joined torchrun's world already
         backend = "nccl" if self.input_device.type == "cuda" else "gloo"
         timeout = collective_timeout()
-        store = dist.TCPStore(self.store_host, self.store_port, None, False, timeout=max(timeout, RENDEZVOUS_TIMEOUT))
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        if self.world_size == 1 and not self.store_port:
+            # A world of one is not spawned: the process serves its own store and forms a process
+            # group of one, so DDP and FSDP wrap and reduce exactly as they do over several ranks.
+            self._store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
+        elif not self.store_port:
+            # Connecting to port 0 would wait in C++ for a store nobody serves, deaf to signals.
+            raise RuntimeError(f"rank {self.rank} of {self.world_size} was started without the run's rendezvous store")
+        else:
+            self._store = dist.TCPStore(self.store_host, self.store_port, None, False,
+                                        timeout=max(timeout, RENDEZVOUS_TIMEOUT))
+        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
@@ -208,6 +260,7 @@ class DistributedStrategy(Strategy):
     def teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._store = None  # a world of one stops serving its store here
 
 
 class ModelParallelStrategy(Strategy):

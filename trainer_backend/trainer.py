@@ -31,8 +31,8 @@ from . import resume
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
-from .loop import (make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory, resolve_amp,
-                   synchronize)
+from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
+                   resolve_amp, synchronize)
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
@@ -62,7 +62,7 @@ def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
-    batch = config.per_device_batch
+    batch = config.process_batch
     sampler = strategy.train_sampler(len(data.train), config.seed)
     shard_len = len(sampler) if sampler is not None else len(data.train)
     pin = strategy.input_device.type == "cuda"
@@ -140,7 +140,8 @@ class ProgressWriter:
 
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
-              on_step=None, profiler: StepProfiler | None = None) -> EpochMetrics:
+              on_step=None, profiler: StepProfiler | None = None,
+              precision: PrecisionRecord | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -176,7 +177,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         images_per_s=t_count / train_time.item(),
         lr=optimizer.param_groups[0]["lr"],
         peak_memory_mb=memory,
-        extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {})},
+        extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
+               **(precision.extra() if precision is not None else {})},
     )
 
 
@@ -241,6 +243,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         if config.strategy == "pp" and amp_dtype == torch.float16:
             amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
         scaler = make_grad_scaler(amp_dtype)
+        precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
         loaders = build_loaders(data, config, strategy)
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
@@ -255,7 +258,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 progress.epoch = epoch
             profiler = _start_profiler(config, strategy, run_id) if config.profile and epoch == 1 else None
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
-                                on_step=progress, profiler=profiler)
+                                on_step=progress, profiler=profiler, precision=precision)
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:

@@ -1,0 +1,182 @@
+"""The CUDA paths' decisions, exercised on CPU: what only a GPU can provide (its compute capability,
+its count, CUDA streams for DataParallel's threads) is faked at that edge and nowhere else."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import trainer_backend.config as config_module
+from trainer_backend import resume
+from trainer_backend.config import RunConfig
+from trainer_backend.loop import resolve_amp
+from trainer_backend.runner import OOM_HINT, _with_oom_hint
+from trainer_backend.strategies import DataParallelStrategy, DistributedStrategy, Strategy
+from trainer_backend.trainer import build_loaders, load_data
+
+CUDA0 = torch.device("cuda:0")
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """Configs naming cuda:0 and cuda:1 validate as on a two-GPU machine."""
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 2)
+
+
+# --- AMP auto ---
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((6, 1), torch.float16),
+                                                  ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_amp_auto_takes_bf16_only_from_ampere_on(monkeypatch, capability, expected):
+    # torch.cuda.is_bf16_supported() says yes on a T4 too (emulated bf16): it must not decide.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_amp("auto", CUDA0) == expected
+
+
+def test_amp_modes_asked_for_by_name_are_kept(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert resolve_amp("bf16", CUDA0) == torch.bfloat16
+    assert resolve_amp("fp16", CUDA0) == torch.float16
+    assert resolve_amp("off", CUDA0) is None and resolve_amp("auto", torch.device("cpu")) is None
+
+
+# --- DataParallel ---
+
+def test_dataparallel_loader_takes_the_whole_global_batch(two_gpus, parallax_home):
+    """DataParallel splits each batch over its GPUs itself: its loader must yield the global batch,
+    taking as many steps per epoch as single does at the same --batch-size."""
+    single = RunConfig(strategy="single", devices="cpu", image_size=8, batch_size=128)
+    dp = single.replace(strategy="dp", devices=("cuda:0", "cuda:1"))
+    data = load_data(single)
+    single_train, _ = build_loaders(data, single, Strategy(single))
+    dp_train, dp_val = build_loaders(data, dp, DataParallelStrategy(dp))
+    assert dp_train.batch_size == dp_val.batch_size == 128
+    assert len(dp_train) == len(single_train) == 12  # 1437 images
+    assert dp.per_device_batch == 64  # what each GPU's replica sees
+
+
+def _threaded_parallel_apply(modules, inputs, kwargs_tup=None, devices=None):
+    """torch.nn.parallel.parallel_apply without CUDA streams: one thread per replica, each re-entering
+    autocast with only ``enabled``, as the real one does."""
+    autocast_enabled = torch.is_autocast_enabled("cpu")
+    results = [None] * len(modules)
+
+    def worker(i):
+        with torch.amp.autocast("cpu", enabled=autocast_enabled):
+            results[i] = modules[i](*inputs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(modules))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_dataparallel_replicas_run_in_the_runs_autocast_dtype(monkeypatch):
+    """A worker thread starts with autocast's default dtype (bf16 on CPU, fp16 on CUDA); the
+    replicas must still compute in the dtype the training loop chose (fp16 here, to differ)."""
+    # The module, not the function torch.nn.parallel re-exports under the same name.
+    monkeypatch.setattr(importlib.import_module("torch.nn.parallel.data_parallel"), "parallel_apply",
+                        _threaded_parallel_apply)
+    config = RunConfig(strategy="dp", devices="cpu")
+    model = DataParallelStrategy(config).wrap(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)))
+    replicas = [copy.deepcopy(model.module) for _ in range(2)]
+    x = torch.randn(3, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        outputs = model.parallel_apply(replicas, [(x,), (x,)], [{}, {}])
+    assert [out.dtype for out in outputs] == [torch.float16, torch.float16]
+    with torch.autocast("cpu", enabled=False):
+        outputs = model.parallel_apply(replicas, [(x,), (x,)], [{}, {}])
+    assert [out.dtype for out in outputs] == [torch.float32, torch.float32]
+    # Replicas are wrapped only while they run: the model keeps timm's parameter names.
+    assert list(model.module.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+# --- GPU ranks: threads, cuDNN ---
+
+def test_a_gpu_rank_gets_its_share_of_cores_and_cudnn_autotuning(two_gpus, monkeypatch):
+    calls = {}
+    monkeypatch.setattr(config_module, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.setdefault("threads", n))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.setdefault("device", str(device)))
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # joined torchrun's world: no store here
+    config = RunConfig(strategy="ddp", devices="0,1")
+    DistributedStrategy(config, rank=1, store_host="127.0.0.1", store_port=1).setup()
+    assert calls == {"device": "cuda:1", "threads": 8}
+    assert torch.backends.cudnn.benchmark is True
+
+
+# --- Resume files ---
+
+def test_resume_point_is_read_onto_the_cpu(parallax_home, monkeypatch):
+    """Every rank is sent the point and loads it onto its own device; read without map_location,
+    a GPU-saved point would come back on the GPU of the rank that saved it."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    strategy = DistributedStrategy(RunConfig(strategy="ddp", devices="cpu"), rank=0)
+    strategy.setup()  # a world of one, on its own store
+    try:
+        torch.manual_seed(0)
+        model = strategy.wrap(nn.Linear(4, 2))  # DDP over the world of one
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+        loader = SimpleNamespace(generator=None)
+        resume.save_resume_point(7, strategy, model, optimizer, loader, epoch=2, best_acc=0.5)
+        saved = torch.load(parallax_home / "runs" / "run-7" / resume.RESUME_FILE, weights_only=True)
+        tensors = [*saved["state"]["model"].values(), *saved["state"]["optimizer"]["state"][0].values()]
+        assert tensors and all(t.device.type == "cpu" for t in tensors)
+
+        seen = []
+        real_load = torch.load
+        monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("map_location")) or real_load(*a, **k))
+        fresh = strategy.wrap(nn.Linear(4, 2))
+        fresh_optimizer = torch.optim.Adam(fresh.parameters())
+        assert resume.restore(7, strategy, fresh, fresh_optimizer, loader) == (3, 0.5)
+        assert seen == ["cpu"]
+        assert torch.equal(fresh.module.weight, model.module.weight)
+        assert fresh_optimizer.state_dict()["state"][0]["step"] == 1
+    finally:
+        strategy.teardown()
+
+
+# --- Out of memory ---
+
+NCCL_HEADER = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+               "NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version "
+               "2.27.5\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n")
+
+
+@pytest.mark.parametrize("error", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.05 GiB is free.",
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",  # cuDNN 8
+    "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",  # cuDNN 9
+    "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    NCCL_HEADER + "Cuda failure 2 'out of memory'",
+    NCCL_HEADER + "Cuda failure 'out of memory'",
+    NCCL_HEADER + "Failed to CUDA calloc 6291456 bytes",
+    NCCL_HEADER + "Failed to CUDA malloc 33554432 bytes",
+])
+def test_out_of_memory_in_any_cuda_library_gets_the_hint(error):
+    assert _with_oom_hint(error) == f"{OOM_HINT}\n\n{error}"
+
+
+@pytest.mark.parametrize("error", [
+    NCCL_HEADER + "Cuda failure 1 'invalid argument'",
+    "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
+    "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+    "ValueError: memory_format out of range",
+])
+def test_other_cuda_failures_get_no_hint(error):
+    assert _with_oom_hint(error) == error
