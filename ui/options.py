@@ -55,11 +55,12 @@ def dataset_label(choice: str) -> str:
 
 @st.cache_data(ttl=60, show_spinner=False)
 def describe_dataset(choice: str) -> dict[str, Any]:
-    """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable."""
+    """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable.
+    Only what lies inside the data roots is read, links included."""
     from trainer_backend.datasets import DatasetError, inspect_dataset
 
     try:
-        return inspect_dataset(choice)
+        return inspect_dataset(choice, data_roots())
     except DatasetError as exc:
         return {"problems": [str(exc)], "warnings": []}
 
