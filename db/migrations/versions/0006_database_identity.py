@@ -21,15 +21,16 @@ depends_on: str | tuple[str, ...] | None = None
 
 
 def upgrade() -> None:
-    table = op.create_table(
+    op.create_table(
         "database_identity",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("folder_key", sa.String(length=64), nullable=False),
         sa.Column("unkeyed_runs_up_to", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_database_identity")),
     )
-    existing = op.get_bind().execute(sa.text("SELECT MAX(id) FROM runs")).scalar()
-    op.bulk_insert(table, [{"id": 1, "folder_key": uuid.uuid4().hex, "unkeyed_runs_up_to": existing or 0}])
+    # One statement, so `alembic upgrade head --sql` writes it too; the key is hex digits only.
+    op.execute(f"INSERT INTO database_identity (id, folder_key, unkeyed_runs_up_to) "
+               f"SELECT 1, '{uuid.uuid4().hex}', COALESCE(MAX(id), 0) FROM runs")
 
 
 def downgrade() -> None:
