@@ -23,9 +23,12 @@ def dataset_folders() -> list[str]:
     roots = data_roots()
     folders = []
     for root in roots:
-        if root.is_dir():
-            folders += sorted(str(p.resolve()) for p in root.iterdir()
-                              if p.is_dir() and not p.name.startswith(".") and is_under_roots(p, roots))
+        try:
+            if root.is_dir():
+                folders += sorted(str(p.resolve()) for p in root.iterdir()
+                                  if p.is_dir() and not p.name.startswith(".") and is_under_roots(p, roots))
+        except (OSError, RuntimeError):  # an unreadable root, or a link loop resolve() gives up on
+            continue
     return folders
 
 
