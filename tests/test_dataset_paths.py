@@ -165,16 +165,19 @@ def test_the_launch_page_names_a_link_loop_in_the_dataset_field(tmp_path, parall
     db.dispose_engines()
 
 
-def test_an_unreadable_class_folder_is_named_in_one_line(tmp_path, parallax_home):
-    """As root every folder is readable, so the CLI runs as nobody over a copy nobody may reach."""
+def unprivileged(tmp_path: Path) -> tuple[Path, list[str]]:
+    """(a folder, a command prefix) to run a process to which a folder with mode 000 is unreadable:
+    as root every folder is readable, so there the process runs as nobody, in a folder nobody may reach."""
     if os.geteuid() != 0:
-        base = Path(tempfile.mkdtemp(dir=tmp_path))
-        command_prefix: list[str] = []
-    else:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: cannot read as another user")
-        base = Path(tempfile.mkdtemp(prefix="parallax-unreadable-", dir="/tmp"))
-        command_prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        return Path(tempfile.mkdtemp(dir=tmp_path)), []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot read as another user")
+    return (Path(tempfile.mkdtemp(prefix="parallax-unreadable-", dir="/tmp")),
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+
+
+def test_an_unreadable_class_folder_is_named_in_one_line(tmp_path, parallax_home):
+    base, command_prefix = unprivileged(tmp_path)
     try:
         folder = png_set(base / "set")
         home = base / "home"
@@ -192,6 +195,26 @@ def test_an_unreadable_class_folder_is_named_in_one_line(tmp_path, parallax_home
             "user, or move it out of the dataset folder"]
     finally:
         (base / "set" / "river").chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_launch_form_skips_an_unreadable_data_root(tmp_path):
+    base, command_prefix = unprivileged(tmp_path)
+    try:
+        png_set(base / "readable" / "set")
+        (base / "locked").mkdir()
+        for path in [base, *base.rglob("*")]:
+            path.chmod(0o777 if path.is_dir() else 0o644)
+        (base / "locked").chmod(0o000)
+        env = {**os.environ, "PARALLAX_HOME": str(base / "home"), "PYTHONPATH": str(ROOT),
+               "PARALLAX_DATA_ROOTS": f"{base / 'locked'}:{base / 'readable'}"}
+        done = subprocess.run([*command_prefix, sys.executable, "-c",
+                               "from ui.options import dataset_folders; print(dataset_folders())"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert done.stdout.strip() == repr([str(base / "readable" / "set")])
+    finally:
+        (base / "locked").chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
 
 
