@@ -68,7 +68,9 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
         "--image-size", str(settings["image_size"]), db_url=db_url))
     marks = {"launch returned": time.perf_counter() - started}
     run_id = run_id_from(done.stdout)
-    folder = home / "runs" / f"run-{run_id}"
+    from db.folders import run_folder_name
+
+    folder = home / "runs" / run_folder_name(engine, run_id)
     announce = f"run_id={run_id} {strategy} on"
     try:
         while "first step" not in marks:

@@ -240,12 +240,14 @@ class Soak:
 
     def check_run(self, slot: str, run_id: int) -> dict:
         from db import make_engine, store
+        from db.folders import run_folder_name
 
-        run = store.export_run(make_engine(f"sqlite:///{self.home / 'parallax.db'}"), run_id)
+        engine = make_engine(f"sqlite:///{self.home / 'parallax.db'}")
+        run = store.export_run(engine, run_id)
         recorded = [e["epoch"] for e in run["epochs"]]
         planned = int(run["config"]["epochs"])
         expected = list(range(1, planned + 1)) if run["status"] == "completed" else list(range(1, len(recorded) + 1))
-        log = self.home / "runs" / f"run-{run_id}" / "run.log"
+        log = self.home / "runs" / run_folder_name(engine, run_id) / "run.log"
         printed = [int(n) for n in re.findall(r"^epoch (\d+)/\d+ ", log.read_text(errors="replace"), re.M)] \
             if log.exists() else []
         lost = sorted((set(expected) | set(printed)) - set(recorded))

@@ -18,6 +18,9 @@ from db.models import Run, utcnow
 # A run left running by a failed attempt, or marked lost while torchrun restarted the job (its
 # rank 0 had died), is picked up again; cancelled, failed and completed runs stay as they are.
 RESUMABLE_STATUSES = ("running", "lost")
+# What a new job may take over when asked to (--resume-job): a run that ended without finishing
+# its epochs. A running run belongs to a job still alive; it is never taken from it.
+TAKEOVER_STATUSES = ("lost", "failed")
 
 
 def record_job(engine: Engine, run_id: int, *, elastic_run_id: str, nodes: int, hosts: list[str]) -> None:
@@ -39,12 +42,14 @@ def find_job_run(engine: Engine, elastic_run_id: str) -> tuple[int, str] | None:
     return None if row is None else (row.id, row.status)
 
 
-def resume_job_run(engine: Engine, run_id: int, *, pid: int, host: str, nodes: int, hosts: list[str]) -> bool:
+def resume_job_run(engine: Engine, run_id: int, *, pid: int, host: str, nodes: int, hosts: list[str],
+                   statuses: tuple[str, ...] = RESUMABLE_STATUSES) -> bool:
     """Make a restarted job's run running again under its new rank 0; False if it has ended
-    meanwhile (a cancel, say), so a restart never reopens a run that was finished on purpose."""
+    meanwhile (a cancel, say), so a restart never reopens a run that was finished on purpose.
+    ``statuses``: those it may be taken over from (``TAKEOVER_STATUSES`` for ``--resume-job``)."""
     with session_scope(engine) as session:
         result = session.execute(
-            update(Run).where(Run.id == run_id, Run.status.in_(RESUMABLE_STATUSES))
+            update(Run).where(Run.id == run_id, Run.status.in_(statuses))
             .values(status="running", finished_at=None, error=None, heartbeat_at=utcnow(),
                     pid=pid, host=host, nodes=nodes, hosts=list(hosts))
         )

@@ -137,6 +137,19 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def absolute_database_url(text: str) -> str:
+    """``text`` with a relative SQLite file made absolute against this process's working directory,
+    for a URL handed to another process (a launched worker) that runs elsewhere; others unchanged."""
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        return text  # make_engine refuses it with its own message
+    path = sqlite_file(url)
+    if path is None or path.is_absolute():
+        return text
+    return url.set(database=os.path.abspath(path)).render_as_string(hide_password=False)
+
+
 def _parse_url(text: str) -> URL:
     try:
         return make_url(text)

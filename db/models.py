@@ -76,6 +76,19 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+class DatabaseIdentity(Base):
+    """One row: the name this database gives its run folders (``runs/<folder_key>/run-N``), made once
+    when the database is created, so two databases under one PARALLAX_HOME (or a database deleted and
+    created again there) never share a run's log, checkpoint or deletion."""
+
+    __tablename__ = "database_identity"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    folder_key: Mapped[str] = mapped_column(String(64))
+    # Runs up to this id existed before folders were keyed by database and keep runs/run-N.
+    unkeyed_runs_up_to: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+
 class Sweep(Base):
     """A group of runs of one config, one per strategy, launched together to compare strategies."""
 
@@ -98,7 +111,7 @@ class Run(Base):
             name="status",
         ),
         # Without AUTOINCREMENT SQLite reuses the id of a deleted last row, and a new run
-        # would land in the folder (runs/run-<id>) of the deleted one.
+        # would land in the folder (runs/<database>/run-<id>) of the deleted one.
         {"sqlite_autoincrement": True},
     )
 

@@ -34,13 +34,6 @@ def data_dir() -> Path:
     return path
 
 
-def runs_dir(run_id: int) -> Path:
-    """Per-run files: log, checkpoints, profiler output. One folder per run, so runs never collide."""
-    path = parallax_home() / "runs" / f"run-{run_id}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def seconds_from_env(name: str, default: float) -> float:
     """A positive number of seconds from environment variable ``name`` (``default`` when unset);
     anything else is refused with a message naming the variable, its value and what is allowed."""

@@ -89,7 +89,7 @@ def live_view(run_id: int, was_active: bool) -> None:
 
 def show_log(run_id: int, expanded: bool) -> None:
     try:
-        tail = widgets.read_log_tail(run_file(run_id, "run.log"))
+        tail = widgets.read_log_tail(run_file(state.engine(), run_id, "run.log"))
     except OutsideRunFolder as exc:
         st.error(str(exc), icon=":material/block:")
         return
@@ -114,7 +114,7 @@ def show_static(run: store.RunRecord) -> None:
     if run.tags or run.user_note:
         st.caption(" ".join(f"`{tag}`" for tag in run.tags) + (f"  {run.user_note}" if run.user_note else ""))
     try:
-        checkpoint = run_file(run.id, "best.pt")
+        checkpoint = run_file(state.engine(), run.id, "best.pt")
     except OutsideRunFolder as exc:
         st.error(str(exc), icon=":material/block:")
         checkpoint = None

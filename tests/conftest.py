@@ -102,6 +102,14 @@ def train_and_export(home: Path, *flags: str) -> dict:
     return run
 
 
+def run_dir(home: Path, run_id: int) -> Path:
+    """The folder of run ``run_id`` of the home's own SQLite database (``runs/<database key>/run-N``)."""
+    from db import make_engine
+    from db.folders import run_folder_name
+
+    return home / "runs" / run_folder_name(make_engine(f"sqlite:///{home / 'parallax.db'}"), run_id)
+
+
 def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]:
     """Load a run's best.pt into a fresh timm model and evaluate it in one process over the whole
     validation split: (checkpoint, accuracy, mean loss, images)."""
@@ -113,7 +121,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     from trainer_backend.strategies import Strategy
     from trainer_backend.trainer import build_loaders, load_data
 
-    checkpoint = torch.load(home / "runs" / f"run-{run['run_id']}" / "best.pt", weights_only=True)
+    checkpoint = torch.load(run_dir(home, run["run_id"]) / "best.pt", weights_only=True)
     config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})
     old_home = os.environ.get("PARALLAX_HOME")
     os.environ["PARALLAX_HOME"] = str(home)  # the run's dataset cache

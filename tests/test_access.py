@@ -23,6 +23,7 @@ from streamlit.testing.v1 import AppTest
 import db
 from conftest import ROOT
 from db import store
+from db.folders import run_folder
 from trainer_backend.config import ConfigError, RunConfig
 from trainer_backend.data_roots import check_under_roots, is_under_roots
 from ui import auth
@@ -322,8 +323,7 @@ def download_labels(at: AppTest) -> list[str]:
 def test_an_id_in_the_url_that_names_nothing_gets_a_message_not_another_run(page, raw, words, parallax_home, db_url):
     engine = db.make_engine(db_url)
     run_id = completed_run(engine, parallax_home)
-    folder = parallax_home / "runs" / f"run-{run_id}"
-    folder.mkdir(parents=True)
+    folder = run_folder(engine, run_id, create=True)
     (folder / "best.pt").write_bytes(b"checkpoint of another run")
     if page == "pages/profiler.py":
         from db import profiles
@@ -344,8 +344,7 @@ def test_an_id_in_the_url_that_names_nothing_gets_a_message_not_another_run(page
 def test_run_files_that_lead_outside_the_run_folder_are_neither_shown_nor_offered(tmp_path, parallax_home, db_url):
     engine = db.make_engine(db_url)
     run_id = completed_run(engine, parallax_home)
-    folder = parallax_home / "runs" / f"run-{run_id}"
-    folder.mkdir(parents=True)
+    folder = run_folder(engine, run_id, create=True)
     secret = tmp_path / "secret.txt"
     secret.write_text("not for the dashboard")
     (folder / "best.pt").symlink_to(secret)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_dir
 from trainer_backend.cli import main
 
 BASE = ["run", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--quiet"]
@@ -266,14 +266,14 @@ def test_disk_full_fails_the_run_with_the_reason_and_keeps_its_metrics(what, fla
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.strip().splitlines()[-1] == "run_id=1 status=failed"
     error_line = result.stderr.strip().splitlines()[-1]
-    assert error_line.startswith(f"error: disk full while writing {what} {parallax_home}/runs/run-1/{path} ("), \
-        result.stderr
+    folder = run_dir(parallax_home, 1)
+    assert error_line.startswith(f"error: disk full while writing {what} {folder}/{path} ("), result.stderr
     assert "the metrics recorded so far are kept" in error_line and "Traceback" not in result.stderr
     exported = json.loads(run_cli("export", "1", home=parallax_home).stdout)
     assert exported["status"] == "failed" and exported["error"] == error_line.removeprefix("error: ")
     assert [epoch["epoch"] for epoch in exported["epochs"]] == epochs_kept
-    left = sorted(str(p.relative_to(parallax_home / "runs")) for p in (parallax_home / "runs").rglob("*"))
-    partial = [name for name in left if name.endswith(("best.pt", ".part", ".tmp")) or name.startswith("run-1/profile/")]
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    partial = [name for name in left if name.endswith(("best.pt", ".part", ".tmp")) or name.startswith("profile/")]
     assert partial == [], left
 
 

@@ -131,8 +131,10 @@ def test_resume_point_is_read_onto_the_cpu(parallax_home, monkeypatch):
         model(torch.randn(3, 4)).sum().backward()
         optimizer.step()
         loader = SimpleNamespace(generator=None)
-        resume.save_resume_point(7, strategy, model, optimizer, loader, epoch=2, best_acc=0.5)
-        saved = torch.load(parallax_home / "runs" / "run-7" / resume.RESUME_FILE, weights_only=True)
+        folder = parallax_home / "runs" / "run-7"
+        folder.mkdir(parents=True)
+        resume.save_resume_point(folder, strategy, model, optimizer, loader, epoch=2, best_acc=0.5)
+        saved = torch.load(folder / resume.RESUME_FILE, weights_only=True)
         tensors = [*saved["state"]["model"].values(), *saved["state"]["optimizer"]["state"][0].values()]
         assert tensors and all(t.device.type == "cpu" for t in tensors)
 
@@ -141,7 +143,7 @@ def test_resume_point_is_read_onto_the_cpu(parallax_home, monkeypatch):
         monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("map_location")) or real_load(*a, **k))
         fresh = strategy.wrap(nn.Linear(4, 2))
         fresh_optimizer = torch.optim.Adam(fresh.parameters())
-        assert resume.restore(7, strategy, fresh, fresh_optimizer, loader) == (3, 0.5)
+        assert resume.restore(folder, strategy, fresh, fresh_optimizer, loader) == (3, 0.5)
         assert seen == ["cpu"]
         assert torch.equal(fresh.module.weight, model.module.weight)
         assert fresh_optimizer.state_dict()["state"][0]["step"] == 1

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_dir
 from nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
 from db.lifecycle import ACTIVE_STATUSES
@@ -196,7 +196,7 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             user.watch_until_completed(ddp_id, 2, "02-ddp-run-completed")
             with page.expect_download() as download:
                 page.get_by_test_id("stDownloadButton").filter(has_text="best checkpoint").click()
-            saved = parallax_home / "runs" / f"run-{ddp_id}" / "best.pt"
+            saved = run_dir(parallax_home, ddp_id) / "best.pt"
             assert Path(download.value.path()).read_bytes() == saved.read_bytes()
 
             # Two epochs: throughput leaves out the first, which carries the start-up costs.

@@ -18,7 +18,7 @@ import urllib.request
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from conftest import ROOT, run_dir
 from test_e2e_browser import free_port, wait_healthy
 from test_lifecycle import assert_group_gone, export, launch, wait_for
 
@@ -37,7 +37,7 @@ def epochs_of(run: dict) -> list[int]:
 
 def logged_epochs(home, run_id) -> list[int]:
     """The epochs the run printed to its log (it prints one only after recording it)."""
-    text = (home / "runs" / f"run-{run_id}" / "run.log").read_text()
+    text = (run_dir(home, run_id) / "run.log").read_text()
     return [int(n) for n in re.findall(r"^epoch (\d+)/\d+ ", text, flags=re.M)]
 
 
@@ -144,7 +144,7 @@ def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earli
 def test_a_full_log_disk_keeps_training_and_notes_the_log_is_incomplete(parallax_home):
     # The first run of a fresh home is run 1: its log is made a file every write to which fails
     # with ENOSPC, exactly as on a full disk.
-    folder = parallax_home / "runs" / "run-1"
+    folder = run_dir(parallax_home, 1)
     folder.mkdir(parents=True)
     (folder / "run.log").symlink_to("/dev/full")
     run_id = launch(parallax_home, *MODEL, *DDP, "--epochs", "2")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, run_dir
 from db import lifecycle as state
 from db import make_engine, store
 from trainer_backend.lifecycle import can_start, group_members
@@ -81,7 +81,7 @@ def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(paralla
     assert_group_gone(pgid)
     run = export(parallax_home, run_id)
     assert run["status"] == "cancelled" and run["finished_at"]
-    log = (parallax_home / "runs" / f"run-{run_id}" / "run.log").read_text()
+    log = (run_dir(parallax_home, run_id) / "run.log").read_text()
     assert "ddp on cpu,cpu" in log or "DDP on CPU" in log
 
 
@@ -104,7 +104,7 @@ def test_a_cancel_that_can_only_mark_the_run_still_stops_it(parallax_home):
 def test_a_rank_killed_by_a_signal_fails_the_run_naming_rank_and_signal(parallax_home):
     run_id = launch(parallax_home, *DDP_FLAGS, "--epochs", "50")
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
-    rank1 = int((parallax_home / "runs" / f"run-{run_id}" / "rank1.pid").read_text())
+    rank1 = int((run_dir(parallax_home, run_id) / "rank1.pid").read_text())
     os.kill(rank1, signal.SIGKILL)
     run = wait_for(parallax_home, run_id, lambda r: r["status"] != "running", timeout_s=60, what="the end")
     assert run["status"] == "failed"
@@ -204,7 +204,7 @@ def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_hom
     assert [r["status"] for r in runs] == ["completed", "completed"], [r["error"] for r in runs]
     assert seen_together and reads > 10
     assert all(len(r["epochs"]) == 2 for r in runs)
-    folders = [parallax_home / "runs" / f"run-{run_id}" for run_id in (first, second)]
+    folders = [run_dir(parallax_home, run_id) for run_id in (first, second)]
     for folder, run_id in zip(folders, (first, second)):
         assert (folder / "best.pt").exists()
         # The worker prints its last line just after it records the end: give it a moment.

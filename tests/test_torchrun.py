@@ -174,3 +174,80 @@ def test_which_strategies_join_and_what_the_world_trains():
         joined_config(RunConfig(strategy="ddp", batch_size=6), ["cpu"] * 4, nodes=2)
     with pytest.raises(ConfigError, match="nodes 2: only ddp, fsdp and pp"):
         RunConfig(strategy="single", nodes=2)
+
+
+# --- a new job never takes over an earlier run of the same job id -----------------------------------
+
+
+def test_a_new_job_under_a_used_job_id_starts_its_own_run_unless_asked_to_resume(parallax_home):
+    """torchrun's default --rdzv-id is "none": every job started without one shares it."""
+    from db import make_engine
+    from db.engine import session_scope
+    from db.models import Run
+
+    from PIL import Image
+
+    folder = parallax_home / "tiny_set"  # ten 8-pixel images: the job's cost is its start-up
+    for index, name in enumerate(("a", "b")):
+        (folder / name).mkdir(parents=True)
+        for i in range(5):
+            Image.new("RGB", (8, 8), (90 * index, 40 * i, 10)).save(folder / name / f"{i}.png")
+    flags = ["--dataset", str(folder), "--model", "test_resnet", "--image-size", "8", "--epochs", "1",
+             "--strategy", "ddp", "--devices", "cpu"]
+
+    def agent() -> list[str]:  # no --rdzv-id (--standalone would make up a random one)
+        return ["--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+
+    ((code, out, err),) = finish([start_agent(parallax_home, agent(), flags)])
+    assert code == 0, out + err
+    (first,) = runs_of(parallax_home)
+    assert first["elastic_run_id"] == "none"
+    # Its job died (the machine went down, say): readers mark such a run lost.
+    with session_scope(make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")) as session:
+        session.get(Run, first["run_id"]).status = "lost"
+
+    ((code, out, err),) = finish([start_agent(parallax_home, agent(), flags)])
+    assert code == 0, out + err
+    runs = {run["run_id"]: run for run in runs_of(parallax_home)}
+    assert len(runs) == 2, "the new job took over the lost run"
+    assert runs[first["run_id"]]["status"] == "lost" and len(runs[first["run_id"]]["epochs"]) == 1
+    second = next(run for run_id, run in runs.items() if run_id != first["run_id"])
+    assert second["status"] == "completed" and [e["epoch"] for e in second["epochs"]] == [1]
+
+    # Asked to, a new job takes over the newest run of the job id, only if it was lost or failed.
+    ((code, out, err),) = finish([start_agent(parallax_home, agent(), [*flags, "--resume-job"])])
+    assert code != 0 and "run_id=" not in out
+    assert [line for line in err.splitlines() if line.startswith("error: ")] == [
+        f"error: --resume-job: run {second['run_id']} of torchrun job none is completed; only a run that was lost or "
+        "failed is taken over (leave out --resume-job to start a new run)"]
+    assert len(runs_of(parallax_home)) == 2
+
+
+def test_only_a_restarted_attempt_or_resume_job_carries_on_in_an_earlier_run(parallax_home, db_url):
+    """The decision itself, on a real database: which earlier run, if any, a job's rank 0 opens."""
+    from db import dispose_engines, elastic, make_engine, store
+    from trainer_backend.torchrun import _open_run
+
+    engine = make_engine(db_url)
+    world = torchrun_world({**ENV, "RANK": "0", "TORCHELASTIC_RUN_ID": "job-a", "TORCHELASTIC_RESTART_COUNT": "0"})
+    joined = RunConfig(strategy="ddp", devices=("cpu", "cpu"))
+
+    def earlier(status: str) -> int:
+        run_id = store.create_run(engine, joined.to_dict(), status="running")
+        elastic.record_job(engine, run_id, elastic_run_id="job-a", nodes=1, hosts=["h"])
+        if status != "running":
+            store.set_status(engine, run_id, status)
+        return run_id
+
+    for status in ("running", "lost", "failed", "completed", "cancelled"):
+        old = earlier(status)
+        new_id, opened = _open_run(engine, joined, world, ["h"], [], restarted=False)
+        assert new_id != old and opened == "running", status  # a new job: always a run of its own
+        assert store.get_run(engine, old).status == status
+        store.set_status(engine, new_id, "completed")
+    old = earlier("running")
+    assert _open_run(engine, joined, world, ["h"], [], restarted=True) == (old, "running")  # torchrun restarted it
+    store.set_status(engine, old, "lost")
+    assert _open_run(engine, joined, world, ["h"], [], restarted=False, resume_job=True) == (old, "running")
+    dispose_engines()

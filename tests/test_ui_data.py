@@ -16,7 +16,8 @@ import pytest
 import db
 from db import dashboard, store
 from trainer_backend import devices
-from trainer_backend.housekeeping import RunActiveError, delete_run_and_files, run_folder
+from db.folders import run_folder
+from trainer_backend.housekeeping import RunActiveError, delete_run_and_files
 
 
 def config(**changes) -> dict:
@@ -96,7 +97,7 @@ def test_tags_and_note_are_replaced_and_cleaned(engine):
 
 def test_delete_removes_row_metrics_and_folder(engine, db_url):
     run_id = add_run(engine)
-    folder = run_folder(run_id)
+    folder = run_folder(engine, run_id)
     folder.mkdir(parents=True)
     (folder / "best.pt").write_bytes(b"weights")
     (folder / "run.log").write_text("epoch 1/1\n")

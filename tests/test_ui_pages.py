@@ -25,7 +25,7 @@ from nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
 from db import store
 from db.engine import session_scope
 from db.models import EpochMetric, Run, utcnow
-from trainer_backend.housekeeping import run_folder
+from db.folders import run_folder
 from trainer_backend.lifecycle import group_members
 
 APP = str(ROOT / "app.py")
@@ -251,7 +251,7 @@ def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_ho
 
 def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax_home, engine):
     run_id = add_run(engine, strategy="ddp", devices=["cpu", "cpu"], notes=["DDP on CPU: 2 processes on gloo"])
-    folder = run_folder(run_id)
+    folder = run_folder(engine, run_id)
     folder.mkdir(parents=True)
     (folder / "best.pt").write_bytes(b"\0" * 1024)
     (folder / "run.log").write_text("".join(f"line {i}\n" for i in range(100)))
@@ -343,8 +343,8 @@ def test_runs_page_edits_tags_and_note_of_the_picked_run(parallax_home, engine):
 
 def test_runs_page_deletes_after_confirmation_and_refuses_active_runs(parallax_home, engine):
     done = add_run(engine)
-    run_folder(done).mkdir(parents=True)
-    (run_folder(done) / "best.pt").write_bytes(b"weights")
+    run_folder(engine, done).mkdir(parents=True)
+    (run_folder(engine, done) / "best.pt").write_bytes(b"weights")
     active = add_run(engine, status="running")
     hold_by_this_process(engine, active)
 
@@ -360,7 +360,7 @@ def test_runs_page_deletes_after_confirmation_and_refuses_active_runs(parallax_h
     assert store.get_run(engine, done) is not None  # nothing happens before the confirmation
     next(b for b in at.button if b.label == "Yes, delete").click().run()
     assert store.get_run(engine, done) is None
-    assert not run_folder(done).exists()
+    assert not run_folder(engine, done).exists()
     assert table(at).value["run"].tolist() == [active]
 
 

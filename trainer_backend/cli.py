@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
     _add_config_flags(run)
     run.add_argument("--quiet", action="store_true", help="print only the final run_id line")
+    run.add_argument("--resume-job", action="store_true",
+                     help="under torchrun: take over the newest run of this --rdzv-id with the same training if it "
+                     "was lost or failed, and resume it from its last finished epoch (a new job otherwise starts "
+                     "a new run)")
     launch = sub.add_parser("launch", help="start the run in the background (queued until its devices are "
                             "free); prints 'run_id=N status=queued' and returns")
     _add_config_flags(launch)
@@ -184,7 +188,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
-        return run_in_world(config, world, db_url=args.db, echo=not args.quiet)
+        return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
+    if args.resume_job:
+        raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
+                          "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
     open_database(args.db)
     from .runner import execute_run
 

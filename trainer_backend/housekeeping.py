@@ -12,26 +12,21 @@ import shutil
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.settings import parallax_home
+from db.folders import run_folder
 
 
 class RunActiveError(ValueError):
     """The run is queued or running; deleting it would pull its files from under its processes."""
 
 
-def run_folder(run_id: int):
-    """The run's folder, without creating it (``db.settings.runs_dir`` creates it)."""
-    return parallax_home() / "runs" / f"run-{run_id}"
-
-
 class OutsideRunFolder(ValueError):
     """A run's file that resolves outside the run's folder (e.g. a link planted there)."""
 
 
-def run_file(run_id: int, name: str):
-    """``run_folder(run_id) / name``, refused if it resolves (through ``..`` or a link) outside that folder:
-    what the dashboard reads or offers for download is always the run's own file."""
-    folder = run_folder(int(run_id)).resolve()
+def run_file(engine, run_id: int, name: str):
+    """``run_folder(engine, run_id) / name``, refused if it resolves (through ``..`` or a link) outside that
+    folder: what the dashboard reads or offers for download is always the run's own file."""
+    folder = run_folder(engine, int(run_id)).resolve()
     path = (folder / name).resolve()
     if path.parent != folder:
         raise OutsideRunFolder(f"{name} of run {run_id} leads outside the run's folder {folder} (to {path}): "
@@ -51,7 +46,7 @@ def delete_run_and_files(run_id: int, *, db_url: str | None = None) -> None:
         raise LookupError(f"no run with id {run_id}")
     if run.status in state.ACTIVE_STATUSES:
         raise RunActiveError(f"run {run_id} is {run.status}: cancel it first, then delete it")
-    folder = run_folder(run_id)
+    folder = run_folder(engine, run_id)
     if folder.exists():
         shutil.rmtree(folder)
     store.delete_run(engine, run_id)

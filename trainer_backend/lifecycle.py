@@ -6,7 +6,7 @@
 A launched run is a detached worker (``python -m trainer_backend worker N``) in its own session
 and process group, so it outlives the browser tab, a Streamlit rerun and the dashboard itself,
 and one signal to the group reaches every DDP rank and data-loader worker. Its output goes to
-``PARALLAX_HOME/runs/run-N/run.log``. This module imports neither torch nor streamlit: the
+``run.log`` in the run's folder (``db.folders.run_folder``). This module imports neither torch nor streamlit: the
 dashboard calls it.
 """
 
@@ -26,7 +26,9 @@ from pathlib import Path
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.settings import database_url, parallax_home, runs_dir
+from db.engine import absolute_database_url
+from db.folders import run_folder
+from db.settings import database_url, parallax_home
 
 from .config import STRATEGIES, ConfigError, RunConfig
 from .data_roots import check_under_roots
@@ -47,8 +49,8 @@ def cpu_run_slots() -> int:
     return max(1, int(os.environ.get("PARALLAX_CPU_RUNS", "1")))
 
 
-def log_path(run_id: int) -> Path:
-    return runs_dir(run_id) / "run.log"
+def log_path(engine, run_id: int) -> Path:
+    return run_folder(engine, run_id, create=True) / "run.log"
 
 
 def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None,
@@ -57,10 +59,15 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
 
     With ``data_roots`` (the dashboard passes them) a dataset folder outside them is refused
     here, and the worker checks again before it reads any data. The worker's command line is
-    an argv list holding only the run id and these paths: no config value ever reaches a shell."""
+    an argv list holding only the run id and these paths: no config value ever reaches a shell.
+
+    The worker runs in the project's folder: a relative SQLite file, data root or dataset folder
+    is made absolute here, where the caller meant it."""
     if data_roots is not None:
+        data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_under_roots(config.dataset, data_roots)
-    url = database_url(db_url)
+    config = with_absolute_dataset(config)
+    url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
                               sweep_id=sweep_id)
@@ -73,7 +80,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     # spinning is 10-15 % faster. So launched runs sleep and foreground `run` keeps PyTorch's
     # default, like a hand-written script. A value the user set wins; ranks inherit it.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with open(log_path(run_id), "ab") as log:
+    with open(log_path(engine, run_id), "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "trainer_backend", "worker", str(run_id),
              *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])],
@@ -84,6 +91,16 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     # Reap the worker when it ends, so a long-lived launcher (the dashboard) holds no zombies.
     threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
     return run_id
+
+
+def with_absolute_dataset(config: RunConfig) -> RunConfig:
+    """``config`` with a dataset folder given relative to this process's directory made absolute."""
+    path = os.path.expanduser(config.dataset)
+    if os.path.isabs(path) or not os.path.exists(path):
+        return config  # a built-in name, or a folder the worker will report missing
+    from .datasets.builtin import BUILTIN_DATASETS  # imports torch: only for a relative folder
+
+    return config if config.dataset in BUILTIN_DATASETS else config.replace(dataset=os.path.abspath(path))
 
 
 def sweep_configs(config: RunConfig, strategies: list[str]) -> list[RunConfig]:

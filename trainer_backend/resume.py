@@ -1,9 +1,9 @@
 """Resumable checkpoints, one per finished epoch, for runs that ``torchrun --max-restarts N`` may restart.
 
-    save_resume_point(run_id, strategy, model, optimizer, train_loader, epoch=3, best_acc=0.91)   # every rank
-    start_epoch, best_acc = restore(run_id, strategy, model, optimizer, train_loader)            # every rank
+    save_resume_point(folder, strategy, model, optimizer, train_loader, epoch=3, best_acc=0.91)   # every rank
+    start_epoch, best_acc = restore(folder, strategy, model, optimizer, train_loader)            # every rank
 
-Rank 0 writes ``runs/run-N/resume.pt`` (model and optimizer state, the epoch, the best accuracy so
+Rank 0 writes ``resume.pt`` in the run's folder (model and optimizer state, the epoch, the best accuracy so
 far, the random number generators) after the epoch is recorded, so an epoch is either recorded and
 in the checkpoint or trained again and recorded once, replacing nothing twice. After a restart
 rank 0 may sit on another machine: every rank says which epoch its own machine's checkpoint holds
@@ -13,12 +13,11 @@ and the newest is sent from there to all. Both functions are collectives.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
-
-from db.settings import runs_dir
 
 from .storage import writing
 from .strategies import Strategy
@@ -33,7 +32,7 @@ def restart_count() -> int:
     return world.restart_count if world is not None else 0
 
 
-def save_resume_point(run_id: int, strategy: Strategy, model: nn.Module, optimizer, train_loader,
+def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
                       *, epoch: int, best_acc: float) -> None:
     state = strategy.resume_state(model, optimizer)
     if not strategy.is_main:
@@ -49,7 +48,6 @@ def save_resume_point(run_id: int, strategy: Strategy, model: nn.Module, optimiz
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "loader_rng": generator.get_state() if generator is not None else None,
     }
-    folder = runs_dir(run_id)
     # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
     with writing(folder / RESUME_FILE, "resume point") as handle:
         torch.save(point, handle)
@@ -58,8 +56,7 @@ def save_resume_point(run_id: int, strategy: Strategy, model: nn.Module, optimiz
         handle.write(json.dumps({"epoch": epoch}).encode())
 
 
-def _local_epoch(run_id: int) -> int:
-    folder = runs_dir(run_id)
+def _local_epoch(folder: Path) -> int:
     try:
         epoch = int(json.loads((folder / RESUME_EPOCH_FILE).read_text())["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -67,18 +64,18 @@ def _local_epoch(run_id: int) -> int:
     return epoch if (folder / RESUME_FILE).exists() else 0
 
 
-def restore(run_id: int, strategy: Strategy, model: nn.Module, optimizer, train_loader) -> tuple[int, float]:
+def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader) -> tuple[int, float]:
     """Load the newest resume point any rank's machine holds: (first epoch to train, best accuracy).
     (1, -1.0) when there is none."""
     epochs: list[int | None] = [None] * strategy.world_size
-    dist.all_gather_object(epochs, _local_epoch(run_id))
+    dist.all_gather_object(epochs, _local_epoch(folder))
     newest = max(epochs)
     if newest == 0:
         return 1, -1.0
     source = epochs.index(newest)
     # Onto the CPU: the point travels to every rank, and each rank's load_state_dict puts it on
     # that rank's own device (without map_location it would come back on the saving rank's GPU).
-    holder = [torch.load(runs_dir(run_id) / RESUME_FILE, weights_only=True, map_location="cpu")
+    holder = [torch.load(folder / RESUME_FILE, weights_only=True, map_location="cpu")
               if strategy.rank == source else None]
     dist.broadcast_object_list(holder, src=source)
     point = holder[0]

@@ -29,6 +29,7 @@ from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 from db import lifecycle as state
 from db import make_engine, store
 from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
+from db.folders import named_run_folder, run_folder_name
 from db.settings import database_url
 
 from .config import ConfigError, RunConfig, strategy_notes
@@ -57,11 +58,11 @@ PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 FINAL_WRITE_WAIT_S = 60.0
 
 
-def preflight(config: RunConfig) -> DatasetInfo:
+def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
     an unknown model, missing pretrained weights, an image size the model cannot take, or a
     model that cannot be cut for mp all fail here, with a message, before training starts."""
-    info = load_data(config).info
+    info = load_data(config, data_roots).info
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
     if config.strategy == "mp":
@@ -126,10 +127,11 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
         except ConfigError as exc:
             state.finish(engine, run_id, "failed", error=str(exc))
             return store.get_run(engine, run_id).status
-    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True)
+    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True, data_roots=data_roots)
 
 
-def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool) -> str:
+def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool,
+                data_roots: list | None = None) -> str:
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
     try:
@@ -138,12 +140,12 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
                 status, error = "cancelled", "cancelled while queued"
             else:
                 if needs_preflight:
-                    info = preflight(config)
+                    info = preflight(config, data_roots)
                     notes = run_notes(config, info)
                     retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
                     if echo:
                         _announce(run_id, config, info, notes)
-                status, error = train_to_end(config, run_id, url, echo=echo)
+                status, error = train_to_end(config, run_id, url, echo=echo, data_roots=data_roots)
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
     except PLAIN_ERRORS as exc:
@@ -158,13 +160,15 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     return store.get_run(engine, run_id).status
 
 
-def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True) -> tuple[str, str | None]:
+def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
+                 data_roots: list | None = None) -> tuple[str, str | None]:
     """Train and translate how it ended into (status, error)."""
+    folder_name = run_folder_name(make_engine(url), run_id)
     try:
         if config.world_size > 1:
-            _spawn_ranks(config, run_id, url, echo)
+            _spawn_ranks(config, run_id, url, echo, folder_name, data_roots)
         else:
-            train_process(0, config.to_dict(), run_id, url, echo=echo)
+            train_process(0, config.to_dict(), run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
         return "completed", None
     except (RunCancelled, KeyboardInterrupt):
         _stop_children()
@@ -181,14 +185,14 @@ class RankFailure(Exception):
     """A rank of a multi-process run failed; the message names the rank that failed first."""
 
 
-def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
+def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_name: str, data_roots: list | None) -> None:
     collective_timeout()  # a bad PARALLAX_COLLECTIVE_TIMEOUT_S is refused here, in one line
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
     context = mp.start_processes(
         _rank_main,
-        args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo),
+        args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name, data_roots),
         nprocs=config.world_size,
         join=False,
         start_method="spawn",
@@ -199,7 +203,7 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool) -> None:
     except ProcessException as exc:
         # join() reports the first rank it sees end, which is often a rank that failed only
         # because its peer vanished mid-collective; find the one that failed first.
-        raise RankFailure(_root_cause(context, run_id, exc)) from None
+        raise RankFailure(_root_cause(context, named_run_folder(folder_name), exc)) from None
     finally:
         del store_server
 
@@ -213,12 +217,12 @@ def _rank_main(rank: int, *args) -> None:
         gc.freeze()
 
 
-def _root_cause(context, run_id: int, exc: ProcessException) -> str:
+def _root_cause(context, folder, exc: ProcessException) -> str:
     for process in context.processes:
         process.join(5)  # join() has already sent SIGTERM to the ranks still running
     if isinstance(exc, ProcessExitedException) and exc.signal_name:
         return f"rank {exc.error_index} was killed by signal {exc.signal_name}; the other ranks were stopped"
-    failures = read_rank_failures(run_id)
+    failures = read_rank_failures(folder)
     failed = {f["rank"] for f in failures}
     # A rank killed from outside (SIGKILL from the OOM killer, a crash) leaves no traceback;
     # its peers then raise mid-collective. SIGTERM is what join() itself sent to the others.

@@ -10,7 +10,9 @@ spawned run (``trainer.train_process``), so the metrics are the same global ones
 from torchrun; ``--devices`` only says which kind of device. Global rank 0 alone writes the
 database: one run for the whole job with its world size, machines and their hosts, and torchrun's
 job id (``--rdzv-id``), by which a job restarted under ``--max-restarts N`` finds its run again and
-resumes it from the last finished epoch (``resume``).
+resumes it from the last finished epoch (``resume``). A new job (its first attempt) always starts a
+run of its own, even under a job id and training used before (the default id is "none"), unless
+``--resume-job`` asks it to take over that earlier run where it was lost or failed.
 
 Reading torchrun's environment imports nothing heavy: a strategy that cannot join is refused at once.
 """
@@ -140,7 +142,8 @@ def refuse(world: TorchrunWorld, exc: Exception) -> int:
     return 2
 
 
-def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True) -> int:
+def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
+                 resume_job: bool = False) -> int:
     """Join torchrun's world and train this process's part of the job; returns the exit code."""
     try:
         check_joinable(config.strategy, world)
@@ -152,12 +155,12 @@ def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None 
     if world.rank == 0:
         install_cancel_handler()  # a cancel from the dashboard or `cancel` reaches rank 0
     try:
-        return _join(config, world, device, db_url, echo)
+        return _join(config, world, device, db_url, echo, resume_job)
     except (RunCancelled, KeyboardInterrupt):
         return 1  # torchrun (or the user) stopped the job before this run existed
 
 
-def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | None, echo: bool) -> int:
+def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | None, echo: bool, resume_job: bool) -> int:
     import torch
     import torch.distributed as dist
 
@@ -192,15 +195,17 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
         if world.rank == 0:
-            return _lead(joined, world, hosts, url, echo, restarted)
-        return _follow(joined, world, url)
+            return _lead(joined, world, hosts, url, echo, restarted, resume_job)
+        return _follow(joined, world, url, resume_job)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _tell(decision: tuple | None) -> tuple:
-    """Rank 0 tells every process what to do: ("train", run_id, 0) or ("stop", run_id, exit code)."""
+    """Rank 0 tells every process what to do: ("train", run_id, 0, run folder name) or
+    ("stop", run_id, exit code, None). The folder's name comes from rank 0, the one process that
+    opens the database: a machine of the job that has no copy of it still keys its files alike."""
     import torch.distributed as dist
 
     holder = [decision]
@@ -208,18 +213,21 @@ def _tell(decision: tuple | None) -> tuple:
     return holder[0]
 
 
-def _follow(joined: RunConfig, world: TorchrunWorld, url: str) -> int:
+def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool) -> int:
     from .trainer import train_process
 
-    action, run_id, code = _tell(None)
+    action, run_id, code, folder_name = _tell(None)
     if action == "stop":
         return code
-    train_process(world.rank, joined.to_dict(), run_id, url, echo=False, resumable=world.max_restarts > 0)
+    train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
+                  resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name)
     return 0
 
 
-def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool) -> int:
+def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
+          resume_job: bool) -> int:
     from db import make_engine, store
+    from db.folders import run_folder_name
 
     from .runner import USER_ERRORS, _announce, preflight, run_notes
 
@@ -227,25 +235,26 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
         info = preflight(joined)
         notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
         engine = make_engine(url)
-        run_id, status = _open_run(engine, joined, world, hosts, notes, restarted)
+        run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
+        folder_name = run_folder_name(engine, run_id)
     except USER_ERRORS as exc:
-        _tell(("stop", None, 2))
+        _tell(("stop", None, 2, None))
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except BaseException:
-        _tell(("stop", None, 1))
+        _tell(("stop", None, 1, None))
         raise
     if status != "running":
         # A restart of a job whose run has ended (cancelled, say): nothing to resume, and exit
         # code 0 for a run that ended on purpose, so torchrun does not restart it again.
         code = 0 if status in ("completed", "cancelled") else 1
-        _tell(("stop", run_id, code))
+        _tell(("stop", run_id, code, None))
         print(f"run_id={run_id} status={status}", flush=True)
         return code
-    _tell(("train", run_id, 0))
+    _tell(("train", run_id, 0, folder_name))
     if echo:
         _announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo)
+    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job)
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
@@ -257,22 +266,36 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
 
 
 def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str], notes: list[str],
-              restarted: bool) -> tuple[int, str]:
+              restarted: bool, resume_job: bool = False) -> tuple[int, str]:
     """The job's run: the one an earlier attempt of this job left unfinished, else a new one.
-    (run id, status); a restart of a job whose run has ended gets that run and its status."""
+    (run id, status); a restart of a job whose run has ended gets that run and its status.
+
+    Only a restarted attempt carries on in an earlier run: a new job, under a job id and training
+    used before, would otherwise mix its epochs into a run that ended long ago (or into one that a
+    job still running owns). ``resume_job`` asks a new job to take over a lost or failed run."""
     from db import elastic, store
+    from db import lifecycle as state
 
     pid, host = os.getpid(), socket.gethostname()
+    if resume_job and not restarted:
+        state.mark_lost_runs(engine)  # a run whose job died is lost, and may be taken over
     found = elastic.find_job_run(engine, world.job_id)
     # The same job id with the same training is the same job (the world may have changed size).
-    if found is not None and same_training(store.get_run(engine, found[0]).config, joined.to_dict()):
+    same = found is not None and same_training(store.get_run(engine, found[0]).config, joined.to_dict())
+    if same and (restarted or resume_job):
         run_id, status = found
-        if elastic.resume_job_run(engine, run_id, pid=pid, host=host, nodes=len(hosts), hosts=hosts):
+        statuses = elastic.RESUMABLE_STATUSES if restarted else elastic.TAKEOVER_STATUSES
+        if elastic.resume_job_run(engine, run_id, pid=pid, host=host, nodes=len(hosts), hosts=hosts, statuses=statuses):
             store.add_notes(engine, run_id, notes)
-            _forget_failures(run_id)
+            _forget_failures(engine, run_id)
             return run_id, "running"
         if restarted:
             return run_id, store.get_run(engine, run_id).status
+        raise ValueError(f"--resume-job: run {run_id} of torchrun job {world.job_id} is {status}; only a run that was "
+                         f"{' or '.join(elastic.TAKEOVER_STATUSES)} is taken over (leave out --resume-job to start a new run)")
+    if resume_job and not restarted:
+        raise ValueError(f"--resume-job: no run of torchrun job {world.job_id} (--rdzv-id) with this training to take "
+                         "over; leave out --resume-job to start a new run")
     # Started at once: the job's processes are already running on every machine, so it does
     # not wait in this machine's queue.
     run_id = store.create_run(engine, joined.to_dict(), status="running", notes=notes, world_size=joined.world_size)
@@ -287,15 +310,16 @@ def same_training(stored: dict, joined: dict) -> bool:
     return {k: v for k, v in stored.items() if k not in ignored} == {k: v for k, v in joined.items() if k not in ignored}
 
 
-def _forget_failures(run_id: int) -> None:
+def _forget_failures(engine, run_id: int) -> None:
     """A new attempt's failures are its own: drop the tracebacks the previous one left here."""
-    from db.settings import runs_dir
+    from db.folders import run_folder
 
-    for path in runs_dir(run_id).glob("rank*.failure.json"):
+    for path in run_folder(engine, run_id, create=True).glob("rank*.failure.json"):
         path.unlink(missing_ok=True)
 
 
-def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool) -> str:
+def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
+                      folder_name: str, resume_job: bool) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
     from db import lifecycle as state
     from db import store
@@ -306,7 +330,8 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
     started = time.time()
     try:
         with Heartbeat(engine, run_id):
-            train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0)
+            train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+                          folder_name=folder_name)
         state.finish(engine, run_id, "completed")
     except KeyboardInterrupt:
         state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
@@ -314,7 +339,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
         # stopping the job, which it does when another of its processes has failed.
         if store.get_run(engine, run_id).status != "cancelled":
-            _attempt_failed(engine, run_id, world, _failure_cause(run_id, started) or (
+            _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or (
                 "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
                 "torchrun's output names it"))
     except Exception as exc:
@@ -322,7 +347,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         import traceback
 
         own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        _attempt_failed(engine, run_id, world, _failure_cause(run_id, started) or own)
+        _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
     status = store.get_run(engine, run_id).status
     if status != "completed":
         # Recorded: from here on torchrun's SIGTERM may end this process at once, even if
@@ -331,13 +356,15 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
     return status
 
 
-def _failure_cause(run_id: int, since: float) -> str | None:
+def _failure_cause(folder_name: str, since: float) -> str | None:
     """The first failure of this attempt among the ranks on this machine (a rank that fails makes
     its peers fail mid-collective; the first one is the cause)."""
+    from db.folders import named_run_folder
+
     from .runner import _with_oom_hint
     from .trainer import read_rank_failures
 
-    failures = [f for f in read_rank_failures(run_id) if f["time"] >= since]
+    failures = [f for f in read_rank_failures(named_run_folder(folder_name)) if f["time"] >= since]
     if not failures:
         return None
     first = min(failures, key=lambda f: f["time"])

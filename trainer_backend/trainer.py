@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from db import lifecycle as state
 from db import make_engine, profiles, store
 from db.engine import retry_when_locked
-from db.settings import runs_dir
+from db.folders import named_run_folder, run_folder_name
 
 from . import resume
 from .config import RunConfig
@@ -42,7 +42,9 @@ from .strategies import Strategy, make_strategy
 EpochPrinter = Callable[[str], None]
 
 
-def load_data(config: RunConfig) -> PreparedData:
+def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData:
+    """The run's data; with ``data_roots`` (a run launched from the dashboard) every class folder
+    and file read must lie inside them."""
     return prepare_data(
         config.dataset,
         image_size=config.image_size,
@@ -50,6 +52,7 @@ def load_data(config: RunConfig) -> PreparedData:
         band_scale=config.band_scale,
         val_fraction=config.val_fraction,
         seed=config.seed,
+        data_roots=data_roots,
     )
 
 
@@ -194,44 +197,51 @@ def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, me
 
 
 def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0,
-                  echo: bool = True, resumable: bool = False) -> None:
+                  echo: bool = True, resumable: bool = False, folder_name: str | None = None,
+                  data_roots: list | None = None) -> None:
     """Train one process's part of run ``run_id``. Raises on any failure; the runner records it.
 
     ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
-    if any, and write one after every epoch."""
+    if any, and write one after every epoch. ``folder_name`` names the run's folder
+    (``db.folders.run_folder_name``; looked up in the database when not given); ``data_roots``
+    confines the data read (``load_data``)."""
+    if folder_name is None:
+        folder_name = run_folder_name(make_engine(db_url), run_id)
+    folder = named_run_folder(folder_name, create=True)
     try:
-        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable)
+        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable, folder, data_roots)
     except Exception as exc:
         # When one rank fails its peers fail too, mid-collective; the time tells the runner
         # which failure came first, i.e. which one to report.
         failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
                    "type": type(exc).__name__, "message": str(exc)}
         with contextlib.suppress(OSError):  # on a full disk this note cannot be written; the error itself must win
-            with writing(runs_dir(run_id) / f"rank{rank}.failure.json", "failure note") as handle:
+            with writing(folder / f"rank{rank}.failure.json", "failure note") as handle:
                 handle.write(json.dumps(failure).encode())
         raise
 
 
-def read_rank_failures(run_id: int) -> list[dict]:
+def read_rank_failures(folder) -> list[dict]:
+    """The failure notes the ranks of a run left in its folder."""
     failures = []
-    for path in runs_dir(run_id).glob("rank*.failure.json"):
+    for path in folder.glob("rank*.failure.json"):
         with contextlib.suppress(OSError, ValueError):  # a note cut short must not hide the failure itself
             failures.append(json.loads(path.read_text()))
     return failures
 
 
 def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool,
-                   resumable: bool) -> None:
+                   resumable: bool, folder, data_roots: list | None) -> None:
     if store_port:
         _die_with_parent()
         # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
         guard_output(on_failure=(lambda exc: note_log_incomplete(make_engine(db_url), run_id, exc)) if rank == 0 else None)
     # Lets an operator (or a test) find and signal one rank of a run.
-    (runs_dir(run_id) / f"rank{rank}.pid").write_text(str(os.getpid()))
+    (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
     load_plugins()
     config = RunConfig.from_dict(config_dict)
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    data = load_data(config)
+    data = load_data(config, data_roots)
     strategy = make_strategy(config, rank, in_chans=data.info.in_chans, store_host=store_host, store_port=store_port)
     strategy.setup()
     try:
@@ -247,16 +257,16 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         loaders = build_loaders(data, config, strategy)
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
-        checkpoint = runs_dir(run_id) / "best.pt"
+        checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0
         if resumable:
-            start_epoch, best_acc = resume.restore(run_id, strategy, model, optimizer, loaders[0])
+            start_epoch, best_acc = resume.restore(folder, strategy, model, optimizer, loaders[0])
             if engine is not None and resume.restart_count() > 0:
                 store.add_notes(engine, run_id, [resume.resume_note(start_epoch, resume.restart_count())])
         for epoch in range(start_epoch, config.epochs + 1):
             if progress is not None:
                 progress.epoch = epoch
-            profiler = _start_profiler(config, strategy, run_id) if config.profile and epoch == 1 else None
+            profiler = _start_profiler(config, strategy, folder) if config.profile and epoch == 1 else None
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
                                 on_step=progress, profiler=profiler, precision=precision)
             if profiler is not None:
@@ -277,16 +287,16 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 if state is not None:
                     save_checkpoint(checkpoint, state, config, data, metrics)
             if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
-                resume.save_resume_point(run_id, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
+                resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
     finally:
         strategy.teardown()
 
 
-def _start_profiler(config: RunConfig, strategy: Strategy, run_id: int) -> StepProfiler:
+def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:
     profiler = StepProfiler(
         wait=config.profile_wait, warmup=config.profile_warmup, active=config.profile_active,
         devices=strategy.devices, rank=strategy.rank, world_size=strategy.world_size,
-        out_dir=runs_dir(run_id) / "profile", with_stack=config.profile_stack,
+        out_dir=folder / "profile", with_stack=config.profile_stack,
     )
     profiler.start()
     return profiler

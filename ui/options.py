@@ -23,9 +23,12 @@ def dataset_folders() -> list[str]:
     roots = data_roots()
     folders = []
     for root in roots:
-        if root.is_dir():
-            folders += sorted(str(p.resolve()) for p in root.iterdir()
-                              if p.is_dir() and not p.name.startswith(".") and is_under_roots(p, roots))
+        try:
+            if root.is_dir():
+                folders += sorted(str(p.resolve()) for p in root.iterdir()
+                                  if p.is_dir() and not p.name.startswith(".") and is_under_roots(p, roots))
+        except (OSError, RuntimeError):  # an unreadable root, or a link loop resolve() gives up on
+            continue
     return folders
 
 
@@ -55,11 +58,12 @@ def dataset_label(choice: str) -> str:
 
 @st.cache_data(ttl=60, show_spinner=False)
 def describe_dataset(choice: str) -> dict[str, Any]:
-    """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable."""
+    """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable.
+    Only what lies inside the data roots is read, links included."""
     from trainer_backend.datasets import DatasetError, inspect_dataset
 
     try:
-        return inspect_dataset(choice)
+        return inspect_dataset(choice, data_roots())
     except DatasetError as exc:
         return {"problems": [str(exc)], "warnings": []}
 

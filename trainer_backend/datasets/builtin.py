@@ -6,7 +6,9 @@ downloaded with torchvision otherwise; without a network the error says where to
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import importlib
 import importlib.util
 import os
 import pickle
@@ -181,11 +183,39 @@ def decode_cifar10(image_size: int) -> DecodedPool:
     return make_pool(resize_uint8_images(images, image_size), labels, read_cifar_class_names(folder))
 
 
+# What CIFAR-10's pickles hold besides dicts, lists, strings, bytes and numbers: numpy arrays (and
+# the numpy scalars and latin-1 byte strings that Python 2 and 3 pickles build them from).
+CIFAR_PICKLE_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class CifarUnpickler(pickle.Unpickler):
+    """Unpickles only what a CIFAR-10 batch holds. Any other callable a pickle names (os.system,
+    eval, a class with side effects) is refused before it is called: a plain pickle.load would run it."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"it names {module}.{name}, which a CIFAR-10 file never holds (only dicts, lists, bytes and "
+                "numpy arrays); refused without running it")
+        if module.startswith("numpy.core."):  # numpy 2 moved it (the old name still loads, with a warning)
+            with contextlib.suppress(ImportError):
+                return getattr(importlib.import_module("numpy._core." + module.split(".", 2)[2]), name)
+        return super().find_class(module, name)
+
+
+def load_cifar_pickle(handle):
+    return CifarUnpickler(handle, encoding="bytes").load()
+
+
 def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
-        # Unpickling runs code from the file; these files come only from the user's own data folder.
         with open(path, "rb") as handle:
-            entry = pickle.load(handle, encoding="bytes")
+            entry = load_cifar_pickle(handle)
         pixels = np.asarray(pickled_field(entry, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32)
         labels = np.asarray(pickled_field(entry, "labels"), dtype=np.int64)
     except Exception as exc:
@@ -201,7 +231,7 @@ def read_cifar_class_names(folder: Path) -> tuple[str, ...]:
         return CIFAR10_CLASSES
     try:
         with open(meta, "rb") as handle:
-            names = pickled_field(pickle.load(handle, encoding="bytes"), "label_names")
+            names = pickled_field(load_cifar_pickle(handle), "label_names")
         return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
     except Exception as exc:
         raise DatasetError(f"cannot read cifar10 class names {meta}: {exc}") from exc

@@ -1,13 +1,15 @@
 """Image folders in the EuroSAT layout: one sub-folder per class, image files inside.
 
 ``list_image_folder`` scans without decoding (for the dashboard and the cache key);
-``decode_image_folder`` decodes every image, in a process pool for large sets.
+``decode_image_folder`` decodes every image, in a process pool for large sets. Both take the data
+roots a confined run reads inside (``paths``): every class folder and file, links included.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import stat
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -19,6 +21,7 @@ import torch
 from .base import DatasetError, DecodedPool, make_pool
 from .image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
 from .limits import too_large_decoded, too_many_images
+from .paths import check_inside, entry_stat, folder_entries
 
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512
@@ -33,6 +36,7 @@ class FolderListing:
     ignored_files: tuple[Path, ...]  # non-image files inside class folders
     stray_files: tuple[Path, ...]    # files next to the class folders, not in one
     fingerprint: tuple[tuple[str, int, int], ...]  # (relative path, size, mtime_ns) of every file
+    roots: tuple[Path, ...] | None = None  # the data roots every file read must lie inside, if confined
 
     @property
     def num_images(self) -> int:
@@ -55,18 +59,28 @@ def resolve_folder(dataset: str) -> Path:
     return root
 
 
-def list_image_folder(root: Path) -> FolderListing:
-    """Classes, image files and ignored files under ``root`` (hidden files and folders skipped)."""
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not is_hidden(p.name))
+def list_image_folder(root: Path, roots: list[Path] | None = None) -> FolderListing:
+    """Classes, image files and ignored files under ``root`` (hidden files and folders skipped).
+
+    A broken link, a link loop, an unreadable folder or (with ``roots``) a path leading outside
+    the data roots raises DatasetError naming it."""
+    check_inside(root, roots)
+    stats: dict[Path, os.stat_result] = {}
+    class_dirs, stray = [], []
+    for path in folder_entries(root):
+        if is_hidden(path.name):
+            continue
+        stats[path] = entry_stat(path, roots)
+        (class_dirs if stat.S_ISDIR(stats[path].st_mode) else stray).append(path)
     if not class_dirs:
         raise DatasetError(
             f"dataset folder {root} has no class sub-folders: put the images of each class in "
             f"their own folder, e.g. {root / 'Forest' / 'image_1.tif'}"
         )
-    stray = sorted(p for p in root.iterdir() if p.is_file() and not is_hidden(p.name))
     files_by_class, ignored = [], []
     for class_dir in class_dirs:
-        files = walk_visible_files(class_dir)
+        files, linked_dirs = walk_visible_files(class_dir, roots, stats)
+        ignored.extend(linked_dirs)
         files_by_class.append(tuple(f for f in files if is_image_file(f)))
         ignored.extend(f for f in files if not is_image_file(f))
     every_file = sorted(stray + ignored + [f for files in files_by_class for f in files])
@@ -76,21 +90,32 @@ def list_image_folder(root: Path) -> FolderListing:
         files_by_class=tuple(files_by_class),
         ignored_files=tuple(sorted(ignored)),
         stray_files=tuple(stray),
-        fingerprint=tuple(file_fingerprint(f, root) for f in every_file),
+        fingerprint=tuple((str(f.relative_to(root)), stats[f].st_size, stats[f].st_mtime_ns)
+                          for f in every_file if f in stats),
+        roots=tuple(roots) if roots is not None else None,
     )
 
 
-def walk_visible_files(folder: Path) -> list[Path]:
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not is_hidden(d))
-        found.extend(Path(dirpath) / name for name in sorted(filenames) if not is_hidden(name))
-    return found
-
-
-def file_fingerprint(path: Path, root: Path) -> tuple[str, int, int]:
-    stat = path.stat()
-    return str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns
+def walk_visible_files(folder: Path, roots: list[Path] | None,
+                       stats: dict[Path, os.stat_result]) -> tuple[list[Path], list[Path]]:
+    """(visible files under ``folder``, links to folders found below it, which are not followed),
+    each file's stat put in ``stats``. A class folder may itself be a link; below it, only real
+    folders are walked, so a link there can never lead the walk round in a loop."""
+    found, linked_dirs, pending = [], [], [folder]
+    while pending:
+        current = pending.pop()
+        subfolders = []
+        for path in folder_entries(current):
+            if is_hidden(path.name):
+                continue
+            result = entry_stat(path, roots)
+            if stat.S_ISDIR(result.st_mode):
+                (linked_dirs if path.is_symlink() else subfolders).append(path)
+            else:
+                stats[path] = result
+                found.append(path)
+        pending.extend(reversed(subfolders))
+    return found, linked_dirs
 
 
 def listing_problems(listing: FolderListing) -> list[str]:
@@ -119,7 +144,7 @@ def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ..
     first = next((files[0] for files in listing.files_by_class if files), None)
     if first is None:
         return None
-    native = describe_image_file(first)
+    native = describe_image_file(first, list(listing.roots) if listing.roots is not None else None)
     channels = len(bands) if bands else len(native["default_bands"])
     eight_bit = native["dtype"] == "uint8" and native["default_scale"] == 255.0 and band_scale in (None, 255.0)
     return too_large_decoded(listing.root, listing.num_images, channels, image_size, 1 if eight_bit else 2)
@@ -143,14 +168,15 @@ def decode_image_folder(listing: FolderListing, image_size: int, bands: tuple[in
         raise DatasetError("; ".join(problems))
     paths = [f for files in listing.files_by_class for f in files]
     labels = [label for label, files in enumerate(listing.files_by_class) for _ in files]
-    decoded = decode_files(paths, image_size, bands, band_scale)
+    decoded = decode_files(paths, image_size, bands, band_scale, listing.roots)
     images = stack_decoded(decoded, paths)
     warnings = listing_warnings(listing) + size_warnings(decoded, image_size)
     return make_pool(images, labels, listing.class_names, warnings)
 
 
-def decode_files(paths: list[Path], image_size: int, bands, band_scale) -> list[DecodedImage]:
-    decode = partial(decode_image_file, image_size=image_size, bands=bands, band_scale=band_scale)
+def decode_files(paths: list[Path], image_size: int, bands, band_scale, roots=None) -> list[DecodedImage]:
+    decode = partial(decode_image_file, image_size=image_size, bands=bands, band_scale=band_scale,
+                     roots=list(roots) if roots is not None else None)
     workers = usable_cpu_count()
     # A daemonic process (e.g. a DataLoader worker) may not start children.
     if (len(paths) < MIN_FILES_FOR_POOL or workers < 2 or multiprocessing.current_process().daemon

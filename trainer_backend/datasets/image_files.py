@@ -2,6 +2,8 @@
 
 TIFFs may carry any number of bands (Sentinel-2 has 13); PNG/JPEG/BMP files are read as RGB.
 For a 13-band image the defaults follow EuroSAT: bands (3, 2, 1) = red, green, blue, divided by 4000.
+A file is opened once, through ``paths.open_checked``, and its header's declared size is checked
+against ``limits.max_image_bytes`` before any pixel is decoded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from PIL import Image
 
 from .base import DatasetError, resize_unit_images, to_uint8
+from .limits import too_large_image
+from .paths import open_checked
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 RGB_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -34,19 +38,33 @@ def is_image_file(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def read_band_last(path: Path) -> np.ndarray:
-    """The file's pixels as (H, W, bands). Any failure names the file."""
-    try:
-        pixels = read_tiff(path) if path.suffix.lower() in TIFF_SUFFIXES else read_rgb(path)
-    except Exception as exc:  # decoders raise many types; the user needs the file and the reason
-        raise DatasetError(f"cannot read image {path}: {exc}") from exc
+def read_band_last(path: Path, roots: list[Path] | None = None) -> np.ndarray:
+    """The file's pixels as (H, W, bands). Any failure names the file. With ``roots``, the file
+    opened must lie inside them."""
+    with open_checked(path, roots) as handle:
+        try:
+            pixels = read_tiff(handle, path) if path.suffix.lower() in TIFF_SUFFIXES else read_rgb(handle, path)
+        except DatasetError:
+            raise
+        except Exception as exc:  # decoders raise many types; the user needs the file and the reason
+            raise DatasetError(f"cannot read image {path}: {exc}") from exc
     if pixels.ndim != 3 or min(pixels.shape) == 0:
         raise DatasetError(f"cannot read image {path}: expected a 2-D image with bands, got shape {pixels.shape}")
     return pixels
 
 
-def read_tiff(path: Path) -> np.ndarray:
-    pixels = tifffile.imread(path)
+def refuse_declared_size(path: Path, shape: tuple[int, ...], bytes_per_value: int) -> None:
+    problem = too_large_image(path, shape, bytes_per_value)
+    if problem:
+        raise DatasetError(problem)
+
+
+def read_tiff(handle, path: Path) -> np.ndarray:
+    with tifffile.TiffFile(handle, name=path.name) as tiff:
+        # The header declares the shape; a few kilobytes of tiles can declare tens of gigabytes.
+        series = tiff.series[0]
+        refuse_declared_size(path, tuple(series.shape), series.dtype.itemsize)
+        pixels = tiff.asarray()
     if pixels.ndim == 2:
         return pixels[:, :, None]
     if pixels.ndim == 3 and pixels.shape[0] < pixels.shape[-1]:
@@ -55,8 +73,12 @@ def read_tiff(path: Path) -> np.ndarray:
     return pixels
 
 
-def read_rgb(path: Path) -> np.ndarray:
-    with Image.open(path) as image:
+def read_rgb(handle, path: Path) -> np.ndarray:
+    with Image.open(handle) as image:
+        width, height = image.size  # from the header: nothing is decoded yet
+        wide = image.mode in ("I", "F")
+        refuse_declared_size(path, (height, width, max(3, len(image.getbands()))),
+                             4 if wide else 2 if image.mode.startswith("I;16") else 1)
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
             # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
             gray = np.asarray(image)
@@ -92,9 +114,9 @@ def select_bands(pixels: np.ndarray, bands: tuple[int, ...], path: Path) -> np.n
 
 
 def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None,
-                      band_scale: float | None) -> DecodedImage:
+                      band_scale: float | None, roots: list[Path] | None = None) -> DecodedImage:
     """Read ``path`` and return its chosen bands, divided by the scale, clipped to [0, 1], resized."""
-    pixels = read_band_last(path)
+    pixels = read_band_last(path, roots)
     band_count = pixels.shape[-1]
     chosen = select_bands(pixels, bands if bands is not None else default_bands(band_count, path), path)
     scale = band_scale if band_scale is not None else default_scale(pixels.dtype, band_count)
@@ -107,9 +129,9 @@ def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None
     return DecodedImage(stored.numpy(), (pixels.shape[0], pixels.shape[1]))
 
 
-def describe_image_file(path: Path) -> dict:
+def describe_image_file(path: Path, roots: list[Path] | None = None) -> dict:
     """Native shape, dtype and default band choice of one file, for a quick look at a dataset."""
-    pixels = read_band_last(path)
+    pixels = read_band_last(path, roots)
     height, width, band_count = pixels.shape
     return {
         "image_shape": (height, width),

@@ -7,6 +7,9 @@ with a message that says how big it is and how to raise the limit:
 - ``PARALLAX_MAX_IMAGES`` (default 2,000,000 images)
 - ``PARALLAX_MAX_DECODED_MB`` (default: half of this machine's memory), checked against
   images x channels x image_size² x bytes per value (1 for 8-bit sources, 2 otherwise)
+
+A third refuses one file whose header declares more than ``PARALLAX_MAX_IMAGE_MB`` (default
+1024 MB) of pixels, before it is decoded: a few kilobytes of tiled TIFF can declare tens of gigabytes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from .base import DatasetError
 
 DEFAULT_MAX_IMAGES = 2_000_000
+DEFAULT_MAX_IMAGE_MB = 1024
 
 
 def _env_limit(name: str, default: int) -> int:
@@ -41,6 +45,23 @@ def max_images() -> int:
 
 def max_decoded_bytes() -> int:
     return _env_limit("PARALLAX_MAX_DECODED_MB", physical_memory_bytes() // 2 // 2**20) * 2**20
+
+
+def max_image_bytes() -> int:
+    return _env_limit("PARALLAX_MAX_IMAGE_MB", DEFAULT_MAX_IMAGE_MB) * 2**20
+
+
+def too_large_image(path: Path | str, shape: tuple[int, ...], bytes_per_value: int) -> str | None:
+    """Why one image whose header declares ``shape`` is refused before decoding, or None."""
+    size, limit = bytes_per_value, max_image_bytes()
+    for extent in shape:
+        size *= int(extent)
+    if size <= limit:
+        return None
+    shown = " x ".join(str(int(extent)) for extent in shape)
+    return (f"image {path} declares {shown} pixels ({size / 2**30:.1f} GiB decoded), more than the "
+            f"{limit / 2**20:.0f} MiB one image may take (PARALLAX_MAX_IMAGE_MB): it is not decoded; "
+            "remove it from the folder, or raise PARALLAX_MAX_IMAGE_MB if it is genuine")
 
 
 def too_many_images(root: Path | str, count: int) -> str | None:

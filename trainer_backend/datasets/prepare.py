@@ -69,14 +69,16 @@ class DatasetSource:
 
 
 def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] | None = None,
-                 band_scale: float | None = None, val_fraction: float = 0.2, seed: int = 0) -> PreparedData:
+                 band_scale: float | None = None, val_fraction: float = 0.2, seed: int = 0,
+                 data_roots: list[Path] | None = None) -> PreparedData:
     """Decode ``dataset`` once (cached under ``data_dir()/cache``) and split it, stratified, into train/val.
 
-    ``dataset`` is one of ``BUILTIN_DATASETS`` or a folder with one sub-folder per class.
+    ``dataset`` is one of ``BUILTIN_DATASETS`` or a folder with one sub-folder per class; with
+    ``data_roots`` every class folder and file of a folder must lie inside them.
     Every problem the user can fix raises ``DatasetError`` before any training starts.
     """
     bands = check_options(image_size, bands, band_scale, val_fraction, seed)
-    source = resolve_source(dataset, image_size, bands, band_scale)
+    source = resolve_source(dataset, image_size, bands, band_scale, data_roots)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
     path = cache_path(Path(source.name).name, key)
     pool, _ = load_or_build(path, source.decode)
@@ -121,7 +123,7 @@ def is_real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def resolve_source(dataset: str, image_size: int, bands, band_scale) -> DatasetSource:
+def resolve_source(dataset: str, image_size: int, bands, band_scale, roots=None) -> DatasetSource:
     if dataset in BUILTIN_DATASETS:
         if dataset != "digits":
             with exclusive_lock(cache_dir() / f"{dataset}.download.lock"):
@@ -131,7 +133,7 @@ def resolve_source(dataset: str, image_size: int, bands, band_scale) -> DatasetS
             return folder_source(listing, dataset, image_size, bands, band_scale)
         return DatasetSource(dataset, builtin_fingerprint(dataset),
                              lambda: decode_builtin(dataset, image_size, bands, band_scale))
-    listing = list_image_folder(dataset_folder(dataset))
+    listing = list_image_folder(dataset_folder(dataset), roots)
     return folder_source(listing, str(listing.root), image_size, bands, band_scale)
 
 
@@ -196,24 +198,25 @@ def stratified_split(pool: DecodedPool, val_fraction: float, seed: int) -> tuple
         ) from exc
 
 
-def inspect_dataset(dataset: str) -> dict:
+def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
     """A quick look for the dashboard, without decoding the set.
 
     Keys: kind ("builtin"/"folder"), name, path, available_offline, num_classes, class_names,
     num_images, images_per_class, image_shape (H, W), bands, dtype, default_bands, default_scale
     (image_shape to default_scale come from one file; None where unknown), warnings, and problems
-    (what prepare_data would refuse, in words). A folder that is missing, not a directory or
-    without class sub-folders raises ``DatasetError``.
+    (what prepare_data would refuse, in words). A folder that is missing, not a directory,
+    without class sub-folders, with a broken link, a link loop or an unreadable folder, or (with
+    ``data_roots``) with a path leading outside them raises ``DatasetError``.
     """
     if dataset in BUILTIN_DATASETS:
         return inspect_builtin(dataset)
-    listing = list_image_folder(dataset_folder(dataset))
+    listing = list_image_folder(dataset_folder(dataset), data_roots)
     problems = listing_problems(listing)
     native = {}
     first_image = next((files[0] for files in listing.files_by_class if files), None)
     if first_image is not None:
         try:
-            native = describe_image_file(first_image)
+            native = describe_image_file(first_image, data_roots)
         except DatasetError as exc:
             problems.append(str(exc))
     return {
