@@ -52,14 +52,22 @@ def show_outcome(run: store.RunRecord) -> None:
         st.warning(run.error or "cancelled", icon=":material/cancel:")
 
 
-def live_view(run_id: int, was_active: bool) -> None:
-    """Everything that changes while the run trains; a fragment with a timer only while active."""
-    run = store.get_run(state.engine_with_fresh_states(), run_id)
+def live_status(run_id: int, was_active: bool, charted_epoch: int) -> None:
+    """What changes between epochs: status, progress, notes, the log. A fragment with a timer while
+    the run is active; each tick costs a few indexed queries, whatever the run's length.
+
+    The charts are drawn by the page, outside this fragment, so a tick neither rebuilds nor resends
+    them; when a new epoch lands (or the run ends) the tick reruns the whole page, once."""
+    engine = state.engine_with_fresh_states()
+    run = store.get_run(engine, run_id)
     if run is None:
         st.warning(f"Run #{run_id} no longer exists.")
         return
     if was_active and run.status not in ACTIVE_STATUSES:
         st.rerun()  # a full rerun declares this fragment again without its timer, and shows the outcome
+    epochs_done = store.last_epochs(engine, [run_id])[run_id]
+    if epochs_done != charted_epoch:
+        st.rerun()  # the charts below were drawn from fewer epochs
 
     badge_col, what_col, cancel_col = st.columns([1, 6, 1], vertical_alignment="center")
     with badge_col:
@@ -71,20 +79,23 @@ def live_view(run_id: int, was_active: bool) -> None:
             cancel(run_id)
         st.rerun()
 
-    epochs = scaling.epochs_frame(store.read_epoch_metrics(state.engine(), [run_id]))
-    widgets.progress_bars(run, len(epochs), int(run.config.get("epochs") or len(epochs) or 1))
+    widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
     show_outcome(run)
     for note in run.notes:
         st.info(note, icon=":material/info:")
     if run.status == "queued":
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
+    # Open for a failure, where the log says most; fixed per status so it does not jump while live.
+    show_log(run_id, expanded=run.status in ("failed", "lost"))
+
+
+def show_epochs(epochs: pd.DataFrame) -> None:
+    """The per-epoch numbers and charts: drawn on a full run of the page, i.e. once per epoch."""
     if epochs.empty:
         st.caption("Charts appear when the first epoch ends.")
     else:
         show_metrics(epochs)
         show_charts(epochs)
-    # Open for a failure, where the log says most; fixed per status so it does not jump while live.
-    show_log(run_id, expanded=run.status in ("failed", "lost"))
 
 
 def show_log(run_id: int, expanded: bool) -> None:
@@ -157,6 +168,9 @@ if run_id != state.requested_run_id():
 run = store.get_run(engine, run_id)
 title_col.title(f"Run #{run_id}")
 active = run.status in ACTIVE_STATUSES
-# Only the live part reruns every few seconds, and only while there is something to watch.
-st.fragment(live_view, run_every=REFRESH_S if active else None)(run_id, active)
+epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
+# Only the status part reruns every few seconds, and only while there is something to watch.
+st.fragment(live_status, run_every=REFRESH_S if active else None)(
+    run_id, active, int(epochs.epoch.max()) if not epochs.empty else 0)
+show_epochs(epochs)
 show_static(run)
