@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, delete, select, update
+from sqlalchemy import Engine, Select, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -214,6 +214,21 @@ def read_epoch_metrics(engine: Engine, run_ids: Iterable[int]) -> list[dict[str,
         return []
     with session_scope(engine) as session:
         return [row._asdict() for row in session.execute(_select_epochs(run_ids))]
+
+
+def last_epochs(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
+    """The last epoch recorded for each of the runs (0 for none): one indexed lookup per run,
+    whatever the runs' lengths, so that live pages can ask it on every tick."""
+    run_ids = list(run_ids)
+    found: dict[int, int] = {}
+    if run_ids:
+        # A correlated max() per run: SQLite answers each with one seek in the (run_id, epoch)
+        # index, where GROUP BY would walk every epoch of the run.
+        last = select(func.max(EpochMetric.epoch)).where(EpochMetric.run_id == Run.id).scalar_subquery()
+        statement = select(Run.id, last).where(Run.id.in_(run_ids))
+        with session_scope(engine) as session:
+            found = {run_id: epoch for run_id, epoch in session.execute(statement)}
+    return {run_id: int(found.get(run_id) or 0) for run_id in run_ids}
 
 
 def export_run(engine: Engine, run_id: int) -> dict[str, Any]:

@@ -2,7 +2,11 @@
 same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
 
 In "Compare strategies" mode the form takes several strategies instead of one: each one's config
-is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page."""
+is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page.
+
+The first time a server process draws this page it has not imported torch and timm yet (5–10 s on
+a small machine): the form is drawn at once from the built-in datasets and the default models,
+the import follows once the Launch button is there, and the page then redraws itself in full."""
 
 from __future__ import annotations
 
@@ -119,6 +123,7 @@ st.caption(f"The defaults train resnet18 on the bundled handwritten digits for {
 mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode",
                 captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
 sweeping = mode == SWEEP
+full = options.training_stack_loaded()  # else a quick first draw, with what needs neither torch nor timm
 
 data_col, model_col = st.columns(2, gap="large")
 with data_col:
@@ -129,8 +134,11 @@ with data_col:
         help=f"Built-in sets, and every sub-folder (one folder per class inside) of: {roots} "
         "(set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
     outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
-    info = {"problems": [outside], "warnings": []} if outside else options.describe_dataset(values["dataset"])
-    st.caption(options.dataset_summary(info))
+    if outside:
+        info = {"problems": [outside], "warnings": []}
+    else:
+        info = options.describe_dataset(values["dataset"]) if full else {"problems": [], "warnings": []}
+    st.caption(options.dataset_summary(info) if full or outside else "Reading the dataset…")
     for warning in info.get("warnings", []):
         st.caption(f":orange[:material/warning: {warning}]")
     field_slot("dataset")
@@ -140,14 +148,12 @@ with data_col:
 
 with model_col:
     st.subheader("Model")
-    values["model"] = st.selectbox("timm model (type to search)", options.model_choices(), key="model")
+    values["model"] = st.selectbox("timm model (type to search)",
+                                   options.model_choices() if full else list(options.DEFAULT_MODELS), key="model")
     field_slot("model")
-    model_problem = options.model_problem(values["model"])
-    if model_problem is None:
-        num_classes = int(info.get("num_classes") or 10)
-        count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
-        st.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
-                   "Parameter count unavailable for this architecture.")
+    # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
+    model_problem = options.model_problem(values["model"]) if full else None
+    count_slot = st.empty()  # filled once the button is there: a large model takes a while to count
 
 strategy_col, devices_col = st.columns(2, gap="large")
 with strategy_col:
@@ -240,7 +246,7 @@ if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
-elif memory := options.memory_problem(info, values["image_size"], config.bands if config else None):
+elif full and (memory := options.memory_problem(info, values["image_size"], config.bands if config else None)):
     errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
@@ -269,6 +275,16 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
         state.open_run(run_id)
 if errors:
     st.caption("Fix the values marked in red to launch.")
+
+if not full:
+    count_slot.caption("Counting parameters…")
+    options.load_training_stack()  # the form is usable meanwhile; a click waits for the import to end
+    st.rerun()  # every model, the dataset's details, the parameter count and their checks
+if model_problem is None:
+    num_classes = int(info.get("num_classes") or 10)
+    count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
+    count_slot.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
+                       "Parameter count unavailable for this architecture.")
 
 if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
     with st.expander("Run across machines with torchrun"):
