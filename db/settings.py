@@ -51,6 +51,19 @@ def seconds_from_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:  # also refuses nan
-        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0, e.g. {default:g}")
+    if not 0 < value < 1e9:  # also refuses nan and inf
+        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0 and below 1e9, e.g. {default:g}")
+    return value
+
+
+def whole_number_from_env(name: str, default: int, *, low: int = 1, high: int = 2**31 - 1) -> int:
+    """A whole number in [low, high] from environment variable ``name`` (``default`` when unset);
+    anything else is refused with a message naming the variable, its value and what is allowed."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    # isdecimal alone admits other scripts' digits ("٣"); int() would then accept them too.
+    value = int(raw) if raw.isascii() and raw.isdecimal() and len(raw) <= 19 else None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name}={raw!r} is not allowed: give a whole number from {low} to {high}, e.g. {default}")
     return value

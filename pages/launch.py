@@ -16,6 +16,7 @@ from trainer_backend.config import AMP_MODES, DISTRIBUTED, OPTIMIZERS, PIPELINE_
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
+from ui.text import escape_markdown
 from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
@@ -132,7 +133,7 @@ with data_col:
     info = {"problems": [outside], "warnings": []} if outside else options.describe_dataset(values["dataset"])
     st.caption(options.dataset_summary(info))
     for warning in info.get("warnings", []):
-        st.caption(f":orange[:material/warning: {warning}]")
+        st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
     values["image_size"] = st.number_input("Image size (pixels, square)", value=32, step=8, key="image_size",
                                            help="Every image is resized to N×N before training.")
@@ -245,7 +246,7 @@ elif memory := options.memory_problem(info, values["image_size"], config.bands i
 batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
 for name, message in errors.items():
-    slots.get(name, general).error(message, icon=":material/error:")
+    slots.get(name, general).error(escape_markdown(message), icon=":material/error:")
 
 if sweeping:
     if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
@@ -255,7 +256,7 @@ if sweeping:
             for run_id in run_ids if user_note.strip() else []:
                 dashboard.set_user_note(state.engine(), run_id, user_note)
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-            st.error(f"The sweep could not be started: {exc}")
+            st.error(f"The sweep could not be started: {escape_markdown(exc)}")
         else:
             state.open_sweep(sweep_id)
 elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
@@ -264,7 +265,7 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
         if user_note.strip():
             dashboard.set_user_note(state.engine(), run_id, user_note)
     except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-        st.error(f"The run could not be started: {exc}")
+        st.error(f"The run could not be started: {escape_markdown(exc)}")
     else:
         state.open_run(run_id)
 if errors:

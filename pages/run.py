@@ -11,6 +11,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import cancel
 from ui import charts, scaling, state, widgets
+from ui.text import escape_markdown
 from ui.profile_views import step_breakdown_chart
 
 state.enter_through_app("pages/run.py")
@@ -44,12 +45,12 @@ def show_charts(epochs: pd.DataFrame) -> None:
 def show_outcome(run: store.RunRecord) -> None:
     if run.status in ("failed", "lost") and run.error:
         headline, _, details = run.error.partition("\n")
-        st.error(headline, icon=":material/error:")
+        st.error(escape_markdown(headline), icon=":material/error:")
         if details.strip():
             with st.expander("Traceback"):
                 st.code(run.error, language="text")
     elif run.status == "cancelled":
-        st.warning(run.error or "cancelled", icon=":material/cancel:")
+        st.warning(escape_markdown(run.error or "cancelled"), icon=":material/cancel:")
 
 
 def live_view(run_id: int, was_active: bool) -> None:
@@ -64,8 +65,9 @@ def live_view(run_id: int, was_active: bool) -> None:
     badge_col, what_col, cancel_col = st.columns([1, 6, 1], vertical_alignment="center")
     with badge_col:
         widgets.status_badge(run.status)
-    what_col.caption(f"**{run.strategy}** on {','.join(run.config.get('devices', []))} · **{run.model}** on "
-                     f"{run.dataset} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
+    devices = escape_markdown(",".join(map(str, run.config.get("devices", []))))
+    what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
+                     f"{escape_markdown(run.dataset)} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
             cancel(run_id)
@@ -75,7 +77,7 @@ def live_view(run_id: int, was_active: bool) -> None:
     widgets.progress_bars(run, len(epochs), int(run.config.get("epochs") or len(epochs) or 1))
     show_outcome(run)
     for note in run.notes:
-        st.info(note, icon=":material/info:")
+        st.info(escape_markdown(note), icon=":material/info:")
     if run.status == "queued":
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
     if epochs.empty:
@@ -112,7 +114,8 @@ def show_profile(run_id: int) -> None:
 def show_static(run: store.RunRecord) -> None:
     """What does not change while the run trains: labels, config, the checkpoint."""
     if run.tags or run.user_note:
-        st.caption(" ".join(f"`{tag}`" for tag in run.tags) + (f"  {run.user_note}" if run.user_note else ""))
+        parts = [f"Tags: {' · '.join(escape_markdown(tag) for tag in run.tags)}"] if run.tags else []
+        st.caption(" — ".join(parts + ([escape_markdown(run.user_note)] if run.user_note else [])))
     try:
         checkpoint = run_file(run.id, "best.pt")
     except OutsideRunFolder as exc:

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig
+from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig, parse_devices
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -27,6 +27,16 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def run_id_arg(text: str) -> int:
+    """argparse type for a run id: a whole number a database row can hold, else one line saying so."""
+    from db.store import MAX_ID, parse_id
+
+    value = parse_id(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"run id {text!r} is not allowed: give a whole number from 1 to {MAX_ID}")
+    return value
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +95,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
     if sweep:
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
-        several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
+        several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
         values["strategy"] = "mp" if several else "single"
     if world is not None:
         from .torchrun import values_for_world
@@ -111,14 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
     sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
-    cancel.add_argument("run_id", type=int)
+    cancel.add_argument("run_id", type=run_id_arg)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
-    export.add_argument("run_id", type=int)
+    export.add_argument("run_id", type=run_id_arg)
     export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
                         "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
-    worker.add_argument("run_id", type=int)
+    worker.add_argument("run_id", type=run_id_arg)
     worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
     return parser
 

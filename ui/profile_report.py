@@ -13,6 +13,7 @@ import pandas as pd
 
 from db import profiles, store
 
+from .text import frame_for_csv
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 
 SUMMARY_FIELDS = ("strategy", "devices", "model", "dataset", "batch_size", "image_size", "amp",
@@ -29,7 +30,7 @@ def load_profile(engine, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ops_csv(ops: pd.DataFrame) -> bytes:
-    return ops.to_csv(index=False).encode()
+    return frame_for_csv(ops).to_csv(index=False).encode()
 
 
 def report_html(engine, run_id: int) -> str:
