@@ -22,7 +22,8 @@ st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout=
 # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
 st.set_option("client.toolbarMode", "viewer")
 
-# Before any page: on an address other machines can reach, only after a login (ui/auth.py).
+# Before any page: only requests for this dashboard's own host names, and only after a login where one is
+# configured or the address is reachable from other machines (ui/auth.py).
 auth.require_access()
 try:
     open_database()

@@ -12,7 +12,8 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import AMP_MODES, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
+from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
+                                    STRATEGIES, ConfigError, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -83,9 +84,15 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         return ("cpu",)
     label = {"mp": "CPU model stages (one process)", "dp": "CPU devices",
              "sweep": "CPU devices (processes or model stages)"}.get(strategy, "CPU worker processes")
+    try:
+        most = max_cpu_processes()
+    except ConfigError as exc:  # PARALLAX_MAX_CPU_PROCESSES is not a number: say so, offer the default
+        st.error(escape_markdown(exc), icon=":material/error:")
+        most = None
     processes = st.number_input(
-        label, value=2, step=1, key=f"cpu_processes_{strategy}",
-        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp.")
+        label, value=2, step=1, min_value=1, max_value=most, key=f"cpu_processes_{strategy}",
+        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp"
+        + (f"; at most {most} on this machine ({CPU_PROCESSES_PER_CORE} per core)." if most else "."))
     if not isinstance(processes, int) or processes < 1:
         return ()
     if strategy == "dp":

@@ -9,7 +9,7 @@ import streamlit as st
 from db import profiles, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
-from trainer_backend.lifecycle import cancel
+from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from ui import charts, scaling, state, widgets
 from ui.text import escape_markdown
 from ui.profile_views import step_breakdown_chart
@@ -17,6 +17,7 @@ from ui.profile_views import step_breakdown_chart
 state.enter_through_app("pages/run.py")
 
 REFRESH_S = 2
+CANCEL_NOTE_KEY = "run_cancel_note"
 
 
 def show_metrics(epochs: pd.DataFrame) -> None:
@@ -70,8 +71,13 @@ def live_view(run_id: int, was_active: bool) -> None:
                      f"{escape_markdown(run.dataset)} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
-            cancel(run_id)
+            try:
+                cancel(run_id)
+            except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
+                st.session_state[CANCEL_NOTE_KEY] = str(exc)
         st.rerun()
+    if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
+        st.warning(escape_markdown(note), icon=":material/warning:")
 
     epochs = scaling.epochs_frame(store.read_epoch_metrics(state.engine(), [run_id]))
     widgets.progress_bars(run, len(epochs), int(run.config.get("epochs") or len(epochs) or 1))

@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 "export": _cmd_export, "list": _cmd_list}
     try:
         load_plugins()
+        if args.command in ("run", "launch", "sweep"):
+            from .lifecycle import check_environment
+
+            check_environment()  # a bad PARALLAX_* number: one line before any run is recorded
         if args.command in ("launch", "sweep") and _under_torchrun():
             raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
                              "'run', which joins torchrun's world")
@@ -245,7 +249,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             time.sleep(1.0)
     except KeyboardInterrupt:
         for run_id in pending:
-            cancel(run_id, db_url=args.db)
+            try:
+                cancel(run_id, db_url=args.db)
+            except ValueError as exc:  # marked cancelled, but another user's process: say so, go on
+                print(f"error: {exc}", file=sys.stderr)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
     from ui.sweep_report import format_table, strategy_advice, sweep_html, sweep_table
@@ -287,6 +294,10 @@ def _engine_with_fresh_states(url: str | None):
 def _cmd_export(args: argparse.Namespace) -> int:
     from db import store
 
+    if args.profile_dir is not None:
+        from ui.profile_report import check_profile_dir
+
+        check_profile_dir(args.profile_dir)  # before any output: nothing half-done
     engine = _engine_with_fresh_states(args.db)
     print(json.dumps(store.export_run(engine, args.run_id), indent=2))
     if args.profile_dir is not None:

@@ -27,7 +27,7 @@ _LEADING_NUMBER = re.compile(r"^(\d+)([.)])")  # "1. " or "1) " starts a numbere
 # bare links (https://x, www.x, a@x) are found after escapes are undone, so a backslash does not stop
 # them; an invisible word joiner after the ":", "@" or "www" does. "Error: text" is left as it is.
 _WORD_JOINER = "\u2060"
-_SHORTCODE_OR_LINK = re.compile(r"(?i)(:(?=[\w+/-])|@|\bwww(?=\.))")
+_SHORTCODE_OR_LINK = re.compile(r"(?i)(:(?=[a-z_+/-]|[0-9]+:)|@|\bwww(?=\.))")  # not "host:8501"
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
