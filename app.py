@@ -11,7 +11,7 @@ import os
 
 import streamlit as st
 
-from db.access import DatabaseUnavailable, open_database
+from db.access import open_database
 from db.engine import masked_url
 from db.settings import database_url, parallax_home
 from ui import auth
@@ -27,7 +27,7 @@ st.set_option("client.toolbarMode", "viewer")
 auth.require_access()
 try:
     open_database()
-except DatabaseUnavailable as exc:
+except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
     auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
 
 navigation = st.navigation([

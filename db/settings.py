@@ -13,7 +13,11 @@ from pathlib import Path
 def parallax_home() -> Path:
     """The folder that holds every file Parallax writes (created on first use)."""
     home = Path(os.environ.get("PARALLAX_HOME") or Path.cwd() / "parallax_home").expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a read-only place, a path under a file
+        raise ValueError(f"PARALLAX_HOME={str(home)!r} cannot be used: {exc.strerror or exc}; it must be a folder "
+                         "Parallax can create and write") from None
     return home
 
 

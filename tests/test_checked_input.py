@@ -64,6 +64,8 @@ CASES = [
     ("env-max-images-superscript", None, [], {"PARALLAX_MAX_IMAGES": "²"}, ["PARALLAX_MAX_IMAGES='²'"]),
     ("env-lock-wait-inf", None, [], {"PARALLAX_DB_LOCK_WAIT_S": "inf"},
      ["PARALLAX_DB_LOCK_WAIT_S='inf' is not allowed", "below 1e9"]),
+    ("env-home-is-a-file", None, [], {"PARALLAX_HOME": "/dev/null"},
+     ["PARALLAX_HOME='/dev/null' cannot be used: File exists; it must be a folder"]),
     ("env-max-cpu-processes-text", None, ["--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "8"],
      {"PARALLAX_MAX_CPU_PROCESSES": "lots"}, ["PARALLAX_MAX_CPU_PROCESSES='lots' is not allowed"]),
     ("cpu-processes-absurd", None, ["--strategy", "ddp", "--devices", MANY_CPUS, "--batch-size", "2000"], {},
@@ -92,6 +94,18 @@ def test_config_file_environment_and_device_values_are_one_clear_line(case, conf
     for word in words:
         assert word in lines[0], lines[0]
     assert time.monotonic() - started < 15
+    assert_nothing_left(parallax_home)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--target-acc", "nan"], "--target-acc nan is not allowed: give a validation accuracy in (0, 1]"),
+    (["--target-acc", "5"], "--target-acc 5.0 is not allowed"),
+    (["--report", "."], "--report . is a folder: give the path of the HTML file to write"),
+])
+def test_sweep_flags_are_checked_before_any_run(flags, words, parallax_home, capsys):
+    assert main(["sweep", "--strategies", "single,ddp", "--model", "test_resnet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {words}"), err
     assert_nothing_left(parallax_home)
 
 
@@ -427,3 +441,12 @@ def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=15)
+
+
+def test_the_launch_forms_process_field_stops_at_the_limit(parallax_home):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S).run()
+    at.radio(key="strategy").set_value("ddp").run()
+    field = at.number_input(key="cpu_processes_ddp")
+    assert (field.min, field.max) == (1, MOST_CPU)
+    assert f"at most {MOST_CPU} on this machine" in field.help
+    db.dispose_engines()

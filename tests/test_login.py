@@ -23,6 +23,7 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import ROOT
 from ui import auth
+from ui.text import escape_markdown
 from ui.throttle import LoginThrottle
 
 APP = str(ROOT / "app.py")
@@ -136,7 +137,8 @@ def test_a_logged_in_oidc_user_off_the_list_gets_no_page(email, allowed, paralla
         assert titles(at) == ["Launch a run"] and not at.error
         return
     assert titles(at) == ["Parallax"]
-    assert [e.value for e in at.error] == [f"{email} may not use this dashboard. Ask its owner to add you, then log in again."]
+    assert [e.value for e in at.error] == [escape_markdown(f"{email} may not use this dashboard. Ask its owner to add "
+                                                          "you, then log in again.")]
     assert [b.label for b in at.button] == ["Log out"]
     with pytest.raises(ValueError, match=r"Known pages: \['Parallax'\]"):
         at.switch_page("pages/runs.py")
@@ -273,3 +275,50 @@ def test_a_forged_host_is_refused_and_guessing_is_throttled_per_client_in_a_real
     assert "wrong password from client 127.0.0.1 (6 in a row)" in output
     assert "login refused for client 127.0.0.1: 6 wrong passwords in a row" in output
     assert "guess-" not in output and PASSWORD not in output
+
+
+def test_without_a_login_a_request_through_a_proxy_is_refused_in_a_real_browser(tmp_path):
+    """Loopback with no login serves this machine's browsers; a local reverse proxy would publish it.
+    Chromium sends the header a proxy adds (on the page and its websocket)."""
+    from playwright.sync_api import expect, sync_playwright
+    from test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+
+    port, log = free_port(), tmp_path / "streamlit.log"
+    env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port",
+             str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
+             "--secrets.files", str(tmp_path / "no-secrets.toml")],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, server, log)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                proxied = browser.new_context(extra_http_headers={"X-Forwarded-For": "203.0.113.9"}).new_page()
+                proxied.goto(f"{url}/runs")
+                refusal = proxied.get_by_test_id("stAlert").filter(has_text="This request came through a proxy")
+                expect(refusal).to_be_visible(timeout=30_000)
+                expect(proxied.get_by_test_id("stSidebarNav")).to_have_count(0)
+                direct = browser.new_page()
+                direct.goto(url)
+                expect(direct.get_by_role("heading", name="Launch a run")).to_be_visible(timeout=30_000)
+            finally:
+                browser.close()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=15)
+    assert "refused a request forwarded by a proxy (X-Forwarded-For) with no login configured" in log.read_text()
+
+
+@pytest.mark.parametrize("headers, proxied", [
+    ({"X-Forwarded-For": "203.0.113.9"}, True), ({"Forwarded": "for=203.0.113.9"}, True),
+    ({"X-Real-Ip": "203.0.113.9"}, True), ({"X-Forwarded-Host": "example.org"}, True),
+    ({"Host": "localhost:8501", "User-Agent": "x"}, False),
+])
+def test_requests_that_name_a_proxy_are_told_apart(headers, proxied):
+    from streamlit.runtime.context import StreamlitHeaders
+
+    assert auth.forwarded_by_a_proxy(StreamlitHeaders(list(headers.items()))) is proxied

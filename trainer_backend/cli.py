@@ -230,6 +230,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .lifecycle import cancel, launch_sweep
 
     config = config_from_args(args, sweep=True)
+    if not 0 < args.target_acc <= 1:  # also refuses nan
+        raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], e.g. 0.9")
+    if args.report is not None and args.report.is_dir():
+        raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
     open_database(args.db)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)

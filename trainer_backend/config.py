@@ -285,10 +285,11 @@ def _validate_devices(cfg: RunConfig) -> None:
         here = -(-n // cfg.nodes)  # the most any one machine of the job runs
         limit = max_cpu_processes()
         if here > limit:
+            why = (f"{CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} cores; {MAX_CPU_PROCESSES_ENV} sets another limit"
+                   if limit == CPU_PROCESSES_PER_CORE * cpu_cores() else f"set by {MAX_CPU_PROCESSES_ENV}")
             raise ConfigError(
                 "devices", f"devices ask for {here} CPU {'processes' if cfg.strategy in DISTRIBUTED else 'devices'} "
-                f"on one machine, more than the {limit} allowed ({CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} "
-                f"cores; {MAX_CPU_PROCESSES_ENV} sets another limit): use at most {limit}"
+                f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
             )
     gpus = [d for d in devices if d.startswith("cuda")]
     if cfg.nodes > 1 and (cfg.strategy not in DISTRIBUTED or n < cfg.nodes):

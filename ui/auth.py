@@ -8,7 +8,8 @@
    resolve to 127.0.0.1 (DNS rebinding) is then refused, though the browser thinks it same-origin.
 2. With a login configured, every page is behind it, on every address, loopback included.
 3. Without one, only a server bound to loopback serves pages: then everyone who can open a
-   connection on this machine (every local user, and any local proxy that forwards to it) can.
+   connection on this machine can (every local user). A request a reverse proxy forwarded, and
+   said so in one of PROXY_HEADERS, is refused; a proxy that adds none cannot be told apart.
 
 Two ways to log in, set in ``.streamlit/secrets.toml``:
 
@@ -52,6 +53,8 @@ LOGGED_IN_KEY = "parallax_logged_in"
 PASSWORD_KEY, FAILED_KEY = "parallax_login_password", "parallax_login_failed"
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 ALLOWED_HOSTS_ENV = "PARALLAX_ALLOWED_HOSTS"
+# Headers a reverse proxy adds: loopback without a login is for this machine's users only.
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-Ip")
 SESSION_TOKEN_KEY = "parallax_login_session"
 HOST_PATTERN = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?$")
 LOG = logging.getLogger("parallax.auth")
@@ -168,15 +171,21 @@ def _every_interface(address: str) -> bool:
         return False
 
 
+def forwarded_by_a_proxy(headers: Mapping[str, Any]) -> bool:
+    """Whether a request came through a reverse proxy that said so (most add one of PROXY_HEADERS;
+    one that adds none cannot be told from a local browser)."""
+    return any(headers.get(name) for name in PROXY_HEADERS)
+
+
 def oidc_refusal(user: Mapping[str, Any], secrets: Mapping[str, Any]) -> str | None:
-    """Why a user the OIDC provider logged in may not use the dashboard, or None when they may:
+    """Why (plain text) a user the OIDC provider logged in may not use the dashboard, or None when they may:
     their e-mail (verified, when the provider says) must be in ``[parallax] allowed_emails`` or its
     domain in ``allowed_domains``."""
     section = secrets.get("parallax") if isinstance(secrets.get("parallax"), Mapping) else {}
     emails, domains = string_list(section.get("allowed_emails")), string_list(section.get("allowed_domains"))
     if not emails and not domains:
-        return ("No one may use this dashboard yet: the login works, but `[parallax] allowed_emails` or "
-                "`allowed_domains` in `.streamlit/secrets.toml` must say who may use it.")
+        return ("No one may use this dashboard yet: the login works, but [parallax] allowed_emails or "
+                "allowed_domains in .streamlit/secrets.toml must say who may use it.")
     email = user.get("email")
     if not isinstance(email, str) or email.count("@") != 1:
         return "The login provider sent no e-mail address, so this dashboard cannot tell who you are."
@@ -247,6 +256,10 @@ def require_access() -> None:
     if mode is None:
         if not is_loopback(address):
             stop_with_page(lambda: _refusal(address, secrets))
+        if forwarded_by_a_proxy(headers):
+            LOG.warning("refused a request forwarded by a proxy (%s) with no login configured",
+                        ", ".join(h for h in PROXY_HEADERS if headers.get(h)))
+            stop_with_page(_proxied_refusal)
     elif mode == "oidc":
         if not st.user.get("is_logged_in", False):  # absent until the [auth] section is read
             stop_with_page(_oidc_login)
@@ -291,11 +304,22 @@ def _wrong_host(host: Any) -> None:
                 f"`.streamlit/secrets.toml` (or to `{ALLOWED_HOSTS_ENV}`) and restart the dashboard.")
 
 
+def _proxied_refusal() -> None:
+    import streamlit as st
+
+    st.title("Parallax")
+    st.error("This request came through a proxy, and no login is configured: without one the dashboard serves "
+             "only browsers on this machine.", icon=":material/lock:")
+    st.markdown("Set a password: run `python -m ui.auth hash-password` and put the line it prints under "
+                "`[parallax]` in `.streamlit/secrets.toml`, or configure Streamlit's login (`st.login`) with an "
+                "`[auth]` section there. Then restart the dashboard.")
+
+
 def _oidc_refused(reason: str) -> None:
     import streamlit as st
 
     st.title("Parallax")
-    st.error(reason, icon=":material/lock:")
+    st.error(_escape(reason), icon=":material/lock:")  # it holds the e-mail address the provider sent
     st.button("Log out", on_click=st.logout, icon=":material/logout:", key="logout")
 
 
