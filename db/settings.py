@@ -56,7 +56,8 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 1e9:  # also refuses nan and inf
-        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0 and below 1e9, e.g. {default:g}")
+        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0 and below 1e9, "
+                         f"e.g. {default:g}")
     return value
 
 

@@ -69,8 +69,8 @@ if run_id != state.requested_run_id():
 
 ops, steps = load_profile(engine, run_id)
 run = summaries[run_id]
-st.caption(f"**{run.strategy}** · **{escape_markdown(run.model)}** on {escape_markdown(run.dataset)} · {run.status}. Times are summed over the "
-           "profiled steps of the first epoch.")
+st.caption(f"**{run.strategy}** · **{escape_markdown(run.model)}** on {escape_markdown(run.dataset)} · {run.status}. "
+           "Times are summed over the profiled steps of the first epoch.")
 st.page_link(state.RUN_PAGE, label=f"Open run #{run_id}", icon=":material/monitoring:", query_params={"run": run_id})
 
 st.subheader("Where a step's time goes")

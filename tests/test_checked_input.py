@@ -431,10 +431,12 @@ def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path)
                 assert "[m](https://evil.example)" in shown
                 # Nothing the user typed became a link, an image, emphasis, code, a heading, a list or LaTeX.
                 injected = main_area.evaluate("""m => Array.from(m.querySelectorAll(
-                    ':is(a, img, em, code, del, h1, h2, h3, ul, ol, blockquote, .katex)')).filter(e => !e.closest('[data-testid=stHeading]'))  // the page's own title
+                    ':is(a, img, em, code, del, h1, h2, h3, ul, ol, blockquote, .katex)'))
+                    .filter(e => !e.closest('[data-testid=stHeading]'))  // the page's own title
                     .map(e => e.outerHTML.slice(0, 120))""")
                 assert injected == [], injected
-                bold = main_area.evaluate("""m => Array.from(m.querySelectorAll('strong')).map(e => e.innerText.replace(/\u2060/g, ''))""")
+                bold = main_area.evaluate("""m => Array.from(m.querySelectorAll('strong'))
+                    .map(e => e.innerText.replace(/\u2060/g, ''))""")
                 assert set(bold) == {"single", "[m](https://evil.example)"}, bold  # the page's own bold only
             finally:
                 browser.close()

@@ -15,7 +15,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import streamlit.config as streamlit_config

@@ -231,7 +231,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     config = config_from_args(args, sweep=True)
     if not 0 < args.target_acc <= 1:  # also refuses nan
-        raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], e.g. 0.9")
+        raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], "
+                         "e.g. 0.9")
     if args.report is not None and args.report.is_dir():
         raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
     open_database(args.db)

@@ -109,8 +109,9 @@ def unknown_url_id(param: str, known_ids, noun: str = "Run") -> str | None:
         return None
     wanted = parse_id(raw)
     if wanted is None:
-        return (f"?{param}={escape_markdown(str(raw)[:40])} in the address is not a {noun.lower()} number: it must be a "
-                f"whole number from 1 to {MAX_ID}, e.g. ?{param}=3.")
+        shown = escape_markdown(str(raw)[:40])
+        return (f"?{param}={shown} in the address is not a {noun.lower()} number: it must be a whole number from 1 "
+                f"to {MAX_ID}, e.g. ?{param}=3.")
     if wanted not in set(known_ids):
         return f"{noun} #{wanted} in the address does not exist (it may have been deleted): nothing of it is shown."
     return None
