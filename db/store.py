@@ -22,6 +22,19 @@ from sqlalchemy.orm import Session
 from db.engine import session_scope
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 
+MAX_ID = 2**63 - 1  # ids are 64-bit signed integers in SQLite and PostgreSQL (BIGINT) alike
+
+
+def parse_id(raw: Any) -> int | None:
+    """The row id ``raw`` names (text such as "12" from a command line or an address), or None when it
+    is not a whole number from 1 to MAX_ID: "²", "1e3" or a 30-digit number never reaches the database."""
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdecimal()) or len(text) > len(str(MAX_ID)):
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ID else None
+
+
 EPOCH_FLOAT_FIELDS = (
     "train_loss",
     "train_acc",

@@ -16,10 +16,12 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import AMP_MODES, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
+from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
+                                    STRATEGIES, ConfigError, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
+from ui.text import escape_markdown
 from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
@@ -86,9 +88,15 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         return ("cpu",)
     label = {"mp": "CPU model stages (one process)", "dp": "CPU devices",
              "sweep": "CPU devices (processes or model stages)"}.get(strategy, "CPU worker processes")
+    try:
+        most = max_cpu_processes()
+    except ConfigError as exc:  # PARALLAX_MAX_CPU_PROCESSES is not a number: say so, offer the default
+        st.error(escape_markdown(exc), icon=":material/error:")
+        most = None
     processes = st.number_input(
-        label, value=2, step=1, key=f"cpu_processes_{strategy}",
-        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp.")
+        label, value=2, step=1, min_value=1, max_value=most, key=f"cpu_processes_{strategy}",
+        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp"
+        + (f"; at most {most} on this machine ({CPU_PROCESSES_PER_CORE} per core)." if most else "."))
     if not isinstance(processes, int) or processes < 1:
         return ()
     if strategy == "dp":
@@ -140,7 +148,7 @@ with data_col:
         info = options.describe_dataset(values["dataset"]) if full else {"problems": [], "warnings": []}
     st.caption(options.dataset_summary(info) if full or outside else "Reading the dataset…")
     for warning in info.get("warnings", []):
-        st.caption(f":orange[:material/warning: {warning}]")
+        st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
     values["image_size"] = st.number_input("Image size (pixels, square)", value=32, step=8, key="image_size",
                                            help="Every image is resized to N×N before training.")
@@ -251,7 +259,7 @@ elif full and (memory := options.memory_problem(info, values["image_size"], conf
 batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
 for name, message in errors.items():
-    slots.get(name, general).error(message, icon=":material/error:")
+    slots.get(name, general).error(escape_markdown(message), icon=":material/error:")
 
 if sweeping:
     if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
@@ -261,7 +269,7 @@ if sweeping:
             for run_id in run_ids if user_note.strip() else []:
                 dashboard.set_user_note(state.engine(), run_id, user_note)
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-            st.error(f"The sweep could not be started: {exc}")
+            st.error(f"The sweep could not be started: {escape_markdown(exc)}")
         else:
             state.open_sweep(sweep_id)
 elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
@@ -270,7 +278,7 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
         if user_note.strip():
             dashboard.set_user_note(state.engine(), run_id, user_note)
     except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-        st.error(f"The run could not be started: {exc}")
+        st.error(f"The run could not be started: {escape_markdown(exc)}")
     else:
         state.open_run(run_id)
 if errors:

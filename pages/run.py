@@ -9,8 +9,9 @@ import streamlit as st
 from db import profiles, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
-from trainer_backend.lifecycle import cancel
+from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from ui import charts, scaling, state, widgets
+from ui.text import escape_markdown
 from ui.profile_views import step_breakdown_chart
 
 state.enter_through_app("pages/run.py")
@@ -19,6 +20,7 @@ state.enter_through_app("pages/run.py")
 # one-progress-bar fragment every 2 s kept 0.027 of a core busy on 2 shared cores): 5 s keeps one
 # watching tab under 0.05 of a core while the progress still moves several times an epoch.
 REFRESH_S = 5
+CANCEL_NOTE_KEY = "run_cancel_note"
 
 
 def show_metrics(epochs: pd.DataFrame) -> None:
@@ -47,12 +49,12 @@ def show_charts(epochs: pd.DataFrame) -> None:
 def show_outcome(run: store.RunRecord) -> None:
     if run.status in ("failed", "lost") and run.error:
         headline, _, details = run.error.partition("\n")
-        st.error(headline, icon=":material/error:")
+        st.error(escape_markdown(headline), icon=":material/error:")
         if details.strip():
             with st.expander("Traceback"):
                 st.code(run.error, language="text")
     elif run.status == "cancelled":
-        st.warning(run.error or "cancelled", icon=":material/cancel:")
+        st.warning(escape_markdown(run.error or "cancelled"), icon=":material/cancel:")
 
 
 def drawn_from(run: store.RunRecord, epochs_done: int) -> tuple:
@@ -79,18 +81,24 @@ def show_head(run: store.RunRecord) -> None:
     badge_col, what_col, cancel_col = st.columns([1, 6, 1], vertical_alignment="center")
     with badge_col:
         widgets.status_badge(run.status)
-    what_col.caption(f"**{run.strategy}** on {','.join(run.config.get('devices', []))} · **{run.model}** on "
-                     f"{run.dataset} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
+    devices = escape_markdown(",".join(map(str, run.config.get("devices", []))))
+    what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
+                     f"{escape_markdown(run.dataset)} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
-            cancel(run.id)
+            try:
+                cancel(run.id)
+            except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
+                st.session_state[CANCEL_NOTE_KEY] = str(exc)
         st.rerun()
+    if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
+        st.warning(escape_markdown(note), icon=":material/warning:")
 
 
 def show_messages(run: store.RunRecord) -> None:
     show_outcome(run)
     for note in run.notes:
-        st.info(note, icon=":material/info:")
+        st.info(escape_markdown(note), icon=":material/info:")
     if run.status == "queued":
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
 
@@ -129,7 +137,8 @@ def show_profile(run_id: int) -> None:
 def show_static(run: store.RunRecord) -> None:
     """What does not change while the run trains: labels, config, the checkpoint."""
     if run.tags or run.user_note:
-        st.caption(" ".join(f"`{tag}`" for tag in run.tags) + (f"  {run.user_note}" if run.user_note else ""))
+        parts = [f"Tags: {' · '.join(escape_markdown(tag) for tag in run.tags)}"] if run.tags else []
+        st.caption(" — ".join(parts + ([escape_markdown(run.user_note)] if run.user_note else [])))
     try:
         checkpoint = run_file(state.engine(), run.id, "best.pt")
     except OutsideRunFolder as exc:

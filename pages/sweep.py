@@ -16,6 +16,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from ui import state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.sweep_report import scaling_figure, strategy_advice, sweep_html, sweep_table
+from ui.text import escape_markdown
 
 state.enter_through_app("pages/sweep.py")
 
@@ -86,7 +87,7 @@ def run_statuses(run_ids: list[int], reported: tuple) -> None:
         elif run.status == "queued":
             progress_col.caption("Waiting for its turn: the sweep's runs train one after another.")
         elif run.status in ("failed", "lost", "cancelled") and run.error:
-            progress_col.caption(run.error.partition("\n")[0])
+            progress_col.caption(escape_markdown(run.error.partition("\n")[0]))
 
 
 def show_report(engine, sweep_id: int, target_acc: float) -> None:
