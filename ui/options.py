@@ -12,9 +12,12 @@ from typing import Any
 
 import streamlit as st
 
+from trainer_backend.config import RunConfig
 from trainer_backend.data_roots import data_roots, is_under_roots
 
-DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny", "test_resnet")
+# The default run's model first, so the form opens on it.
+DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
+                  "test_resnet")
 
 
 def dataset_folders() -> list[str]:
