@@ -40,7 +40,7 @@ from bench.common import (  # noqa: E402
 
 # Order of the table; each is bench/<name>.py and its key in results.json.
 BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
-              "profiler", "ddp_cpu")
+              "profiler", "ddp_cpu", "first_run")
 
 PREAMBLE = """# Benchmarks
 
