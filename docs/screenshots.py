@@ -7,10 +7,12 @@ strategies with the form's default sweep (single, ddp, mp, pp on two CPU devices
 it, and compare its runs -> docs/img/compare-page.png. About 10 minutes on 2 cores.
 
     .venv/bin/python docs/screenshots.py
+    .venv/bin/python docs/screenshots.py --home /tmp/shots --compare 2,3,4,5   # again from kept runs
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -123,12 +125,12 @@ def compare(page, run_ids: list[int]) -> None:
     picker = page.get_by_test_id("stMultiSelect").filter(has_text="Runs to compare")
     picker.wait_for(timeout=UI_MS)
     for count, run_id in enumerate(run_ids, start=1):
-        picker.click()
+        picker.get_by_role("combobox").click()  # not the middle: a picked run's remove button may be there
         page.keyboard.type(f"#{run_id} ")
         page.get_by_role("option", name=re.compile(f"^#{run_id} ")).click()
         wait_idle(page)
         page.keyboard.press("Escape")
-        expect(picker.locator("[data-baseweb=tag]")).to_have_count(count, timeout=UI_MS)
+        expect(picker.locator("[data-tag]")).to_have_count(count, timeout=UI_MS)  # the picked runs
     page.locator(".stPlotlyChart").nth(2).wait_for(timeout=UI_MS)
     wait_idle(page)
     shoot(page, "compare-page.png")
@@ -145,29 +147,47 @@ def cancel_active_runs(home: Path) -> None:
                        capture_output=True)
 
 
-def main() -> None:
+def shoot_all(home: Path, compare_only: list[int]) -> None:
     from playwright.sync_api import sync_playwright
 
-    wait_for_chromium()
-    with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
-        home = Path(scratch) / "parallax_home"
-        home.mkdir()
-        server, url = start_dashboard(home)
-        try:
-            with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport=VIEWPORT)
+    server, url = start_dashboard(home)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(UI_MS)
+            if compare_only:
+                page.goto(url)
+                sweep = compare_only
+            else:
                 run_id = default_run(page, url)
                 print(f"run #{run_id} -> {IMAGES / 'run-page.png'}", flush=True)
                 default_sweep(page, url)
                 sweep = list(range(run_id + 1, run_id + 5))  # a fresh database numbers them in launch order
-                compare(page, sweep)
-                print(f"runs {sweep} -> {IMAGES / 'compare-page.png'}", flush=True)
-                browser.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-            cancel_active_runs(home)
+            compare(page, sweep)
+            print(f"runs {sweep} -> {IMAGES / 'compare-page.png'}", flush=True)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        cancel_active_runs(home)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--home", type=Path, help="PARALLAX_HOME to use and keep (default: a temporary one)")
+    parser.add_argument("--compare", default="", help="only shoot the Compare page of these runs of --home")
+    args = parser.parse_args()
+    compare_only = [int(n) for n in args.compare.split(",") if n.strip()]
+    wait_for_chromium()
+    if args.home is not None:
+        args.home.mkdir(parents=True, exist_ok=True)
+        shoot_all(args.home, compare_only)
+        return
+    with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
+        home = Path(scratch) / "parallax_home"
+        home.mkdir()
+        shoot_all(home, compare_only)
 
 
 if __name__ == "__main__":
