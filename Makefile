@@ -1,11 +1,12 @@
 # make run   - create .venv, install, start the dashboard on http://127.0.0.1:8501
-# make test  - install the test extras too and run the whole suite
+# make test  - install what the suite needs (Debian's chromium and postgresql too, scripts/system-deps)
+#              and run the whole suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test install clean
+.PHONY: run test install clean system-deps
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -22,8 +23,12 @@ install: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true
 
-test: $(VENV)/.installed-test
+# First, so that a machine without python3-venv gets it before the venv is made.
+test: system-deps $(VENV)/.installed-test
 	$(PY) -m pytest
+
+system-deps:
+	bash scripts/system-deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache

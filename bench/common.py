@@ -154,7 +154,10 @@ def run_engine(settings: dict[str, Any], db_url: str, *extra: str, strategy: str
     done = run_timed(engine_command(
         "run", "--dataset", settings["dataset"], "--model", settings["model"], "--strategy", strategy,
         "--devices", devices, "--epochs", str(settings["epochs"]), "--batch-size", str(settings["batch_size"]),
-        "--image-size", str(settings["image_size"]), "--quiet", *extra, db_url=db_url))
+        "--image-size", str(settings["image_size"]), "--quiet",
+        # Like for like: the contenders validate on BatchNorm's running averages; what
+        # re-estimating them costs is measured in bench/first_run.py.
+        "--bn-stats-images", "0", *extra, db_url=db_url))
     run_id = run_id_from(done.stdout)
     # What `python -m trainer_backend export N` prints, read in this process (saves a process start).
     exported = store.export_run(make_engine(db_url), run_id)

@@ -17,7 +17,7 @@ import streamlit as st
 from db import dashboard
 from trainer_backend import devices as device_info
 from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
-                                    STRATEGIES, ConfigError, max_cpu_processes)
+                                    STRATEGIES, ConfigError, RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -26,7 +26,7 @@ from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
 
-QUICK_EPOCHS = 3  # the default run finishes in well under a minute on a laptop CPU
+DEFAULTS = RunConfig()  # the form starts from the CLI's defaults: one source for both
 ONE_RUN, SWEEP = "One run", "Compare strategies"
 SWEEP_DEFAULT = ["single", "ddp", "mp", "pp"]
 
@@ -126,8 +126,8 @@ def sweep_errors(config, strategies: list[str]) -> dict[str, str]:
 
 
 st.title("Launch a run")
-st.caption(f"The defaults train resnet18 on the bundled handwritten digits for {QUICK_EPOCHS} epochs in one CPU "
-           "process: a quick run that works on any machine. Every value is checked as you change it.")
+st.caption(f"The defaults train {DEFAULTS.model} on the bundled handwritten digits for {DEFAULTS.epochs} epochs in "
+           "one CPU process: a quick run that works on any machine. Every value is checked as you change it.")
 mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode",
                 captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
 sweeping = mode == SWEEP
@@ -150,8 +150,8 @@ with data_col:
     for warning in info.get("warnings", []):
         st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
-    values["image_size"] = st.number_input("Image size (pixels, square)", value=32, step=8, key="image_size",
-                                           help="Every image is resized to N×N before training.")
+    values["image_size"] = st.number_input("Image size (pixels, square)", value=DEFAULTS.image_size, step=8,
+                                           key="image_size", help="Every image is resized to N×N before training.")
     field_slot("image_size")
 
 with model_col:
@@ -178,7 +178,8 @@ with strategy_col:
                                       label_visibility="collapsed")
         field_slot("strategy")
     if (sweeping and "pp" in sweep_strategies) or values.get("strategy") == "pp":
-        values["microbatches"] = st.number_input("Microbatches per batch", value=4, step=1, key="microbatches")
+        values["microbatches"] = st.number_input("Microbatches per batch", value=DEFAULTS.microbatches, step=1,
+                                                 key="microbatches")
         field_slot("microbatches")
         values["pipeline_schedule"] = st.selectbox("Pipeline schedule", PIPELINE_SCHEDULES, key="pipeline_schedule")
         field_slot("pipeline_schedule")
@@ -195,18 +196,18 @@ st.subheader("Training")
 # Three to a row: an error under a field needs room to be read.
 batch_col, epochs_col, lr_col = st.columns(3)
 with batch_col:
-    values["batch_size"] = st.number_input("Global batch size", value=128, step=16, key="batch_size")
+    values["batch_size"] = st.number_input("Global batch size", value=DEFAULTS.batch_size, step=16, key="batch_size")
     batch_hint = st.empty()
     field_slot("batch_size")
 with epochs_col:
-    values["epochs"] = st.number_input("Epochs", value=QUICK_EPOCHS, step=1, key="epochs")
+    values["epochs"] = st.number_input("Epochs", value=DEFAULTS.epochs, step=1, key="epochs")
     field_slot("epochs")
 with lr_col:
-    values["lr"] = st.number_input("Learning rate", value=1e-3, step=1e-4, format="%g", key="lr")
+    values["lr"] = st.number_input("Learning rate", value=DEFAULTS.lr, step=1e-4, format="%g", key="lr")
     field_slot("lr")
 optimizer_col, amp_col, profile_col = st.columns(3, vertical_alignment="bottom")
 with optimizer_col:
-    values["optimizer"] = st.selectbox("Optimizer", OPTIMIZERS, key="optimizer")
+    values["optimizer"] = st.selectbox("Optimizer", OPTIMIZERS, index=OPTIMIZERS.index(DEFAULTS.optimizer), key="optimizer")
     field_slot("optimizer")
 with amp_col:
     values["amp"] = st.selectbox("Mixed precision (AMP)", AMP_MODES, key="amp",
@@ -222,15 +223,23 @@ with st.expander("More options"):
         values["pretrained"] = st.checkbox("Start from pretrained weights (from the local cache when offline)",
                                            key="pretrained")
         field_slot("pretrained")
-        values["weight_decay"] = st.number_input("Weight decay", value=0.0, step=1e-4, format="%g", key="weight_decay")
+        values["weight_decay"] = st.number_input("Weight decay", value=DEFAULTS.weight_decay, step=1e-4, format="%g",
+                                                 key="weight_decay")
         field_slot("weight_decay")
-        values["val_fraction"] = st.number_input("Validation share", value=0.2, step=0.05, key="val_fraction")
+        values["val_fraction"] = st.number_input("Validation share", value=DEFAULTS.val_fraction, step=0.05,
+                                                 key="val_fraction")
         field_slot("val_fraction")
     with more_right:
-        values["seed"] = st.number_input("Seed", value=0, step=1, key="seed")
+        values["seed"] = st.number_input("Seed", value=DEFAULTS.seed, step=1, key="seed")
         field_slot("seed")
-        values["num_workers"] = st.number_input("Data-loader workers per process", value=0, step=1, key="num_workers")
+        values["num_workers"] = st.number_input("Data-loader workers per process", value=DEFAULTS.num_workers, step=1,
+                                               key="num_workers")
         field_slot("num_workers")
+        values["bn_stats_images"] = st.number_input(
+            "BatchNorm statistics from N training images", value=DEFAULTS.bn_stats_images, step=256,
+            key="bn_stats_images", help="Re-estimated with the current weights before each validation, so that "
+            "short runs validate what they learnt; 0 validates on BatchNorm's running averages.")
+        field_slot("bn_stats_images")
         bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands")
         values["bands"] = bands_text.strip() or None
         field_slot("bands")

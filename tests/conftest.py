@@ -110,6 +110,34 @@ def run_dir(home: Path, run_id: int) -> Path:
     return home / "runs" / run_folder_name(make_engine(f"sqlite:///{home / 'parallax.db'}"), run_id)
 
 
+# Small runs that several test files only read. Trained once per session, on first use.
+SHARED_RUNS: dict[str, tuple[str, ...]] = {
+    # ddp on two CPU processes, timm's tiny test model at 16 px: one epoch of 1,437 digits.
+    "ddp_tiny": ("--model", "test_resnet", "--image-size", "16", "--devices", "cpu,cpu", "--batch-size", "64",
+                 "--strategy", "ddp", "--epochs", "1"),
+}
+
+
+class SharedRuns:
+    """``shared_runs["ddp_tiny"]``: the run's export (as ``train_and_export``), trained on first use
+    into one PARALLAX_HOME (``.home``) for the whole session. Tests must not change these runs, and
+    must not assume that ``.home`` holds no other runs."""
+
+    def __init__(self, home: Path):
+        self.home = home
+        self._runs: dict[str, dict] = {}
+
+    def __getitem__(self, name: str) -> dict:
+        if name not in self._runs:
+            self._runs[name] = train_and_export(self.home, *SHARED_RUNS[name])
+        return self._runs[name]
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory) -> SharedRuns:
+    return SharedRuns(tmp_path_factory.mktemp("shared-home"))
+
+
 def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]:
     """Load a run's best.pt into a fresh timm model and evaluate it in one process over the whole
     validation split: (checkpoint, accuracy, mean loss, images)."""

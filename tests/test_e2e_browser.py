@@ -60,15 +60,24 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
     raise AssertionError(f"streamlit did not answer on {url} within {SERVER_START_S} s:\n{log.read_text()}")
 
 
-@pytest.fixture
-def dashboard(parallax_home, db_url):
-    """``streamlit run app.py`` on a free port with this test's PARALLAX_HOME; yields its URL.
-    Runs still active at the end are cancelled: they are detached and would outlive the test."""
+@pytest.fixture(scope="module")
+def dashboard_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def dashboard(dashboard_home):
+    """``streamlit run app.py`` on a free port with its own PARALLAX_HOME; yields its URL. One server
+    for the module's tests, as one user would keep it open (its start and first imports are paid
+    once); the first test's first request is the server's first. Runs still active at the end are
+    cancelled: they are detached and would outlive the tests."""
+    parallax_home, db_url = dashboard_home, f"sqlite:///{dashboard_home / 'parallax.db'}"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = parallax_home / "streamlit.log"
     # A CPU machine, whatever GPUs this one has: the form's defaults (and the screenshots) depend on it.
     env = subprocess_env(None, {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"})
+    env.pop("PARALLAX_DB_URL", None)
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
@@ -170,7 +179,7 @@ class Visitor:
         page.keyboard.press("Escape")
 
 
-def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboard, parallax_home):
+def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboard, dashboard_home):
     try:
         from playwright.sync_api import expect, sync_playwright
     except ImportError:
@@ -196,7 +205,7 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             user.watch_until_completed(ddp_id, 2, "02-ddp-run-completed")
             with page.expect_download() as download:
                 page.get_by_test_id("stDownloadButton").filter(has_text="best checkpoint").click()
-            saved = run_dir(parallax_home, ddp_id) / "best.pt"
+            saved = run_dir(dashboard_home, ddp_id) / "best.pt"
             assert Path(download.value.path()).read_bytes() == saved.read_bytes()
 
             # Two epochs: throughput leaves out the first, which carries the start-up costs.

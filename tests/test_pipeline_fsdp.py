@@ -19,9 +19,9 @@ def home(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(home):
+def runs(home, shared_runs):
     return {
-        "ddp": train_and_export(home, *TINY, "--strategy", "ddp", "--epochs", "1"),
+        "ddp": shared_runs["ddp_tiny"],
         "fsdp": train_and_export(home, *TINY, "--strategy", "fsdp", "--epochs", "1"),
         "pp": train_and_export(home, *TINY, "--strategy", "pp", "--epochs", "1"),
         "pp_1f1b": train_and_export(home, *TINY, "--strategy", "pp", "--epochs", "1",
@@ -53,6 +53,7 @@ def test_completes_with_finite_metrics_and_a_whole_checkpoint(runs, home, name):
 
 def test_fsdp_matches_ddp_at_equal_seeds(runs):
     """Sharding changes where parameters live, not the maths: the same seed gives the same losses."""
+    assert runs["fsdp"]["config"] == {**runs["ddp"]["config"], "strategy": "fsdp"}
     for ddp, fsdp in zip(runs["ddp"]["epochs"], runs["fsdp"]["epochs"]):
         assert fsdp["train_loss"] == pytest.approx(ddp["train_loss"], rel=1e-4)
         assert fsdp["train_acc"] == pytest.approx(ddp["train_acc"], abs=2 / DIGITS_TRAIN)

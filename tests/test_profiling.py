@@ -29,7 +29,8 @@ STRATEGIES = {
 def profiled(home):
     runs = {}
     for name, flags in STRATEGIES.items():
-        result = run_cli("run", "--model", "test_resnet", "--epochs", "2", "--profile", "--profile-active", "2",
+        # One epoch of 12 steps holds the whole window (wait 1, warmup 1, active 2).
+        result = run_cli("run", "--model", "test_resnet", "--epochs", "1", "--profile", "--profile-active", "2",
                          *flags, home=home)
         assert result.returncode == 0, result.stdout + result.stderr
         runs[name] = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
@@ -79,10 +80,9 @@ def test_profiling_is_noted_on_the_run(home, profiled):
     assert any("Epoch 1 was profiled (steps 3-4)" in note for note in run["notes"])
 
 
-def test_export_of_an_unprofiled_run_says_how_to_profile(home, profiled, tmp_path):
-    result = run_cli("run", "--model", "test_resnet", "--epochs", "1", home=home)
-    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
-    result = run_cli("export", run_id, "--profile-dir", str(tmp_path / "p"), home=home)
+def test_export_of_an_unprofiled_run_says_how_to_profile(shared_runs, tmp_path):
+    run_id = str(shared_runs["ddp_tiny"]["run_id"])
+    result = run_cli("export", run_id, "--profile-dir", str(tmp_path / "p"), home=shared_runs.home)
     assert result.returncode == 2 and "has no profile" in result.stderr and "--profile" in result.stderr
 
 

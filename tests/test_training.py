@@ -11,6 +11,7 @@ import pytest
 import tifffile
 
 from conftest import evaluate_checkpoint, run_cli, train_and_export
+from trainer_backend.config import RunConfig
 
 EPOCH_FIELDS = ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s", "train_time_s", "images_per_s", "lr")
 DIGITS_TRAIN = 1437  # 80 % of scikit-learn's 1797 digits, stratified
@@ -26,13 +27,16 @@ def train(home, *flags: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(home):
-    """One run per strategy, trained once for the module's tests."""
+def runs(home, shared_runs):
+    """One run per strategy, trained once for the module's tests. ``single`` is the default run
+    (what the Launch form and a bare ``run`` start); ``dp``, a pass-through on CPU that trains the
+    very same weights, validates on BatchNorm's running averages instead of re-estimated ones."""
     return {
-        "single": train(home, "--strategy", "single", "--devices", "cpu", "--epochs", "8", "--batch-size", "128", "--lr", "1e-3"),
-        "dp": train(home, "--strategy", "dp", "--devices", "cpu", "--epochs", "1"),
-        "ddp": train(home, "--strategy", "ddp", "--devices", "cpu,cpu", "--epochs", "1", "--batch-size", "128"),
-        "mp": train(home, "--strategy", "mp", "--devices", "cpu,cpu", "--epochs", "1"),
+        "single": train(home),
+        "dp": train(home, "--strategy", "dp", "--devices", "cpu", "--epochs", "2", "--bn-stats-images", "0"),
+        "ddp": shared_runs["ddp_tiny"],
+        "mp": train_and_export(home, "--model", "test_resnet", "--image-size", "16", "--strategy", "mp",
+                               "--devices", "cpu,cpu", "--epochs", "1"),
     }
 
 
@@ -60,25 +64,39 @@ def test_ddp_records_memory_of_every_rank(runs):
     assert set(runs["ddp"]["epochs"][0]["peak_memory_mb"]) == {"rank0:cpu", "rank1:cpu"}
 
 
-def test_resnet18_learns_digits_to_95_percent(runs):
-    epochs = runs["single"]["epochs"]
-    assert [e["epoch"] for e in epochs] == list(range(1, 9))
-    assert max(e["val_acc"] for e in epochs) >= 0.95
+def test_the_default_run_learns_digits_to_90_percent(runs):
+    run = runs["single"]
+    epochs = run["epochs"]
+    assert run["config"] == RunConfig(dataset="digits").to_dict()
+    assert [e["epoch"] for e in epochs] == list(range(1, RunConfig().epochs + 1))
+    assert epochs[-1]["val_acc"] >= 0.90
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert not any("BatchNorm" in note for note in run["notes"])
+
+
+def test_running_averages_under_read_validation_and_the_run_says_why(runs):
+    """The same weights (dp on CPU trains exactly as single) validated on BatchNorm's running
+    averages read far lower, and the run's notes say why; re-estimating them is the fix."""
+    lagging, default = runs["dp"]["epochs"][1], runs["single"]["epochs"][1]
+    assert lagging["train_loss"] == pytest.approx(default["train_loss"], rel=1e-6)
+    assert lagging["val_acc"] < lagging["train_acc"] - 0.3 and lagging["val_acc"] < default["val_acc"] - 0.3
+    notes = [note for note in runs["dp"]["notes"] if "BatchNorm's running statistics" in note]
+    assert len(notes) == 1 and notes[0].startswith("Epoch 2: validation accuracy")
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp"])
 def test_throughput_counts_the_whole_global_batch(runs, strategy):
     for epoch in runs[strategy]["epochs"]:
-        images = epoch["images_per_s"] * epoch["epoch_time_s"]
-        assert DIGITS_TRAIN <= images <= 1.5 * DIGITS_TRAIN, epoch
+        images = epoch["images_per_s"] * epoch["train_time_s"]
+        # DDP's sampler pads the last shard by at most one image per rank.
+        assert DIGITS_TRAIN <= round(images) <= DIGITS_TRAIN + 2, epoch
 
 
-def test_ddp_validation_equals_single_process_evaluation(runs, home):
+def test_ddp_validation_equals_single_process_evaluation(runs, shared_runs):
     """Rank-sharded validation, reduced across ranks, must score the saved weights exactly as
     one process evaluating every validation image once does."""
     run = runs["ddp"]
-    checkpoint, accuracy, loss, images = evaluate_checkpoint(home, run)
+    checkpoint, accuracy, loss, images = evaluate_checkpoint(shared_runs.home, run)
     recorded = run["epochs"][checkpoint["epoch"] - 1]
     assert images == 360
     assert accuracy == recorded["val_acc"] == checkpoint["val_acc"]
@@ -87,9 +105,9 @@ def test_ddp_validation_equals_single_process_evaluation(runs, home):
 
 def test_list_shows_one_line_per_run(runs, home):
     lines = run_cli("list", home=home).stdout.strip().splitlines()
-    assert len(lines) == len(runs)
-    ddp = runs["ddp"]["run_id"]
-    assert f"run_id={ddp} status=completed strategy=ddp model=resnet18 dataset=digits" in lines
+    assert len(lines) == len([name for name in runs if name != "ddp"])  # ddp's run lives in the shared home
+    mp = runs["mp"]["run_id"]
+    assert f"run_id={mp} status=completed strategy=mp model=test_resnet dataset=digits" in lines
 
 
 def make_eurosat_folder(root, classes=("AnnualCrop", "Forest", "River"), per_class=16, corrupt=False):

@@ -131,6 +131,19 @@ def test_launch_defaults_are_valid_and_quick(parallax_home):
     assert "One device takes all 128 images per step." in texts(at.caption)
 
 
+def test_launch_form_starts_from_the_engines_defaults(parallax_home):
+    """One source: the form's first values are RunConfig's, which the CLI's defaults are too."""
+    from trainer_backend.config import RunConfig
+
+    at = open_page("pages/launch.py")
+    defaults = RunConfig()
+    for name in ("image_size", "batch_size", "epochs", "lr", "weight_decay", "val_fraction", "seed", "num_workers",
+                 "bn_stats_images"):
+        assert at.number_input(key=name).value == getattr(defaults, name), name
+    for name in ("dataset", "model", "optimizer", "amp"):
+        assert at.selectbox(key=name).value == getattr(defaults, name), name
+
+
 def test_launch_form_shows_each_error_next_to_its_field(parallax_home):
     at = open_page("pages/launch.py")
     at.number_input(key="epochs").set_value(0)

@@ -65,6 +65,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--num-workers", type=int, help=f"data-loader worker processes per training process (default {d.num_workers})")
     add("--seed", type=int, help=f"default {d.seed}")
     add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
+        f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
     add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
     add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
     add("--tags", help="comma-separated labels for finding the run later")

@@ -175,6 +175,24 @@ class PipelineStrategy(DistributedStrategy):
                 totals[2] += real
         return totals
 
+    def reestimate_batchnorm(self, model, loader, *, amp_dtype=None) -> bool:
+        """Each stage recomputes its own layers' statistics from the activations the forward-only
+        schedule hands it; every rank takes part, BatchNorm or not, since the schedule is a collective."""
+        from .batchnorm import reestimate
+
+        def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
+            with _autocast(self.input_device, amp_dtype):
+                self._run_schedule(self._schedule.eval, images.to(self.input_device),
+                                   labels.to(self.output_device), None)
+
+        found = reestimate(model, loader, forward)
+        if not found:  # this stage has none, its neighbours may: run the same schedule steps
+            model.train()
+            with torch.no_grad():
+                for images, labels in loader:
+                    forward(images, labels)
+        return bool(self.all_reduce(torch.tensor([float(found)], device=self.output_device), "max").item())
+
     def extra_metrics(self) -> dict:
         """Each stage's share of the training time spent computing; the rest is the bubble."""
         busy = torch.zeros(self.world_size, dtype=torch.float64, device=self.output_device)

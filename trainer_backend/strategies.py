@@ -107,6 +107,20 @@ class Strategy:
 
         return evaluate(self.unwrap(model), loader, self, amp_dtype=amp_dtype)
 
+    def reestimate_batchnorm(self, model: nn.Module, loader, *, amp_dtype=None) -> bool:
+        """Recompute the evaluated module's BatchNorm statistics over ``loader`` (every rank the
+        same batches); False when it has none. See batchnorm.py."""
+        from .batchnorm import reestimate
+        from .loop import _autocast
+
+        module = self.unwrap(model)
+
+        def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
+            with _autocast(self.input_device, amp_dtype):
+                module(images.to(self.input_device, non_blocking=True))
+
+        return reestimate(module, loader, forward)
+
     def extra_metrics(self) -> dict:
         """Strategy-specific numbers for the epoch (e.g. pipeline stage busy time); collective."""
         return {}

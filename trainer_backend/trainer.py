@@ -28,6 +28,7 @@ from db.engine import retry_when_locked
 from db.folders import named_run_folder, run_folder_name
 
 from . import resume
+from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
@@ -143,8 +144,8 @@ class ProgressWriter:
 
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
-              on_step=None, profiler: StepProfiler | None = None,
-              precision: PrecisionRecord | None = None) -> EpochMetrics:
+              on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
+              bn_loader: DataLoader | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -155,6 +156,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
+    if bn_loader is not None:  # counted in the epoch's time, not in its training time
+        strategy.reestimate_batchnorm(model, bn_loader, amp_dtype=amp_dtype)
     strategy.sync_buffers(model)
     val_totals = strategy.evaluate(model, val_loader, amp_dtype=amp_dtype)
     if strategy.sum_val_across_ranks:
@@ -255,6 +258,9 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         scaler = make_grad_scaler(amp_dtype)
         precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
         loaders = build_loaders(data, config, strategy)
+        bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
+                                      full_batches=strategy.drop_last_train) if config.bn_stats_images else None
+        has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         checkpoint = folder / "best.pt"
@@ -268,7 +274,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 progress.epoch = epoch
             profiler = _start_profiler(config, strategy, folder) if config.profile and epoch == 1 else None
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
-                                on_step=progress, profiler=profiler, precision=precision)
+                                on_step=progress, profiler=profiler, precision=precision, bn_loader=bn_loader)
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:
@@ -284,6 +290,12 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
                 if echo:
                     print(metrics.line(config.epochs), flush=True)
+                note = None if lag_noted else lag_note(
+                    train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
+                    reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)
+                if note is not None:
+                    store.add_notes(engine, run_id, [note])
+                    lag_noted = True
                 if state is not None:
                     save_checkpoint(checkpoint, state, config, data, metrics)
             if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch

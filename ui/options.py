@@ -17,9 +17,12 @@ from typing import Any
 
 import streamlit as st
 
+from trainer_backend.config import RunConfig
 from trainer_backend.data_roots import data_roots, is_under_roots
 
-DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny", "test_resnet")
+# The default run's model first, so the form opens on it.
+DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
+                  "test_resnet")
 # trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
 BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 # Imported by the full form; the last two import torch.
