@@ -88,7 +88,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
         values["strategy"] = "mp" if several else "single"
     if world is not None:
-        from .torchrun import values_for_world
+        from .world import values_for_world
 
         values = values_for_world(values, world)
     return RunConfig.from_dict(values)
@@ -171,14 +171,14 @@ def open_database(url: str | None):
 
 
 def _under_torchrun() -> bool:
-    from .torchrun import torchrun_world
+    from .world import torchrun_world
 
     world = torchrun_world()
     return world is not None and world.world_size > 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .torchrun import refuse, run_in_world, torchrun_world
+    from .world import refuse, torchrun_world
 
     world = torchrun_world()
     try:
@@ -188,6 +188,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
+        from .torchrun import run_in_world
+
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
