@@ -247,7 +247,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             cancel(run_id, db_url=args.db)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
-    from ui.sweep_report import format_table, strategy_advice, sweep_html, sweep_table
+    from reports.sweep import format_table, strategy_advice, sweep_html, sweep_table
 
     table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
     print(format_table(table))
@@ -289,7 +289,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     engine = _engine_with_fresh_states(args.db)
     print(json.dumps(store.export_run(engine, args.run_id), indent=2))
     if args.profile_dir is not None:
-        from ui.profile_report import write_profile_dir
+        from reports.profile import write_profile_dir
 
         for path in write_profile_dir(engine, args.run_id, args.profile_dir):
             print(f"wrote {path}", file=sys.stderr)
