@@ -6,6 +6,9 @@
     python -m trainer_backend cancel 8
     python -m trainer_backend list
     python -m trainer_backend export 7
+
+Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
+the database are loaded.
 """
 
 from __future__ import annotations
