@@ -11,7 +11,7 @@ import os
 
 import streamlit as st
 
-from db.access import DatabaseUnavailable, open_database
+from db.access import open_database
 from db.engine import masked_url
 from db.settings import database_url, parallax_home
 from ui import auth
@@ -22,11 +22,12 @@ st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout=
 # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
 st.set_option("client.toolbarMode", "viewer")
 
-# Before any page: on an address other machines can reach, only after a login (ui/auth.py).
+# Before any page: only requests for this dashboard's own host names, and only after a login where one is
+# configured or the address is reachable from other machines (ui/auth.py).
 auth.require_access()
 try:
     open_database()
-except DatabaseUnavailable as exc:
+except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
     auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
 
 navigation = st.navigation([

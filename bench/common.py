@@ -185,6 +185,68 @@ def later_epochs(values: list[float]) -> list[float]:
     return values[1:] if len(values) > 1 else values
 
 
+# --- the dashboard and a browser --------------------------------------------------------------
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage"]
+
+
+@contextlib.contextmanager
+def dashboard_server(home: Path, *, timeout_s: float = 60) -> Iterator[tuple[subprocess.Popen, str, float]]:
+    """``streamlit run app.py`` on a free port with PARALLAX_HOME ``home``: yields (process, URL,
+    seconds from start until it answered its health check). Its whole process group ends after."""
+    import socket
+    import signal
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = home / f"streamlit-{port}.log"
+    env = child_env(PARALLAX_HOME=str(home))
+    env.pop("PARALLAX_DB_URL", None)
+    started = time.perf_counter()
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [PYTHON, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+             "--server.fileWatcherType", "none"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:
+            if server.poll() is not None or time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"streamlit did not answer on {url}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield server, url, time.perf_counter() - started
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=20)
+
+
+def browser_missing() -> str | None:
+    """Why a real browser cannot be driven here, or None."""
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    return None
+
+
 # --- repeats and statistics -----------------------------------------------------------------
 
 

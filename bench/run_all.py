@@ -41,7 +41,7 @@ from bench.common import (  # noqa: E402
 # Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.
 BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
-              "profiler", "ddp_cpu", "gpu")
+              "profiler", "ddp_cpu", "watch_cost", "time_to_interactive", "gpu")
 
 PREAMBLE = """# Benchmarks
 

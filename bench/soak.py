@@ -176,7 +176,7 @@ class Soak:
         try:
             page.goto(self.url + path)
             expect(page.get_by_role("heading", name=heading, exact=True)).to_be_visible(timeout=PAGE_MS)
-            page.wait_for_timeout(watch_ms)  # the live part refreshes itself every 2 s meanwhile
+            page.wait_for_timeout(watch_ms)  # the live part refreshes itself every few seconds meanwhile
             shown = page.get_by_test_id("stException")
             if shown.count():
                 self.page_errors.append(f"{path}: {shown.first.inner_text()[:300]}")

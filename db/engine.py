@@ -27,6 +27,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import URL, Connection, Engine, create_engine, event, func, make_url, select
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
@@ -312,9 +313,12 @@ def upgrade_to_head(engine: Engine) -> None:
     the result.
     """
     config = alembic_config(engine.url)
-    heads = set(ScriptDirectory.from_config(config).get_heads())
-    if current_revisions(engine) == heads:
+    scripts = ScriptDirectory.from_config(config)
+    heads = set(scripts.get_heads())
+    current = current_revisions(engine)
+    if current == heads:
         return
+    _refuse_unknown_revisions(engine, scripts, current)
     with _migration_lock(engine.url):
         # Another process may have finished the upgrade while this one waited.
         if current_revisions(engine) == heads:
@@ -332,6 +336,25 @@ def upgrade_to_head(engine: Engine) -> None:
         except Exception:
             if current_revisions(engine) != heads:
                 raise
+
+
+def _refuse_unknown_revisions(engine: Engine, scripts: ScriptDirectory, current: set[str]) -> None:
+    """A revision this code has no migration for was written by a newer Parallax: upgrading is
+    impossible and downgrading would lose its data, so say so and touch nothing."""
+    unknown = sorted(revision for revision in current if _unknown_revision(scripts, revision))
+    if unknown:
+        raise DatabaseUnavailable(
+            f"the database {masked_url(engine.url)} was written by a newer version of Parallax (schema revision "
+            f"{', '.join(unknown)}; this version knows up to {', '.join(sorted(scripts.get_heads()))}): open it with "
+            "that version or a newer one, or give another database with --db or PARALLAX_DB_URL"
+        )
+
+
+def _unknown_revision(scripts: ScriptDirectory, revision: str) -> bool:
+    try:
+        return scripts.get_revision(revision) is None
+    except CommandError:  # alembic.util.exc: "Can't locate revision identified by ..."
+        return True
 
 
 def _upgrade(config: Config, connection: Connection) -> None:

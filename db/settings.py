@@ -13,7 +13,11 @@ from pathlib import Path
 def parallax_home() -> Path:
     """The folder that holds every file Parallax writes (created on first use)."""
     home = Path(os.environ.get("PARALLAX_HOME") or Path.cwd() / "parallax_home").expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a read-only place, a path under a file
+        raise ValueError(f"PARALLAX_HOME={str(home)!r} cannot be used: {exc.strerror or exc}; it must be a folder "
+                         "Parallax can create and write") from None
     return home
 
 
@@ -44,6 +48,20 @@ def seconds_from_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:  # also refuses nan
-        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0, e.g. {default:g}")
+    if not 0 < value < 1e9:  # also refuses nan and inf
+        raise ValueError(f"{name}={raw!r} is not allowed: give a number of seconds above 0 and below 1e9, "
+                         f"e.g. {default:g}")
+    return value
+
+
+def whole_number_from_env(name: str, default: int, *, low: int = 1, high: int = 2**31 - 1) -> int:
+    """A whole number in [low, high] from environment variable ``name`` (``default`` when unset);
+    anything else is refused with a message naming the variable, its value and what is allowed."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    # isdecimal alone admits other scripts' digits ("٣"); int() would then accept them too.
+    value = int(raw) if raw.isascii() and raw.isdecimal() and len(raw) <= 19 else None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"{name}={raw!r} is not allowed: give a whole number from {low} to {high}, e.g. {default}")
     return value

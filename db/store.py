@@ -14,13 +14,26 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, delete, select, update
+from sqlalchemy import Engine, Select, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from db.engine import session_scope
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
+
+MAX_ID = 2**63 - 1  # ids are 64-bit signed integers in SQLite and PostgreSQL (BIGINT) alike
+
+
+def parse_id(raw: Any) -> int | None:
+    """The row id ``raw`` names (text such as "12" from a command line or an address), or None when it
+    is not a whole number from 1 to MAX_ID: "²", "1e3" or a 30-digit number never reaches the database."""
+    text = str(raw).strip()
+    if not (text.isascii() and text.isdecimal()) or len(text) > len(str(MAX_ID)):
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ID else None
+
 
 EPOCH_FLOAT_FIELDS = (
     "train_loss",
@@ -214,6 +227,21 @@ def read_epoch_metrics(engine: Engine, run_ids: Iterable[int]) -> list[dict[str,
         return []
     with session_scope(engine) as session:
         return [row._asdict() for row in session.execute(_select_epochs(run_ids))]
+
+
+def last_epochs(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
+    """The last epoch recorded for each of the runs (0 for none): one indexed lookup per run,
+    whatever the runs' lengths, so that live pages can ask it on every tick."""
+    run_ids = list(run_ids)
+    found: dict[int, int] = {}
+    if run_ids:
+        # A correlated max() per run: SQLite answers each with one seek in the (run_id, epoch)
+        # index, where GROUP BY would walk every epoch of the run.
+        last = select(func.max(EpochMetric.epoch)).where(EpochMetric.run_id == Run.id).scalar_subquery()
+        statement = select(Run.id, last).where(Run.id.in_(run_ids))
+        with session_scope(engine) as session:
+            found = {run_id: epoch for run_id, epoch in session.execute(statement)}
+    return {run_id: int(found.get(run_id) or 0) for run_id in run_ids}
 
 
 def export_run(engine: Engine, run_id: int) -> dict[str, Any]:

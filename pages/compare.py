@@ -11,6 +11,7 @@ from db import dashboard, store
 from reports import scaling
 from reports.sweep import strategy_advice
 from ui import charts, state, widgets
+from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")
 
@@ -39,7 +40,7 @@ def show_speedups(table: pd.DataFrame) -> None:
     for start in range(0, len(rows), METRICS_PER_ROW):
         for column, row in zip(st.columns(METRICS_PER_ROW), rows[start:start + METRICS_PER_ROW]):
             column.metric(
-                f"Speedup of {row.label}", f"{row.speedup:.2f}×",
+                escape_markdown(f"Speedup of {row.label}"), f"{row.speedup:.2f}×",
                 delta=f"{row.efficiency:.0%} scaling efficiency", delta_color="off", delta_arrow="off", border=True,
                 help=f"{row.throughput_images_per_s:,.0f} images/s against single-device run #{row.baseline_run_id}.",
             )
@@ -88,8 +89,8 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
                    "(with more epochs the first is left out): run two or more for a fair figure.")
     missing = table[table["baseline_run_id"].isna()]
     if not missing.empty:
-        st.caption("No completed single-device run with the same dataset, model, batch size, image size and AMP "
-                   f"for {', '.join(missing['label'])}: launch one to measure a speedup.")
+        st.caption(escape_markdown("No completed single-device run with the same dataset, model, batch size, image "
+                                   f"size and AMP for {', '.join(missing['label'])}: launch one to measure a speedup."))
     left, right = st.columns(2)
     left.plotly_chart(charts.speedup_figure(table), key="speedup")
     right.plotly_chart(charts.efficiency_figure(table), key="efficiency")
@@ -121,8 +122,8 @@ if not picked_ids:
 runs = dashboard.runs_for_compare(engine, picked_ids)
 problems = scaling.like_for_like_problems(runs)
 if problems:
-    st.warning("These runs are not like for like, so their speedups compare different work: "
-               + "; ".join(problems) + ".", icon=":material/warning:")
+    st.warning(escape_markdown("These runs are not like for like, so their speedups compare different work: "
+                               + "; ".join(problems) + "."), icon=":material/warning:")
 
 baselines = scaling.pick_baselines(runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs]))
 wanted_ids = list(dict.fromkeys([*picked_ids, *baselines.values()]))

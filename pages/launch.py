@@ -2,7 +2,11 @@
 same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
 
 In "Compare strategies" mode the form takes several strategies instead of one: each one's config
-is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page."""
+is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page.
+
+The first time a server process draws this page it has not imported torch and timm yet (5–10 s on
+a small machine): the form is drawn at once from the built-in datasets and the default models,
+the import follows once the Launch button is there, and the page then redraws itself in full."""
 
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import AMP_MODES, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError
+from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
+                                    STRATEGIES, ConfigError, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
+from ui.text import escape_markdown
 from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
@@ -82,9 +88,15 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         return ("cpu",)
     label = {"mp": "CPU model stages (one process)", "dp": "CPU devices",
              "sweep": "CPU devices (processes or model stages)"}.get(strategy, "CPU worker processes")
+    try:
+        most = max_cpu_processes()
+    except ConfigError as exc:  # PARALLAX_MAX_CPU_PROCESSES is not a number: say so, offer the default
+        st.error(escape_markdown(exc), icon=":material/error:")
+        most = None
     processes = st.number_input(
-        label, value=2, step=1, key=f"cpu_processes_{strategy}",
-        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp.")
+        label, value=2, step=1, min_value=1, max_value=most, key=f"cpu_processes_{strategy}",
+        help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp"
+        + (f"; at most {most} on this machine ({CPU_PROCESSES_PER_CORE} per core)." if most else "."))
     if not isinstance(processes, int) or processes < 1:
         return ()
     if strategy == "dp":
@@ -119,6 +131,7 @@ st.caption(f"The defaults train resnet18 on the bundled handwritten digits for {
 mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode",
                 captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
 sweeping = mode == SWEEP
+full = options.training_stack_loaded()  # else a quick first draw, with what needs neither torch nor timm
 
 data_col, model_col = st.columns(2, gap="large")
 with data_col:
@@ -129,10 +142,13 @@ with data_col:
         help=f"Built-in sets, and every sub-folder (one folder per class inside) of: {roots} "
         "(set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
     outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
-    info = {"problems": [outside], "warnings": []} if outside else options.describe_dataset(values["dataset"])
-    st.caption(options.dataset_summary(info))
+    if outside:
+        info = {"problems": [outside], "warnings": []}
+    else:
+        info = options.describe_dataset(values["dataset"]) if full else {"problems": [], "warnings": []}
+    st.caption(options.dataset_summary(info) if full or outside else "Reading the dataset…")
     for warning in info.get("warnings", []):
-        st.caption(f":orange[:material/warning: {warning}]")
+        st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
     values["image_size"] = st.number_input("Image size (pixels, square)", value=32, step=8, key="image_size",
                                            help="Every image is resized to N×N before training.")
@@ -140,14 +156,12 @@ with data_col:
 
 with model_col:
     st.subheader("Model")
-    values["model"] = st.selectbox("timm model (type to search)", options.model_choices(), key="model")
+    values["model"] = st.selectbox("timm model (type to search)",
+                                   options.model_choices() if full else list(options.DEFAULT_MODELS), key="model")
     field_slot("model")
-    model_problem = options.model_problem(values["model"])
-    if model_problem is None:
-        num_classes = int(info.get("num_classes") or 10)
-        count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
-        st.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
-                   "Parameter count unavailable for this architecture.")
+    # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
+    model_problem = options.model_problem(values["model"]) if full else None
+    count_slot = st.empty()  # filled once the button is there: a large model takes a while to count
 
 strategy_col, devices_col = st.columns(2, gap="large")
 with strategy_col:
@@ -240,12 +254,12 @@ if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
-elif memory := options.memory_problem(info, values["image_size"], config.bands if config else None):
+elif full and (memory := options.memory_problem(info, values["image_size"], config.bands if config else None)):
     errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
 general = st.empty()
 for name, message in errors.items():
-    slots.get(name, general).error(message, icon=":material/error:")
+    slots.get(name, general).error(escape_markdown(message), icon=":material/error:")
 
 if sweeping:
     if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
@@ -255,7 +269,7 @@ if sweeping:
             for run_id in run_ids if user_note.strip() else []:
                 dashboard.set_user_note(state.engine(), run_id, user_note)
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-            st.error(f"The sweep could not be started: {exc}")
+            st.error(f"The sweep could not be started: {escape_markdown(exc)}")
         else:
             state.open_sweep(sweep_id)
 elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
@@ -264,11 +278,21 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
         if user_note.strip():
             dashboard.set_user_note(state.engine(), run_id, user_note)
     except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
-        st.error(f"The run could not be started: {exc}")
+        st.error(f"The run could not be started: {escape_markdown(exc)}")
     else:
         state.open_run(run_id)
 if errors:
     st.caption("Fix the values marked in red to launch.")
+
+if not full:
+    count_slot.caption("Counting parameters…")
+    options.load_training_stack()  # the form is usable meanwhile; a click waits for the import to end
+    st.rerun()  # every model, the dataset's details, the parameter count and their checks
+if model_problem is None:
+    num_classes = int(info.get("num_classes") or 10)
+    count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
+    count_slot.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
+                       "Parameter count unavailable for this architecture.")
 
 if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
     with st.expander("Run across machines with torchrun"):

@@ -13,6 +13,7 @@ from reports.profile import load_profile, ops_csv, report_html
 from reports.profile_charts import memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 from ui import state, widgets
 from ui.profile_views import HOW_TO_PROFILE, trace_downloads
+from ui.text import escape_markdown
 
 state.enter_through_app("pages/profiler.py")
 
@@ -68,8 +69,8 @@ if run_id != state.requested_run_id():
 
 ops, steps = load_profile(engine, run_id)
 run = summaries[run_id]
-st.caption(f"**{run.strategy}** · **{run.model}** on {run.dataset} · {run.status}. Times are summed over the "
-           "profiled steps of the first epoch.")
+st.caption(f"**{run.strategy}** · **{escape_markdown(run.model)}** on {escape_markdown(run.dataset)} · {run.status}. "
+           "Times are summed over the profiled steps of the first epoch.")
 st.page_link(state.RUN_PAGE, label=f"Open run #{run_id}", icon=":material/monitoring:", query_params={"run": run_id})
 
 st.subheader("Where a step's time goes")

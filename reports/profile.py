@@ -14,6 +14,7 @@ import pandas as pd
 from db import profiles, store
 
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
+from .spreadsheet import frame_for_csv
 
 SUMMARY_FIELDS = ("strategy", "devices", "model", "dataset", "batch_size", "image_size", "amp",
                   "profile_wait", "profile_warmup", "profile_active")
@@ -29,7 +30,7 @@ def load_profile(engine, run_id: int) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ops_csv(ops: pd.DataFrame) -> bytes:
-    return ops.to_csv(index=False).encode()
+    return frame_for_csv(ops).to_csv(index=False).encode()
 
 
 def report_html(engine, run_id: int) -> str:
@@ -62,15 +63,32 @@ td,th{{border:1px solid #ddd;padding:3px 8px;text-align:left}}h2{{margin-top:2re
 </body></html>"""
 
 
+def check_profile_dir(directory: Path) -> None:
+    """ValueError naming ``directory`` when the profile cannot go there: it, or a folder above it, is
+    a file (then nothing is written, and no existing file is replaced by a folder)."""
+    for path in (directory, *directory.parents):
+        if path.exists() and not path.is_dir():
+            what = "is an existing file" if path == directory else f"is inside {path}, which is a file"
+            raise ValueError(f"--profile-dir {directory} {what}, not a folder: give a folder (it is created if missing)")
+        if path.exists():
+            return
+
+
 def write_profile_dir(engine, run_id: int, directory: Path) -> list[Path]:
     """Write trace-rank<R>.json.gz, ops.csv and report.html into ``directory``; returns the paths."""
-    directory.mkdir(parents=True, exist_ok=True)
+    check_profile_dir(directory)
     ops, _ = load_profile(engine, run_id)
     written = []
-    for trace in profiles.list_traces(engine, run_id):
-        path = directory / f"trace-rank{trace['rank']}.json.gz"
-        path.write_bytes(profiles.read_trace(engine, run_id, trace["rank"]))
-        written.append(path)
-    (directory / "ops.csv").write_bytes(ops_csv(ops))
-    (directory / "report.html").write_text(report_html(engine, run_id), encoding="utf-8")
-    return [*written, directory / "ops.csv", directory / "report.html"]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for trace in profiles.list_traces(engine, run_id):
+            path = directory / f"trace-rank{trace['rank']}.json.gz"
+            path.write_bytes(profiles.read_trace(engine, run_id, trace["rank"]))
+            written.append(path)
+        for name, data in (("ops.csv", ops_csv(ops)), ("report.html", report_html(engine, run_id).encode())):
+            (directory / name).write_bytes(data)
+            written.append(directory / name)
+    except OSError as exc:  # a read-only folder, a full disk, a folder where a file should go
+        raise ValueError(f"cannot write the profile into --profile-dir {directory}: {exc.strerror or exc}"
+                         f"{f' ({exc.filename})' if exc.filename else ''}") from None
+    return written

@@ -16,6 +16,7 @@ import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
 from db.store import EPOCH_FIELDS
+from .spreadsheet import frame_for_csv
 
 SCALING_COLUMNS = (
     "run_id", "label", "strategy", "devices", "throughput_images_per_s", "baseline_run_id",
@@ -163,7 +164,7 @@ def metrics_csv(runs: list[dict[str, Any]], epochs: pd.DataFrame) -> str:
     ], columns=["run_id", "strategy", "model", "dataset", "devices"])
     table = described.merge(epochs, on="run_id", how="inner")
     table["peak_memory_mb"] = table["peak_memory_mb"].map(lambda mb: json.dumps(mb or {}, sort_keys=True))
-    return table.to_csv(index=False)
+    return frame_for_csv(table).to_csv(index=False)
 
 
 def _hashable(value: Any) -> Any:

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig
+from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig, parse_devices
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -30,6 +30,16 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def run_id_arg(text: str) -> int:
+    """argparse type for a run id: a whole number a database row can hold, else one line saying so."""
+    from db.store import MAX_ID, parse_id
+
+    value = parse_id(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"run id {text!r} is not allowed: give a whole number from 1 to {MAX_ID}")
+    return value
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +98,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
     if sweep:
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
-        several = len(str(values.get("devices", "cpu")).split(",")) > 1 or len(values.get("devices") or []) > 1
+        several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
         values["strategy"] = "mp" if several else "single"
     if world is not None:
         from .world import values_for_world
@@ -118,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
     sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
-    cancel.add_argument("run_id", type=int)
+    cancel.add_argument("run_id", type=run_id_arg)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
-    export.add_argument("run_id", type=int)
+    export.add_argument("run_id", type=run_id_arg)
     export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
                         "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
-    worker.add_argument("run_id", type=int)
+    worker.add_argument("run_id", type=run_id_arg)
     worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
     return parser
 
@@ -136,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                 "export": _cmd_export, "list": _cmd_list}
     try:
         load_plugins()
+        if args.command in ("run", "launch", "sweep"):
+            from .lifecycle import check_environment
+
+            check_environment()  # a bad PARALLAX_* number: one line before any run is recorded
         if args.command in ("launch", "sweep") and _under_torchrun():
             raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
                              "'run', which joins torchrun's world")
@@ -228,6 +242,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .lifecycle import cancel, launch_sweep
 
     config = config_from_args(args, sweep=True)
+    if not 0 < args.target_acc <= 1:  # also refuses nan
+        raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], "
+                         "e.g. 0.9")
+    if args.report is not None and args.report.is_dir():
+        raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
     open_database(args.db)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)
@@ -247,7 +266,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             time.sleep(1.0)
     except KeyboardInterrupt:
         for run_id in pending:
-            cancel(run_id, db_url=args.db)
+            try:
+                cancel(run_id, db_url=args.db)
+            except ValueError as exc:  # marked cancelled, but another user's process: say so, go on
+                print(f"error: {exc}", file=sys.stderr)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
     from reports.sweep import format_table, strategy_advice, sweep_html, sweep_table
@@ -289,6 +311,10 @@ def _engine_with_fresh_states(url: str | None):
 def _cmd_export(args: argparse.Namespace) -> int:
     from db import store
 
+    if args.profile_dir is not None:
+        from reports.profile import check_profile_dir
+
+        check_profile_dir(args.profile_dir)  # before any output: nothing half-done
     engine = _engine_with_fresh_states(args.db)
     print(json.dumps(store.export_run(engine, args.run_id), indent=2))
     if args.profile_dir is not None:

@@ -35,6 +35,13 @@ MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
 MAX_NODES = 4096
+MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
+MAX_BAND_INDEX = 4095
+MAX_TAGS, MAX_TAG_LENGTH = 64, 200
+# CPU processes (or model stages) on one machine, per core: a few more processes than cores still
+# runs (slowly, each with one thread); thousands start until the machine stops answering.
+CPU_PROCESSES_PER_CORE = 4
+MAX_CPU_PROCESSES_ENV = "PARALLAX_MAX_CPU_PROCESSES"
 
 
 class ConfigError(ValueError):
@@ -47,7 +54,17 @@ class ConfigError(ValueError):
 
 def parse_devices(devices: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """'cpu,cpu' -> ('cpu', 'cpu'); '0,1' -> ('cuda:0', 'cuda:1'); 'cuda' -> ('cuda:0',)."""
-    items = devices.split(",") if isinstance(devices, str) else list(devices)
+    if isinstance(devices, str):
+        items = devices.split(",")
+    elif isinstance(devices, (list, tuple)) and all(_is_device_item(d) for d in devices):
+        items = list(devices)
+    else:
+        raise ConfigError(
+            "devices", f"devices {_shown(devices)} is not allowed: give a comma-separated text or a list of device "
+            'names, e.g. "cpu,cpu" or ["cuda:0", "cuda:1"]'
+        )
+    if len(items) > MAX_DEVICES:
+        raise ConfigError("devices", f"devices lists {len(items)} entries, more than the {MAX_DEVICES} allowed")
     parsed = []
     for raw in items:
         item = str(raw).strip().lower()
@@ -65,6 +82,33 @@ def parse_devices(devices: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
     if not parsed:
         raise ConfigError("devices", "no devices given: list at least one, e.g. --devices cpu")
     return tuple(parsed)
+
+
+def _is_device_item(item: Any) -> bool:
+    return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a message stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_tags(tags: Any) -> tuple[str, ...]:
+    """A list of strings, stripped, empty ones dropped. A bare string is refused rather than read as
+    a sequence of one-letter tags."""
+    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(
+            "tags", f'tags {_shown(tags)} is not allowed: give a list of strings, e.g. ["baseline", "fp32"] '
+            "(on the command line: --tags baseline,fp32)"
+        )
+    cleaned = tuple(t.strip() for t in tags if t.strip())
+    if len(cleaned) > MAX_TAGS or any(len(t) > MAX_TAG_LENGTH for t in cleaned):
+        raise ConfigError(
+            "tags", f"tags {_shown(cleaned)} are not allowed: at most {MAX_TAGS} tags of at most "
+            f"{MAX_TAG_LENGTH} characters each"
+        )
+    return cleaned
 
 
 @dataclass(frozen=True)
@@ -105,7 +149,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         # Normalise containers first so that the frozen instance is hashable and JSON-stable.
         object.__setattr__(self, "devices", parse_devices(self.devices))
-        object.__setattr__(self, "tags", tuple(str(t).strip() for t in self.tags if str(t).strip()))
+        object.__setattr__(self, "tags", parse_tags(self.tags))
         if self.bands is not None:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
         _validate(self)
@@ -147,35 +191,38 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """The config a JSON object describes; every field is type- and range-checked like a flag."""
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"a config must be a JSON object of fields, got {_shown(data)}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
                 unknown[0], f"unknown config field(s) {unknown}; allowed: {sorted(known)}"
             )
-        return cls(**{k: _coerce(k, v) for k, v in data.items()})
+        return cls(**data)  # lists become tuples in __post_init__, after their items are checked
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _coerce(name: str, value: Any) -> Any:
-    """Turn JSON lists back into tuples; the dataclass validates the rest."""
-    if isinstance(value, list) and name in ("devices", "bands", "tags"):
-        return tuple(value)
-    return value
-
-
 def _parse_bands(bands: Any) -> tuple[int, ...]:
-    items = bands.split(",") if isinstance(bands, str) else list(bands)
-    try:
-        parsed = tuple(int(str(b).strip()) for b in items if str(b).strip() != "")
-    except ValueError:
-        raise ConfigError(
-            "bands", f"bands {bands!r} must be comma-separated zero-based band indices, e.g. 3,2,1"
-        ) from None
-    if not parsed or any(b < 0 for b in parsed):
-        raise ConfigError("bands", f"bands {bands!r} must be one or more indices >= 0, e.g. 3,2,1")
+    malformed = ConfigError(
+        "bands", f"bands {_shown(bands)} must be comma-separated zero-based band indices, e.g. 3,2,1 (in a "
+        "config file: [3, 2, 1])"
+    )
+    if isinstance(bands, str):
+        items = [b.strip() for b in bands.split(",") if b.strip()]
+        if not all(b.isascii() and b.isdecimal() and len(b) <= 6 for b in items):
+            raise malformed
+        parsed = tuple(int(b) for b in items)
+    elif isinstance(bands, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in bands):
+        parsed = tuple(bands)
+    else:
+        raise malformed
+    if not parsed or not all(0 <= b <= MAX_BAND_INDEX for b in parsed):
+        raise ConfigError("bands", f"bands {_shown(bands)} must be one or more indices from 0 to {MAX_BAND_INDEX}, "
+                          "e.g. 3,2,1")
     return parsed
 
 
@@ -240,6 +287,16 @@ def _validate_devices(cfg: RunConfig) -> None:
     kinds = {d.split(":")[0] for d in devices}
     if len(kinds) > 1:
         raise ConfigError("devices", f"devices {','.join(devices)} mix CPU and GPU: use one kind")
+    if kinds == {"cpu"} and n > 1:
+        here = -(-n // cfg.nodes)  # the most any one machine of the job runs
+        limit = max_cpu_processes()
+        if here > limit:
+            why = (f"{CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} cores; {MAX_CPU_PROCESSES_ENV} sets another limit"
+                   if limit == CPU_PROCESSES_PER_CORE * cpu_cores() else f"set by {MAX_CPU_PROCESSES_ENV}")
+            raise ConfigError(
+                "devices", f"devices ask for {here} CPU {'processes' if cfg.strategy in DISTRIBUTED else 'devices'} "
+                f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
+            )
     gpus = [d for d in devices if d.startswith("cuda")]
     if cfg.nodes > 1 and (cfg.strategy not in DISTRIBUTED or n < cfg.nodes):
         raise ConfigError(
@@ -309,6 +366,16 @@ def threads_per_process(config: RunConfig) -> int:
     """CPU threads for each of a run's processes on one machine: its cores shared out, whether the
     processes compute on the CPU or feed GPUs (N processes each taking every core fight for them)."""
     return max(1, cpu_cores() // config.processes_per_node)
+
+
+def max_cpu_processes() -> int:
+    """CPU devices one machine may run for a run: PARALLAX_MAX_CPU_PROCESSES, default 4 per core."""
+    from db.settings import whole_number_from_env
+
+    try:
+        return whole_number_from_env(MAX_CPU_PROCESSES_ENV, CPU_PROCESSES_PER_CORE * cpu_cores(), high=MAX_DEVICES)
+    except ValueError as exc:
+        raise ConfigError("devices", str(exc)) from None
 
 
 def strategy_notes(config: RunConfig) -> list[str]:

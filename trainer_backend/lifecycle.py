@@ -26,16 +26,21 @@ from pathlib import Path
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import absolute_database_url
+from db.engine import absolute_database_url, lock_wait_s
 from db.folders import run_folder
-from db.settings import database_url, parallax_home
+from db.settings import database_url, parallax_home, whole_number_from_env
 
-from .config import STRATEGIES, ConfigError, RunConfig
+from .config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
 from .data_roots import check_under_roots
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 QUEUE_POLL_S = 1.0
 CANCEL_GRACE_S = 6.0
+
+
+class CancelNotDelivered(ValueError):
+    """The run is marked cancelled, but its process could not be signalled from here (another
+    user's process): the message says what happens next."""
 
 
 class RunCancelled(BaseException):
@@ -46,7 +51,19 @@ class RunCancelled(BaseException):
 
 def cpu_run_slots() -> int:
     """How many CPU training runs may run at once (they share the cores): PARALLAX_CPU_RUNS, default 1."""
-    return max(1, int(os.environ.get("PARALLAX_CPU_RUNS", "1")))
+    return whole_number_from_env("PARALLAX_CPU_RUNS", 1, low=1, high=1024)
+
+
+def check_environment() -> None:
+    """Read every PARALLAX_* number a run will read, so that a bad one is refused in one line
+    before a run is recorded, not in the worker after."""
+    from .datasets.limits import max_decoded_bytes, max_images
+
+    cpu_run_slots()
+    lock_wait_s()
+    max_images()
+    max_decoded_bytes()
+    max_cpu_processes()
 
 
 def log_path(engine, run_id: int) -> Path:
@@ -63,6 +80,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
 
     The worker runs in the project's folder: a relative SQLite file, data root or dataset folder
     is made absolute here, where the caller meant it."""
+    check_environment()
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_under_roots(config.dataset, data_roots)
@@ -238,7 +256,10 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     """Stop the run and every process it started; returns its final status.
 
     SIGTERM first (the worker records 'cancelled' and stops its ranks), SIGKILL to whatever is
-    left after ``grace_s``, so a run hung in a collective still ends within seconds."""
+    left after ``grace_s``, so a run hung in a collective still ends within seconds. A process that
+    is gone, or whose pid now belongs to another program, is not signalled; one of another user
+    raises CancelNotDelivered (the run is marked cancelled all the same, and stops itself at its
+    next heartbeat)."""
     engine = make_engine(db_url)
     run = store.get_run(engine, run_id)
     if run is None:
@@ -248,14 +269,35 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     # Marked before the signal: the run's own process then records nothing over it, and a
     # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
     if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():
-        _signal_run(run.pid, grace_s)
+        try:
+            _signal_run(run.pid, grace_s)
+        except PermissionError:
+            raise CancelNotDelivered(
+                f"run {run_id} is marked cancelled, but its process {run.pid} belongs to another user and cannot be "
+                f"signalled from here: it stops itself within {state.HEARTBEAT_INTERVAL_S:g} s if it still trains; "
+                "otherwise ask its owner (or root) to end it"
+            ) from None
     return store.get_run(engine, run_id).status
+
+
+def is_parallax_process(pid: int) -> bool:
+    """Whether ``pid`` still runs Parallax's trainer: a pid a run recorded may have been reused by
+    another program since, which a cancel must not signal. True where /proc cannot tell."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return any(part.startswith(b"trainer_backend") or b"trainer_backend/" in part for part in command)
 
 
 def _signal_run(pid: int, grace_s: float) -> None:
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
+        return
+    if not is_parallax_process(pid):
         return
     # A launched worker leads its own group; a foreground `run` shares its shell's group, so
     # only its own pid is signalled and it stops its ranks itself.

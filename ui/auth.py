@@ -1,5 +1,15 @@
-"""Who may use the dashboard: anyone on this machine when it listens on loopback only, and only
-someone who logs in when it listens on an address other machines can reach.
+"""Who may use the dashboard.
+
+``require_access()`` runs in app.py before any page, in this order:
+
+1. The request's ``Host`` must be a loopback name (localhost, 127.0.0.1, [::1], any port), the
+   address the server is bound to, or a host listed in ``[parallax] allowed_hosts`` (or
+   ``PARALLAX_ALLOWED_HOSTS``, comma-separated). A page on another site whose name is made to
+   resolve to 127.0.0.1 (DNS rebinding) is then refused, though the browser thinks it same-origin.
+2. With a login configured, every page is behind it, on every address, loopback included.
+3. Without one, only a server bound to loopback serves pages: then everyone who can open a
+   connection on this machine can (every local user). A request a reverse proxy forwarded, and
+   said so in one of PROXY_HEADERS, is refused; a proxy that adds none cannot be told apart.
 
 Two ways to log in, set in ``.streamlit/secrets.toml``:
 
@@ -9,11 +19,13 @@ Two ways to log in, set in ``.streamlit/secrets.toml``:
       [parallax]
       password_hash = "scrypt$16384$8$1$<salt>$<hash>"
 
-- Streamlit's own OIDC login (``st.login``), with an ``[auth]`` section as Streamlit documents it
-  (``redirect_uri``, ``cookie_secret``, ``client_id``, ``client_secret``, ``server_metadata_url``).
+  Wrong passwords are throttled per session and per client address (``ui.throttle``) and logged
+  (logger ``parallax.auth``, naming the client, never the password).
 
-``require_access()`` runs in app.py before any page: on a non-loopback address without either, the
-dashboard refuses to serve and says how to configure one; with one, every page is behind the login.
+- Streamlit's own OIDC login (``st.login``), with an ``[auth]`` section as Streamlit documents it
+  (``redirect_uri``, ``cookie_secret``, ``client_id``, ``client_secret``, ``server_metadata_url``),
+  and who may use it: ``[parallax] allowed_emails = [...]`` and/or ``allowed_domains = [...]``.
+  Without an allow-list nobody is let in: the provider knows far more people than should train here.
 """
 
 from __future__ import annotations
@@ -23,16 +35,33 @@ import getpass
 import hashlib
 import hmac
 import ipaddress
+import logging
+import math
 import os
+import re
+import secrets as random_tokens
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any
+
+from ui.throttle import LoginThrottle
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # about 50 ms and 16 MB per check: cheap to log in, dear to guess
 SALT_BYTES, HASH_BYTES = 16, 32
 LOGGED_IN_KEY = "parallax_logged_in"
 PASSWORD_KEY, FAILED_KEY = "parallax_login_password", "parallax_login_failed"
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+ALLOWED_HOSTS_ENV = "PARALLAX_ALLOWED_HOSTS"
+# Headers a reverse proxy adds: loopback without a login is for this machine's users only.
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-Ip")
+SESSION_TOKEN_KEY = "parallax_login_session"
+HOST_PATTERN = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?$")
+LOG = logging.getLogger("parallax.auth")
+# Process-wide: one count per session and one per client address, so a new session does not
+# reset a client's count. At most two scrypt checks (16 MiB each) run at once, whoever asks.
+THROTTLE = LoginThrottle()
+SCRYPT_SLOTS = threading.BoundedSemaphore(2)
 HOW_TO_CONFIGURE = (
     "Either bind to this machine only (`make run`, or `--server.address 127.0.0.1`), or set a password: run "
     "`python -m ui.auth hash-password` and put the line it prints under `[parallax]` in `.streamlit/secrets.toml`; "
@@ -99,6 +128,75 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
+def host_name(host_header: Any) -> str | None:
+    """The host name of a ``Host`` header ("Example.org:8501" -> "example.org", "[::1]:8501" -> "::1"),
+    or None for a malformed one."""
+    if not isinstance(host_header, str):
+        return None
+    match = HOST_PATTERN.match(host_header.strip().lower())
+    if match is None:
+        return None
+    return match.group(1).strip("[]").rstrip(".") or None
+
+
+def string_list(value: Any) -> list[str]:
+    """A setting that lists names: a TOML list of strings, or one comma-separated string."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else []
+    return [item.strip().lower() for item in items if isinstance(item, str) and item.strip()]
+
+
+def allowed_hosts(secrets: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Host names besides loopback ones the dashboard answers to: ``[parallax] allowed_hosts`` and
+    ``PARALLAX_ALLOWED_HOSTS``."""
+    section = secrets.get("parallax")
+    listed = string_list(section.get("allowed_hosts")) if isinstance(section, Mapping) else []
+    return [host_name(h) or h for h in listed + string_list(environ.get(ALLOWED_HOSTS_ENV, ""))]
+
+
+def host_allowed(host_header: Any, allowed: list[str], bind_address: str | None = None) -> bool:
+    """Whether a request that names ``host_header`` as its Host is for this dashboard: a loopback
+    name, the address the server is bound to, or a host in ``allowed``. Anything else may be a
+    name an attacker controls that resolves to this machine."""
+    name = host_name(host_header)
+    if name is None:
+        return False
+    bound = host_name(bind_address) if bind_address else None
+    return is_loopback(name) or name in allowed or (bound is not None and name == bound and not _every_interface(bound))
+
+
+def _every_interface(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_unspecified
+    except ValueError:
+        return False
+
+
+def forwarded_by_a_proxy(headers: Mapping[str, Any]) -> bool:
+    """Whether a request came through a reverse proxy that said so (most add one of PROXY_HEADERS;
+    one that adds none cannot be told from a local browser)."""
+    return any(headers.get(name) for name in PROXY_HEADERS)
+
+
+def oidc_refusal(user: Mapping[str, Any], secrets: Mapping[str, Any]) -> str | None:
+    """Why (plain text) a user the OIDC provider logged in may not use the dashboard, or None when they may:
+    their e-mail (verified, when the provider says) must be in ``[parallax] allowed_emails`` or its
+    domain in ``allowed_domains``."""
+    section = secrets.get("parallax") if isinstance(secrets.get("parallax"), Mapping) else {}
+    emails, domains = string_list(section.get("allowed_emails")), string_list(section.get("allowed_domains"))
+    if not emails and not domains:
+        return ("No one may use this dashboard yet: the login works, but [parallax] allowed_emails or "
+                "allowed_domains in .streamlit/secrets.toml must say who may use it.")
+    email = user.get("email")
+    if not isinstance(email, str) or email.count("@") != 1:
+        return "The login provider sent no e-mail address, so this dashboard cannot tell who you are."
+    if user.get("email_verified") is False:
+        return f"The login provider has not verified the e-mail address {email}."
+    email = email.strip().lower()
+    if email in emails or email.rpartition("@")[2] in domains:
+        return None
+    return f"{email} may not use this dashboard. Ask its owner to add you, then log in again."
+
+
 def auth_mode(secrets: Mapping[str, Any]) -> str | None:
     """'oidc' when an [auth] section for st.login is configured, 'password' when [parallax]
     password_hash holds a valid hash, else None."""
@@ -146,22 +244,83 @@ def require_access() -> None:
     import streamlit as st
 
     secrets = _secrets()
-    mode = auth_mode(secrets)
     address = st.get_option("server.address")
+    headers = st.context.headers
+    # No headers at all: no browser connection (AppTest). A browser always sends Host.
+    if len(headers) and not host_allowed(headers.get("Host"), allowed_hosts(secrets), address):
+        host = headers.get("Host")
+        LOG.warning("refused a request for host %r from %s: not a loopback name nor an allowed host",
+                    host, _client_address() or "this machine")
+        stop_with_page(lambda: _wrong_host(host))
+    mode = auth_mode(secrets)
     if mode is None:
         if not is_loopback(address):
             stop_with_page(lambda: _refusal(address, secrets))
+        if forwarded_by_a_proxy(headers):
+            LOG.warning("refused a request forwarded by a proxy (%s) with no login configured",
+                        ", ".join(h for h in PROXY_HEADERS if headers.get(h)))
+            stop_with_page(_proxied_refusal)
     elif mode == "oidc":
         if not st.user.get("is_logged_in", False):  # absent until the [auth] section is read
             stop_with_page(_oidc_login)
+        refusal = oidc_refusal({"email": st.user.get("email"), "email_verified": st.user.get("email_verified")},
+                               secrets)
+        if refusal is not None:
+            LOG.warning("refused OIDC user %r from %s", st.user.get("email"), _client_address() or "this machine")
+            stop_with_page(lambda: _oidc_refused(refusal))
         with st.sidebar:
-            st.caption(f"Logged in as {st.user.get('email') or st.user.get('name') or 'you'}.")
+            st.caption(f"Logged in as {_escape(st.user.get('email') or st.user.get('name') or 'you')}.")
             st.button("Log out", on_click=st.logout, icon=":material/logout:", key="logout")
     else:
         if not st.session_state.get(LOGGED_IN_KEY):
             stop_with_page(lambda: _password_login(secrets["parallax"]["password_hash"]))
         with st.sidebar:
             st.button("Log out", on_click=_log_out, icon=":material/logout:", key="logout")
+
+
+def _escape(text: Any) -> str:
+    from ui.text import escape_markdown
+
+    return escape_markdown(text)
+
+
+def _client_address() -> str | None:
+    """The address of the browser's connection; None when it is this machine (Streamlit reports
+    loopback as None) or when there is no connection (AppTest). Behind a proxy it is the proxy's."""
+    import streamlit as st
+
+    address = st.context.ip_address
+    return address if isinstance(address, str) else None  # AppTest's stand-in runtime gives a mock
+
+
+def _wrong_host(host: Any) -> None:
+    import streamlit as st
+
+    st.title("Parallax")
+    st.error(f"This dashboard does not answer to the host name {_escape(host)}. It answers only to localhost, "
+             "127.0.0.1, [::1] and the hosts its owner allowed; a page on another site may have sent you here.",
+             icon=":material/lock:")
+    st.markdown("To reach it under another name, add that name to `allowed_hosts` under `[parallax]` in "
+                f"`.streamlit/secrets.toml` (or to `{ALLOWED_HOSTS_ENV}`) and restart the dashboard.")
+
+
+def _proxied_refusal() -> None:
+    import streamlit as st
+
+    st.title("Parallax")
+    st.error("This request came through a proxy, and no login is configured: without one the dashboard serves "
+             "only browsers on this machine.", icon=":material/lock:")
+    st.markdown("Set a password: run `python -m ui.auth hash-password` and put the line it prints under "
+                "`[parallax]` in `.streamlit/secrets.toml`, or configure Streamlit's login (`st.login`) with an "
+                "`[auth]` section there. Then restart the dashboard.")
+
+
+def _oidc_refused(reason: str) -> None:
+    import streamlit as st
+
+    st.title("Parallax")
+    st.error(_escape(reason), icon=":material/lock:")  # it holds the e-mail address the provider sent
+    st.button("Log out", on_click=st.logout, icon=":material/logout:", key="logout")
 
 
 def _refusal(address: str | None, secrets: Mapping[str, Any]) -> None:
@@ -205,16 +364,43 @@ def _password_login(stored_hash: str) -> None:
         st.form_submit_button("Log in", type="primary", icon=":material/login:",
                               on_click=_check_password, args=(stored_hash,))
     if st.session_state.get(FAILED_KEY):
-        st.error("Wrong password.", icon=":material/error:")
+        st.error(st.session_state[FAILED_KEY], icon=":material/error:")
+
+
+def throttle_keys(session_token: str, client: str | None) -> list[str]:
+    """The counts a login try is charged to: its session's, and its client address's if known."""
+    return [f"session:{session_token}"] + ([f"client:{client}"] if client else [])
 
 
 def _check_password(stored_hash: str) -> None:
     import streamlit as st
 
     password = st.session_state.pop(PASSWORD_KEY, "")  # the typed password is not kept in the session
-    ok = verify_password(password, stored_hash)
+    token = st.session_state.setdefault(SESSION_TOKEN_KEY, random_tokens.token_hex(8))
+    # Loopback connections (ip_address None, but headers present) share one count.
+    client = _client_address() or ("127.0.0.1" if len(st.context.headers) else None)
+    keys = throttle_keys(token, client)
+    wait_s = max(THROTTLE.wait_s(key) for key in keys)
+    if wait_s > 0:  # refused before scrypt runs: a guess costs nothing until the wait is over
+        LOG.warning("login refused for client %s: %d wrong passwords in a row, next try in %d s",
+                    client or "unknown", max(THROTTLE.failures(key) for key in keys), math.ceil(wait_s))
+        st.session_state[LOGGED_IN_KEY] = False
+        st.session_state[FAILED_KEY] = f"Too many wrong passwords: try again in {math.ceil(wait_s)} s."
+        return
+    with SCRYPT_SLOTS:
+        ok = verify_password(password, stored_hash)
     st.session_state[LOGGED_IN_KEY] = ok
-    st.session_state[FAILED_KEY] = not ok
+    if ok:
+        for key in keys:
+            THROTTLE.succeeded(key)
+        st.session_state.pop(FAILED_KEY, None)
+        return
+    wait_s = max(THROTTLE.failed(key) for key in keys)
+    failures = max(THROTTLE.failures(key) for key in keys)
+    LOG.warning("wrong password from client %s (%d in a row)", client or "unknown", failures)
+    in_a_row = f" ({failures} in a row)" if failures > 1 else ""
+    wait = f" Wait {math.ceil(wait_s)} s before the next try." if wait_s > 0 else ""
+    st.session_state[FAILED_KEY] = f"Wrong password{in_a_row}.{wait}"
 
 
 def main(argv: list[str] | None = None) -> int:

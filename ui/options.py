@@ -1,12 +1,17 @@
 """What the Launch form offers: datasets (built-ins and folders under the data roots), timm
 models with sensible defaults first, and a model's parameter count, all cached.
 
+The full answers need torch and timm, which take 5–10 s to import on a small machine. Until this
+server process has imported them (``training_stack_loaded``), the form is drawn from what needs
+neither: the built-in datasets' names and the default models.
+
 Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
 ``$PARALLAX_HOME/datasets``; each immediate sub-folder of a root is offered as a dataset.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,26 @@ import streamlit as st
 from trainer_backend.data_roots import data_roots, is_under_roots
 
 DEFAULT_MODELS = ("resnet18", "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny", "test_resnet")
+# trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
+BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
+# Imported by the full form; the last two import torch.
+TRAINING_STACK = ("timm", "trainer_backend.datasets", "trainer_backend.models")
+
+
+def training_stack_loaded() -> bool:
+    """Whether this server process has imported torch, timm and the engine's datasets and models.
+
+    Imports are per process, so this is the one truth every session shares. A module another
+    session is still importing counts as loaded: using it waits for that import to end."""
+    return all(name in sys.modules for name in TRAINING_STACK)
+
+
+def load_training_stack() -> None:
+    """Import what the full form needs (5–10 s on a small machine, once per server process)."""
+    import timm  # noqa: F401
+
+    import trainer_backend.datasets  # noqa: F401
+    import trainer_backend.models  # noqa: F401
 
 
 def dataset_folders() -> list[str]:
@@ -37,6 +62,8 @@ def outside_roots(choice: str) -> str | None:
     from trainer_backend.config import ConfigError
     from trainer_backend.data_roots import check_under_roots
 
+    if choice in BUILTIN_DATASETS:  # decided here: the check would import torch to learn these names
+        return None
     try:
         check_under_roots(choice, data_roots())
     except ConfigError as exc:
@@ -45,8 +72,6 @@ def outside_roots(choice: str) -> str | None:
 
 
 def dataset_choices() -> list[str]:
-    from trainer_backend.datasets import BUILTIN_DATASETS
-
     return [*BUILTIN_DATASETS, *dataset_folders()]
 
 

@@ -16,6 +16,8 @@ from db import make_engine
 from db.engine import DatabaseUnavailable
 from db.lifecycle import mark_lost_runs
 from db.settings import database_url
+from db.store import MAX_ID, parse_id
+from ui.text import escape_markdown
 
 LAUNCH_PAGE = "pages/launch.py"
 RUN_PAGE = "pages/run.py"
@@ -94,8 +96,8 @@ def open_sweep(sweep_id: int) -> None:
 def requested_id(param: str, session_key: str) -> int | None:
     """The id asked for by the URL (?param=N), else the last one opened in this session."""
     raw = st.query_params.get(param)
-    if raw is not None and str(raw).isdigit():
-        return int(raw)
+    if raw is not None and (wanted := parse_id(raw)) is not None:
+        return wanted
     return st.session_state.get(session_key)
 
 
@@ -105,10 +107,13 @@ def unknown_url_id(param: str, known_ids, noun: str = "Run") -> str | None:
     raw = st.query_params.get(param)
     if raw is None:
         return None
-    if not str(raw).isdigit():
-        return f"?{param}={raw} in the address is not a {noun.lower()} number: it must be a whole number, e.g. ?{param}=3."
-    if int(raw) not in set(known_ids):
-        return f"{noun} #{int(raw)} in the address does not exist (it may have been deleted): nothing of it is shown."
+    wanted = parse_id(raw)
+    if wanted is None:
+        shown = escape_markdown(str(raw)[:40])
+        return (f"?{param}={shown} in the address is not a {noun.lower()} number: it must be a whole number from 1 "
+                f"to {MAX_ID}, e.g. ?{param}=3.")
+    if wanted not in set(known_ids):
+        return f"{noun} #{wanted} in the address does not exist (it may have been deleted): nothing of it is shown."
     return None
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from db.settings import whole_number_from_env
+
 from .base import DatasetError
 
 DEFAULT_MAX_IMAGES = 2_000_000
@@ -24,12 +26,10 @@ DEFAULT_MAX_IMAGE_MB = 1024
 
 
 def _env_limit(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise DatasetError(f"{name}={raw!r} is not allowed: give a whole number of at least 1")
-    return int(raw)
+    try:
+        return whole_number_from_env(name, default, low=1, high=2**62)
+    except ValueError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def physical_memory_bytes() -> int:
