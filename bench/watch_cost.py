@@ -25,21 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    Report,
-    at_least,
-    at_most,
-    browser_missing,
-    dashboard_server,
-    engine_command,
-    parallax_home,
-    parse_args,
-    process_tree_cpu_s,
-    run_id_from,
-    run_timed,
-)
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, browser_missing, dashboard_server  # noqa: E402
+from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
+from bench.machine import process_tree_cpu_s  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_least, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SETTLE_S = 3.0
