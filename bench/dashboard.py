@@ -26,7 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, Report, alternate, at_most, parallax_home, parse_args  # noqa: E402
+from bench.common import ROOT, parallax_home, parse_args  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 PAGES = {"Runs": "pages/runs.py", "Compare": "pages/compare.py", "Run": "pages/run.py"}

@@ -37,7 +37,9 @@ from skimage import io  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from bench.common import Report, alternate, at_least, parallax_home, parse_args  # noqa: E402
+from bench.common import parallax_home, parse_args  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_least  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 CLASSES = ("AnnualCrop", "Forest", "HerbaceousVegetation", "Highway", "Industrial",

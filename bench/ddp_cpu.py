@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Report, epoch_field, run_engine  # noqa: E402
+from bench.common import epoch_field, run_engine  # noqa: E402
+from bench.report import Report  # noqa: E402
 
 KEY, TITLE = "ddp_cpu", "DDP on CPU"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

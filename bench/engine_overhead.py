@@ -30,7 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BENCH_DIR, PYTHON, Report, at_most, epoch_field, run_timed  # noqa: E402
+from bench.common import BENCH_DIR, PYTHON, epoch_field, run_timed  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_most  # noqa: E402
 
 KEY, TITLE = "engine_overhead", "Engine overhead"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

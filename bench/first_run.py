@@ -19,11 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_least, at_most  # noqa: E402
 from bench.common import (  # noqa: E402
-    Report,
-    alternate,
-    at_least,
-    at_most,
     engine_command,
     export_run,
     parallax_home,

@@ -24,18 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    BENCH_DIR,
-    PYTHON,
-    Report,
-    alternate,
-    at_least,
-    later_epochs,
-    parallax_home,
-    parse_args,
-    run_engine,
-    run_timed,
-)
+from bench.common import BENCH_DIR, PYTHON, later_epochs, parallax_home, parse_args, run_engine, run_timed  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_least  # noqa: E402
 
 KEY, TITLE = "gpu", "GPU throughput (engine vs hand-written loop)"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

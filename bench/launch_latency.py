@@ -34,19 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (  # noqa: E402
     PYTHON,
     ROOT,
-    CpuShare,
-    Report,
-    alternate,
-    at_most,
     child_env,
     digits_workload,
     engine_command,
     parallax_home,
     parse_args,
-    process_tree_cpu_s,
     run_id_from,
     run_timed,
 )
+from bench.machine import CpuShare, process_tree_cpu_s  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 POLL_S = 0.05

@@ -21,15 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    BENCH_DIR,
-    PYTHON,
-    Report,
-    at_least,
-    epoch_field,
-    later_epochs,
-    run_timed,
-)
+from bench.common import BENCH_DIR, PYTHON, epoch_field, later_epochs, run_timed  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_least  # noqa: E402
 
 KEY, TITLE = "lightning_compare", "Against PyTorch Lightning"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

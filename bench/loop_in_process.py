@@ -39,7 +39,7 @@ from bench.plain_loop import build_model, load_digits_split, train_step  # noqa:
 from db import make_engine, store  # noqa: E402
 from trainer_backend.config import RunConfig  # noqa: E402
 from trainer_backend.lifecycle import Heartbeat  # noqa: E402
-from trainer_backend.loop import _accumulate, train_one_epoch  # noqa: E402
+from trainer_backend.loop import accumulate, train_one_epoch  # noqa: E402
 from trainer_backend.strategies import Strategy  # noqa: E402
 from trainer_backend.trainer import ProgressWriter, build_loaders, load_data  # noqa: E402
 
@@ -158,11 +158,11 @@ def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epoc
         logits = model(images)
     loss = torch.nn.functional.cross_entropy(logits, labels)
     totals = torch.zeros(3, dtype=torch.float64)
-    accumulate = per_call_s(lambda: _accumulate(totals, loss, logits, labels), 200)
+    sums = per_call_s(lambda: accumulate(totals, loss, logits, labels), 200)
     steps = len(engine_loader)
     write = per_call_s(lambda: progress(steps, steps), 20)  # the last step always writes
     writes_per_step = min(1.0, step_s / progress.min_interval_s)
-    parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": accumulate,
+    parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": sums,
              "progress write (amortised)": write * writes_per_step}
     return {"step_s": step_s, "parts_s": parts, "share": sum(parts.values()) / step_s,
             "progress_write_s": write}

@@ -25,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Report, at_least, engine_accepts, epoch_field, pair_ratios, run_engine  # noqa: E402
+from bench.common import engine_accepts, epoch_field, run_engine  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_least, pair_ratios  # noqa: E402
 
 KEY, TITLE = "profiler", "Profiler"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

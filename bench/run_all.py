@@ -26,17 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import shared_runs  # noqa: E402
-from bench.common import (  # noqa: E402
-    BENCH_DIR,
-    DOCS_PATH,
-    PYTHON,
-    QUIET_LOAD,
-    RESULTS_PATH,
-    ROOT,
-    child_env,
-    read_results,
-    render_markdown,
-)
+from bench.common import BENCH_DIR, DOCS_PATH, PYTHON, QUIET_LOAD, RESULTS_PATH, ROOT, child_env  # noqa: E402
+from bench.report import read_results, render_markdown  # noqa: E402
 
 # Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.

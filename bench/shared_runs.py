@@ -28,15 +28,9 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    Report,
-    alternate,
-    digits_workload,
-    parallax_home,
-    parse_args,
-    prime_dataset_cache,
-    run_engine,
-)
+from bench.common import digits_workload, parallax_home, parse_args, prime_dataset_cache, run_engine  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate  # noqa: E402
 
 MEMBERS = ("engine_overhead", "lightning_compare", "profiler", "ddp_cpu")
 ENGINE = "engine"

@@ -28,23 +28,19 @@ import datetime
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, DashboardServer, start_dashboard  # noqa: E402
+
 PYTHON = sys.executable
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-dev-shm-usage"]
 # One slot per concurrent run; each relaunches its run when it ends.
 SLOTS = {
     "single test_resnet": ("--model", "test_resnet", "--image-size", "32", "--epochs", "20"),
@@ -71,12 +67,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -92,10 +82,9 @@ class Soak:
         self.home, self.duration_s = home, minutes * 60
         self.env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", "PARALLAX_CPU_RUNS": "3"}
         self.env.pop("PARALLAX_DB_URL", None)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""  # the server's, once it answers
         self.server_log = home / "streamlit.log"
-        self.server: subprocess.Popen | None = None
+        self.server: DashboardServer | None = None
         self.runs: dict[str, list[int]] = {slot: [] for slot in SLOTS}
         self.rss: list[tuple[float, float]] = []
         self.page_views = {"run": 0, "runs": 0}
@@ -119,26 +108,12 @@ class Soak:
         return run_id
 
     def start_server(self) -> None:
-        with open(self.server_log, "wb") as out:
-            self.server = subprocess.Popen(
-                [PYTHON, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(self.port),
-                 "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-                 "--server.fileWatcherType", "none"],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/_stcore/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"streamlit did not answer on {self.url}:\n{self.server_log.read_text()}")
+        self.server = start_dashboard(self.env, log=self.server_log)
+        self.url = self.server.url
 
     def sample_memory(self) -> None:
         while not self.stop.is_set():
-            value = rss_mb(self.server.pid)
+            value = rss_mb(self.server.process.pid)
             if value is not None:
                 self.rss.append((round(time.monotonic() - self.start, 1), round(value, 1)))
             self.stop.wait(SAMPLE_S)
@@ -203,8 +178,7 @@ class Soak:
                 thread.join(timeout=30)
             elapsed_s = time.monotonic() - self.start
             self.cancel_active()
-            os.killpg(self.server.pid, signal.SIGTERM)
-            self.server.wait(timeout=30)
+            self.server.stop(grace_s=30)
         return self.report(elapsed_s)
 
     def cancel_active(self) -> None:

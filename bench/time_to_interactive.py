@@ -18,16 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    Report,
-    at_most,
-    browser_missing,
-    dashboard_server,
-    parallax_home,
-    parse_args,
-)
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, browser_missing, dashboard_server  # noqa: E402
+from bench.common import parallax_home, parse_args  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 PAGE_MS = 120_000

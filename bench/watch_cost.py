@@ -25,21 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (  # noqa: E402
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    Report,
-    at_least,
-    at_most,
-    browser_missing,
-    dashboard_server,
-    engine_command,
-    parallax_home,
-    parse_args,
-    process_tree_cpu_s,
-    run_id_from,
-    run_timed,
-)
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, browser_missing, dashboard_server  # noqa: E402
+from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
+from bench.machine import process_tree_cpu_s  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import at_least, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SETTLE_S = 3.0
@@ -114,7 +104,15 @@ class Watch:
             if self.last_epoch() <= shown:
                 raise RuntimeError(f"no epoch landed in a {window_s:.0f} s window: use a longer --window")
             markers = charts.first.locator(".scatterlayer .trace").first.locator("path.point")
-            expect(markers).to_have_count(self.last_epoch(), timeout=10_000)
+            # Epochs may keep landing while we look: the chart must catch up with every epoch
+            # recorded before the look, and show none that was not recorded after it.
+            recorded, deadline = self.last_epoch(), time.monotonic() + 15
+            while (shown_markers := markers.count()) < recorded:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the loss chart shows {shown_markers} epochs 15 s after {recorded} were recorded")
+                page.wait_for_timeout(500)
+            if shown_markers > self.last_epoch():
+                raise RuntimeError(f"the loss chart shows {shown_markers} epochs, more than were recorded")
         finally:
             page.close()
 

@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Report, alternate, at_most, digits_workload, parallax_home, parse_args  # noqa: E402
+from bench.common import digits_workload, parallax_home, parse_args  # noqa: E402
+from bench.report import Report  # noqa: E402
+from bench.stats import alternate, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 READERS = 5

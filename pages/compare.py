@@ -8,8 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from db import dashboard, store
-from ui import charts, scaling, state, widgets
-from ui.sweep_report import strategy_advice
+from reports import scaling
+from reports.sweep import strategy_advice
+from ui import charts, state, widgets
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")

@@ -9,9 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from db import profiles, store
+from reports.profile import load_profile, ops_csv, report_html
+from reports.profile_charts import memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 from ui import state, widgets
-from ui.profile_charts import memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
-from ui.profile_report import load_profile, ops_csv, report_html
 from ui.profile_views import HOW_TO_PROFILE, trace_downloads
 from ui.text import escape_markdown
 

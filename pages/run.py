@@ -10,9 +10,10 @@ from db import profiles, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
-from ui import charts, scaling, state, widgets
-from ui.text import escape_markdown
+from reports import scaling
+from ui import charts, state, widgets
 from ui.profile_views import step_breakdown_chart
+from ui.text import escape_markdown
 
 state.enter_through_app("pages/run.py")
 

@@ -13,9 +13,9 @@ import streamlit as st
 
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
+from reports.sweep import scaling_figure, strategy_advice, sweep_html, sweep_table
 from ui import state, widgets
 from ui.profile_views import step_breakdown_chart
-from ui.sweep_report import scaling_figure, strategy_advice, sweep_html, sweep_table
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/sweep.py")

@@ -32,7 +32,8 @@ from db import store
 from test_bad_input import BASE, assert_nothing_left
 from trainer_backend.cli import main
 from trainer_backend.config import ConfigError, RunConfig, cpu_cores
-from ui.text import csv_cell, escape_markdown, frame_for_csv
+from reports.spreadsheet import csv_cell, frame_for_csv
+from ui.text import escape_markdown
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90
@@ -378,8 +379,8 @@ def test_csv_cells_that_start_a_formula_get_a_quote_and_numbers_stay_numbers(cel
 
 
 def test_csv_downloads_hold_no_formula():
-    from ui import scaling
-    from ui.profile_report import ops_csv
+    from reports import scaling
+    from reports.profile import ops_csv
 
     runs = [{"id": 1, "strategy": "single", "model": "=1+1", "dataset": "@evil", "config": {"devices": ["cpu"]}}]
     epochs = scaling.epochs_frame([{"run_id": 1, "epoch": 1, "train_loss": -0.5, "train_acc": 0.5, "val_loss": 0.4,

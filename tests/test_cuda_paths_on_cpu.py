@@ -17,7 +17,7 @@ import trainer_backend.config as config_module
 from trainer_backend import resume
 from trainer_backend.config import RunConfig
 from trainer_backend.loop import resolve_amp
-from trainer_backend.runner import OOM_HINT, _with_oom_hint
+from trainer_backend.preflight import OOM_HINT, with_oom_hint
 from trainer_backend.strategies import DataParallelStrategy, DistributedStrategy, Strategy
 from trainer_backend.trainer import build_loaders, load_data
 
@@ -171,7 +171,7 @@ NCCL_HEADER = ("torch.distributed.DistBackendError: NCCL error in: /pytorch/torc
     NCCL_HEADER + "Failed to CUDA malloc 33554432 bytes",
 ])
 def test_out_of_memory_in_any_cuda_library_gets_the_hint(error):
-    assert _with_oom_hint(error) == f"{OOM_HINT}\n\n{error}"
+    assert with_oom_hint(error) == f"{OOM_HINT}\n\n{error}"
 
 
 @pytest.mark.parametrize("error", [
@@ -181,4 +181,4 @@ def test_out_of_memory_in_any_cuda_library_gets_the_hint(error):
     "ValueError: memory_format out of range",
 ])
 def test_other_cuda_failures_get_no_hint(error):
-    assert _with_oom_hint(error) == error
+    assert with_oom_hint(error) == error

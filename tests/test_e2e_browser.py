@@ -13,24 +13,18 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 from conftest import ROOT, run_dir
 from nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.lifecycle import cancel
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-dev-shm-usage"]
 ARTIFACTS = ROOT / "test-artifacts"
 # Tall enough that each page fits whole: Streamlit scrolls inside its own container, so a
 # "full page" screenshot would only hold the visible part.
@@ -38,26 +32,6 @@ VIEWPORT = {"width": 1400, "height": 2000}
 SERVER_START_S = 30
 RUN_DONE_MS = 150_000
 UI_MS = 60_000  # the first render of a page imports torch and timm
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"streamlit exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"streamlit did not answer on {url} within {SERVER_START_S} s:\n{log.read_text()}")
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +46,14 @@ def dashboard(dashboard_home):
     once); the first test's first request is the server's first. Runs still active at the end are
     cancelled: they are detached and would outlive the tests."""
     parallax_home, db_url = dashboard_home, f"sqlite:///{dashboard_home / 'parallax.db'}"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = parallax_home / "streamlit.log"
     # A CPU machine, whatever GPUs this one has: the form's defaults (and the screenshots) depend on it.
     env = subprocess_env(None, {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"})
     env.pop("PARALLAX_DB_URL", None)
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none"],  # edits to the sources during the test must not rerun it
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
+    server = start_dashboard(env, log=parallax_home / "streamlit.log", timeout_s=SERVER_START_S)
     try:
-        wait_healthy(url, process, log)
-        yield url
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(timeout=15)
+        server.stop(grace_s=15)
         engine = make_engine(db_url)
         for run in store.list_runs(engine):
             if run.status in ACTIVE_STATUSES:

@@ -202,7 +202,7 @@ def test_devices_listed_in_reverse_keep_their_order(parallax_home, strategy):
 
 @one_gpu
 def test_out_of_memory_fails_with_the_hint_and_frees_the_gpu(parallax_home):
-    from trainer_backend.runner import OOM_HINT
+    from trainer_backend.preflight import OOM_HINT
 
     free_before, _ = torch.cuda.mem_get_info(0)
     # All 1437 training images in one batch of resnet50 at 384 px: hundreds of GB of activations.

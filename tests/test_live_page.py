@@ -126,7 +126,7 @@ def test_a_tick_after_an_epoch_lands_redraws_the_charts_once(parallax_home, engi
 
 
 def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(parallax_home, engine, monkeypatch):
-    from ui import sweep_report
+    from reports import sweep as sweep_report
 
     built: list[int] = []
     real = sweep_report.scaling_figure

@@ -14,7 +14,8 @@ from db import store
 from trainer_backend import loop, trainer
 from trainer_backend.config import RunConfig
 from trainer_backend.strategies import Strategy
-from ui import charts, scaling
+from reports import scaling
+from ui import charts
 
 MB = 2**20
 

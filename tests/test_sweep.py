@@ -11,7 +11,7 @@ from conftest import run_cli
 from db import make_engine, store
 from trainer_backend.config import ConfigError, RunConfig
 from trainer_backend.lifecycle import sweep_configs
-from ui.sweep_report import strategy_advice, sweep_table
+from reports.sweep import strategy_advice, sweep_table
 
 
 def test_sweep_configs_put_each_strategy_on_its_devices():

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT, evaluate_checkpoint, run_cli
 from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.torchrun import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
+from trainer_backend.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
 DIGITS_TRAIN, DIGITS_VAL = 1437, 360

@@ -12,7 +12,8 @@ import io
 import pandas as pd
 import pytest
 
-from ui import charts, scaling
+from reports import scaling
+from ui import charts
 from ui.validation import validate_form
 
 

@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 import db
 from conftest import ROOT
 from db import profiles, store
-from ui.profile_report import ops_csv
+from reports.profile import ops_csv
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm

@@ -6,6 +6,9 @@
     python -m trainer_backend cancel 8
     python -m trainer_backend list
     python -m trainer_backend export 7
+
+Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
+the database are loaded.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
         values["strategy"] = "mp" if several else "single"
     if world is not None:
-        from .torchrun import values_for_world
+        from .world import values_for_world
 
         values = values_for_world(values, world)
     return RunConfig.from_dict(values)
@@ -187,14 +190,14 @@ def open_database(url: str | None):
 
 
 def _under_torchrun() -> bool:
-    from .torchrun import torchrun_world
+    from .world import torchrun_world
 
     world = torchrun_world()
     return world is not None and world.world_size > 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .torchrun import refuse, run_in_world, torchrun_world
+    from .world import refuse, torchrun_world
 
     world = torchrun_world()
     try:
@@ -204,6 +207,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
+        from .torchrun import run_in_world
+
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
@@ -269,7 +274,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
-    from ui.sweep_report import format_table, strategy_advice, sweep_html, sweep_table
+    from reports.sweep import format_table, strategy_advice, sweep_html, sweep_table
 
     table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
     print(format_table(table))
@@ -309,13 +314,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from db import store
 
     if args.profile_dir is not None:
-        from ui.profile_report import check_profile_dir
+        from reports.profile import check_profile_dir
 
         check_profile_dir(args.profile_dir)  # before any output: nothing half-done
     engine = _engine_with_fresh_states(args.db)
     print(json.dumps(store.export_run(engine, args.run_id), indent=2))
     if args.profile_dir is not None:
-        from ui.profile_report import write_profile_dir
+        from reports.profile import write_profile_dir
 
         for path in write_profile_dir(engine, args.run_id, args.profile_dir):
             print(f"wrote {path}", file=sys.stderr)

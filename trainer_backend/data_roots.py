@@ -36,7 +36,7 @@ def is_under_roots(folder: str | Path, roots: list[Path]) -> bool:
 
 def check_under_roots(dataset: str, roots: list[Path]) -> None:
     """Built-in names pass; a folder must resolve to a place inside one of ``roots``."""
-    from .datasets.builtin import BUILTIN_DATASETS
+    from .datasets.builtin import BUILTIN_DATASETS  # imports torch: the Launch form imports this module
 
     if dataset in BUILTIN_DATASETS or is_under_roots(dataset, roots):
         return

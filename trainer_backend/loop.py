@@ -1,12 +1,16 @@
 """The training and evaluation loops, the same for every strategy.
 
+    totals, train_time_s = train_epoch(model, train_loader, optimizer, strategy, amp_dtype=None)
+    val_totals = validate(model, val_loader, strategy)
+
+The loops run steps over a strategy (which knows the devices and collectives); a strategy that
+steps through an epoch itself (``runs_own_loop``: the pipeline's schedule) is handed the epoch.
 Per-batch numbers are summed on the device and read once per epoch: a ``.item()`` per step
 would force a host-device sync every step and slow GPU training for a progress number.
 """
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import time
 from typing import Callable
@@ -16,11 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # strategies call these loops; only the type is needed here
-    from .profiling import StepProfiler
-    from .strategies import Strategy
+from .profiling import StepProfiler, phase_ranges
+from .strategies import Strategy, autocast, synchronize
 
 StepCallback = Callable[[int, int], None]
 
@@ -69,17 +70,21 @@ class PrecisionRecord:
         return record
 
 
-def _autocast(device: torch.device, amp_dtype: torch.dtype | None):
-    if amp_dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                **kwargs) -> tuple[torch.Tensor, float]:
+    """One epoch of training in the strategy's own loop where it has one, else ``train_one_epoch``."""
+    if strategy.runs_own_loop:
+        return strategy.train_epoch(model, loader, optimizer, **kwargs)
+    return train_one_epoch(model, loader, optimizer, strategy, **kwargs)
 
 
-def synchronize(devices: list[torch.device]) -> None:
-    """Wait for queued GPU work so that wall-clock timings measure the work, not its launch."""
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None
+             ) -> torch.Tensor:
+    """[loss_sum, correct, count] over this process's validation shard, in the strategy's own loop
+    where it has one, else ``evaluate`` on the model without its data-parallel wrapper."""
+    if strategy.runs_own_loop:
+        return strategy.evaluate(model, loader, amp_dtype=amp_dtype)
+    return evaluate(strategy.unwrap(model), loader, strategy, amp_dtype=amp_dtype)
 
 
 def train_one_epoch(
@@ -95,7 +100,7 @@ def train_one_epoch(
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
     model.train()
-    phase = profiler.range if profiler is not None else _no_range
+    phase = phase_ranges(profiler)
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     total_steps = len(loader)
     batches = iter(loader)
@@ -106,7 +111,7 @@ def train_one_epoch(
             images, labels = next(batches)
             images = images.to(strategy.input_device, non_blocking=True)
             labels = labels.to(strategy.output_device, non_blocking=True)
-        with phase("forward"), _autocast(strategy.input_device, amp_dtype):
+        with phase("forward"), autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
         with phase("backward"):
@@ -118,17 +123,13 @@ def train_one_epoch(
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        _accumulate(totals, loss.detach(), logits.detach(), labels)
+        accumulate(totals, loss.detach(), logits.detach(), labels)
         if profiler is not None:
             profiler.step()
         if on_step is not None:
             on_step(step, total_steps)
     synchronize(strategy.devices)
     return totals, time.perf_counter() - start
-
-
-def _no_range(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -139,14 +140,14 @@ def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dt
     for images, labels in loader:
         images = images.to(strategy.input_device, non_blocking=True)
         labels = labels.to(strategy.output_device, non_blocking=True)
-        with _autocast(strategy.input_device, amp_dtype):
+        with autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
-        _accumulate(totals, loss, logits, labels)
+        accumulate(totals, loss, logits, labels)
     return totals
 
 
-def _accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+def accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
     batch = labels.numel()
     totals[0] += loss.double() * batch
     totals[1] += (logits.argmax(dim=1) == labels).sum()

@@ -104,13 +104,13 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _flatten_sequential(module: nn.Module) -> list[nn.Module]:
+def flatten_sequential(module: nn.Module) -> list[nn.Module]:
     """Top-level children, with plain nn.Sequential containers opened up (their forward is just
     'one after another', so opening them keeps the computation and gives finer cut points)."""
     layers: list[nn.Module] = []
     for child in module.children():
         if isinstance(child, nn.Sequential) and type(child).forward is nn.Sequential.forward:
-            layers.extend(_flatten_sequential(child))
+            layers.extend(flatten_sequential(child))
         else:
             layers.append(child)
     return layers
@@ -125,7 +125,7 @@ def split_into_stages(model: nn.Module, n_stages: int, *, in_chans: int, image_s
     fails the check and gets a clear error instead of a silently different network.
     """
     label = name or type(model).__name__
-    layers = _flatten_sequential(model)
+    layers = flatten_sequential(model)
     if len(layers) < n_stages:
         raise ModelError(f"model {label!r} has {len(layers)} layers in sequence, too few for {n_stages} stages")
     if not _sequential_matches(model, layers, in_chans, image_size):

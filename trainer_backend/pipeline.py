@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from .batchnorm import reestimate
 from .config import RunConfig
-from .loop import _autocast, _no_range, synchronize
 from .models import split_into_stages
-from .strategies import DistributedStrategy, on_cpu
+from .profiling import phase_ranges
+from .strategies import DistributedStrategy, autocast, on_cpu, synchronize
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -75,6 +76,7 @@ class StageClock:
 
 class PipelineStrategy(DistributedStrategy):
     name = "pp"
+    runs_own_loop = True  # the schedule runs each step's forward and backward, microbatch by microbatch
     drop_last_train = True  # microbatch shapes are fixed by the first step
 
     def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0, *, in_chans: int = 3):
@@ -124,7 +126,7 @@ class PipelineStrategy(DistributedStrategy):
 
     def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None):
         model.train()
-        phase = profiler.range if profiler is not None else _no_range
+        phase = phase_ranges(profiler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
         self._clock.reset()
         total_steps = len(loader)
@@ -135,7 +137,7 @@ class PipelineStrategy(DistributedStrategy):
                 images, labels = images.to(self.input_device), labels.to(self.output_device)
             losses: list[torch.Tensor] = []
             # Forward and backward interleave inside the schedule (they show as "other").
-            with _autocast(self.input_device, amp_dtype):
+            with autocast(self.input_device, amp_dtype):
                 logits = self._run_schedule(self._schedule.step, images, labels, losses)
             with phase("optimizer_step"):
                 optimizer.step()
@@ -166,7 +168,7 @@ class PipelineStrategy(DistributedStrategy):
                 images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
                 labels = torch.cat([labels, labels.new_zeros(batch - real)])
             images, labels = images.to(self.input_device), labels.to(self.output_device)
-            with _autocast(self.input_device, amp_dtype):
+            with autocast(self.input_device, amp_dtype):
                 logits = self._run_schedule(self._schedule.eval, images, labels, None)
             if self.is_last:
                 logits, labels = logits[:real].float(), labels[:real]
@@ -181,7 +183,7 @@ class PipelineStrategy(DistributedStrategy):
         from .batchnorm import reestimate
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
-            with _autocast(self.input_device, amp_dtype):
+            with autocast(self.input_device, amp_dtype):
                 self._run_schedule(self._schedule.eval, images.to(self.input_device),
                                    labels.to(self.output_device), None)
 

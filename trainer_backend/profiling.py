@@ -115,6 +115,16 @@ class StepProfiler:
             raise
 
 
+def phase_ranges(profiler: StepProfiler | None):
+    """How a loop names its phases (``with phase("forward"):``): the profiler's ranges, or ranges
+    that do nothing when the run is not profiled."""
+    return profiler.range if profiler is not None else _no_range
+
+
+def _no_range(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 class _Phase(record_function):
     """A record_function range that, on CUDA, waits for the phase's kernels so its length is the
     phase's real duration (only inside the profiled window)."""

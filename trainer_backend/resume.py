@@ -21,7 +21,7 @@ from torch import nn
 
 from .storage import writing
 from .strategies import Strategy
-from .torchrun import torchrun_world
+from .world import torchrun_world
 
 RESUME_FILE, RESUME_EPOCH_FILE = "resume.pt", "resume.json"
 

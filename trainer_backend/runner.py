@@ -16,12 +16,10 @@ import datetime
 import gc
 import multiprocessing
 import os
-import re
 import signal
 import socket
 import traceback
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
@@ -32,62 +30,19 @@ from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
 from db.folders import named_run_folder, run_folder_name
 from db.settings import database_url
 
-from .config import ConfigError, RunConfig, strategy_notes
+from .config import ConfigError, RunConfig
 from .data_roots import check_under_roots
-from .datasets import DatasetInfo
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
-from .models import ModelError, create_model, split_into_stages
-from .storage import DiskFullError
+from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
-from .trainer import load_data, note_log_incomplete, read_rank_failures, train_process
+from .trainer import note_log_incomplete, read_rank_failures, train_process
 
-OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
-# How running out of GPU memory reads in each library's own words.
-OUT_OF_MEMORY = re.compile(
-    r"OutOfMemoryError|CUDA out of memory"  # PyTorch's caching allocator
-    r"|CUBLAS_STATUS_ALLOC_FAILED"  # cuBLAS: a handle or workspace
-    r"|CUDNN_STATUS_ALLOC_FAILED|CUDNN_STATUS_INTERNAL_ERROR_(?:HOST|DEVICE)_ALLOCATION_FAILED"  # cuDNN 8, cuDNN 9
-    r"|Cuda failure (?:\d+ )?'out of memory'|Failed to CUDA (?:calloc|malloc)"  # NCCL's last error
-)
-USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
-
-
-def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
-    """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
-    an unknown model, missing pretrained weights, an image size the model cannot take, or a
-    model that cannot be cut for mp all fail here, with a message, before training starts."""
-    info = load_data(config, data_roots).info
-    model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
-                         pretrained=config.pretrained)
-    if config.strategy == "mp":
-        split_into_stages(model, len(config.devices), in_chans=info.in_chans,
-                          image_size=config.image_size, name=config.model)
-    else:
-        _probe_forward(model, config, info)
-    return info
-
-
-@torch.no_grad()
-def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
-    model.eval()
-    try:
-        model(torch.zeros(2, info.in_chans, config.image_size, config.image_size))
-    except Exception as exc:  # timm raises assorted errors for inputs it cannot take
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelError(
-            f"model {config.model!r} cannot take {config.image_size}x{config.image_size} images "
-            f"({first_line}): try a larger --image-size"
-        ) from None
-
-
-def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
-    return strategy_notes(config) + list(info.warnings)
 
 
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
@@ -99,15 +54,8 @@ def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = Tr
     run_id = store.create_run(engine, config.to_dict(), status="queued", notes=notes, world_size=config.world_size)
     store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
     if echo:
-        _announce(run_id, config, info, notes)
+        announce(run_id, config, info, notes)
     return run_id, _run_to_end(engine, run_id, url, config, echo=echo, needs_preflight=False)
-
-
-def _announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
-    print(f"run_id={run_id} {config.strategy} on {','.join(config.devices)}: {config.model} on "
-          f"{config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
-    for note in notes:
-        print(f"note: {note}", flush=True)
 
 
 def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = None) -> str:
@@ -144,7 +92,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
                     notes = run_notes(config, info)
                     retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
                     if echo:
-                        _announce(run_id, config, info, notes)
+                        announce(run_id, config, info, notes)
                 status, error = train_to_end(config, run_id, url, echo=echo, data_roots=data_roots)
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
@@ -174,11 +122,11 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
         _stop_children()
         return "cancelled", "cancelled by the user"
     except RankFailure as exc:
-        return "failed", _with_oom_hint(str(exc))
+        return "failed", with_oom_hint(str(exc))
     except PLAIN_ERRORS as exc:
         return "failed", str(exc)
     except Exception as exc:
-        return "failed", _with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+        return "failed", with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
 
 
 class RankFailure(Exception):
@@ -288,9 +236,3 @@ def _stop_children(grace_s: float = 3.0) -> None:
 def _strip_spawn_banner(text: str) -> str:
     marker = "terminated with the following error:\n"
     return text.split(marker, 1)[1] if marker in text else text
-
-
-def _with_oom_hint(error: str) -> str:
-    if OUT_OF_MEMORY.search(error):
-        return f"{OOM_HINT}\n\n{error}"
-    return error

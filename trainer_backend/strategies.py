@@ -3,13 +3,14 @@
 A strategy owns what differs between single-device, DataParallel, DistributedDataParallel and
 model-parallel training: where inputs and labels go, how the model is wrapped, how the data
 is sharded, and how numbers are summed across processes. Where a collective does not apply
-(one process), it is a no-op, so the training loop has no strategy branches.
+(one process), it is a no-op, so the training loop has no strategy branches. This module knows
+devices and collectives only: the loops (``loop``) run steps over a strategy, never the reverse.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import os
 from typing import Iterable
 
 import torch
@@ -19,8 +20,9 @@ from torch.utils.data import DistributedSampler, Sampler
 
 from db.settings import seconds_from_env
 
+from .batchnorm import reestimate
 from .config import RunConfig, threads_per_process
-from .models import StagedModel, split_into_stages
+from .models import StagedModel, flatten_sequential, split_into_stages
 
 COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
@@ -35,10 +37,27 @@ def collective_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
+def autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    """Mixed precision on ``device`` in ``amp_dtype``; nothing for plain fp32."""
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+
+def synchronize(devices: list[torch.device]) -> None:
+    """Wait for queued GPU work so that wall-clock timings measure the work, not its launch."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
 class Strategy:
     """Single device, and the defaults every other strategy starts from."""
 
     name = "single"
+    # True where the strategy steps through an epoch itself (its own ``train_epoch`` and
+    # ``evaluate``): a pipeline's schedule interleaves the microbatches' forward and backward.
+    runs_own_loop = False
     # Validation totals are summed across processes (each holds a shard, or zeros); False where
     # every process evaluates the whole set (FSDP) and one copy of the numbers is the answer.
     sum_val_across_ranks = True
@@ -97,26 +116,13 @@ class Strategy:
         self.unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
-    def train_epoch(self, model: nn.Module, loader, optimizer, **kwargs) -> tuple[torch.Tensor, float]:
-        from .loop import train_one_epoch
-
-        return train_one_epoch(model, loader, optimizer, self, **kwargs)
-
-    def evaluate(self, model: nn.Module, loader, *, amp_dtype=None) -> torch.Tensor:
-        from .loop import evaluate
-
-        return evaluate(self.unwrap(model), loader, self, amp_dtype=amp_dtype)
-
     def reestimate_batchnorm(self, model: nn.Module, loader, *, amp_dtype=None) -> bool:
         """Recompute the evaluated module's BatchNorm statistics over ``loader`` (every rank the
         same batches); False when it has none. See batchnorm.py."""
-        from .batchnorm import reestimate
-        from .loop import _autocast
-
         module = self.unwrap(model)
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
-            with _autocast(self.input_device, amp_dtype):
+            with autocast(self.input_device, amp_dtype):
                 module(images.to(self.input_device, non_blocking=True))
 
         return reestimate(module, loader, forward)
@@ -350,22 +356,5 @@ class FullyShardedStrategy(DistributedStrategy):
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
     """The units FSDP shards one by one: the model's sequential layers that hold parameters."""
-    from .models import _flatten_sequential
+    return [layer for layer in flatten_sequential(model) if any(True for _ in layer.parameters())]
 
-    return [layer for layer in _flatten_sequential(model) if any(True for _ in layer.parameters())]
-
-
-def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
-    if config.strategy == "ddp":
-        return DistributedStrategy(config, rank, store_host, store_port)
-    if config.strategy == "fsdp":
-        return FullyShardedStrategy(config, rank, store_host, store_port)
-    if config.strategy == "pp":
-        from .pipeline import PipelineStrategy
-
-        return PipelineStrategy(config, rank, store_host, store_port, in_chans=in_chans)
-    if config.strategy == "dp":
-        return DataParallelStrategy(config, rank)
-    if config.strategy == "mp":
-        return ModelParallelStrategy(config, rank, in_chans=in_chans)
-    return Strategy(config, rank)

@@ -14,7 +14,8 @@ resumes it from the last finished epoch (``resume``). A new job (its first attem
 run of its own, even under a job id and training used before (the default id is "none"), unless
 ``--resume-job`` asks it to take over that earlier run where it was lost or failed.
 
-Reading torchrun's environment imports nothing heavy: a strategy that cannot join is refused at once.
+Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
+imported only once a process is known to join.
 """
 
 from __future__ import annotations
@@ -24,123 +25,22 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
-from typing import Mapping
+import traceback
 
-from .config import DISTRIBUTED, ConfigError, RunConfig, cuda_device_count, parse_devices
+import torch
+import torch.distributed as dist
 
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from db import elastic, make_engine, store
+from db import lifecycle as state
+from db.folders import named_run_folder, run_folder, run_folder_name
+from db.settings import database_url
 
-
-@dataclass(frozen=True)
-class TorchrunWorld:
-    """This process's place in the world torchrun started, as its environment tells it."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    job_id: str
-    restart_count: int
-    max_restarts: int
-
-    @property
-    def restarts_left(self) -> int:
-        return max(0, self.max_restarts - self.restart_count)
-
-    def joined_by(self, config: RunConfig) -> bool:
-        """Whether this run takes part in the world (the others run alone, or are refused)."""
-        return config.strategy in DISTRIBUTED or self.world_size > 1
-
-
-def torchrun_world(environ: Mapping[str, str] | None = None) -> TorchrunWorld | None:
-    """The world torchrun started this process in, or None outside torchrun."""
-    env = os.environ if environ is None else environ
-    if not all(env.get(name) for name in TORCHRUN_ENV):
-        return None
-
-    def number(name: str, default: str) -> int:
-        raw = env.get(name) or default
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"torchrun's environment has {name}={raw!r}, which is not a whole number") from None
-
-    world_size = number("WORLD_SIZE", "1")
-    return TorchrunWorld(
-        rank=number("RANK", "0"), world_size=world_size, local_rank=number("LOCAL_RANK", "0"),
-        local_world_size=number("LOCAL_WORLD_SIZE", str(world_size)), node_rank=number("GROUP_RANK", "0"),
-        job_id=env.get("TORCHELASTIC_RUN_ID") or "none",
-        restart_count=number("TORCHELASTIC_RESTART_COUNT", "0"), max_restarts=number("TORCHELASTIC_MAX_RESTARTS", "0"),
-    )
-
-
-def values_for_world(values: dict, world: TorchrunWorld) -> dict:
-    """Config values (flags, --config) for a run under torchrun: ddp, fsdp and pp get one device of
-    the kind --devices names per process of the world, so that the checks that depend on it (the
-    batch divides over it) hold for torchrun's world and not for the length of --devices. Until every
-    process has joined and said which device it has (``joined_config``), GPUs stand in as cuda:0 on
-    a machine each, which passes the checks that only the real world can answer."""
-    strategy = values.get("strategy") or RunConfig.strategy
-    check_joinable(strategy, world)
-    if strategy not in DISTRIBUTED:
-        return values  # a world of one: it runs as it would without torchrun
-    kinds = {device.split(":")[0] for device in parse_devices(values.get("devices") or RunConfig.devices)}
-    if len(kinds) > 1:
-        return values  # RunConfig names the mix
-    size = world.world_size
-    if kinds == {"cpu"}:
-        return {**values, "devices": ["cpu"] * size, "nodes": 1}
-    return {**values, "devices": ["cuda:0"] * size, "nodes": size}
-
-
-def check_joinable(strategy: str, world: TorchrunWorld) -> None:
-    """Refuse a strategy that cannot join torchrun's world, naming what can."""
-    if strategy not in DISTRIBUTED and world.world_size > 1:
-        raise ConfigError(
-            "strategy", f"strategy {strategy} runs in one process and cannot join torchrun's world of "
-            f"{world.world_size} processes: use --strategy ddp, fsdp or pp under torchrun, or run {strategy} "
-            "without torchrun")
-    if strategy == "pp" and world.world_size < 2:
-        raise ConfigError(
-            "strategy", "strategy pp needs at least 2 processes, one per stage, and torchrun started 1: "
-            "use --nproc-per-node 2 or more")
-
-
-def local_device(config: RunConfig, world: TorchrunWorld) -> str:
-    """cuda:LOCAL_RANK when the config asks for GPUs, else the CPU."""
-    if not config.uses_cuda:
-        return "cpu"
-    available = cuda_device_count()
-    if world.local_rank >= available:
-        raise ConfigError(
-            "devices", f"torchrun started {world.local_world_size} processes on {socket.gethostname()}, which has "
-            f"{available} GPU(s), so cuda:{world.local_rank} does not exist: use --nproc-per-node {available} or "
-            "fewer (or --devices cpu)")
-    return f"cuda:{world.local_rank}"
-
-
-def joined_config(config: RunConfig, devices: list[str] | tuple[str, ...], nodes: int) -> RunConfig:
-    """The config the world trains: one device per process in rank order, over ``nodes`` machines.
-    Raises ConfigError where the world does not fit it (a batch that does not divide over it)."""
-    return config.replace(devices=tuple(devices), nodes=nodes)
-
-
-def world_note(joined: RunConfig, world: TorchrunWorld, hosts: list[str]) -> str:
-    kind = "GPU" if joined.uses_cuda else "CPU"
-    machines = ", ".join(dict.fromkeys(hosts))
-    return (f"Started by torchrun (job {world.job_id}): {joined.world_size} processes on {joined.nodes} machine(s) "
-            f"({machines}), one {kind} device each. The world comes from torchrun (--nnodes, --nproc-per-node); "
-            f"--devices only chose {kind} devices.")
-
-
-def refuse(world: TorchrunWorld, exc: Exception) -> int:
-    """One line per machine (its first process says it), and the exit code of bad input."""
-    if world.local_rank == 0:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-    return 2
-
+from .config import ConfigError, RunConfig
+from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler
+from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from .strategies import collective_timeout
+from .trainer import read_rank_failures, train_process
+from .world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
                  resume_job: bool = False) -> int:
@@ -150,8 +50,6 @@ def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None 
         device = local_device(config, world)
     except ConfigError as exc:
         return refuse(world, exc)
-    from .lifecycle import RunCancelled, install_cancel_handler
-
     if world.rank == 0:
         install_cancel_handler()  # a cancel from the dashboard or `cancel` reaches rank 0
     try:
@@ -161,13 +59,6 @@ def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None 
 
 
 def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | None, echo: bool, resume_job: bool) -> int:
-    import torch
-    import torch.distributed as dist
-
-    from db.settings import database_url
-
-    from .strategies import collective_timeout
-
     timeout = collective_timeout()
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
@@ -206,16 +97,12 @@ def _tell(decision: tuple | None) -> tuple:
     """Rank 0 tells every process what to do: ("train", run_id, 0, run folder name) or
     ("stop", run_id, exit code, None). The folder's name comes from rank 0, the one process that
     opens the database: a machine of the job that has no copy of it still keys its files alike."""
-    import torch.distributed as dist
-
     holder = [decision]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
 def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool) -> int:
-    from .trainer import train_process
-
     action, run_id, code, folder_name = _tell(None)
     if action == "stop":
         return code
@@ -226,11 +113,6 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool)
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
           resume_job: bool) -> int:
-    from db import make_engine, store
-    from db.folders import run_folder_name
-
-    from .runner import USER_ERRORS, _announce, preflight, run_notes
-
     try:
         info = preflight(joined)
         notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
@@ -253,7 +135,7 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
         return code
     _tell(("train", run_id, 0, folder_name))
     if echo:
-        _announce(run_id, joined, info, notes)
+        announce(run_id, joined, info, notes)
     status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job)
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
@@ -273,9 +155,6 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
     Only a restarted attempt carries on in an earlier run: a new job, under a job id and training
     used before, would otherwise mix its epochs into a run that ended long ago (or into one that a
     job still running owns). ``resume_job`` asks a new job to take over a lost or failed run."""
-    from db import elastic, store
-    from db import lifecycle as state
-
     pid, host = os.getpid(), socket.gethostname()
     if resume_job and not restarted:
         state.mark_lost_runs(engine)  # a run whose job died is lost, and may be taken over
@@ -312,8 +191,6 @@ def same_training(stored: dict, joined: dict) -> bool:
 
 def _forget_failures(engine, run_id: int) -> None:
     """A new attempt's failures are its own: drop the tracebacks the previous one left here."""
-    from db.folders import run_folder
-
     for path in run_folder(engine, run_id, create=True).glob("rank*.failure.json"):
         path.unlink(missing_ok=True)
 
@@ -321,12 +198,6 @@ def _forget_failures(engine, run_id: int) -> None:
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
                       folder_name: str, resume_job: bool) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
-    from db import lifecycle as state
-    from db import store
-
-    from .lifecycle import Heartbeat, RunCancelled
-    from .trainer import train_process
-
     started = time.time()
     try:
         with Heartbeat(engine, run_id):
@@ -344,8 +215,6 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                 "torchrun's output names it"))
     except Exception as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the record short
-        import traceback
-
         own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
         _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
     status = store.get_run(engine, run_id).status
@@ -359,23 +228,15 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
 def _failure_cause(folder_name: str, since: float) -> str | None:
     """The first failure of this attempt among the ranks on this machine (a rank that fails makes
     its peers fail mid-collective; the first one is the cause)."""
-    from db.folders import named_run_folder
-
-    from .runner import _with_oom_hint
-    from .trainer import read_rank_failures
-
     failures = [f for f in read_rank_failures(named_run_folder(folder_name)) if f["time"] >= since]
     if not failures:
         return None
     first = min(failures, key=lambda f: f["time"])
-    return _with_oom_hint(f"rank {first['rank']} raised an exception:\n{first['traceback']}")
+    return with_oom_hint(f"rank {first['rank']} raised an exception:\n{first['traceback']}")
 
 
 def _attempt_failed(engine, run_id: int, world: TorchrunWorld, cause: str) -> None:
     """With restarts left the run stays running for the restarted job to resume; else it failed."""
-    from db import lifecycle as state
-    from db import store
-
     if world.restarts_left:
         summary = next((line for line in reversed(cause.strip().splitlines()) if line.strip()), cause)
         store.add_notes(engine, run_id, [

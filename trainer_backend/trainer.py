@@ -33,12 +33,13 @@ from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
-                   resolve_amp, synchronize)
+                   resolve_amp, train_epoch, validate)
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
 from .storage import writing
-from .strategies import Strategy, make_strategy
+from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
+                         Strategy, synchronize)
 
 EpochPrinter = Callable[[str], None]
 
@@ -63,6 +64,22 @@ def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
+    if config.strategy == "ddp":
+        return DistributedStrategy(config, rank, store_host, store_port)
+    if config.strategy == "fsdp":
+        return FullyShardedStrategy(config, rank, store_host, store_port)
+    if config.strategy == "pp":
+        from .pipeline import PipelineStrategy  # torch.distributed.pipelining: imported by pipelines only
+
+        return PipelineStrategy(config, rank, store_host, store_port, in_chans=in_chans)
+    if config.strategy == "dp":
+        return DataParallelStrategy(config, rank)
+    if config.strategy == "mp":
+        return ModelParallelStrategy(config, rank, in_chans=in_chans)
+    return Strategy(config, rank)
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
@@ -151,15 +168,15 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
     epoch_start = time.perf_counter()
-    train_totals, train_time_s = strategy.train_epoch(
-        model, train_loader, optimizer, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
+    train_totals, train_time_s = train_epoch(
+        model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
     if bn_loader is not None:  # counted in the epoch's time, not in its training time
         strategy.reestimate_batchnorm(model, bn_loader, amp_dtype=amp_dtype)
     strategy.sync_buffers(model)
-    val_totals = strategy.evaluate(model, val_loader, amp_dtype=amp_dtype)
+    val_totals = validate(model, val_loader, strategy, amp_dtype=amp_dtype)
     if strategy.sum_val_across_ranks:
         totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
     else:

@@ -1,6 +1,6 @@
 """Plotly figures for the dashboard: pure functions ``DataFrame -> Figure``, no streamlit.
 
-Frames come from ``ui.scaling`` (``epochs_frame``, ``memory_frame``, ``scaling_table``). A frame
+Frames come from ``reports.scaling`` (``epochs_frame``, ``memory_frame``, ``scaling_table``). A frame
 without the data a chart needs gives a figure without traces, never an exception: a run that has
 not finished its first epoch is a normal sight.
 """

@@ -8,7 +8,7 @@ import streamlit as st
 
 from db import profiles
 
-from .profile_charts import step_breakdown_figure
+from reports.profile_charts import step_breakdown_figure
 
 HOW_TO_PROFILE = ("Profile a run by switching on **Profile the first steps (torch.profiler)** on the Launch page, "
                   "or from a terminal: `python -m trainer_backend run --profile …`. The profiler records a few "

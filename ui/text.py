@@ -1,19 +1,15 @@
 """Text users control (tags, notes, dataset, class, model and op names), made safe to show.
 
     st.caption(f"Tags: {escape_markdown(tag)}")     # shown as typed, never as Markdown
-    frame_for_csv(frame).to_csv(index=False)         # no cell starts a spreadsheet formula
 
 Streamlit renders Markdown (and its own ``:color[...]``, ``:material/...:`` and ``$...$``) in
 st.markdown, st.caption, st.info and friends, and in widget labels; a tag ``[click](https://x)``
-would become a link. A spreadsheet opening a CSV runs a cell that starts with ``=``, ``+``, ``-`` or
-``@`` as a formula (OWASP "CSV injection").
+would become a link. CSV downloads are made safe where they are built (``reports.spreadsheet``).
 """
 
 from __future__ import annotations
 
 import re
-
-import pandas as pd
 
 # Characters that start Markdown (or Streamlit's LaTeX) anywhere in a line. Escaped, they are text;
 # the rest of ASCII punctuation is left alone so that ordinary messages read the same.
@@ -28,7 +24,6 @@ _LEADING_NUMBER = re.compile(r"^(\d+)([.)])")  # "1. " or "1) " starts a numbere
 # them; an invisible word joiner after the ":", "@" or "www" does. "Error: text" is left as it is.
 _WORD_JOINER = "\u2060"
 _SHORTCODE_OR_LINK = re.compile(r"(?i)(:(?=[a-z_+/-]|[0-9]+:)|@|\bwww(?=\.))")  # not "host:8501"
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def escape_markdown(text: object) -> str:
@@ -39,28 +34,3 @@ def escape_markdown(text: object) -> str:
     escaped = _LEADING_MARK.sub(r"\\\1", escaped)
     escaped = _LEADING_NUMBER.sub(r"\1\\\2", escaped)
     return _SHORTCODE_OR_LINK.sub(lambda m: m.group(1) + _WORD_JOINER, escaped)
-
-
-def csv_cell(value: object) -> object:
-    """A text cell a spreadsheet would run as a formula gets a leading quote; numbers stay numbers."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _is_number(value):
-        return "'" + value
-    return value
-
-
-def frame_for_csv(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``frame`` whose text cells (and column names) cannot start a formula."""
-    safe = frame.copy()
-    safe.columns = [csv_cell(c) for c in safe.columns]
-    for column in safe.columns:
-        if safe[column].dtype == object or pd.api.types.is_string_dtype(safe[column]):
-            safe[column] = safe[column].map(csv_cell)
-    return safe
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

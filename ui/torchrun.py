@@ -15,7 +15,7 @@ import uuid
 from dataclasses import fields
 
 from trainer_backend.config import MAX_NODES, ConfigError, RunConfig
-from trainer_backend.torchrun import TorchrunWorld, check_joinable, joined_config
+from trainer_backend.world import TorchrunWorld, check_joinable, joined_config
 
 ALWAYS_SHOWN = ("dataset", "model", "strategy", "devices")  # the rest only where they differ from the defaults
 SET_BY_TORCHRUN = ("nodes",)

@@ -13,8 +13,8 @@ import pandas as pd
 
 from db import profiles, store
 
-from .text import frame_for_csv
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
+from .spreadsheet import frame_for_csv
 
 SUMMARY_FIELDS = ("strategy", "devices", "model", "dataset", "batch_size", "image_size", "amp",
                   "profile_wait", "profile_warmup", "profile_active")

@@ -16,7 +16,7 @@ import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
 from db.store import EPOCH_FIELDS
-from ui.text import frame_for_csv
+from .spreadsheet import frame_for_csv
 
 SCALING_COLUMNS = (
     "run_id", "label", "strategy", "devices", "throughput_images_per_s", "baseline_run_id",

@@ -1,0 +1,119 @@
+"""The dashboard in a real server, and a real browser to drive it: one way to start ``streamlit run
+app.py`` and wait for it, shared by the benchmarks, the soak and the end-to-end test.
+
+    with running_dashboard(env, log=home / "streamlit.log") as server:
+        page.goto(server.url)                        # server.process, server.start_s
+
+The server runs in a process group of its own on a free port, is stopped with its whole group,
+and a server that exits or does not answer its health check in time raises with its log's tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from bench.common import ROOT, child_env
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage"]
+LOG_TAIL_CHARS = 3000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class DashboardServer:
+    process: subprocess.Popen
+    url: str
+    log: Path
+    start_s: float  # from process start until the health check answered
+
+    def stop(self, grace_s: float = 20) -> None:
+        """SIGTERM to the server's whole process group, SIGKILL after ``grace_s``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=grace_s)
+
+
+def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60) -> DashboardServer:
+    """Start ``streamlit run app.py`` with ``env`` on a free port and wait until it answers its
+    health check; RuntimeError with the log's tail if it exits or stays silent for ``timeout_s``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+             "--server.fileWatcherType", "none"],  # edits to the sources meanwhile must not rerun the app
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = DashboardServer(process, url, log, 0.0)
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {process.returncode}:\n{log.read_text()[-LOG_TAIL_CHARS:]}")
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"streamlit did not answer on {url} within {timeout_s:g} s:\n"
+                                   f"{log.read_text()[-LOG_TAIL_CHARS:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+    except BaseException:
+        server.stop()
+        raise
+    server.start_s = time.perf_counter() - started
+    return server
+
+
+@contextlib.contextmanager
+def running_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60) -> Iterator[DashboardServer]:
+    """``start_dashboard``, stopped (its whole process group) when the block ends."""
+    server = start_dashboard(env, log=log, timeout_s=timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def dashboard_server(home: Path, *, timeout_s: float = 60) -> Iterator[tuple[subprocess.Popen, str, float]]:
+    """The dashboard on PARALLAX_HOME ``home`` (its own SQLite database): yields (process, URL,
+    seconds from start until it answered its health check)."""
+    env = child_env(PARALLAX_HOME=str(home))
+    env.pop("PARALLAX_DB_URL", None)
+    with running_dashboard(env, log=home / "streamlit.log", timeout_s=timeout_s) as server:
+        yield server.process, server.url, server.start_s
+
+
+def browser_missing() -> str | None:
+    """Why a real browser cannot be driven here, or None."""
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} is missing (apt-get install -y chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    return None

@@ -1,0 +1,76 @@
+"""What every launcher (the runner, torchrun) does around training: check the data and the model
+before anything trains (``preflight``), say what is starting (``announce``), and say what to
+change when a run fails for want of GPU memory (``with_oom_hint``).
+
+    info = preflight(config)                           # ConfigError, DatasetError, ModelError
+    announce(run_id, config, info, run_notes(config, info))
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .config import RunConfig, strategy_notes
+from .datasets import DatasetInfo
+from .models import ModelError, create_model, split_into_stages
+from .storage import DiskFullError
+from .trainer import load_data
+
+OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+# How running out of GPU memory reads in each library's own words.
+OUT_OF_MEMORY = re.compile(
+    r"OutOfMemoryError|CUDA out of memory"  # PyTorch's caching allocator
+    r"|CUBLAS_STATUS_ALLOC_FAILED"  # cuBLAS: a handle or workspace
+    r"|CUDNN_STATUS_ALLOC_FAILED|CUDNN_STATUS_INTERNAL_ERROR_(?:HOST|DEVICE)_ALLOCATION_FAILED"  # cuDNN 8, cuDNN 9
+    r"|Cuda failure (?:\d+ )?'out of memory'|Failed to CUDA (?:calloc|malloc)"  # NCCL's last error
+)
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
+
+
+def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
+    """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
+    an unknown model, missing pretrained weights, an image size the model cannot take, or a
+    model that cannot be cut for mp all fail here, with a message, before training starts."""
+    info = load_data(config, data_roots).info
+    model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
+                         pretrained=config.pretrained)
+    if config.strategy == "mp":
+        split_into_stages(model, len(config.devices), in_chans=info.in_chans,
+                          image_size=config.image_size, name=config.model)
+    else:
+        _probe_forward(model, config, info)
+    return info
+
+
+@torch.no_grad()
+def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
+    model.eval()
+    try:
+        model(torch.zeros(2, info.in_chans, config.image_size, config.image_size))
+    except Exception as exc:  # timm raises assorted errors for inputs it cannot take
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(
+            f"model {config.model!r} cannot take {config.image_size}x{config.image_size} images "
+            f"({first_line}): try a larger --image-size"
+        ) from None
+
+
+def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
+    return strategy_notes(config) + list(info.warnings)
+
+
+def announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
+    """The lines a run starts with in its log and on the terminal."""
+    print(f"run_id={run_id} {config.strategy} on {','.join(config.devices)}: {config.model} on "
+          f"{config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
+    for note in notes:
+        print(f"note: {note}", flush=True)
+
+
+def with_oom_hint(error: str) -> str:
+    """A failure's message, led by what to change where it reads as running out of GPU memory."""
+    if OUT_OF_MEMORY.search(error):
+        return f"{OOM_HINT}\n\n{error}"
+    return error
