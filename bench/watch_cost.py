@@ -119,7 +119,7 @@ class Watch:
 
 def main() -> None:
     args = parse_args(__doc__, add_window)
-    window_s = args.window or (15.0 if args.quick else 40.0)
+    window_s = args.window or (6.0 if args.quick else 40.0)
     report = Report("watch_cost", "Watch cost", method=METHOD)
     report.settings = {"pairs of windows": args.repeats, "window_s": window_s,
                        "run": " ".join(run_flags(args.quick))}
