@@ -69,23 +69,30 @@ def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60) ->
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = DashboardServer(process, url, log, 0.0)
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"streamlit exited with {process.returncode}:\n{log.read_text()[-LOG_TAIL_CHARS:]}")
-            if time.perf_counter() - started > timeout_s:
-                raise RuntimeError(f"streamlit did not answer on {url} within {timeout_s:g} s:\n"
-                                   f"{log.read_text()[-LOG_TAIL_CHARS:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
+        wait_healthy(url, process, log, timeout_s=timeout_s - (time.perf_counter() - started))
     except BaseException:
         server.stop()
         raise
     server.start_s = time.perf_counter() - started
     return server
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, *, timeout_s: float = 60) -> None:
+    """Wait until the Streamlit server at ``url`` answers its health check; RuntimeError with the
+    log's tail if ``process`` exits or the server stays silent for ``timeout_s``."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {process.returncode}:\n{log.read_text()[-LOG_TAIL_CHARS:]}")
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"streamlit did not answer on {url} within {timeout_s:g} s:\n"
+                               f"{log.read_text()[-LOG_TAIL_CHARS:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager

@@ -151,7 +151,7 @@ def test_unusable_database_is_one_message_not_a_traceback(parallax_home, monkeyp
 def test_public_address_in_a_real_browser_shows_the_refusal_and_no_navigation(tmp_path):
     """``streamlit run app.py --server.address 0.0.0.0`` without secrets, seen by chromium."""
     from playwright.sync_api import expect, sync_playwright
-    from test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
     port, log = free_port(), tmp_path / "streamlit.log"
     env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}

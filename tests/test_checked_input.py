@@ -397,7 +397,7 @@ def test_csv_downloads_hold_no_formula():
 def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path):
     """Tags, note, dataset, model, engine notes and the error of a run, all Markdown, seen by chromium."""
     from playwright.sync_api import expect, sync_playwright
-    from test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
     home = tmp_path / "home"
     engine = db.make_engine(f"sqlite:///{home / 'parallax.db'}")

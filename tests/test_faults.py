@@ -19,7 +19,7 @@ import urllib.request
 from streamlit.testing.v1 import AppTest
 
 from conftest import ROOT, run_dir
-from test_e2e_browser import free_port, wait_healthy
+from bench.browser import free_port, wait_healthy
 from test_lifecycle import assert_group_gone, export, launch, wait_for
 
 # timm's tiny test ResNet on 16x16 digits: these tests are about faults, not learning.

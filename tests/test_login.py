@@ -206,7 +206,7 @@ def test_a_forged_host_is_refused_and_guessing_is_throttled_per_client_in_a_real
     """``streamlit run app.py`` on 127.0.0.1 with a password and one allowed host; chromium resolves
     evil.example and dash.internal to 127.0.0.1."""
     from playwright.sync_api import expect, sync_playwright
-    from test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
     port, log = free_port(), tmp_path / "streamlit.log"
     secrets = tmp_path / "secrets.toml"
@@ -280,7 +280,7 @@ def test_without_a_login_a_request_through_a_proxy_is_refused_in_a_real_browser(
     """Loopback with no login serves this machine's browsers; a local reverse proxy would publish it.
     Chromium sends the header a proxy adds (on the page and its websocket)."""
     from playwright.sync_api import expect, sync_playwright
-    from test_e2e_browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
     port, log = free_port(), tmp_path / "streamlit.log"
     env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
