@@ -84,7 +84,7 @@ class PipelineStrategy(DistributedStrategy):
         self.in_chans = in_chans
         self.is_first, self.is_last = rank == 0, rank == self.world_size - 1
         self._clock = StageClock(self.input_device)
-        self._wall_s = 0.0
+        self._wall_s = self._busy_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
@@ -155,6 +155,8 @@ class PipelineStrategy(DistributedStrategy):
         synchronize([self.input_device])
         self._wall_s = time.perf_counter() - start
         self._clock.collect(wait=True)
+        # Read now: validation and BatchNorm re-estimation run the same timed chunks after this.
+        self._busy_s = self._clock.busy_s
         return totals, self._wall_s
 
     @torch.no_grad()
@@ -180,7 +182,6 @@ class PipelineStrategy(DistributedStrategy):
     def reestimate_batchnorm(self, model, loader, *, amp_dtype=None) -> bool:
         """Each stage recomputes its own layers' statistics from the activations the forward-only
         schedule hands it; every rank takes part, BatchNorm or not, since the schedule is a collective."""
-        from .batchnorm import reestimate
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
             with autocast(self.input_device, amp_dtype):
@@ -198,7 +199,7 @@ class PipelineStrategy(DistributedStrategy):
     def extra_metrics(self) -> dict:
         """Each stage's share of the training time spent computing; the rest is the bubble."""
         busy = torch.zeros(self.world_size, dtype=torch.float64, device=self.output_device)
-        busy[self.rank] = self._clock.busy_s / self._wall_s if self._wall_s else 0.0
+        busy[self.rank] = self._busy_s / self._wall_s if self._wall_s else 0.0
         fractions = self.all_reduce(busy).tolist()
         return {
             "stage_busy_fraction": {f"stage{i}": round(f, 4) for i, f in enumerate(fractions)},
