@@ -55,17 +55,20 @@ class DashboardServer:
             self.process.wait(timeout=grace_s)
 
 
-def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60) -> DashboardServer:
-    """Start ``streamlit run app.py`` with ``env`` on a free port and wait until it answers its
-    health check; RuntimeError with the log's tail if it exits or stays silent for ``timeout_s``."""
+def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60, address: str = "127.0.0.1",
+                    extra_args: tuple[str, ...] | list[str] = ()) -> DashboardServer:
+    """Start ``streamlit run app.py`` with ``env`` on a free port, bound to ``address`` (reached
+    through 127.0.0.1) with ``extra_args`` for streamlit, and wait until it answers its health
+    check; RuntimeError with the log's tail if it exits or stays silent for ``timeout_s``."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none"],  # edits to the sources meanwhile must not rerun the app
+             "--server.address", address, "--browser.gatherUsageStats", "false",
+             "--server.fileWatcherType", "none",  # edits to the sources meanwhile must not rerun the app
+             *extra_args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = DashboardServer(process, url, log, 0.0)
     try:

@@ -151,19 +151,13 @@ def test_unusable_database_is_one_message_not_a_traceback(parallax_home, monkeyp
 def test_public_address_in_a_real_browser_shows_the_refusal_and_no_navigation(tmp_path):
     """``streamlit run app.py --server.address 0.0.0.0`` without secrets, seen by chromium."""
     from playwright.sync_api import expect, sync_playwright
-    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 
-    port, log = free_port(), tmp_path / "streamlit.log"
     env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "0.0.0.0", "--server.port",
-             str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--secrets.files", str(tmp_path / "no-secrets.toml")],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = start_dashboard(env, log=tmp_path / "streamlit.log", address="0.0.0.0",
+                             extra_args=["--secrets.files", str(tmp_path / "no-secrets.toml")])
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, server, log)
+        url = server.url
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
@@ -177,8 +171,7 @@ def test_public_address_in_a_real_browser_shows_the_refusal_and_no_navigation(tm
             finally:
                 browser.close()
     finally:
-        server.terminate()
-        server.wait(timeout=15)
+        server.stop(grace_s=15)
 
 
 # --- data roots ---------------------------------------------------------------------------------

@@ -397,7 +397,7 @@ def test_csv_downloads_hold_no_formula():
 def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path):
     """Tags, note, dataset, model, engine notes and the error of a run, all Markdown, seen by chromium."""
     from playwright.sync_api import expect, sync_playwright
-    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 
     home = tmp_path / "home"
     engine = db.make_engine(f"sqlite:///{home / 'parallax.db'}")
@@ -409,18 +409,12 @@ def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path)
     dashboard.set_user_note(engine, run_id, EVIL_TEXT[1])
     store.set_status(engine, run_id, "failed", error=EVIL_TEXT[0])
     db.dispose_engines()
-    port, log = free_port(), tmp_path / "streamlit.log"
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port",
-             str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--secrets.files", str(tmp_path / "no-secrets.toml")],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_dashboard(env, log=tmp_path / "streamlit.log",
+                             extra_args=["--secrets.files", str(tmp_path / "no-secrets.toml")])
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, server, log)
+        url = server.url
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
@@ -446,8 +440,7 @@ def test_user_text_on_the_run_page_is_shown_as_typed_in_a_real_browser(tmp_path)
             finally:
                 browser.close()
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=15)
+        server.stop(grace_s=15)
 
 
 def test_the_launch_forms_process_field_stops_at_the_limit(parallax_home):

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 import streamlit.config as streamlit_config
@@ -206,21 +204,16 @@ def test_a_forged_host_is_refused_and_guessing_is_throttled_per_client_in_a_real
     """``streamlit run app.py`` on 127.0.0.1 with a password and one allowed host; chromium resolves
     evil.example and dash.internal to 127.0.0.1."""
     from playwright.sync_api import expect, sync_playwright
-    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 
-    port, log = free_port(), tmp_path / "streamlit.log"
+    log = tmp_path / "streamlit.log"
     secrets = tmp_path / "secrets.toml"
     secrets.write_text(f'[parallax]\npassword_hash = "{auth.hash_password(PASSWORD)}"\n')
     env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
            auth.ALLOWED_HOSTS_ENV: "dash.internal"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port",
-             str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--secrets.files", str(secrets)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_dashboard(env, log=log, extra_args=["--secrets.files", str(secrets)])
+    port = server.url.rsplit(":", 1)[1]
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", server, log)
         rules = "MAP evil.example 127.0.0.1, MAP dash.internal 127.0.0.1"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM),
@@ -267,8 +260,7 @@ def test_a_forged_host_is_refused_and_guessing_is_throttled_per_client_in_a_real
             finally:
                 browser.close()
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=15)
+        server.stop(grace_s=15)
     output = log.read_text()
     assert f"refused a request for host 'evil.example:{port}'" in output, output
     assert "wrong password from client 127.0.0.1 (6 in a row)" in output
@@ -280,19 +272,13 @@ def test_without_a_login_a_request_through_a_proxy_is_refused_in_a_real_browser(
     """Loopback with no login serves this machine's browsers; a local reverse proxy would publish it.
     Chromium sends the header a proxy adds (on the page and its websocket)."""
     from playwright.sync_api import expect, sync_playwright
-    from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 
-    port, log = free_port(), tmp_path / "streamlit.log"
+    log = tmp_path / "streamlit.log"
     env = {**os.environ, "PARALLAX_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port",
-             str(port), "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--secrets.files", str(tmp_path / "no-secrets.toml")],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_dashboard(env, log=log, extra_args=["--secrets.files", str(tmp_path / "no-secrets.toml")])
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, server, log)
+        url = server.url
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
@@ -307,8 +293,7 @@ def test_without_a_login_a_request_through_a_proxy_is_refused_in_a_real_browser(
             finally:
                 browser.close()
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=15)
+        server.stop(grace_s=15)
     assert "refused a request forwarded by a proxy (X-Forwarded-For) with no login configured" in log.read_text()
 
 
