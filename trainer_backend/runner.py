@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import datetime
 import gc
+import logging
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import traceback
 
 import torch.distributed as dist
@@ -157,12 +159,24 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
 
 
 def _rank_main(rank: int, *args) -> None:
-    """One spawned rank: train, then skip the slow garbage collection of interpreter shutdown
-    (see __main__.py); the runner waits for every rank to exit."""
+    """One spawned rank: train, then leave without interpreter shutdown; the runner waits for
+    every rank to exit.
+
+    A rank that trained to the end has recorded all it has to. Shutting its interpreter down would
+    garbage-collect torch's objects one by one (see __main__.py), and then run the C++ destructors
+    of collective state left for exit; on gloo with FSDP one of those can abort the process
+    ("terminate called without an active exception", about one run in six on 2 CPU ranks), which
+    the runner must read as a crashed rank. A rank that failed raises as before, so spawn reports
+    its traceback."""
     try:
         train_process(rank, *args)
-    finally:
+    except BaseException:
         gc.freeze()
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(0)
 
 
 def _root_cause(context, folder, exc: ProcessException) -> str:
