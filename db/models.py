@@ -139,6 +139,11 @@ class Run(Base):
     elastic_run_id: Mapped[str | None] = mapped_column(String(255), index=True)
 
     notes: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    # What was measured once per run rather than per epoch, e.g. {"flops_per_image": 1.1e9,
+    # "compile_time_s": 41.2, "confusion": {...}}.
+    measurements: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
     tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
     user_note: Mapped[str] = mapped_column(Text, default="", server_default=text("''"))
 
@@ -242,3 +247,38 @@ class ProfileTrace(Base):
     trace_gz: Mapped[bytes] = mapped_column(LargeBinary)
     trace_bytes: Mapped[int] = mapped_column(BigInteger)  # uncompressed size, for the size warning
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StepMetric(Base):
+    """One training step of one run as rank 0 saw it (at most one point per half second)."""
+
+    __tablename__ = "step_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)  # counts across epochs, from 1
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    images_per_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
+
+
+class SystemSample(Base):
+    """What the machine, the run's processes and its GPUs did at one moment of a run."""
+
+    __tablename__ = "system_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    host_cpu_pct: Mapped[float | None] = mapped_column(Float)
+    host_memory_mb: Mapped[float | None] = mapped_column(Float)
+    # [{"rank": 0, "cpu_pct": 97.1, "rss_mb": 812.4}, ...], DataLoader workers summed under their rank.
+    processes: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default=text("'[]'")
+    )
+    # [{"index": 0, "util_pct": 98, "memory_used_mb": 20311, "power_w": 402.1, "temperature_c": 61,
+    #   "sm_clock_mhz": 1980}, ...]; empty where the run uses no GPU.
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
