@@ -190,6 +190,16 @@ def add_notes(engine: Engine, run_id: int, notes: Iterable[str]) -> None:
             _update_run(session, run_id, notes=merged)
 
 
+def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> None:
+    """Merge ``values`` into the run's once-per-run measurements (``Run.measurements``): a key
+    given again replaces the old value, other keys stay."""
+    with session_scope(engine) as session:
+        current = session.scalar(select(Run.measurements).where(Run.id == run_id))
+        if current is None:
+            raise LookupError(f"no run with id {run_id}")
+        _update_run(session, run_id, measurements={**current, **values})
+
+
 def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
     """Store the summary of one epoch; logging the same epoch again replaces it.
 
@@ -260,6 +270,7 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "pid": run.pid,
             "config": run.config,
             "notes": run.notes,
+            "measurements": run.measurements,
             "epochs": epochs,
             "created_at": _isoformat(run.created_at),
             "started_at": _isoformat(run.started_at),
