@@ -140,3 +140,54 @@ def _read_gpu(pynvml, torch_index: int, handle, device_id: str) -> GpuStatus:
         utilization_pct=utilization_pct,
         uuid=device_id,
     )
+
+
+def cuda_indices(devices) -> list[int]:
+    """The ``cuda:N`` indices among a run's device names (``cuda`` alone is cuda:0)."""
+    return [int(d.split(":")[1]) if ":" in d else 0 for d in devices if str(d).startswith("cuda")]
+
+
+def nvml_handles(pynvml, indices: list[int]) -> dict[int, object]:
+    """NVML's handles of the GPUs torch numbers ``cuda:<index>``, for the indices it can find
+    (after ``nvmlInit``): the same PCI order and CUDA_VISIBLE_DEVICES resolution as ``gpu_statuses``."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    handles.sort(key=lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
+    ids = visible_device_ids([_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles],
+                             os.environ.get("CUDA_VISIBLE_DEVICES"))
+    found = {}
+    for index in indices:
+        if index < len(ids):
+            try:
+                found[index] = _handle_for(pynvml, ids[index])
+            except pynvml.NVMLError:
+                continue
+    return found
+
+
+def open_nvml(indices: list[int]):
+    """(pynvml, {index: handle}) for the run's GPUs, NVML initialised (the caller shuts it down);
+    (None, {}) where there is no NVML (no package, no driver) or no GPU to watch."""
+    if not indices:
+        return None, {}
+    try:
+        import pynvml
+    except ImportError:
+        return None, {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None, {}
+    try:
+        return pynvml, nvml_handles(pynvml, indices)
+    except pynvml.NVMLError:
+        close_nvml(pynvml)
+        return None, {}
+
+
+def close_nvml(pynvml) -> None:
+    if pynvml is None:
+        return
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pass

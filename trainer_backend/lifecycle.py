@@ -58,8 +58,11 @@ def check_environment() -> None:
     """Read every PARALLAX_* number a run will read, so that a bad one is refused in one line
     before a run is recorded, not in the worker after."""
     from .datasets.limits import max_decoded_bytes, max_images
+    from .sampler import sample_interval_s, step_point_s
 
     cpu_run_slots()
+    sample_interval_s()
+    step_point_s()
     lock_wait_s()
     max_images()
     max_decoded_bytes()

@@ -24,6 +24,7 @@ from .profiling import StepProfiler, phase_ranges
 from .strategies import Strategy, autocast, synchronize
 
 StepCallback = Callable[[int, int], None]
+LossCallback = Callable[[torch.Tensor], None]  # the step's loss, still on the device
 
 
 # bf16 tensor cores arrived with Ampere; before it bf16 is emulated (slower than fp32), although
@@ -97,6 +98,7 @@ def train_one_epoch(
     scaler: torch.amp.GradScaler | None = None,
     on_step: StepCallback | None = None,
     profiler: StepProfiler | None = None,
+    on_loss: LossCallback | None = None,
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
     model.train()
@@ -126,6 +128,8 @@ def train_one_epoch(
         accumulate(totals, loss.detach(), logits.detach(), labels)
         if profiler is not None:
             profiler.step()
+        if on_loss is not None:
+            on_loss(loss.detach())
         if on_step is not None:
             on_step(step, total_steps)
     synchronize(strategy.devices)

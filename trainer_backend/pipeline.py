@@ -124,7 +124,8 @@ class PipelineStrategy(DistributedStrategy):
             return method(target=labels, losses=losses)
         return method()
 
-    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None):
+    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None,
+                    on_loss=None):
         model.train()
         phase = phase_ranges(profiler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
@@ -144,7 +145,10 @@ class PipelineStrategy(DistributedStrategy):
                 optimizer.zero_grad(set_to_none=True)
             if self.is_last:
                 # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
-                totals[0] += torch.stack(losses).double().mean() * labels.numel()
+                batch_loss = torch.stack(losses).detach().double().mean()
+                totals[0] += batch_loss * labels.numel()
+                if on_loss is not None:  # only the last stage computes the loss
+                    on_loss(batch_loss)
                 totals[1] += (logits.argmax(dim=1) == labels).sum()
                 totals[2] += labels.numel()
             if profiler is not None:

@@ -34,11 +34,13 @@ from db.settings import database_url
 
 from .config import ConfigError, RunConfig
 from .data_roots import check_under_roots
+from .devices import cuda_indices
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from .sampler import SystemSampler
 from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
-from .trainer import note_log_incomplete, read_rank_failures, train_process
+from .trainer import note_log_incomplete, read_rank_failures, run_started_at_s, train_process
 
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
@@ -113,12 +115,15 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
 def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
                  data_roots: list | None = None) -> tuple[str, str | None]:
     """Train and translate how it ended into (status, error)."""
-    folder_name = run_folder_name(make_engine(url), run_id)
+    engine = make_engine(url)
+    folder_name = run_folder_name(engine, run_id)
     try:
-        if config.world_size > 1:
-            _spawn_ranks(config, run_id, url, echo, folder_name, data_roots)
-        else:
-            train_process(0, config.to_dict(), run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
+        with SystemSampler(engine, run_id, run_started_at_s(engine, run_id), cuda_indices(config.devices)) as sampler:
+            if config.world_size > 1:
+                _spawn_ranks(config, run_id, url, echo, folder_name, data_roots, watch=sampler.watch)
+            else:
+                sampler.watch({0: os.getpid()})
+                train_process(0, config.to_dict(), run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
         return "completed", None
     except (RunCancelled, KeyboardInterrupt):
         _stop_children()
@@ -135,7 +140,8 @@ class RankFailure(Exception):
     """A rank of a multi-process run failed; the message names the rank that failed first."""
 
 
-def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_name: str, data_roots: list | None) -> None:
+def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_name: str, data_roots: list | None,
+                 watch=None) -> None:
     collective_timeout()  # a bad PARALLAX_COLLECTIVE_TIMEOUT_S is refused here, in one line
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
@@ -147,6 +153,8 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
         join=False,
         start_method="spawn",
     )
+    if watch is not None:  # the system sampler follows each rank (and its DataLoader workers)
+        watch({rank: process.pid for rank, process in enumerate(context.processes)})
     try:
         while not context.join():
             pass

@@ -31,12 +31,15 @@ from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
+from .devices import cuda_indices
+from .energy import EnergyMeter
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
+from .steps import StepHooks, StepRecorder
 from .storage import writing
 from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
                          Strategy, synchronize)
@@ -162,7 +165,7 @@ class ProgressWriter:
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
-              bn_loader: DataLoader | None = None) -> EpochMetrics:
+              bn_loader: DataLoader | None = None, on_loss=None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -170,6 +173,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
+        **({"on_loss": on_loss} if on_loss is not None else {}),
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
@@ -264,6 +268,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
     data = load_data(config, data_roots)
     strategy = make_strategy(config, rank, in_chans=data.info.in_chans, store_host=store_host, store_port=store_port)
     strategy.setup()
+    hooks = None
     try:
         model = create_model(config.model, num_classes=data.info.num_classes,
                              in_chans=data.info.in_chans, pretrained=config.pretrained)
@@ -280,6 +285,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
+        hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
         checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0
         if resumable:
@@ -290,8 +296,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             if progress is not None:
                 progress.epoch = epoch
             profiler = _start_profiler(config, strategy, folder) if config.profile and epoch == 1 else None
+            hooks.start_epoch(epoch, loaders[0], optimizer)
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
-                                on_step=progress, profiler=profiler, precision=precision, bn_loader=bn_loader)
+                                on_step=hooks, profiler=profiler, precision=precision, bn_loader=bn_loader,
+                                on_loss=hooks.loss)
+            metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:
@@ -318,7 +327,47 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
                 resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
     finally:
+        if hooks is not None:
+            hooks.close()
         strategy.teardown()
+
+
+def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_id: int, progress) -> StepHooks:
+    """This process's per-step hooks. Step points come from rank 0, except in a pipeline, where
+    only the last stage computes the loss (of the whole batch: every stage sees it) and records
+    them itself; rank 0 measures the energy of every epoch it writes."""
+    records = strategy.rank == strategy.world_size - 1 if config.strategy == "pp" else strategy.is_main
+    recorder_engine = engine if engine is not None else (make_engine(db_url) if records else None)
+    started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
+    # ddp and fsdp ranks each train on their own part of the global batch.
+    images_factor = strategy.world_size if config.strategy in ("ddp", "fsdp") else 1
+    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor) if records else None
+    energy, notes = None, [series_note(config, strategy.world_size)]
+    if engine is not None and config.nodes > 1:
+        notes.append("Energy per image is not recorded: the run spans machines, and each machine's counters "
+                     "are readable only on that machine.")
+    elif engine is not None:
+        energy = EnergyMeter.open(cuda_indices(config.devices))
+        notes.append(energy.note())
+    if engine is not None:
+        retry_when_locked(lambda: store.add_notes(engine, run_id, [n for n in notes if n]), what="record the series notes")
+    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s)
+
+
+def run_started_at_s(engine, run_id: int) -> float:
+    """The run's ``started_at`` as a Unix time: every series' ``t_s`` counts from it."""
+    run = retry_when_locked(lambda: store.get_run(engine, run_id), what="read when the run started")
+    return run.started_at.timestamp() if run is not None and run.started_at is not None else time.time()
+
+
+def series_note(config: RunConfig, world_size: int) -> str | None:
+    """Where the step losses come from, when that is not the global batch's loss."""
+    if config.strategy in ("ddp", "fsdp") and world_size > 1:
+        return ("Step points show rank 0's training loss (its part of the batch; reducing it across ranks every "
+                "step would cost a collective), and images/s of the global batch; epoch losses are over all ranks.")
+    if config.strategy == "pp":
+        return "Step points are recorded by the last pipeline stage, which computes the loss of the whole batch."
+    return None
 
 
 def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:

@@ -7,6 +7,7 @@ the dicts below); without FAKE_NVML_GPUS ``nvmlInit`` fails as it does on a mach
 
     {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-…", "bus_id": "00000000:3B:00.0",
      "memory_total_mb": 40960, "memory_used_mb": 1024, "utilization_pct": 35,
+     "power_w": 250.0, "temperature_c": 61, "sm_clock_mhz": 1410, "energy_counter": true,
      "migs": [{"uuid": "MIG-…", "gpu_instance": 1, "compute_instance": 0, "name": "…",
                "memory_total_mb": 9856, "memory_used_mb": 0}]}
 """
@@ -15,11 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from types import SimpleNamespace
 
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+_STARTED = time.monotonic()  # the energy counter counts from here, at the board's constant power
 
 GPUS: list[dict] | None = json.loads(os.environ["FAKE_NVML_GPUS"]) if "FAKE_NVML_GPUS" in os.environ else None
 
@@ -103,3 +109,28 @@ def nvmlDeviceGetGpuInstanceId(handle: dict) -> int:
 
 def nvmlDeviceGetComputeInstanceId(handle: dict) -> int:
     return handle["compute_instance"]
+
+
+def _reading(handle: dict, key: str):
+    if handle.get(key) is None:  # a board (or MIG instance) that does not report it
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return handle[key]
+
+
+def nvmlDeviceGetPowerUsage(handle: dict) -> int:
+    return int(_reading(handle, "power_w") * 1000)  # milliwatts
+
+
+def nvmlDeviceGetTemperature(handle: dict, sensor: int) -> int:
+    return _reading(handle, "temperature_c")
+
+
+def nvmlDeviceGetClockInfo(handle: dict, clock: int) -> int:
+    return _reading(handle, "sm_clock_mhz")
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: dict) -> int:
+    """Millijoules since the fake driver loaded (Volta and later; ``"energy_counter": false`` for older boards)."""
+    if not handle.get("energy_counter", True):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return int(_reading(handle, "power_w") * (time.monotonic() - _STARTED) * 1000)

@@ -1,0 +1,194 @@
+"""System samples of a run, taken by a thread in the run's main process (the process that spawns
+the ranks, or the only one) every ``PARALLAX_SAMPLE_S`` seconds (default 1): host CPU % and memory,
+each rank's CPU % and resident memory with its DataLoader workers summed in, and, through NVML,
+each GPU the run uses (utilisation, memory used, power, temperature, SM clock).
+
+    with SystemSampler(engine, run_id, started_at_s, cuda_indices=[0, 1]) as sampler:
+        sampler.watch({0: pid_of_rank0, 1: pid_of_rank1})
+        ...  # train
+
+Samples are written a few seconds' worth at a time. The thread is a daemon and stops with the
+``with`` block however training ends, so it never keeps a process alive. A machine without NVML
+(no package, no driver) gets samples with an empty ``gpus`` list.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import psutil
+
+from db import series, store
+from db.engine import DatabaseLockedError, retry_when_locked
+from db.settings import seconds_from_env
+
+from .devices import close_nvml, open_nvml
+
+SAMPLE_ENV = "PARALLAX_SAMPLE_S"
+DEFAULT_SAMPLE_S = 1.0
+# Step points (trainer_backend.steps) are read here too, so that the launcher checks both
+# cadences without importing torch.
+STEP_POINT_ENV = "PARALLAX_STEP_POINT_S"
+DEFAULT_STEP_POINT_S = 0.5
+FLUSH_S = 5.0
+MB = 2**20
+
+
+def sample_interval_s() -> float:
+    """Seconds between system samples; a bad PARALLAX_SAMPLE_S is refused in one line."""
+    return seconds_from_env(SAMPLE_ENV, DEFAULT_SAMPLE_S)
+
+
+def step_point_s() -> float:
+    """Least seconds between two step points; a bad PARALLAX_STEP_POINT_S is refused in one line."""
+    return seconds_from_env(STEP_POINT_ENV, DEFAULT_STEP_POINT_S)
+
+
+class SystemSampler:
+    def __init__(self, engine, run_id: int, started_at_s: float, cuda_indices: list[int] | None = None, *,
+                 interval_s: float | None = None, flush_s: float = FLUSH_S):
+        self.engine, self.run_id, self.started_at_s = engine, run_id, started_at_s
+        self.cuda_indices = list(cuda_indices or [])
+        self.interval_s = sample_interval_s() if interval_s is None else interval_s
+        self.flush_s = flush_s
+        self.cost_s = 0.0  # CPU seconds this thread spent sampling and writing
+        self.written = self.dropped = 0
+        self.error: str | None = None
+        self._ranks: dict[int, int] = {}
+        self._processes: dict[int, psutil.Process] = {}
+        self._rows: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pynvml, self._gpus = None, {}
+
+    def watch(self, ranks: dict[int, int]) -> None:
+        """The ranks to sample from now on, {rank: pid}."""
+        self._ranks = dict(ranks)
+
+    def __enter__(self) -> "SystemSampler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._pynvml, self._gpus = open_nvml(self.cuda_indices)
+        psutil.cpu_percent(None)  # the first reading only sets the baseline
+        self._thread = threading.Thread(target=self._run, name="parallax-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread, write what is left, and say in the run's notes if samples are missing.
+        Never raises: it runs while a run ends, and how the run ended must be what is recorded."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(10.0, 2 * self.interval_s))
+        try:
+            self._flush()
+            close_nvml(self._pynvml)
+            notes = []
+            if self.error:
+                notes.append(f"System sampling stopped early: {self.error}")
+            if self.dropped:
+                notes.append(f"{self.dropped} system samples were not recorded: the database stayed locked.")
+            if notes:
+                retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, notes), what="note missing samples")
+        except Exception as exc:
+            print(f"parallax: system samples of run {self.run_id} are incomplete: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
+    def _run(self) -> None:
+        due = time.monotonic() + self.interval_s
+        last_flush = time.monotonic()
+        try:
+            while not self._stop.wait(max(0.0, due - time.monotonic())):
+                started = time.thread_time()
+                self._rows.append(self.sample())
+                now = time.monotonic()
+                due = max(due + self.interval_s, now)  # a late sample does not bunch the next ones
+                if now - last_flush >= self.flush_s:
+                    self._flush()
+                    last_flush = now
+                self.cost_s += time.thread_time() - started
+        except Exception as exc:  # the run trains on; the note written at stop says why samples end
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        try:
+            retry_when_locked(lambda: series.add_system_samples(self.engine, self.run_id, rows),
+                              what="record system samples")
+            self.written += len(rows)
+        except DatabaseLockedError:
+            self.dropped += len(rows)
+
+    def sample(self) -> dict:
+        memory = psutil.virtual_memory()
+        self._forget_ended()
+        return {
+            "t_s": round(time.time() - self.started_at_s, 3),
+            "host_cpu_pct": psutil.cpu_percent(None),
+            "host_memory_mb": round((memory.total - memory.available) / MB, 1),
+            "processes": [p for rank, pid in sorted(self._ranks.items()) if (p := self._rank_sample(rank, pid))],
+            "gpus": [self._gpu_sample(index, handle) for index, handle in sorted(self._gpus.items())],
+        }
+
+    def _process(self, pid: int) -> psutil.Process:
+        # Kept between samples: cpu_percent is measured since the same object's previous call.
+        process = self._processes.get(pid)
+        if process is None or not process.is_running():
+            process = self._processes[pid] = psutil.Process(pid)
+            process.cpu_percent(None)
+        return process
+
+    def _rank_sample(self, rank: int, pid: int) -> dict | None:
+        """The rank's CPU % and resident memory with its children (DataLoader workers) summed in;
+        None once the rank has ended (an exited rank waiting to be joined reads as nothing)."""
+        try:
+            rank_process = self._process(pid)
+            with rank_process.oneshot():
+                if rank_process.status() == psutil.STATUS_ZOMBIE:  # reads as 0 MB without raising
+                    return None
+                cpu_pct, rss = rank_process.cpu_percent(None), rank_process.memory_info().rss
+            children = rank_process.children(recursive=True)
+        except psutil.Error:
+            return None
+        for child in children:
+            try:
+                process = self._process(child.pid)
+                with process.oneshot():
+                    if process.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    child_cpu, child_rss = process.cpu_percent(None), process.memory_info().rss
+            except psutil.Error:  # a worker that ended between the listing and the reading
+                continue
+            cpu_pct, rss = cpu_pct + child_cpu, rss + child_rss
+        return {"rank": rank, "cpu_pct": round(cpu_pct, 1), "rss_mb": round(rss / MB, 1)}
+
+    def _forget_ended(self) -> None:
+        for pid in [pid for pid, process in self._processes.items() if not process.is_running()]:
+            del self._processes[pid]
+
+    def _gpu_sample(self, index: int, handle) -> dict:
+        nvml = self._pynvml
+        return {
+            "index": index,
+            "util_pct": _read(nvml, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "memory_used_mb": _read(nvml, lambda: round(nvml.nvmlDeviceGetMemoryInfo(handle).used / MB, 1)),
+            "power_w": _read(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000),  # milliwatts
+            "temperature_c": _read(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+            "sm_clock_mhz": _read(nvml, lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        }
+
+
+def _read(nvml, read):
+    """One NVML field, or None where this GPU does not report it (MIG instances, older boards)."""
+    try:
+        return read()
+    except nvml.NVMLError:
+        return None

@@ -1,0 +1,229 @@
+"""The per-step series of a run (loss, images/s of the global batch, learning rate) and the
+end-of-training marks of each epoch (``t_end_s``, energy), recorded by the process that writes
+the run.
+
+    hooks = StepHooks(progress=progress, recorder=StepRecorder(engine, run_id, started_at_s, images_factor=2),
+                      energy=EnergyMeter.open([]), started_at_s=started_at_s)
+    hooks.start_epoch(epoch, train_loader, optimizer)
+    train_one_epoch(..., on_step=hooks, on_loss=hooks.loss)
+    metrics.extra.update(hooks.end_epoch(images))
+
+A point is recorded every step, or, when steps are faster than ``PARALLAX_STEP_POINT_S`` (0.5 s),
+one per that much time, holding the mean loss of the steps since the previous point. Losses stay
+on the device: each step's loss is copied into a device buffer, and the buffer is read every few
+seconds (a non-blocking copy, read once it has landed) and at the epoch's end, so training never
+waits for the host to see a loss. On CUDA the points' images/s come from CUDA events on the
+stream, so they time the device's work, not the host running ahead of it. Rows are written a
+few seconds' worth at a time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from db import series, store
+from db.engine import DatabaseLockedError, retry_when_locked
+
+from .energy import EnergyMeter
+from .sampler import step_point_s
+
+FLUSH_S = 5.0
+ENERGY_TICK_S = 1.0
+
+
+def step_images(loader) -> list[int]:
+    """Images in each of this process's batches of ``loader``, in order (the last may be short)."""
+    steps, batch = len(loader), loader.batch_size
+    if steps == 0:
+        return []
+    last = batch if loader.drop_last else len(loader.sampler) - (steps - 1) * batch
+    return [batch] * (steps - 1) + [last]
+
+
+class StepRecorder:
+    """Step points of one run, written by one process. ``images_factor`` turns this process's
+    batch into the global one (the data-parallel ranks, each with its own batch)."""
+
+    def __init__(self, engine, run_id: int, started_at_s: float, *, images_factor: int = 1,
+                 min_interval_s: float | None = None, flush_s: float = FLUSH_S):
+        self.engine, self.run_id, self.started_at_s = engine, run_id, started_at_s
+        self.images_factor = images_factor
+        self.min_interval_s = step_point_s() if min_interval_s is None else min_interval_s
+        self.flush_s = flush_s
+        self.cost_s = 0.0  # seconds the training thread spent in the recorder
+        self.written = self.dropped = 0
+        self._pending = None  # (host copy of losses, its CUDA event, the points it resolves)
+
+    def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer) -> None:
+        self.epoch, self.optimizer = epoch, optimizer
+        self.images = step_images(loader)
+        self.step_offset = (epoch - 1) * len(self.images)  # steps count across epochs, also after a resume
+        self._losses: torch.Tensor | None = None
+        self._points: list[dict] = []
+        self._read_upto = 0  # steps whose losses have been copied to the host
+        self._window_images = 0
+        self._window_start = self._last_flush = time.perf_counter()
+        self._window_event = None
+        self._cuda = False
+
+    def loss(self, loss: torch.Tensor) -> None:
+        """This step's loss (a device tensor); kept on the device."""
+        started = time.perf_counter()
+        if self._losses is None:
+            self._losses = torch.zeros(len(self.images), dtype=torch.float32, device=loss.device)
+            self._cuda = loss.device.type == "cuda"
+            if self._cuda:
+                self._window_event = _event()
+        self._step_loss = loss
+        self.cost_s += time.perf_counter() - started
+
+    def step(self, step: int, total_steps: int) -> None:
+        started = time.perf_counter()
+        loss = getattr(self, "_step_loss", None)
+        if loss is not None and self._losses is not None and step <= len(self._losses):
+            self._losses[step - 1].copy_(loss.detach(), non_blocking=True)  # a device-side copy: no sync
+        self._step_loss = None
+        self._window_images += self.images[step - 1] * self.images_factor if step <= len(self.images) else 0
+        now = time.perf_counter()
+        last = step == total_steps
+        if last or now - self._window_start >= self.min_interval_s:
+            self._point(step, now)
+        self._collect(wait=False)
+        if self._points and (last or now - self._last_flush >= self.flush_s):
+            self._stage()
+            self._last_flush = now
+        if last:
+            self._collect(wait=True)
+        self.cost_s += time.perf_counter() - started
+
+    def end_epoch(self) -> None:
+        """Write what is left of the epoch (an epoch cut short has points its last step did not write)."""
+        started = time.perf_counter()
+        if getattr(self, "_points", None):
+            self._stage()
+        self._collect(wait=True)
+        self.cost_s += time.perf_counter() - started
+
+    def note_dropped(self) -> None:
+        if self.dropped:
+            retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, [
+                f"{self.dropped} step points were not recorded: the database stayed locked."]), what="note missing steps")
+
+    def _point(self, step: int, now: float) -> None:
+        lr = self.optimizer.param_groups[0]["lr"]
+        point = {"epoch": self.epoch, "step": self.step_offset + step, "local_step": step,
+                 "t_s": round(time.time() - self.started_at_s, 3), "images": self._window_images,
+                 "lr": lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr),
+                 "first": self._points[-1]["local_step"] if self._points else self._read_upto,
+                 "host_s": now - self._window_start}
+        if self._cuda:
+            point["begin"], point["end"] = self._window_event, _event()
+            self._window_event = point["end"]
+        self._points.append(point)
+        self._window_images, self._window_start = 0, now
+
+    def _stage(self) -> None:
+        """Start copying the losses the points need to the host; read them once they have landed."""
+        if self._pending is not None:
+            self._collect(wait=True)
+        points, self._points = self._points, []
+        upto = points[-1]["local_step"]
+        if self._losses is None:
+            host, event = None, None
+        elif self._cuda:
+            host = self._losses[self._read_upto:upto].to("cpu", non_blocking=True)
+            event = _event()
+        else:
+            host, event = self._losses[self._read_upto:upto].clone(), None
+        self._pending = (host, event, points, self._read_upto)
+        self._read_upto = upto
+
+    def _collect(self, *, wait: bool) -> None:
+        if self._pending is None:
+            return
+        host, event, points, base = self._pending
+        if event is not None:
+            if not wait and not event.query():
+                return
+            event.synchronize()
+        self._pending = None
+        losses = host.tolist() if host is not None else []
+        rows = []
+        for point in points:
+            window = losses[point["first"] - base:point["local_step"] - base]
+            seconds = point["begin"].elapsed_time(point["end"]) / 1000 if "end" in point else point["host_s"]
+            lr = point["lr"]
+            rows.append({"epoch": point["epoch"], "step": point["step"], "t_s": point["t_s"],
+                         "train_loss": sum(window) / len(window) if window else None,
+                         "images_per_s": point["images"] / seconds if seconds > 0 else None,
+                         "lr": float(lr) if not isinstance(lr, float) else lr})
+        try:
+            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points")
+            self.written += len(rows)
+        except DatabaseLockedError:  # a chart loses some points; the run trains on, and its notes say so
+            self.dropped += len(rows)
+
+
+def _event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+class StepHooks:
+    """What runs after each training step on this process: the progress bar, the step recorder
+    (where this process records steps) and the energy meter (on the process that writes epochs)."""
+
+    def __init__(self, *, progress=None, recorder: StepRecorder | None = None, energy: EnergyMeter | None = None,
+                 started_at_s: float = 0.0):
+        self.progress, self.recorder, self.energy = progress, recorder, energy
+        self.started_at_s = started_at_s
+        self.loss = recorder.loss if recorder is not None else None
+        self._energy_tick = 0.0
+        self._t_end_s: float | None = None
+        self._joules: dict[str, float] | None = None
+
+    def start_epoch(self, epoch: int, loader, optimizer) -> None:
+        if self.recorder is not None:
+            self.recorder.start_epoch(epoch, loader, optimizer)
+        self._t_end_s, self._joules = None, None
+        if self.energy is not None:
+            self.energy.start()
+            self._energy_tick = time.monotonic()
+
+    def __call__(self, step: int, total_steps: int) -> None:
+        if self.progress is not None:
+            self.progress(step, total_steps)
+        if self.recorder is not None:
+            self.recorder.step(step, total_steps)
+        if self.energy is not None and time.monotonic() - self._energy_tick >= ENERGY_TICK_S:
+            self.energy.tick()
+            self._energy_tick = time.monotonic()
+        if step == total_steps:
+            self._end_training()
+
+    def _end_training(self) -> None:
+        self._t_end_s = round(time.time() - self.started_at_s, 3)
+        if self.energy is not None:
+            self._joules = self.energy.stop()
+
+    def end_epoch(self, images: int) -> dict:
+        """The epoch's ``extra`` fields: when its training ended and the energy it took."""
+        if self.recorder is not None:
+            self.recorder.end_epoch()
+        if self._t_end_s is None:  # an epoch without steps
+            self._end_training()
+        extra = {"t_end_s": self._t_end_s}
+        if self.energy is not None:
+            extra["energy_j"] = self._joules
+            extra["energy_j_per_image"] = self.energy.per_image(self._joules, images)
+        return extra
+
+    def close(self) -> None:
+        """Release NVML and say in the run's notes if step points could not be written."""
+        if self.energy is not None:
+            self.energy.close()
+        if self.recorder is not None:
+            self.recorder.note_dropped()
