@@ -232,3 +232,44 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
     state = strategy.resume_state(model, optimizer)
     tensors = [*state["model"].values(), *state["optimizer"]["state"][0].values()]
     assert any(t.numel() > 1 for t in tensors) and all(t.device.type == "cpu" for t in tensors)
+
+
+# --- steps and system samples ---
+# NVML's fields and counters on a real GPU, and step points timed by CUDA events.
+
+
+def series_of(home, run):
+    from sqlalchemy import select
+
+    from db import make_engine
+    from db.models import StepMetric, SystemSample
+
+    with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:
+        steps = connection.execute(select(StepMetric).where(StepMetric.run_id == run["run_id"])).mappings().all()
+        samples = connection.execute(select(SystemSample).where(SystemSample.run_id == run["run_id"])).mappings().all()
+    return steps, samples
+
+
+@one_gpu
+def test_gpu_run_samples_nvml_fields_and_records_steps_and_energy(parallax_home, monkeypatch):
+    monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.2")
+    run = train(parallax_home, "--strategy", "single", "--devices", "0")
+    steps, samples = series_of(parallax_home, run)
+    assert steps and all(math.isfinite(s["train_loss"]) and s["images_per_s"] > 0 for s in steps)
+    gpus = [g for s in samples for g in s["gpus"]]
+    assert gpus and {g["index"] for g in gpus} == {0}
+    for field in ("util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz"):
+        assert any(g[field] is not None and g[field] > 0 for g in gpus), field
+    extra = run["epochs"][0]["extra"]
+    # Volta and later keep an energy counter; older boards are integrated from power readings.
+    assert extra["energy_j"]["gpu0"] > 0 and extra["energy_j_per_image"] > 0
+
+
+@two_gpus
+def test_ddp_over_two_gpus_samples_both(parallax_home, monkeypatch):
+    monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.2")
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128")
+    _, samples = series_of(parallax_home, run)
+    assert any({g["index"] for g in s["gpus"]} == {0, 1} for s in samples)
+    assert any([p["rank"] for p in s["processes"]] == [0, 1] for s in samples)
+    assert set(run["epochs"][0]["extra"]["energy_j"]) >= {"gpu0", "gpu1"}

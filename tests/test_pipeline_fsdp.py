@@ -67,6 +67,23 @@ def test_pipeline_records_each_stage_busy_time(runs, name):
         assert epoch["extra"]["bubble_fraction"] == pytest.approx(1 - sum(busy.values()) / 2, abs=1e-3)
 
 
+@pytest.mark.parametrize("name", ["pp", "pp_1f1b"])
+def test_pipeline_last_stage_records_step_points(runs, home, name):
+    """Only the last stage has the loss; it records the steps itself, and the notes say so."""
+    from sqlalchemy import select
+
+    from db import make_engine
+    from db.models import StepMetric
+
+    run = runs[name]
+    with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:
+        steps = connection.execute(select(StepMetric).where(StepMetric.run_id == run["run_id"])
+                                   .order_by(StepMetric.step)).mappings().all()
+    assert steps and steps[-1]["step"] == DIGITS_TRAIN // 64  # pipelines drop the short last batch
+    assert all(math.isfinite(s["train_loss"]) and s["images_per_s"] > 0 for s in steps)
+    assert any("last pipeline stage" in note for note in run["notes"])
+
+
 # --- how a stage's busy time is measured ----------------------------------------------------
 
 

@@ -8,6 +8,7 @@ folder written in a temporary directory.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -98,8 +99,6 @@ def ddp_run(tmp_path_factory):
     assert process.returncode == 0, "".join(output)
     exported = run_cli("export", "1", home=home)
     assert exported.returncode == 0, exported.stderr
-    import json
-
     run = json.loads(exported.stdout)
     engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
     with engine.connect() as connection:
