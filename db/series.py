@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine, Integer, cast, func, insert, select
+from sqlalchemy import BigInteger, Engine, cast, func, insert, select
 from sqlalchemy.orm import Session
 
 from db.engine import session_scope
@@ -140,7 +140,7 @@ def _read_steps_of(session: Session, run_id: int, max_points: int | None) -> lis
         statement = select(*fields).where(of_run).order_by(StepMetric.step)
         return [{"run_id": run_id, **row._asdict(), "n": 1} for row in session.execute(statement)]
     width = -(-(last - first + 1) // max_points)  # ceil: at most max_points buckets of steps
-    bucket = cast((StepMetric.step - first) / width, Integer)
+    bucket = (StepMetric.step - first) // width  # integers: integer division on SQLite and PostgreSQL alike
     statement = (
         select(StepMetric.epoch, func.min(StepMetric.step).label("step"), func.min(StepMetric.t_s).label("t_s"),
                func.avg(StepMetric.train_loss).label("train_loss"),
@@ -161,8 +161,10 @@ def _read_system_of(session: Session, run_id: int, max_points: int | None) -> li
     if max_points is None or count <= max_points:
         statement = select(*fields).where(of_run).order_by(SystemSample.t_s, SystemSample.id)
     else:
-        span_s = (last - first) / (max_points - 1) or 1.0  # the last sample opens the last bucket
-        bucket = cast((SystemSample.t_s - first) / span_s, Integer)
+        # In whole milliseconds, so that the bucket is an integer division on every backend (casting a
+        # float to an integer truncates on SQLite and rounds on PostgreSQL; FLOOR is not in every SQLite).
+        span_ms = int((last - first) * 1000) // max_points + 1  # the last sample falls in bucket max_points - 1
+        bucket = cast((SystemSample.t_s - first) * 1000, BigInteger) // span_ms
         # The JSON columns are read for the chosen rows only: decoding every sample's JSON is what
         # would make a long run slow.
         chosen = select(func.min(SystemSample.id)).where(of_run).group_by(bucket)
