@@ -1,7 +1,10 @@
-"""Run: one run's status, progress and charts, live while it trains; its log, the engine's notes,
-its error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run."""
+"""Run: one run's status, progress and charts, live while it trains (per epoch, and per step and
+second: loss, images/s, CPU, memory, GPU utilisation and power); its log, the engine's notes, its
+error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run."""
 
 from __future__ import annotations
+
+import time
 
 import pandas as pd
 import streamlit as st
@@ -22,7 +25,9 @@ state.enter_through_app("pages/run.py")
 # watching tab under 0.05 of a core while the progress still moves several times an epoch.
 REFRESH_S = 5
 CANCEL_NOTE_KEY = "run_cancel_note"
-SERIES_KEY = "run_series_drawn"  # (what they were drawn from, the figures, the lines saying what is missing)
+# What the step and system charts were drawn from (series_version), the figures, the lines saying
+# what is missing, and what the build cost and when it ended (for series_charts.rebuild_due).
+SERIES_KEY = "run_series_drawn"
 # A chart is at most a screen wide: more points would cost the server and the browser, and show nothing more.
 LIVE_MAX_POINTS = 1000
 
@@ -141,22 +146,29 @@ def live_series(run_id: int, epochs: pd.DataFrame) -> None:
     with a timer while the run is active, apart from the per-epoch charts, which its ticks never touch.
 
     A tick asks for the last step and sample; the figures are rebuilt, from at most LIVE_MAX_POINTS
-    rows per chart, only when those moved (a fragment's elements must be sent again on each of its
-    runs, so an idle tick sends the figures it built before)."""
+    rows per chart, only when those moved, and no more often than series_charts.REBUILD_SHARE allows
+    (a fragment's elements must be sent again on each of its runs, so an idle tick sends the
+    figures it built before)."""
     engine = state.engine()
     run = store.get_run(engine, run_id)
     if run is None:
         return
     version = series_version(engine, run, int(epochs.epoch.max()) if not epochs.empty else 0)
     drawn = st.session_state.get(SERIES_KEY)
-    if drawn is None or drawn[0] != version:
-        drawn = (version, *build_series(engine, run, epochs))
+    # New rows wait while the last rebuild's cost has not been spread thin enough (long runs on a
+    # busy machine); a new run, status or epoch is drawn at once.
+    if drawn is None or drawn["version"][:3] != version[:3] or (
+            drawn["version"] != version
+            and series_charts.rebuild_due(drawn["build_s"], time.monotonic() - drawn["built_at"])):
+        started = time.monotonic()
+        figures, missing = build_series(engine, run, epochs)
+        drawn = {"version": version, "figures": figures, "missing": missing,
+                 "build_s": time.monotonic() - started, "built_at": time.monotonic()}
         st.session_state[SERIES_KEY] = drawn
-    _, figures, missing = drawn
     columns = st.columns(2)
-    for i, (key, figure) in enumerate(figures):
+    for i, (key, figure) in enumerate(drawn["figures"]):
         columns[i % 2].plotly_chart(figure, key=key)
-    for line in missing:
+    for line in drawn["missing"]:
         st.caption(line)
 
 

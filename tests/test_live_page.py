@@ -164,6 +164,7 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     from db import series
     from ui import series_charts
 
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
     built: list[int] = []
     real = series_charts.step_figure
     monkeypatch.setattr(series_charts, "step_figure", lambda steps, *a, **k: built.append(len(steps)) or real(steps, *a, **k))
@@ -186,3 +187,8 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     tick(at)  # a new step: the step and system charts alone are rebuilt, from the new rows
     assert built == [12, 12, 13, 13] and loss_figures == [1]
     assert len(at.get("plotly_chart")) == 4
+
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", 1e-12)  # as if each rebuild were very costly
+    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 14, "t_s": 7.5}])
+    tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
+    assert built == [12, 12, 13, 13] and len(at.get("plotly_chart")) == 4

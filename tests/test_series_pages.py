@@ -118,6 +118,24 @@ def test_reads_keep_runs_apart_and_last_step_and_sample_move_with_new_rows(engin
     assert series.read_system(engine, [empty]) == []
 
 
+def test_reads_bucket_alike_on_every_backend(backend_db_url):
+    # PostgreSQL rounds where SQLite truncates a CAST to integer, and divides integers apart:
+    # the buckets may shift, but their count, the points they hold and the real samples stay.
+    engine = db.make_engine(backend_db_url)
+    run_id = store.create_run(engine, CONFIG)
+    series.add_steps(engine, run_id, step_rows(1, 1000))
+    series.add_system_samples(engine, run_id, sample_rows(0, 499, gpus=1))
+    steps = series.read_steps(engine, [run_id], max_points=50)
+    assert len(steps) <= 50 + 9 and sum(r["n"] for r in steps) == 1000
+    assert {r["step"] for r in steps} >= set(range(1, 1001, 100))
+    assert all(r["epoch"] == 1 + (r["step"] - 1) // 100 for r in steps)
+    samples = series.read_system(engine, [run_id], max_points=40)
+    assert 30 <= len(samples) <= 40 and samples[0]["t_s"] == 0.0
+    assert all(r["gpus"][0]["memory_used_mb"] == 1000.0 + r["t_s"] for r in samples)
+    assert series.last_step(engine, [run_id]) == {run_id: 1000}
+    db.dispose_engines()
+
+
 @pytest.mark.parametrize("bad", [0, 1, -5, 2.5, True, "100"])
 def test_a_bad_max_points_is_refused_in_one_line(engine, bad):
     with pytest.raises(ValueError, match=r"max_points must be a whole number of 2 or more"):
@@ -231,6 +249,11 @@ def test_system_frames_and_figures_draw_a_line_per_device_and_gpu_charts_only_wi
         ["cpu"], False, none, series_charts.system_frame([]))[0]
 
 
+def test_a_costly_rebuild_waits_so_that_watching_keeps_a_small_share_of_a_core():
+    assert series_charts.rebuild_due(0.02, 5.0)  # a short run's charts: at every tick
+    assert not series_charts.rebuild_due(0.3, 5.0) and series_charts.rebuild_due(0.3, 15.0)
+
+
 def test_compare_frame_combines_devices_and_finds_a_samples_step_from_the_step_points():
     steps = series_charts.steps_frame([{"run_id": 1, **row, "n": 1} for row in step_rows(2, 8)])  # t 1.0 .. 4.0
     system = series_charts.system_frame([{"run_id": 1, **row} for row in sample_rows(0, 5, gpus=2)])
@@ -265,7 +288,9 @@ def test_the_sweep_report_gains_mean_utilisation_and_energy_per_image_with_the_r
     assert pd.isna(table.loc[ddp, "energy_j_per_image"])
     assert table.loc[ddp, "energy_note"] == "No energy per image: no NVML energy counter and no RAPL here."
     text = sweep_report.format_table(table.reset_index())
-    assert "80% GPU" in text and "0.3" in text and f"run {ddp}: No energy per image" in text
+    assert "80% GPU" in text and "0.3" in text
+    assert text.endswith(f"Why energy per image is empty: run {ddp} — No energy per image: no NVML energy counter "
+                         "and no RAPL here.")
 
 
 # --- pages --------------------------------------------------------------------------------
@@ -324,3 +349,17 @@ def test_compare_overlays_step_and_system_series_over_time_or_step(parallax_home
     spec = json.loads(at.get("plotly_chart")[-1].proto.spec)
     assert spec["layout"]["xaxis"]["title"]["text"] == "Step"
     assert values(spec["data"][0]["y"]) == [181.0] * 4  # rank 0 + rank 1, of the samples at t 1..4 s
+
+
+def test_sweep_page_shows_mean_utilisation_and_energy_per_image_and_why_one_is_missing(parallax_home, engine):
+    sweep_id = store.create_sweep(engine, CONFIG, ["single"])
+    run_id = store.create_run(engine, CONFIG, status="completed", sweep_id=sweep_id,
+                              notes=["No energy per image: no counter is readable on this machine."])
+    log_epochs(engine, run_id, [{"energy_j_per_image": None}])
+    series.add_system_samples(engine, run_id, sample_rows(0, 3))  # host CPU 50..53 %
+    at = open_page("pages/sweep.py", sweep=sweep_id)
+    shown = at.table[0].value
+    assert shown["mean utilisation"].tolist() == ["52% CPU"]
+    assert shown["energy per image (J)"].tolist() == ["—"]
+    assert any(c.value.startswith("Why energy per image is empty: #") and "no counter is readable on this "
+               "machine" in c.value for c in at.caption)

@@ -36,6 +36,10 @@ SYSTEM_CHARTS = {
     "power_w": ("GPU power", "W", ("gpu",)),
 }
 X_TITLES = {"t_s": "Time since the run started (s)", "step": "Step"}
+# The share of a core a watched run's step and system charts may keep busy: a rebuild that took
+# B seconds waits B / REBUILD_SHARE seconds for the next (20 ms: every tick; 0.3 s, for a run of
+# hundreds of thousands of rows on a busy 2-core machine: every 15 s).
+REBUILD_SHARE = 0.02
 # Compare: one line per run. (title, y axis, where it comes from, how a sample's devices combine)
 COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
     "train_loss": ("Training loss per step", "loss", "steps", ""),
@@ -47,6 +51,12 @@ COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
     "gpu_memory_mb": ("GPU memory used (sum over the run's GPUs)", "MB", "gpu:memory_mb", "sum"),
     "gpu_power_w": ("GPU power (sum over the run's GPUs)", "W", "gpu:power_w", "sum"),
 }
+
+
+def rebuild_due(build_s: float, since_build_s: float) -> bool:
+    """Whether new rows may be charted now: the last rebuild took ``build_s`` seconds and ended
+    ``since_build_s`` ago (see ``REBUILD_SHARE``)."""
+    return since_build_s * REBUILD_SHARE >= build_s
 
 
 def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
