@@ -55,9 +55,9 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
 
 def energy_gaps(table: pd.DataFrame) -> str | None:
     """One line naming the runs without energy per image, and why."""
-    gaps = [f"#{row.run_id}: {row.energy_note}" for row in table.itertuples()
+    gaps = [f"#{row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
             if pd.isna(row.energy_j_per_image) and row.energy_note]
-    return ("No energy per image for " + "; ".join(gaps) + ".") if gaps else None
+    return ("Why energy per image is empty: " + "; ".join(gaps) + ".") if gaps else None
 
 
 def sweep_state(engine, run_ids: list[int]) -> tuple[list[store.RunRecord], dict[int, int]]:

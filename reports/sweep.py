@@ -108,9 +108,9 @@ def format_table(table: pd.DataFrame) -> str:
     shown.columns = ["run", "strategy", "devices", "status", "images/s", "speedup", "efficiency",
                      "peak MB/device", "time to target s", "mean util", "J/image"]
     text = shown.to_string(index=False)
-    reasons = [f"run {row.run_id}: {row.energy_note}" for row in table.itertuples()
+    reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
                if pd.isna(row.energy_j_per_image) and row.energy_note]
-    return text + ("\nNo energy per image for " + "; ".join(reasons) if reasons else "")
+    return text + ("\nWhy energy per image is empty: " + "; ".join(reasons) + "." if reasons else "")
 
 
 def _num(value, pattern: str, missing: str = "-") -> str:
