@@ -6,8 +6,8 @@ One run on a fresh SQLite database (WAL) holds 200,000 step points (20 epochs; a
 Timed, five repeats each, in turn: ``read_steps`` and ``read_system`` downsampled to 1,000 points
 (what the Run page reads), the change detector of a live page's tick (``last_step`` and
 ``last_sample``), the Run page's whole rebuild of its step and system figures (both reads, the
-frames, the epoch marks and six Plotly figures; after one untimed build, as in a running server), and, for scale, ``export``'s read of every step
-point (``max_points=None``).
+frames, the epoch marks and six Plotly figures, after one untimed build, as in a running server),
+and, for scale, ``export``'s read of every step point (``max_points=None``).
 
     python bench/series_read.py            # full
     python bench/series_read.py --quick    # 5,000 rows, one repeat
