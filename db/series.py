@@ -63,9 +63,10 @@ def read_steps(engine: Engine, run_ids: Iterable[int], *, max_points: int | None
     """The runs' step points (``run_id``, ``STEP_FIELDS`` and ``n``), by run then step.
 
     A run with more than ``max_points`` points comes back in buckets of equal step width, never
-    across an epoch's end (so at most ``max_points`` rows plus one per epoch): each row is the mean of the ``n`` points of its bucket (loss, images/s,
-    learning rate) at the bucket's first step and time, so a noisy loss reads as its running mean
-    and an epoch's first step keeps its place. ``max_points=None`` gives every point (``n`` = 1)."""
+    across an epoch's end (so at most ``max_points`` rows plus one per epoch): each row is the mean
+    of the ``n`` points of its bucket (loss, images/s, learning rate) at the bucket's first step and
+    time, so a noisy loss reads as its running mean and an epoch's first step keeps its place.
+    ``max_points=None`` gives every point (``n`` = 1)."""
     _check_max_points(max_points)
     rows: list[dict[str, Any]] = []
     with session_scope(engine) as session:
@@ -116,7 +117,8 @@ def last_sample(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
 
 
 def _check_max_points(max_points: int | None) -> None:
-    if max_points is not None and (isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2):
+    whole = isinstance(max_points, int) and not isinstance(max_points, bool)
+    if max_points is not None and not (whole and max_points >= 2):
         raise ValueError(f"max_points must be a whole number of 2 or more, or None for every row; got {max_points!r}")
 
 
@@ -125,7 +127,8 @@ def _per_run(engine: Engine, run_ids: Iterable[int], last: Any) -> dict[int, int
     found: dict[int, int] = {}
     if run_ids:
         with session_scope(engine) as session:
-            found = {run_id: value for run_id, value in session.execute(select(Run.id, last).where(Run.id.in_(run_ids)))}
+            statement = select(Run.id, last).where(Run.id.in_(run_ids))
+            found = {run_id: value for run_id, value in session.execute(statement)}
     return {run_id: int(found.get(run_id) or 0) for run_id in run_ids}
 
 

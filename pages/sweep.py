@@ -1,7 +1,8 @@
 """Sweeps: the scaling report of one strategy sweep (the same training under several strategies):
 one sentence of advice, the table of throughput, speedup over the sweep's single run, efficiency,
-peak memory, time to a target accuracy, mean GPU (or CPU) utilisation and energy per image, the speedup chart, the step breakdown when profiled,
-and each run's status, live while any of them is queued or running. ``?sweep=N`` picks the sweep.
+peak memory, time to a target accuracy, mean GPU (or CPU) utilisation and energy per image, the
+speedup chart, the step breakdown when profiled, and each run's status, live while any of them is
+queued or running. ``?sweep=N`` picks the sweep.
 
 Sweeps are launched from the Launch page ("Compare strategies") or the CLI:
 ``python -m trainer_backend sweep --strategies single,ddp,mp,pp --devices cpu,cpu --model test_resnet``."""

@@ -167,7 +167,8 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
     built: list[int] = []
     real = series_charts.step_figure
-    monkeypatch.setattr(series_charts, "step_figure", lambda steps, *a, **k: built.append(len(steps)) or real(steps, *a, **k))
+    monkeypatch.setattr(series_charts, "step_figure",
+                        lambda steps, *args: built.append(len(steps)) or real(steps, *args))
     points = [{"epoch": 1, "step": s, "t_s": 0.5 * s, "train_loss": 1.0, "images_per_s": 90.0, "lr": 0.1}
               for s in range(1, 13)]
     series.add_steps(engine, running_run, points)

@@ -184,7 +184,8 @@ def test_export_csv_writes_epochs_steps_and_a_wide_system_table_safe_for_spreads
                                                                                       tmp_path, capsys):
     out = tmp_path / "out" / "run"
     assert cli.main(["--db", db_url, "export", str(recorded_run), "--csv", str(out)]) == 0
-    assert capsys.readouterr().out.split() == [word for name in run_csv.CSV_FILES for word in ("wrote", str(out / name))]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"wrote {out / name}" for name in run_csv.CSV_FILES]
 
     epochs = read_csv(out / "epochs.csv")
     assert [e["energy_j_per_image"] for e in epochs] == ["0.25", ""]
@@ -313,7 +314,8 @@ def values(array) -> list:
 
 
 def chart_titles(at: AppTest) -> list[str]:
-    return [json.loads(chart.proto.spec)["layout"]["title"]["text"].split("<br>")[0] for chart in at.get("plotly_chart")]
+    return [json.loads(chart.proto.spec)["layout"]["title"]["text"].split("<br>")[0]
+            for chart in at.get("plotly_chart")]
 
 
 def test_run_page_charts_steps_and_system_per_device_and_says_why_gpu_charts_are_missing(parallax_home, engine):
