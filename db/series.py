@@ -14,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import BigInteger, Engine, cast, func, insert, select
+from sqlalchemy.orm import Session
 
 from db.engine import session_scope
 from db.models import Run, StepMetric, SystemSample
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
 SYSTEM_FIELDS: tuple[str, ...] = ("t_s", "host_cpu_pct", "host_memory_mb", "processes", "gpus")
+PROCESS_FIELDS: tuple[str, ...] = ("rank", "cpu_pct", "rss_mb")
+GPU_FIELDS: tuple[str, ...] = ("index", "util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz")
 
 
 def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -46,3 +49,127 @@ def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows:
         if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
             raise LookupError(f"no run with id {run_id}")
         session.execute(insert(model), values)
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+# Enough points for a chart as wide as a screen; a 100-hour run (360,000 samples, up to 720,000
+# step points) comes back as this many rows whatever its length.
+DEFAULT_MAX_POINTS = 2000
+
+
+def read_steps(engine: Engine, run_ids: Iterable[int], *, max_points: int | None = DEFAULT_MAX_POINTS
+               ) -> list[dict[str, Any]]:
+    """The runs' step points (``run_id``, ``STEP_FIELDS`` and ``n``), by run then step.
+
+    A run with more than ``max_points`` points comes back in buckets of equal step width, never
+    across an epoch's end (so at most ``max_points`` rows plus one per epoch): each row is the mean
+    of the ``n`` points of its bucket (loss, images/s, learning rate) at the bucket's first step and
+    time, so a noisy loss reads as its running mean and an epoch's first step keeps its place.
+    ``max_points=None`` gives every point (``n`` = 1)."""
+    _check_max_points(max_points)
+    rows: list[dict[str, Any]] = []
+    with session_scope(engine) as session:
+        for run_id in dict.fromkeys(run_ids):
+            rows.extend(_read_steps_of(session, run_id, max_points))
+    return rows
+
+
+def read_system(engine: Engine, run_ids: Iterable[int], *, max_points: int | None = DEFAULT_MAX_POINTS
+                ) -> list[dict[str, Any]]:
+    """The runs' system samples (``run_id`` and ``SYSTEM_FIELDS``), by run then time.
+
+    A run with more than ``max_points`` samples comes back as the first sample of each of
+    ``max_points`` equal spans of time: real readings of one moment each (a GPU's utilisation,
+    power and memory taken together), never a blend of readings. ``max_points=None`` gives every one."""
+    _check_max_points(max_points)
+    rows: list[dict[str, Any]] = []
+    with session_scope(engine) as session:
+        for run_id in dict.fromkeys(run_ids):
+            rows.extend(_read_system_of(session, run_id, max_points))
+    return rows
+
+
+def export_sample(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A system sample as ``export`` writes it: ``SYSTEM_FIELDS``, each process with
+    ``PROCESS_FIELDS`` and each GPU with ``GPU_FIELDS`` in that order (null where not measured)."""
+    return {
+        "t_s": row["t_s"], "host_cpu_pct": row["host_cpu_pct"], "host_memory_mb": row["host_memory_mb"],
+        "processes": [{name: process.get(name) for name in PROCESS_FIELDS} for process in row["processes"] or []],
+        "gpus": [{name: gpu.get(name) for name in GPU_FIELDS} for gpu in row["gpus"] or []],
+    }
+
+
+def last_step(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
+    """The last step recorded for each run (0 for none): one seek in the (run_id, step) index per
+    run, whatever the run's length, so that a live page can ask it on every tick."""
+    last = select(func.max(StepMetric.step)).where(StepMetric.run_id == Run.id).scalar_subquery()
+    return _per_run(engine, run_ids, last)
+
+
+def last_sample(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
+    """The id of the last system sample of each run (0 for none): it grows with every sample.
+
+    The id, not max(t_s): the run_id index holds each row's id, so this is one seek per run, where
+    max(t_s) would read every sample of the run."""
+    last = select(func.max(SystemSample.id)).where(SystemSample.run_id == Run.id).scalar_subquery()
+    return _per_run(engine, run_ids, last)
+
+
+def _check_max_points(max_points: int | None) -> None:
+    whole = isinstance(max_points, int) and not isinstance(max_points, bool)
+    if max_points is not None and not (whole and max_points >= 2):
+        raise ValueError(f"max_points must be a whole number of 2 or more, or None for every row; got {max_points!r}")
+
+
+def _per_run(engine: Engine, run_ids: Iterable[int], last: Any) -> dict[int, int]:
+    run_ids = list(run_ids)
+    found: dict[int, int] = {}
+    if run_ids:
+        with session_scope(engine) as session:
+            statement = select(Run.id, last).where(Run.id.in_(run_ids))
+            found = {run_id: value for run_id, value in session.execute(statement)}
+    return {run_id: int(found.get(run_id) or 0) for run_id in run_ids}
+
+
+def _read_steps_of(session: Session, run_id: int, max_points: int | None) -> list[dict[str, Any]]:
+    of_run = StepMetric.run_id == run_id
+    count, first, last = session.execute(
+        select(func.count(), func.min(StepMetric.step), func.max(StepMetric.step)).where(of_run)).one()
+    if not count:
+        return []
+    fields = [getattr(StepMetric, name) for name in STEP_FIELDS]
+    if max_points is None or count <= max_points:
+        statement = select(*fields).where(of_run).order_by(StepMetric.step)
+        return [{"run_id": run_id, **row._asdict(), "n": 1} for row in session.execute(statement)]
+    width = -(-(last - first + 1) // max_points)  # ceil: at most max_points buckets of steps
+    bucket = (StepMetric.step - first) // width  # integers: integer division on SQLite and PostgreSQL alike
+    statement = (
+        select(StepMetric.epoch, func.min(StepMetric.step).label("step"), func.min(StepMetric.t_s).label("t_s"),
+               func.avg(StepMetric.train_loss).label("train_loss"),
+               func.avg(StepMetric.images_per_s).label("images_per_s"), func.avg(StepMetric.lr).label("lr"),
+               func.count().label("n"))
+        .where(of_run).group_by(StepMetric.epoch, bucket).order_by(func.min(StepMetric.step))
+    )
+    return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]
+
+
+def _read_system_of(session: Session, run_id: int, max_points: int | None) -> list[dict[str, Any]]:
+    of_run = SystemSample.run_id == run_id
+    fields = [getattr(SystemSample, name) for name in SYSTEM_FIELDS]
+    count, first, last = session.execute(
+        select(func.count(), func.min(SystemSample.t_s), func.max(SystemSample.t_s)).where(of_run)).one()
+    if not count:
+        return []
+    if max_points is None or count <= max_points:
+        statement = select(*fields).where(of_run).order_by(SystemSample.t_s, SystemSample.id)
+    else:
+        # In whole milliseconds, so that the bucket is an integer division on every backend (casting a
+        # float to an integer truncates on SQLite and rounds on PostgreSQL; FLOOR is not in every SQLite).
+        span_ms = int((last - first) * 1000) // max_points + 1  # the last sample falls in bucket max_points - 1
+        bucket = cast((SystemSample.t_s - first) * 1000, BigInteger) // span_ms
+        # The JSON columns are read for the chosen rows only: decoding every sample's JSON is what
+        # would make a long run slow.
+        chosen = select(func.min(SystemSample.id)).where(of_run).group_by(bucket)
+        statement = select(*fields).where(SystemSample.id.in_(chosen)).order_by(SystemSample.t_s, SystemSample.id)
+    return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]

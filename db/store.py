@@ -19,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from db import series
 from db.engine import session_scope
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 
@@ -263,7 +264,9 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
         epochs = [row._asdict() for row in session.execute(_select_epochs([run_id]))]
         for epoch in epochs:
             del epoch["run_id"]
-        return {
+            # Lifted out of extra: the figure users look for, null where no counter was readable.
+            epoch["energy_j_per_image"] = (epoch["extra"] or {}).get("energy_j_per_image")
+        exported = {
             "run_id": run.id,
             "status": run.status,
             "error": run.error,
@@ -293,6 +296,11 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "model": run.model,
             "dataset": run.dataset,
         }
+    # Every point, not downsampled: an export is the record, charts are where points are thinned.
+    exported["steps"] = [{name: row[name] for name in series.STEP_FIELDS}
+                         for row in series.read_steps(engine, [run_id], max_points=None)]
+    exported["system"] = [series.export_sample(row) for row in series.read_system(engine, [run_id], max_points=None)]
+    return exported
 
 
 def delete_run(engine: Engine, run_id: int) -> None:

@@ -1,4 +1,5 @@
-"""Compare: overlaid curves of the picked runs, the config fields that differ, and the strategy
+"""Compare: overlaid curves of the picked runs (per epoch, and per step and second: loss, images/s and
+the machine's utilisation), the config fields that differ, and the strategy
 scaling view (throughput, speedup over the matching single-device run, scaling efficiency, time
 to a target accuracy), with a warning when the runs do not do the same work."""
 
@@ -7,10 +8,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from db import dashboard, store
+from db import dashboard, series, store
 from reports import scaling
 from reports.sweep import strategy_advice
-from ui import charts, state, widgets
+from ui import charts, series_charts, state, widgets
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")
@@ -19,6 +20,7 @@ PICKER_KEY = "compare_picker"
 COMPARE_REQUEST = state.COMPARE_IDS_KEY  # runs sent here from the Runs page
 SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanation
 METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
+SERIES_MAX_POINTS = 1000  # per run: a chart is at most a screen wide
 
 
 def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
@@ -59,9 +61,9 @@ def scaling_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
-        "throughput (images/s)": table["throughput_images_per_s"].round(0),
+        "throughput (images/s)": pd.to_numeric(table["throughput_images_per_s"]).round(0),  # None before an epoch
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
-        "speedup (×)": table["speedup"].round(2),
+        "speedup (×)": pd.to_numeric(table["speedup"]).round(2),
         "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
         f"time to {target_acc:.0%} val acc": table["time_to_target_s"].map(
             lambda s: widgets.format_duration(s) if pd.notna(s) else "not reached"),
@@ -105,6 +107,32 @@ def show_curves(epochs: pd.DataFrame, labels: dict[int, str]) -> None:
     st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels), key="overlay")
 
 
+def show_series(engine, run_ids: list[int], labels: dict[int, str]) -> None:
+    """Per-step loss and images/s, and the machine's utilisation, overlaid across the runs, over
+    time or steps; from at most SERIES_MAX_POINTS rows per run, whatever the runs' lengths."""
+    st.subheader("Steps and system")
+    steps = series_charts.steps_frame(series.read_steps(engine, run_ids, max_points=SERIES_MAX_POINTS))
+    system = series_charts.system_frame(series.read_system(engine, run_ids, max_points=SERIES_MAX_POINTS))
+    if steps.empty and system.empty:
+        st.caption("None of the picked runs recorded per-step points or system samples: they were recorded "
+                   "before Parallax kept them.")
+        return
+    metric_col, x_col = st.columns([2, 1])
+    metric = metric_col.selectbox("Series", list(series_charts.COMPARE_SERIES), key="compare_series",
+                                  format_func=lambda name: series_charts.COMPARE_SERIES[name][0])
+    x = x_col.radio("x axis", list(series_charts.X_TITLES), format_func=series_charts.X_TITLES.get,
+                    horizontal=True, key="compare_series_x")
+    frame = series_charts.compare_frame(steps, system, metric)
+    st.plotly_chart(series_charts.compare_figure(frame, metric, x, labels), key="series_overlay")
+    drawn = set(frame.dropna(subset=[x, "value"])["run_id"])
+    left_out = [labels[run_id] for run_id in run_ids if run_id not in drawn]
+    if left_out:
+        why = "no such points or samples recorded"
+        if x == "step" and series_charts.COMPARE_SERIES[metric][2] != "steps":
+            why += " while the run was stepping (a sample finds its step from the run's step points)"
+        st.caption(escape_markdown(f"Not drawn for {', '.join(left_out)}: {why}."))
+
+
 st.title("Compare runs")
 engine = state.engine_with_fresh_states()
 summaries = store.list_runs(engine)
@@ -132,6 +160,8 @@ labels = {run["id"]: scaling.label_for(run) for run in runs}
 
 show_scaling(runs, epochs, baselines)
 show_curves(epochs, labels)
+
+show_series(engine, picked_ids, labels)
 
 st.subheader("Config differences")
 differences = scaling.config_differences(runs)

@@ -1,17 +1,20 @@
-"""Run: one run's status, progress and charts, live while it trains; its log, the engine's notes,
-its error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run."""
+"""Run: one run's status, progress and charts, live while it trains (per epoch, and per step and
+second: loss, images/s, CPU, memory, GPU utilisation and power); its log, the engine's notes, its
+error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run."""
 
 from __future__ import annotations
+
+import time
 
 import pandas as pd
 import streamlit as st
 
-from db import profiles, store
+from db import profiles, series, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, state, widgets
+from ui import charts, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -22,6 +25,11 @@ state.enter_through_app("pages/run.py")
 # watching tab under 0.05 of a core while the progress still moves several times an epoch.
 REFRESH_S = 5
 CANCEL_NOTE_KEY = "run_cancel_note"
+# What the step and system charts were drawn from (series_version), the figures, the lines saying
+# what is missing, and what the build cost and when it ended (for series_charts.rebuild_due).
+SERIES_KEY = "run_series_drawn"
+# A chart is at most a screen wide: more points would cost the server and the browser, and show nothing more.
+LIVE_MAX_POINTS = 1000
 
 
 def show_metrics(epochs: pd.DataFrame) -> None:
@@ -113,6 +121,57 @@ def show_epochs(epochs: pd.DataFrame) -> None:
         show_charts(epochs)
 
 
+def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
+    """What the step and system charts are drawn from: the last step and sample (two index seeks,
+    whatever the run's length), the epochs (their boundary marks) and whether the run is active."""
+    return (run.id, run.status in ACTIVE_STATUSES, epochs_done,
+            series.last_step(engine, [run.id])[run.id], series.last_sample(engine, [run.id])[run.id])
+
+
+def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[list[tuple[str, object]], list[str]]:
+    """The step and system figures (key, figure) from downsampled rows, and a line per missing chart."""
+    steps = series_charts.steps_frame(series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
+    system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS))
+    marks = series_charts.epoch_marks(epochs, steps)
+    figures = [(f"step_{column}", series_charts.step_figure(steps, column, marks))
+               for column in series_charts.STEP_TITLES if not steps.empty]
+    figures += [(f"system_{metric}", series_charts.system_figure(system, metric, marks))
+                for metric in series_charts.system_charts_for(system)]
+    devices = [str(device) for device in run.config.get("devices", [])]
+    return figures, series_charts.missing_series(devices, run.status in ACTIVE_STATUSES, steps, system)
+
+
+def live_series(run_id: int, epochs: pd.DataFrame) -> None:
+    """Loss and images/s per step, and CPU, memory, GPU utilisation and power over time: a fragment
+    with a timer while the run is active, apart from the per-epoch charts, which its ticks never touch.
+
+    A tick asks for the last step and sample; the figures are rebuilt, from at most LIVE_MAX_POINTS
+    rows per chart, only when those moved, and no more often than series_charts.REBUILD_SHARE allows
+    (a fragment's elements must be sent again on each of its runs, so an idle tick sends the
+    figures it built before)."""
+    engine = state.engine()
+    run = store.get_run(engine, run_id)
+    if run is None:
+        return
+    version = series_version(engine, run, int(epochs.epoch.max()) if not epochs.empty else 0)
+    drawn = st.session_state.get(SERIES_KEY)
+    # New rows wait while the last rebuild's cost has not been spread thin enough (long runs on a
+    # busy machine); a new run, status or epoch is drawn at once.
+    if drawn is None or drawn["version"][:3] != version[:3] or (
+            drawn["version"] != version
+            and series_charts.rebuild_due(drawn["build_s"], time.monotonic() - drawn["built_at"])):
+        started = time.monotonic()
+        figures, missing = build_series(engine, run, epochs)
+        drawn = {"version": version, "figures": figures, "missing": missing,
+                 "build_s": time.monotonic() - started, "built_at": time.monotonic()}
+        st.session_state[SERIES_KEY] = drawn
+    columns = st.columns(2)
+    for i, (key, figure) in enumerate(drawn["figures"]):
+        columns[i % 2].plotly_chart(figure, key=key)
+    for line in drawn["missing"]:
+        st.caption(line)
+
+
 def show_log(run_id: int, expanded: bool) -> None:
     try:
         tail = widgets.read_log_tail(run_file(state.engine(), run_id, "run.log"))
@@ -191,6 +250,7 @@ st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES 
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
 show_messages(run)
 show_epochs(epochs)
+st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run_id, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)

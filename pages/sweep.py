@@ -1,7 +1,8 @@
 """Sweeps: the scaling report of one strategy sweep (the same training under several strategies):
 one sentence of advice, the table of throughput, speedup over the sweep's single run, efficiency,
-peak memory and time to a target accuracy, the speedup chart, the step breakdown when profiled,
-and each run's status, live while any of them is queued or running. ``?sweep=N`` picks the sweep.
+peak memory, time to a target accuracy, mean GPU (or CPU) utilisation and energy per image, the
+speedup chart, the step breakdown when profiled, and each run's status, live while any of them is
+queued or running. ``?sweep=N`` picks the sweep.
 
 Sweeps are launched from the Launch page ("Compare strategies") or the CLI:
 ``python -m trainer_backend sweep --strategies single,ddp,mp,pp --devices cpu,cpu --model test_resnet``."""
@@ -47,7 +48,17 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "peak memory per device (MB)": numbers(table["peak_memory_mb"], "{:,.0f}"),
         f"time to {target_acc:.0%} val acc": table["time_to_target_s"].map(
             lambda s: widgets.format_duration(s) if pd.notna(s) else "not reached"),
+        "mean utilisation": [f"{value:.0f}% {of}" if pd.notna(value) else "—"
+                             for value, of in zip(table["utilisation_pct"], table["utilisation_of"])],
+        "energy per image (J)": numbers(table["energy_j_per_image"], "{:.3g}"),
     })
+
+
+def energy_gaps(table: pd.DataFrame) -> str | None:
+    """One line naming the runs without energy per image, and why."""
+    gaps = [f"#{row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
+            if pd.isna(row.energy_j_per_image) and row.energy_note]
+    return ("Why energy per image is empty: " + "; ".join(gaps) + ".") if gaps else None
 
 
 def sweep_state(engine, run_ids: list[int]) -> tuple[list[store.RunRecord], dict[int, int]]:
@@ -101,6 +112,10 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     st.fragment(run_statuses, run_every=REFRESH_S if active else None)(run_ids, report_version(runs, last_epochs))
     # A plain table: a handful of rows, every number readable (and selectable) at once.
     st.table(report_display(table, target_acc).set_index("run"))
+    st.caption("Mean utilisation: of the run's GPUs (the mean over them) over its samples, or of the host's CPU "
+               "where it had no GPU samples.")
+    if gaps := energy_gaps(table):
+        st.caption(escape_markdown(gaps))
     if table["speedup"].notna().any():
         st.caption("Speedup: throughput over the sweep's single-device run; efficiency: speedup per device "
                    "(100 % is perfect scaling). On CPU every process shares the same cores. With one epoch, "

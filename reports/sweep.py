@@ -14,13 +14,16 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from db import profiles, store
+from db import profiles, series, store
 
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "speedup",
-                  "efficiency", "peak_memory_mb", "time_to_target_s")
+                  "efficiency", "peak_memory_mb", "time_to_target_s", "utilisation_pct", "energy_j_per_image")
+# The mean utilisation is taken over this many samples at most, evenly spread over the run (every
+# sample up to 5.5 hours at one a second): reading a 100-hour run's every sample would stall the page.
+UTILISATION_SAMPLES = 20_000
 
 
 def _run_dicts(engine, run_ids: list[int]) -> list[dict[str, Any]]:
@@ -48,7 +51,47 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
         means = breakdown_means(steps[steps["rank"] == 0]).set_index("run_id")
         for column in [*PHASE_COLUMNS, "communication_ms"]:
             table[column] = table["run_id"].map(means[column])
+    utilisation = mean_utilisation(series.read_system(engine, run_ids, max_points=UTILISATION_SAMPLES))
+    table["utilisation_pct"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[0])
+    table["utilisation_of"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[1])
+    energy = {run_id: energy_per_image(epochs[epochs["run_id"] == run_id], record.notes)
+              for run_id, record in zip(run_ids, (store.get_run(engine, run_id) for run_id in run_ids))}
+    table["energy_j_per_image"] = table["run_id"].map(lambda run_id: energy[run_id][0])
+    table["energy_note"] = table["run_id"].map(lambda run_id: energy[run_id][1])
     return table
+
+
+def mean_utilisation(samples: list[dict[str, Any]]) -> dict[int, tuple[float, str]]:
+    """Each run's mean GPU utilisation over its samples (the mean over its GPUs at each), or, for a
+    run without GPU samples, its host's mean CPU utilisation: run_id -> (percent, "GPU" or "CPU")."""
+    gpu: dict[int, list[float]] = {}
+    cpu: dict[int, list[float]] = {}
+    for sample in samples:
+        utils = [g["util_pct"] for g in sample["gpus"] or [] if g.get("util_pct") is not None]
+        if utils:
+            gpu.setdefault(sample["run_id"], []).append(sum(utils) / len(utils))
+        if sample["host_cpu_pct"] is not None:
+            cpu.setdefault(sample["run_id"], []).append(sample["host_cpu_pct"])
+    means = {run_id: (sum(values) / len(values), "CPU") for run_id, values in cpu.items()}
+    means.update({run_id: (sum(values) / len(values), "GPU") for run_id, values in gpu.items()})
+    return means
+
+
+def energy_per_image(run_epochs: pd.DataFrame, notes: list[str]) -> tuple[float | None, str | None]:
+    """The run's joules per training image (the mean over its epochs that measured it: every epoch
+    trains the same images), or None and the reason: the run's note about energy where it left one."""
+    measured = [extra["energy_j_per_image"] for extra in run_epochs.get("extra", [])
+                if isinstance(extra, dict) and extra.get("energy_j_per_image") is not None]
+    if measured:
+        return sum(measured) / len(measured), None
+    if run_epochs.empty:
+        return None, "no epoch finished yet"
+    said = next((note for note in notes if "energy" in note.lower()), None)
+    if said:
+        return None, said
+    if not any(isinstance(extra, dict) and "energy_j_per_image" in extra for extra in run_epochs.get("extra", [])):
+        return None, "not recorded: the run predates energy measurement"
+    return None, "no energy counter was readable (NVML energy or power, RAPL)"
 
 
 def format_table(table: pd.DataFrame) -> str:
@@ -59,9 +102,15 @@ def format_table(table: pd.DataFrame) -> str:
     shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
     shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
     shown["time_to_target_s"] = shown["time_to_target_s"].map(lambda v: _num(v, "{:.1f}", "not reached"))
+    shown["utilisation_pct"] = [_num(value, "{:.0f}% " + str(of)) for value, of in
+                                zip(table["utilisation_pct"], table["utilisation_of"])]
+    shown["energy_j_per_image"] = shown["energy_j_per_image"].map(lambda v: _num(v, "{:.3g}"))
     shown.columns = ["run", "strategy", "devices", "status", "images/s", "speedup", "efficiency",
-                     "peak MB/device", "time to target s"]
-    return shown.to_string(index=False)
+                     "peak MB/device", "time to target s", "mean util", "J/image"]
+    text = shown.to_string(index=False)
+    reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
+               if pd.isna(row.energy_j_per_image) and row.energy_note]
+    return text + ("\nWhy energy per image is empty: " + "; ".join(reasons) + "." if reasons else "")
 
 
 def _num(value, pattern: str, missing: str = "-") -> str:

@@ -31,7 +31,7 @@ EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {
     "created_at", "started_at", "finished_at", "host", "world_size", "tags", "user_note",
     "strategy", "model", "dataset", "heartbeat_at", "progress", "sweep_id", "nodes", "hosts", "elastic_run_id",
-    "measurements",
+    "measurements", "steps", "system",
 }
 
 
@@ -195,7 +195,8 @@ def test_round_trip_through_export(engine):
     assert exported["host"] == "node-1"
     assert exported["config"] == CONFIG
     assert exported["notes"] == ["DataParallel on CPU is a pass-through"]
-    assert exported["epochs"] == [epoch_metrics(1), epoch_metrics(2)]
+    # each epoch gains energy_j_per_image, lifted out of extra (null where not measured)
+    assert exported["epochs"] == [{**epoch_metrics(n), "energy_j_per_image": None} for n in (1, 2)]
     assert (exported["strategy"], exported["model"], exported["dataset"]) == ("ddp", "resnet18", "cifar10")
     assert exported["tags"] == ["baseline"]
     assert exported["world_size"] == 2

@@ -154,3 +154,42 @@ def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(par
     log_epoch(engine, single, 1)
     tick(at)
     assert built == [2, 2] and at.table  # the whole page, report included, ran again
+
+
+# --- per-step and system charts -----------------------------------------------------------
+
+
+def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_only_on_new_rows(
+        parallax_home, engine, running_run, loss_figures, monkeypatch):
+    from db import series
+    from ui import series_charts
+
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
+    built: list[int] = []
+    real = series_charts.step_figure
+    monkeypatch.setattr(series_charts, "step_figure",
+                        lambda steps, *args: built.append(len(steps)) or real(steps, *args))
+    points = [{"epoch": 1, "step": s, "t_s": 0.5 * s, "train_loss": 1.0, "images_per_s": 90.0, "lr": 0.1}
+              for s in range(1, 13)]
+    series.add_steps(engine, running_run, points)
+    series.add_system_samples(engine, running_run, [{"t_s": 1.0, "host_cpu_pct": 70.0, "host_memory_mb": 3000.0,
+                                                     "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": 700.0}],
+                                                     "gpus": []}])
+    at = open_run_page(running_run)
+    assert built == [12, 12] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 5 + 4  # epoch charts; loss and images/s per step, CPU, memory
+
+    tick(at)  # nothing new: the step figures are not rebuilt, the epoch charts neither built nor sent
+    assert not at.exception, at.exception
+    assert built == [12, 12] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 4
+
+    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 13, "t_s": 7.0}])
+    tick(at)  # a new step: the step and system charts alone are rebuilt, from the new rows
+    assert built == [12, 12, 13, 13] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 4
+
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", 1e-12)  # as if each rebuild were very costly
+    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 14, "t_s": 7.5}])
+    tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
+    assert built == [12, 12, 13, 13] and len(at.get("plotly_chart")) == 4

@@ -6,6 +6,7 @@
     python -m trainer_backend cancel 8
     python -m trainer_backend list
     python -m trainer_backend export 7
+    python -m trainer_backend export 7 --csv out/     # epochs.csv, steps.csv, system.csv
 
 Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
 the database are loaded.
@@ -131,10 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
     cancel.add_argument("run_id", type=run_id_arg)
-    export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch metrics")
+    export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
+                            "metrics, per-step points and system samples")
     export.add_argument("run_id", type=run_id_arg)
     export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
                         "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
+    export.add_argument("--csv", type=Path, metavar="DIR", help="write the run as CSV files for spreadsheets "
+                        "instead of printing JSON: epochs.csv, steps.csv (per-step points) and system.csv "
+                        "(a row per system sample, a column per process and GPU figure)")
     sub.add_parser("list", help="one line per run, newest first")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=run_id_arg)
@@ -317,8 +322,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
         from reports.profile import check_profile_dir
 
         check_profile_dir(args.profile_dir)  # before any output: nothing half-done
+    if args.csv is not None:
+        from reports.run_csv import check_csv_dir, write_run_csv
+
+        check_csv_dir(args.csv)
     engine = _engine_with_fresh_states(args.db)
-    print(json.dumps(store.export_run(engine, args.run_id), indent=2))
+    exported = store.export_run(engine, args.run_id)
+    if args.csv is None:
+        print(json.dumps(exported, indent=2))
+    else:
+        for path in write_run_csv(exported, args.csv):
+            print(f"wrote {path}")
     if args.profile_dir is not None:
         from reports.profile import write_profile_dir
 

@@ -1,0 +1,107 @@
+"""One run as CSV files for spreadsheets: what ``export N`` prints as JSON, in three tables.
+
+    python -m trainer_backend export 7 --csv out/    # out/epochs.csv, out/steps.csv, out/system.csv
+
+- ``epochs.csv``: a row per epoch; peak memory per device and the per-epoch extras get a column each
+  (``peak_memory_mb[cuda:0]``, ``energy_j[gpu0]``), nested extras are JSON text.
+- ``steps.csv``: a row per step point.
+- ``system.csv``: a row per sample, wide: a column per process and GPU figure (``rank0_cpu_pct``,
+  ``gpu1_power_w``). A spreadsheet charts a column against ``t_s`` with two clicks; a long table (a
+  row per device) would need a pivot first, and a run's processes and GPUs do not change while it runs.
+
+Every file starts with ``run_id``, so the files of several runs can be pasted into one sheet. Text
+cells go through ``reports.spreadsheet``'s formula guard.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from db.series import GPU_FIELDS, PROCESS_FIELDS, STEP_FIELDS
+from db.store import EPOCH_FLOAT_FIELDS
+
+from .spreadsheet import frame_for_csv
+
+CSV_FILES = ("epochs.csv", "steps.csv", "system.csv")
+
+
+def epochs_table(exported: dict[str, Any]) -> pd.DataFrame:
+    """A row per epoch: the recorded figures, energy per image, then a column per device and extra."""
+    rows = []
+    for epoch in exported["epochs"]:
+        row: dict[str, Any] = {"run_id": exported["run_id"], "epoch": epoch["epoch"]}
+        row.update({name: epoch.get(name) for name in EPOCH_FLOAT_FIELDS})
+        row["energy_j_per_image"] = epoch.get("energy_j_per_image")
+        for device, mb in sorted((epoch.get("peak_memory_mb") or {}).items()):
+            row[f"peak_memory_mb[{device}]"] = mb
+        for name, value in (epoch.get("extra") or {}).items():
+            if name == "energy_j_per_image":
+                continue  # already its own column
+            if isinstance(value, dict) and all(_scalar(v) for v in value.values()):
+                row.update({f"{name}[{key}]": v for key, v in value.items()})
+            else:
+                row[name] = value if _scalar(value) else json.dumps(value, sort_keys=True)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=None if rows else ["run_id", "epoch", *EPOCH_FLOAT_FIELDS,
+                                                         "energy_j_per_image"])
+
+
+def steps_table(exported: dict[str, Any]) -> pd.DataFrame:
+    """A row per step point."""
+    return pd.DataFrame([{"run_id": exported["run_id"], **step} for step in exported["steps"]],
+                        columns=["run_id", *STEP_FIELDS])
+
+
+def system_table(exported: dict[str, Any]) -> pd.DataFrame:
+    """A row per sample: the host, then each rank's and each GPU's figures in columns of their own."""
+    rows = []
+    for sample in exported["system"]:
+        row = {"run_id": exported["run_id"], "t_s": sample["t_s"], "host_cpu_pct": sample["host_cpu_pct"],
+               "host_memory_mb": sample["host_memory_mb"]}
+        for process in sample["processes"]:
+            row.update({f"rank{process['rank']}_{name}": process.get(name) for name in PROCESS_FIELDS[1:]})
+        for gpu in sample["gpus"]:
+            row.update({f"gpu{gpu['index']}_{name}": gpu.get(name) for name in GPU_FIELDS[1:]})
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=None if rows else ["run_id", "t_s", "host_cpu_pct", "host_memory_mb"])
+    # rank10 after rank9, and every rank before every GPU, whatever order the samples listed them in
+    fixed = ["run_id", "t_s", "host_cpu_pct", "host_memory_mb"]
+    return table[fixed + sorted(set(table.columns) - set(fixed), key=_device_order)]
+
+
+def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
+    """Write ``CSV_FILES`` for the exported run into ``directory`` (made if missing); returns the paths."""
+    check_csv_dir(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in zip(CSV_FILES, (epochs_table(exported), steps_table(exported), system_table(exported))):
+        path = directory / name
+        frame_for_csv(table).to_csv(path, index=False)
+        written.append(path)
+    return written
+
+
+def check_csv_dir(directory: Path) -> None:
+    """ValueError naming ``directory`` when it, or a folder above it, is a file: nothing is written then."""
+    for path in (directory, *directory.parents):
+        if path.exists() and not path.is_dir():
+            what = "is an existing file" if path == directory else f"is inside {path}, which is a file"
+            raise ValueError(f"--csv {directory} {what}, not a folder: give a folder (it is created if missing)")
+        if path.exists():
+            return
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _device_order(column: str) -> tuple:
+    """rank0_cpu_pct < rank0_rss_mb < rank1_… < gpu0_util_pct < gpu0_memory_used_mb < …"""
+    kind, fields = ("rank", PROCESS_FIELDS) if column.startswith("rank") else ("gpu", GPU_FIELDS)
+    number, _, name = column[len(kind):].partition("_")
+    return (kind == "gpu", int(number) if number.isdigit() else 0,
+            fields.index(name) if name in fields else len(fields), column)

@@ -1,0 +1,219 @@
+"""Figures of a run's per-step points and per-second system samples: pure functions, no streamlit.
+
+Rows come from ``db.series.read_steps`` / ``read_system`` (already downsampled); the frames built
+here hold them as tables, and each figure is a function ``frame -> Figure``. A frame without the
+data a chart needs gives a figure without traces, never an exception.
+
+    steps, system = steps_frame(step_rows), system_frame(sample_rows)
+    marks = epoch_marks(epochs, steps)
+    step_figure(steps, "train_loss", marks)          # loss per step, epoch starts dotted
+    system_figure(system, "cpu_pct", marks)         # host and each rank over time
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from ui.charts import CHART_HEIGHT_PX
+
+STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
+SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
+                  "temperature_c")
+MARK_COLUMNS = ("epoch", "step", "t_s")
+MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: lines only
+
+STEP_TITLES = {"train_loss": ("Training loss per step", "loss"),
+               "images_per_s": ("Throughput per step", "images/s (global batch)")}
+# What each system chart shows, and of which devices: (title, y axis, kinds of device).
+SYSTEM_CHARTS = {
+    "cpu_pct": ("CPU utilisation", "% (host: of all cores; ranks: of one core)", ("host", "process")),
+    "memory_mb": ("Memory", "MB (host used, ranks' resident, GPUs' used)", ("host", "process", "gpu")),
+    "util_pct": ("GPU utilisation", "%", ("gpu",)),
+    "power_w": ("GPU power", "W", ("gpu",)),
+}
+X_TITLES = {"t_s": "Time since the run started (s)", "step": "Step"}
+# The share of a core a watched run's step and system charts may keep busy: a rebuild that took
+# B seconds waits B / REBUILD_SHARE seconds for the next (20 ms: every tick; 0.3 s, for a run of
+# hundreds of thousands of rows on a busy 2-core machine: every 15 s).
+REBUILD_SHARE = 0.02
+# Compare: one line per run. (title, y axis, where it comes from, how a sample's devices combine)
+COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
+    "train_loss": ("Training loss per step", "loss", "steps", ""),
+    "images_per_s": ("Throughput per step", "images/s", "steps", ""),
+    "gpu_util_pct": ("GPU utilisation (mean over the run's GPUs)", "%", "gpu:util_pct", "mean"),
+    "host_cpu_pct": ("Host CPU (of all cores)", "%", "host:cpu_pct", "sum"),
+    "process_cpu_pct": ("The run's processes: CPU (sum over ranks, of one core)", "%", "process:cpu_pct", "sum"),
+    "process_rss_mb": ("The run's processes: resident memory (sum over ranks)", "MB", "process:memory_mb", "sum"),
+    "gpu_memory_mb": ("GPU memory used (sum over the run's GPUs)", "MB", "gpu:memory_mb", "sum"),
+    "gpu_power_w": ("GPU power (sum over the run's GPUs)", "W", "gpu:power_w", "sum"),
+}
+
+
+def rebuild_due(build_s: float, since_build_s: float) -> bool:
+    """Whether new rows may be charted now: the last rebuild took ``build_s`` seconds and ended
+    ``since_build_s`` ago (see ``REBUILD_SHARE``)."""
+    return since_build_s * REBUILD_SHARE >= build_s
+
+
+def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The step points as a table (``STEP_COLUMNS``), by run then step."""
+    frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
+    frame["n"] = frame["n"].fillna(1)
+    return frame.astype({"train_loss": float, "images_per_s": float, "lr": float})
+
+
+def system_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The samples as a long table (``SYSTEM_COLUMNS``): a row per sample and device, the device
+    being the host, a rank ("rank 0", its DataLoader workers included) or a GPU ("GPU 0")."""
+    records = []
+    for row in rows:
+        base = {"run_id": row["run_id"], "t_s": row["t_s"]}
+        records.append({**base, "device": "host", "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
+                        "memory_mb": row.get("host_memory_mb")})
+        for process in row.get("processes") or []:
+            records.append({**base, "device": f"rank {process.get('rank')}", "kind": "process",
+                            "cpu_pct": process.get("cpu_pct"), "memory_mb": process.get("rss_mb")})
+        for gpu in row.get("gpus") or []:
+            records.append({**base, "device": f"GPU {gpu.get('index')}", "kind": "gpu",
+                            "memory_mb": gpu.get("memory_used_mb"), "util_pct": gpu.get("util_pct"),
+                            "power_w": gpu.get("power_w"), "temperature_c": gpu.get("temperature_c")})
+    frame = pd.DataFrame(records, columns=list(SYSTEM_COLUMNS))
+    numeric = ["t_s", "cpu_pct", "memory_mb", "util_pct", "power_w", "temperature_c"]
+    return frame.astype({column: float for column in numeric})
+
+
+def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Where each epoch after the first starts (``MARK_COLUMNS``): its first step, and on the time
+    axis the end of the previous epoch's training (its ``t_end_s``; the epoch's first step where an
+    epoch has none), so that the gap between the line and the next points is its validation."""
+    first = steps.groupby("epoch").agg(step=("step", "min"), t_s=("t_s", "min")) if not steps.empty else None
+    ends: dict[int, float] = {}
+    if not epochs.empty and "extra" in epochs:
+        for epoch, extra in zip(epochs["epoch"], epochs["extra"]):
+            if isinstance(extra, dict) and extra.get("t_end_s") is not None:
+                ends[int(epoch)] = float(extra["t_end_s"])
+    known = set(first.index if first is not None else []) | set(int(e) for e in epochs.get("epoch", []))
+    marks = []
+    for epoch in sorted(e for e in known if e >= 2):
+        stepped = first is not None and epoch in first.index
+        step = first.loc[epoch, "step"] if stepped else np.nan
+        t_s = ends.get(epoch - 1, first.loc[epoch, "t_s"] if stepped else np.nan)
+        if pd.notna(step) or pd.notna(t_s):
+            marks.append({"epoch": epoch, "step": step, "t_s": t_s})
+    return pd.DataFrame(marks, columns=list(MARK_COLUMNS))
+
+
+def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = None) -> go.Figure:
+    """``column`` ("train_loss" or "images_per_s") over steps, with a dotted line where each epoch starts."""
+    title, y_title = STEP_TITLES[column]
+    averaged = int(steps["n"].max()) if not steps.empty else 1
+    if averaged > 1:  # say what a point is: a mean, not one step
+        title += f"<br><sup>each point: the mean of up to {averaged:,} steps</sup>"
+    figure = _figure(title, X_TITLES["step"], y_title)
+    if _has(steps, column):
+        figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode="lines", showlegend=False,
+                           customdata=steps[["epoch", "t_s"]],
+                           hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
+    _mark(figure, marks, "step")
+    return figure
+
+
+def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None = None) -> go.Figure:
+    """``metric`` of each device (``SYSTEM_CHARTS``) over the run's time, one line per device."""
+    title, y_title, kinds = SYSTEM_CHARTS[metric]
+    figure = _figure(title, X_TITLES["t_s"], y_title)
+    shown = system[system["kind"].isin(kinds)]
+    for device, rows in shown.groupby("device", sort=False):
+        if _has(rows, metric):
+            figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode="lines")
+    _mark(figure, marks, "t_s")
+    return figure
+
+
+def system_charts_for(system: pd.DataFrame) -> list[str]:
+    """The ``SYSTEM_CHARTS`` this run's samples can fill: GPU charts only where there are GPU samples."""
+    return [metric for metric, (_, _, kinds) in SYSTEM_CHARTS.items()
+            if _has(system[system["kind"].isin(kinds)], metric)]
+
+
+def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system: pd.DataFrame) -> list[str]:
+    """One line for each kind of chart the Run page cannot draw for this run, saying why."""
+    if steps.empty and system.empty:
+        if active:
+            return ["Per-step and system charts appear with the run's first recorded steps and samples."]
+        return ["No per-step points or system samples: this run was recorded before Parallax kept them, "
+                "or ended before its first step."]
+    lines = []
+    if steps.empty:
+        lines.append("No per-step points: the run recorded none (they are written a few seconds' worth at a time).")
+    if system.empty:
+        lines.append("No system samples: the run's sampler recorded none (see the run's notes).")
+    elif not (system["kind"] == "gpu").any():
+        if any(str(device).startswith("cuda") for device in devices):
+            lines.append("No GPU samples: NVML could not be read where the run trained (see the run's notes).")
+        else:
+            lines.append("No GPU charts: the run trained on CPU processes only.")
+    return lines
+
+
+def compare_frame(steps: pd.DataFrame, system: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One value per run and moment for ``metric`` (``COMPARE_SERIES``): run_id, t_s, step, value.
+
+    A sample's devices combine as the metric says (mean or sum). A sample's step is interpolated from
+    the run's step points by time, and is NaN outside them: on a step axis only samples taken
+    while the run was stepping are drawn."""
+    _, _, source, combine = COMPARE_SERIES[metric]
+    if source == "steps":
+        return steps[["run_id", "t_s", "step", metric]].rename(columns={metric: "value"})
+    kind, column = source.split(":")
+    rows = system[(system["kind"] == kind) & system[column].notna()]
+    values = rows.groupby(["run_id", "t_s"], sort=True)[column].agg(combine).rename("value").reset_index()
+    values["step"] = np.nan
+    for run_id, points in steps.groupby("run_id"):
+        at = values["run_id"] == run_id
+        t_s = values.loc[at, "t_s"].to_numpy()
+        inside = (t_s >= points["t_s"].min()) & (t_s <= points["t_s"].max())
+        stepped = np.interp(t_s, points["t_s"].to_numpy(), points["step"].to_numpy())
+        values.loc[at, "step"] = np.where(inside, stepped, np.nan)
+    return values[["run_id", "t_s", "step", "value"]]
+
+
+def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
+    """One line per run: ``metric`` over ``x`` ("t_s" or "step"); ``labels`` names the runs."""
+    title, y_title, _, _ = COMPARE_SERIES[metric]
+    figure = _figure(title, X_TITLES[x], y_title)
+    for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
+        figure.add_scatter(x=rows[x], y=rows["value"], name=labels.get(run_id, f"#{run_id}"), mode="lines")
+    return figure
+
+
+def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
+    figure = go.Figure()
+    figure.update_layout(
+        title=title, height=CHART_HEIGHT_PX, margin=dict(l=10, r=10, t=60 if "<br>" in title else 40, b=10),
+        legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0.0),
+        xaxis_title=x_title, yaxis_title=y_title, hovermode="x unified",
+    )
+    return figure
+
+
+def _mark(figure: go.Figure, marks: pd.DataFrame | None, x: str) -> None:
+    if marks is None or marks.empty:
+        return
+    shown = marks.dropna(subset=[x])
+    # One layout update with every line: add_vline validates the whole layout once per line, which
+    # took most of a second for twenty epochs.
+    shapes = [dict(type="line", xref="x", yref="paper", x0=at, x1=at, y0=0, y1=1,
+                   line=dict(dash="dot", color="gray", width=1)) for at in shown[x]]
+    labels = [] if len(shown) > MAX_LABELLED_MARKS else [
+        dict(x=at, xref="x", y=1, yref="paper", text=f"epoch {epoch}", showarrow=False, xanchor="left",
+             yanchor="top", font=dict(size=10, color="gray")) for at, epoch in zip(shown[x], shown["epoch"])]
+    figure.update_layout(shapes=shapes, annotations=labels)
+
+
+def _has(frame: pd.DataFrame, column: str) -> bool:
+    return column in frame and frame[column].notna().any()
