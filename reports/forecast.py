@@ -181,7 +181,11 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
     notes: list[str] = []
     singles = [m for m in measured if m.strategy == "single" and m.step_s]
     for strategy in dict.fromkeys(m.strategy for m in measured):
-        if strategy in ("single", "dp"):
+        if strategy == "single":
+            continue
+        if strategy == "dp":
+            notes.append("DP: not forecast — DataParallel is one process driving its GPUs (a pass-through on CPU); "
+                         "DDP is the strategy to scale.")
             continue
         own = sorted((m for m in measured if m.strategy == strategy), key=lambda m: m.devices)
         base = singles[0] if singles else next((m for m in own if m.devices == 1 and m.step_s), None)

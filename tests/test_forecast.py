@@ -163,6 +163,21 @@ def test_a_strategy_without_a_multi_device_run_says_why_it_has_no_forecast(engin
     assert forecast.notes == ["DDP: no forecast — it needs a completed run on 2 or more devices in the sweep."]
 
 
+def test_a_straggler_is_a_rank_ten_percent_slower_than_the_median_two_epochs_running():
+    import pandas as pd
+
+    from reports.efficiency import stragglers
+
+    def epochs(times_per_epoch):
+        return pd.DataFrame([{"run_id": 1, "epoch": e, "rank": r, "train_time_s": t}
+                             for e, times in enumerate(times_per_epoch, start=1) for r, t in enumerate(times)])
+
+    assert stragglers(epochs([[5.0, 5.0, 5.5], [5.0, 5.0, 5.5]])) == [2]  # 10 % slower, twice
+    assert stragglers(epochs([[5.0, 5.0, 5.5], [5.0, 5.0, 5.0], [5.0, 5.0, 5.5]])) == []  # not running
+    assert stragglers(epochs([[5.0, 5.0, 5.4], [5.0, 5.0, 5.4]])) == []  # 8 % slower
+    assert stragglers(epochs([[5.0, 5.0]]), recorded=[{"rank": 1}, 0]) == [0, 1]  # named by the engine
+
+
 # --- --device-counts -------------------------------------------------------------------------
 
 
