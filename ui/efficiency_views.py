@@ -49,7 +49,7 @@ def rank_times(run_epochs: pd.DataFrame, key: str) -> None:
 
 def memory_breakdown(epochs: pd.DataFrame, labels: dict[int, str], key: str) -> None:
     """Memory per device stacked by what holds it, one bar per run and device; a line for runs without it."""
-    frame = efficiency.breakdown_frame(epochs[epochs["run_id"].isin(labels)], labels)
+    frame = efficiency.breakdown_frame(epochs[epochs["run_id"].isin(list(labels))], labels)
     if not frame.empty:
         st.plotly_chart(efficiency.breakdown_figure(frame), key=key)
     if reason := efficiency.breakdown_missing(frame, list(labels), labels):
