@@ -9,9 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from db import dashboard, series, store
-from reports import scaling
+from reports import efficiency, scaling
 from reports.sweep import strategy_advice
-from ui import charts, series_charts, state, widgets
+from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")
@@ -57,11 +57,14 @@ def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
     st.success(strategy_advice(with_status), icon=":material/lightbulb:")
 
 
-def scaling_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
+def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:
+    figures = mfu.set_index("run_id")
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
         "throughput (images/s)": pd.to_numeric(table["throughput_images_per_s"]).round(0),  # None before an epoch
+        "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
+            figures["mfu"].get(i), figures["achieved_tflops"].get(i))),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
         "speedup (×)": pd.to_numeric(table["speedup"]).round(2),
         "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
@@ -79,7 +82,11 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     table = scaling.scaling_table(runs, epochs, baselines, target_acc)
     show_advice(runs, table)
     show_speedups(table)
-    st.dataframe(scaling_display(table, target_acc), hide_index=True)
+    mfu = efficiency.mfu_by_run(epochs[epochs["run_id"].isin(table["run_id"])])
+    st.dataframe(scaling_display(table, target_acc, mfu), hide_index=True)
+    if mfu["mfu"].isna().any() and table["throughput_images_per_s"].notna().any():
+        st.caption("MFU: '—' where a run recorded none (recorded before FLOPs were counted, or no peak FLOP/s "
+                   "is known for its device).")
     if (table["efficiency"].dropna() > SUPERLINEAR).any():
         st.caption("Efficiency above 100 % means the single-device baseline was slower than one device's share "
                    "of this run: on a shared CPU, other load or thread contention can slow a one-process run. "
@@ -96,6 +103,7 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     left, right = st.columns(2)
     left.plotly_chart(charts.speedup_figure(table), key="speedup")
     right.plotly_chart(charts.efficiency_figure(table), key="efficiency")
+    efficiency_views.memory_breakdown(epochs, dict(zip(table["run_id"], table["label"])), key="compare_memory")
 
 
 def show_curves(epochs: pd.DataFrame, labels: dict[int, str]) -> None:

@@ -18,7 +18,7 @@ from db import dashboard
 from trainer_backend import devices as device_info
 from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
                                     STRATEGIES, ConfigError, RunConfig, max_cpu_processes)
-from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
+from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
 from ui.text import escape_markdown
@@ -114,12 +114,12 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     return ("cpu",) * processes
 
 
-def sweep_errors(config, strategies: list[str]) -> dict[str, str]:
+def sweep_errors(config, strategies: list[str], device_counts: tuple[int, ...] | None = None) -> dict[str, str]:
     """Each strategy's own config checked as the sweep will build it; errors name the strategy."""
     errors: dict[str, str] = {}
     for strategy in strategies:
         try:
-            sweep_configs(config, [strategy])
+            sweep_configs(config, [strategy], device_counts)
         except ConfigError as exc:
             errors.setdefault(exc.field, f"With {strategy}: {exc}")
     return errors
@@ -187,6 +187,12 @@ with devices_col:
     st.subheader("Devices")
     values["devices"] = choose_devices("sweep" if sweeping else values["strategy"])
     field_slot("devices")
+    if sweeping:
+        counts_text = st.text_input(
+            "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts",
+            help="Each multi-device strategy runs once per count (on CPU: that many processes), and the report "
+            "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
+        field_slot("device_counts")
 if sweeping:
     # The shared fields are checked under a strategy that takes any number of devices; the
     # strategies' own rules are then checked one by one, as the sweep will build them.
@@ -254,9 +260,14 @@ with note_col:
     user_note = st.text_area("Note", key="note", height=68, placeholder="What is this run meant to show?")
 
 config, errors = validate_form(values)
+device_counts = None
 if sweeping:
-    if config is not None:
-        errors = sweep_errors(config, sweep_strategies)
+    try:
+        device_counts = parse_device_counts(counts_text.strip() or None)
+    except ValueError as exc:
+        errors["device_counts"] = str(exc)
+    if config is not None and "device_counts" not in errors:
+        errors = sweep_errors(config, sweep_strategies, device_counts)
     if len(sweep_strategies) < 2:
         errors.setdefault("strategy", "Pick at least two strategies to compare.")
 if model_problem:
@@ -271,10 +282,14 @@ for name, message in errors.items():
     slots.get(name, general).error(escape_markdown(message), icon=":material/error:")
 
 if sweeping:
-    if st.button(f"Launch the sweep ({len(sweep_strategies)} runs)", type="primary", icon=":material/rocket_launch:",
+    planned = len(sweep_strategies)
+    if config is not None and not errors:
+        planned = len(sweep_configs(config, sweep_strategies, device_counts))
+    if st.button(f"Launch the sweep ({planned} runs)", type="primary", icon=":material/rocket_launch:",
                  disabled=bool(errors), help="They queue and run one after another (one CPU run at a time)."):
         try:
-            sweep_id, run_ids = launch_sweep(config, sweep_strategies, data_roots=options.data_roots())
+            sweep_id, run_ids = launch_sweep(config, sweep_strategies, data_roots=options.data_roots(),
+                                             device_counts=device_counts)
             for run_id in run_ids if user_note.strip() else []:
                 dashboard.set_user_note(state.engine(), run_id, user_note)
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why

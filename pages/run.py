@@ -14,7 +14,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, series_charts, state, widgets
+from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -32,16 +32,17 @@ SERIES_KEY = "run_series_drawn"
 LIVE_MAX_POINTS = 1000
 
 
-def show_metrics(epochs: pd.DataFrame) -> None:
+def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
     last = epochs.iloc[-1]
-    columns = st.columns(4)
+    columns = st.columns(5)
     columns[0].metric("Validation accuracy", f"{last.val_acc:.1%}" if pd.notna(last.val_acc) else "—")
     best = f"{epochs.val_acc.max():.1%}" if epochs.val_acc.notna().any() else "—"
     columns[1].metric("Best validation accuracy", best)
     throughput = scaling.throughput_images_per_s(epochs)
     columns[2].metric("Throughput", f"{throughput:,.0f} images/s" if throughput else "—",
                       help="Mean over the epochs after the first (the first carries start-up costs).")
-    columns[3].metric("Training time", widgets.format_duration(float(epochs.epoch_time_s.fillna(0).sum())))
+    efficiency_views.mfu_metric(columns[3], epochs, measurements)
+    columns[4].metric("Training time", widgets.format_duration(float(epochs.epoch_time_s.fillna(0).sum())))
 
 
 def show_charts(epochs: pd.DataFrame) -> None:
@@ -112,13 +113,16 @@ def show_messages(run: store.RunRecord) -> None:
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
 
 
-def show_epochs(epochs: pd.DataFrame) -> None:
+def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
     """The per-epoch numbers and charts: drawn on a full run of the page, i.e. once per epoch."""
     if epochs.empty:
         st.caption("Charts appear when the first epoch ends.")
     else:
-        show_metrics(epochs)
+        show_metrics(epochs, store.read_measurements(state.engine(), run.id))
         show_charts(epochs)
+        efficiency_views.rank_times(epochs, key="rank_times")
+        label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)
+        efficiency_views.memory_breakdown(epochs, {run.id: label}, key="memory_breakdown")
 
 
 def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
@@ -249,7 +253,7 @@ show_head(run)
 st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
 show_messages(run)
-show_epochs(epochs)
+show_epochs(run, epochs)
 st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run_id, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))

@@ -13,9 +13,11 @@ import pandas as pd
 import streamlit as st
 
 from db import store
+from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
-from reports.sweep import scaling_figure, strategy_advice, sweep_html, sweep_table
-from ui import state, widgets
+from reports.forecast import forecast_display, sweep_forecast
+from reports.sweep import mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
+from ui import efficiency_views, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -28,7 +30,8 @@ REFRESH_S = 5
 
 
 def sweep_label(sweep: dict) -> str:
-    return f"Sweep #{sweep['id']} · {', '.join(sweep['strategies'])} · {sweep['created_at']:%Y-%m-%d %H:%M} UTC"
+    # A sweep over device counts lists a strategy once per count: name each strategy once.
+    return f"Sweep #{sweep['id']} · {', '.join(dict.fromkeys(sweep['strategies']))} · {sweep['created_at']:%Y-%m-%d %H:%M} UTC"
 
 
 def numbers(column: pd.Series, pattern: str) -> pd.Series:
@@ -43,6 +46,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "devices": table["devices"],
         "status": table["status"],
         "throughput (images/s)": numbers(table["throughput_images_per_s"], "{:,.0f}"),
+        "MFU": numbers(table["mfu"], "{:.1%}"),
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),
         "efficiency": numbers(table["efficiency"], "{:.0%}"),
         "peak memory per device (MB)": numbers(table["peak_memory_mb"], "{:,.0f}"),
@@ -120,12 +124,34 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
         st.caption("Speedup: throughput over the sweep's single-device run; efficiency: speedup per device "
                    "(100 % is perfect scaling). On CPU every process shares the same cores. With one epoch, "
                    "throughput includes start-up costs: sweep two or more epochs for a fair figure.")
+    if note := mfu_note(table):
+        st.caption(note)
     left, right = st.columns(2)
     left.plotly_chart(scaling_figure(table), key="sweep_scaling")
     with right:
         if not step_breakdown_chart(engine, run_ids, key="sweep_breakdown"):
             st.caption("Launch the sweep with **Profile the first steps** on to see where each strategy's "
                        "step time goes (data loading, forward, backward, optimizer, communication).")
+    efficiency_views.memory_breakdown(scaling.epochs_frame(store.read_epoch_metrics(engine, run_ids)),
+                                      dict(zip(table["run_id"], table["label"])), key="sweep_memory")
+    show_forecast(engine, sweep_id)
+
+
+def show_forecast(engine, sweep_id: int) -> None:
+    """What 2x and 4x the devices would give, beside what the sweep measured, and the model's assumptions."""
+    st.subheader("Scaling forecast")
+    forecast = sweep_forecast(engine, sweep_id)
+    if not forecast.table.empty:
+        st.table(forecast_display(forecast.table).set_index(["strategy", "devices"]))
+        if forecast.table["memory_mb_predicted"].isna().all():
+            st.caption("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
+    for note in forecast.notes:
+        st.caption(note)
+    if forecast.table.empty and not forecast.notes:
+        st.caption("No forecast: the sweep has no multi-device strategy to scale (single and DataParallel on "
+                   "CPU run on one device).")
+    if not forecast.table.empty:
+        st.caption(" ".join(forecast.assumptions))
 
 
 st.title("Sweeps")

@@ -16,10 +16,12 @@ import plotly.graph_objects as go
 
 from db import profiles, series, store
 
+from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
+from .forecast import forecast_display, sweep_forecast
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
 
-REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "speedup",
+REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "mfu", "speedup",
                   "efficiency", "peak_memory_mb", "time_to_target_s", "utilisation_pct", "energy_j_per_image")
 # The mean utilisation is taken over this many samples at most, evenly spread over the run (every
 # sample up to 5.5 hours at one a second): reading a 100-hour run's every sample would stall the page.
@@ -46,6 +48,8 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
     memory = memory_frame(epochs)
     peaks = memory.groupby("run_id")["peak_memory_mb"].max() if not memory.empty else pd.Series(dtype=float)
     table["peak_memory_mb"] = table["run_id"].map(peaks)
+    mfu = mfu_by_run(epochs).set_index("run_id")
+    table.insert(table.columns.get_loc("throughput_images_per_s") + 1, "mfu", table["run_id"].map(mfu["mfu"]))
     steps = pd.DataFrame(profiles.read_steps(engine, run_ids))
     if not steps.empty:
         means = breakdown_means(steps[steps["rank"] == 0]).set_index("run_id")
@@ -98,6 +102,7 @@ def format_table(table: pd.DataFrame) -> str:
     """The report as aligned text for a terminal."""
     shown = table[list(REPORT_COLUMNS)].copy()
     shown["throughput_images_per_s"] = shown["throughput_images_per_s"].map(lambda v: _num(v, "{:.0f}"))
+    shown["mfu"] = shown["mfu"].map(lambda v: _num(v, "{:.1%}"))
     shown["speedup"] = shown["speedup"].map(lambda v: _num(v, "{:.2f}x"))
     shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
     shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
@@ -105,12 +110,28 @@ def format_table(table: pd.DataFrame) -> str:
     shown["utilisation_pct"] = [_num(value, "{:.0f}% " + str(of)) for value, of in
                                 zip(table["utilisation_pct"], table["utilisation_of"])]
     shown["energy_j_per_image"] = shown["energy_j_per_image"].map(lambda v: _num(v, "{:.3g}"))
-    shown.columns = ["run", "strategy", "devices", "status", "images/s", "speedup", "efficiency",
+    shown.columns = ["run", "strategy", "devices", "status", "images/s", "MFU", "speedup", "efficiency",
                      "peak MB/device", "time to target s", "mean util", "J/image"]
     text = shown.to_string(index=False)
     reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
                if pd.isna(row.energy_j_per_image) and row.energy_note]
     return text + ("\nWhy energy per image is empty: " + "; ".join(reasons) + "." if reasons else "")
+
+
+def mfu_note(table: pd.DataFrame) -> str | None:
+    """One line when MFU is missing from the report, saying why."""
+    if table["mfu"].notna().all() or table["throughput_images_per_s"].isna().all():
+        return None
+    return ("MFU: not recorded for runs that show '-' (recorded before FLOPs were counted, or no peak "
+            "FLOP/s is known for their device).")
+
+
+def sweep_breakdown(engine, table: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """The sweep's memory breakdown per run and device, and the line on any run without one."""
+    run_ids = table["run_id"].tolist()
+    labels = dict(zip(table["run_id"], table["label"]))
+    frame = breakdown_frame(epochs_frame(store.read_epoch_metrics(engine, run_ids)), labels)
+    return frame, breakdown_missing(frame, run_ids, labels)
 
 
 def _num(value, pattern: str, missing: str = "-") -> str:
@@ -156,7 +177,9 @@ def scaling_figure(table: pd.DataFrame) -> go.Figure:
 def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
     """The scaling report as one self-contained HTML page (plotly.js inline, works offline)."""
     table = sweep_table(engine, sweep_id, target_acc=target_acc)
-    figures = [scaling_figure(table)]
+    forecast = sweep_forecast(engine, sweep_id)
+    breakdown, no_breakdown = sweep_breakdown(engine, table)
+    figures = [scaling_figure(table)] + ([breakdown_figure(breakdown)] if not breakdown.empty else [])
     steps = pd.DataFrame(profiles.read_steps(engine, table["run_id"].tolist()))
     if not steps.empty:
         figures.append(step_breakdown_figure(steps))
@@ -171,4 +194,8 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
 <p><b>{html.escape(strategy_advice(table))}</b></p>
 <pre>{html.escape(format_table(table))}</pre>
 <p>Time to target: wall time until validation accuracy first reached {target_acc:.0%}.</p>
+{"".join(f"<p>{html.escape(line)}</p>" for line in filter(None, [mfu_note(table), no_breakdown]))}
+<h2>Scaling forecast</h2>
+{forecast_display(forecast.table).to_html(index=False) if not forecast.table.empty else ""}
+{"".join(f"<p>{html.escape(line)}</p>" for line in [*forecast.notes, *forecast.assumptions])}
 {charts}</body></html>"""

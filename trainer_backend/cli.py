@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "then print the scaling report")
     _add_config_flags(sweep)
     sweep.add_argument("--strategies", required=True, help="comma list, e.g. single,ddp,mp,pp,fsdp")
+    sweep.add_argument("--device-counts", help="also sweep over device counts, e.g. 1,2,4: each multi-device strategy "
+                       "runs once per count (on CPU the devices are that many cpu processes; on GPUs the first N of "
+                       "--devices); single runs once, on one device")
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
     sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
@@ -246,17 +249,19 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     from db import lifecycle, make_engine, store
 
-    from .lifecycle import cancel, launch_sweep
+    from .lifecycle import cancel, launch_sweep, parse_device_counts, sweep_configs
 
     config = config_from_args(args, sweep=True)
+    device_counts = parse_device_counts(args.device_counts)
     if not 0 < args.target_acc <= 1:  # also refuses nan
         raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], "
                          "e.g. 0.9")
     if args.report is not None and args.report.is_dir():
         raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
-    open_database(args.db)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db)
+    sweep_configs(config, strategies, device_counts)  # every run's config refused or accepted before any is recorded
+    open_database(args.db)
+    sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db, device_counts=device_counts)
     engine = make_engine(args.db)
     print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; they run one after another)", flush=True)
     pending = list(run_ids)
@@ -279,10 +284,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
-    from reports.sweep import format_table, strategy_advice, sweep_html, sweep_table
+    from reports.forecast import format_forecast, sweep_forecast
+    from reports.sweep import format_table, mfu_note, strategy_advice, sweep_html, sweep_table
 
     table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
     print(format_table(table))
+    if note := mfu_note(table):
+        print(note)
+    print(format_forecast(sweep_forecast(engine, sweep_id)))
     print(strategy_advice(table))
     if args.report is not None:
         args.report.write_text(sweep_html(engine, sweep_id, target_acc=args.target_acc), encoding="utf-8")

@@ -124,26 +124,65 @@ def with_absolute_dataset(config: RunConfig) -> RunConfig:
     return config if config.dataset in BUILTIN_DATASETS else config.replace(dataset=os.path.abspath(path))
 
 
-def sweep_configs(config: RunConfig, strategies: list[str]) -> list[RunConfig]:
+def parse_device_counts(text: str | None) -> tuple[int, ...] | None:
+    """'1,2,4' -> (1, 2, 4), refusing in one line anything but whole numbers from 1 up."""
+    if text is None:
+        return None
+    counts = []
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError("device_counts", f"--device-counts {text!r} is not allowed: give whole numbers of "
+                              "devices from 1 up, comma-separated, e.g. 1,2,4")
+        counts.append(int(item))
+    return tuple(sorted(set(counts)))
+
+
+def _devices_for(config: RunConfig, strategy: str, n: int) -> tuple[str, ...]:
+    if not config.uses_cuda:
+        limit = max_cpu_processes()
+        if n > limit:
+            raise ConfigError("device_counts", f"--device-counts {n} is not allowed: this machine runs at most "
+                              f"{limit} CPU processes per run (max_cpu_processes; PARALLAX_MAX_CPU_PROCESSES "
+                              f"sets another limit): use counts up to {limit}")
+        return ("cpu",) * n
+    if n > len(config.devices):
+        raise ConfigError("device_counts", f"--device-counts {n} is not allowed for {strategy}: --devices lists "
+                          f"{len(config.devices)} GPU(s) ({','.join(config.devices)}); list at least {n}")
+    return config.devices[:n]
+
+
+def sweep_configs(config: RunConfig, strategies: list[str],
+                  device_counts: tuple[int, ...] | None = None) -> list[RunConfig]:
     """One config per strategy, on the devices that strategy uses: ``single`` takes the first,
-    DataParallel on CPU one CPU, the others all. Every one is validated before any is launched."""
+    DataParallel on CPU one CPU, the others all. With ``device_counts`` each multi-device strategy
+    runs once per count (on CPU the device list repeats ``cpu``; on GPUs the first N of ``devices``):
+    single (and DataParallel on CPU) once on one device, MP and PP only at 2 or more. Every one is
+    validated before any is launched."""
     if not strategies:
         raise ConfigError("strategy", "a sweep needs at least one strategy, e.g. single,ddp,mp,pp")
+    if device_counts is not None and not device_counts:
+        raise ConfigError("device_counts", "--device-counts lists no count: give e.g. 1,2,4")
     configs = []
     for strategy in dict.fromkeys(strategies):
         if strategy not in STRATEGIES:
             raise ConfigError("strategy", f"strategy {strategy!r} is not allowed: choose from {', '.join(STRATEGIES)}")
-        devices = config.devices
-        if strategy == "single" or (strategy == "dp" and not config.uses_cuda):
-            devices = config.devices[:1]
-        configs.append(config.replace(strategy=strategy, devices=devices))
+        one_device = strategy == "single" or (strategy == "dp" and not config.uses_cuda)
+        if device_counts is None:
+            configs.append(config.replace(strategy=strategy, devices=config.devices[:1] if one_device else config.devices))
+            continue
+        counts = [1] if one_device else [n for n in device_counts if n >= 2 or strategy not in ("mp", "pp")]
+        if not counts:
+            raise ConfigError("device_counts", f"--device-counts {','.join(map(str, device_counts))} gives "
+                              f"{strategy} no count it can run: it needs 2 or more devices")
+        configs += [config.replace(strategy=strategy, devices=_devices_for(config, strategy, n)) for n in counts]
     return configs
 
 
 def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None = None,
-                 data_roots: list[Path] | None = None) -> tuple[int, list[int]]:
-    """Launch one run per strategy of ``config`` as a sweep; they queue one after another."""
-    configs = sweep_configs(config, strategies)
+                 data_roots: list[Path] | None = None,
+                 device_counts: tuple[int, ...] | None = None) -> tuple[int, list[int]]:
+    """Launch one run per strategy (and device count) of ``config`` as a sweep; they queue one after another."""
+    configs = sweep_configs(config, strategies, device_counts)
     if data_roots is not None:
         check_under_roots(config.dataset, data_roots)
     engine = make_engine(db_url)

@@ -1,0 +1,56 @@
+"""Streamlit pieces for where time and memory go, shared by the Run, Compare and Sweep pages:
+MFU beside images/s, the per-rank times with stragglers named, and the memory breakdown per device.
+A figure a run did not record is not drawn; one caption says why."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from reports import efficiency
+
+
+def mfu_metric(column, run_epochs: pd.DataFrame, measurements: dict) -> None:
+    """MFU (and achieved TFLOP/s) as a metric in ``column``, or the line saying why there is none."""
+    figures = efficiency.mfu_by_run(run_epochs)
+    if figures.empty or figures["mfu"].isna().all():
+        if reason := efficiency.mfu_missing(measurements, run_epochs):
+            column.caption(reason)
+        return
+    row = figures.iloc[0]
+    peak = measurements.get("peak_tflops")
+    source = measurements.get("peak_source")
+    column.metric("MFU", f"{row.mfu:.1%}",
+                  help="Model FLOPs utilisation: the FLOPs a training step needs (counted once per run) times "
+                  "images/s, over the device's peak"
+                  + (f" ({peak:g} TFLOP/s, {source})" if peak and source else "")
+                  + (f"; achieved {row.achieved_tflops:.3f} TFLOP/s" if pd.notna(row.achieved_tflops) else "")
+                  + ". Mean over the epochs after the first.")
+
+
+def rank_times(run_epochs: pd.DataFrame, key: str) -> None:
+    """The per-rank table and chart, stragglers named; one caption when the run recorded none."""
+    ranks = efficiency.ranks_frame(run_epochs)
+    if ranks.empty:
+        if reason := efficiency.ranks_missing(run_epochs):
+            st.caption(reason)
+        return
+    st.subheader("Time per rank")
+    slow = efficiency.stragglers(ranks, efficiency.recorded_stragglers(run_epochs))
+    if slow:
+        st.warning(f"Straggler{'s' if len(slow) > 1 else ''}: rank {', '.join(map(str, slow))} — at least "
+                   f"{efficiency.STRAGGLER_SLOWER:.0%} slower than the median rank for "
+                   f"{efficiency.STRAGGLER_EPOCHS} epochs running; the other ranks wait for it in every collective.",
+                   icon=":material/hourglass_bottom:")
+    chart_col, table_col = st.columns([3, 2])
+    chart_col.plotly_chart(efficiency.rank_times_figure(ranks), key=key)
+    table_col.dataframe(efficiency.rank_table(ranks), hide_index=True)
+
+
+def memory_breakdown(epochs: pd.DataFrame, labels: dict[int, str], key: str) -> None:
+    """Memory per device stacked by what holds it, one bar per run and device; a line for runs without it."""
+    frame = efficiency.breakdown_frame(epochs[epochs["run_id"].isin(list(labels))], labels)
+    if not frame.empty:
+        st.plotly_chart(efficiency.breakdown_figure(frame), key=key)
+    if reason := efficiency.breakdown_missing(frame, list(labels), labels):
+        st.caption(reason)
