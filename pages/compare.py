@@ -59,6 +59,7 @@ def scaling_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
+        "effective batch": table["effective_batch"],
         "throughput (images/s)": table["throughput_images_per_s"].round(0),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
         "speedup (×)": table["speedup"].round(2),

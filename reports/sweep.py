@@ -19,7 +19,7 @@ from db import profiles, store
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
 
-REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "speedup",
+REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "speedup",
                   "efficiency", "peak_memory_mb", "time_to_target_s")
 
 
@@ -59,7 +59,7 @@ def format_table(table: pd.DataFrame) -> str:
     shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
     shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
     shown["time_to_target_s"] = shown["time_to_target_s"].map(lambda v: _num(v, "{:.1f}", "not reached"))
-    shown.columns = ["run", "strategy", "devices", "status", "images/s", "speedup", "efficiency",
+    shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "speedup", "efficiency",
                      "peak MB/device", "time to target s"]
     return shown.to_string(index=False)
 

@@ -142,3 +142,49 @@ def test_every_run_of_a_sweep_carries_the_recipe(launch_page, engine, cancel_at_
     sweep_runs = [store.get_run(engine, i) for i in store.sweep_run_ids(engine, store.list_sweeps(engine)[0]["id"])]
     assert [r.strategy for r in sweep_runs] == ["single", "ddp"]
     assert all({k: r.config[k] for k in RECIPE} == RECIPE for r in sweep_runs)
+
+
+# --- the effective batch wherever the batch is shown ---
+
+def add_run(engine, *, sweep_id=None, **changes) -> int:
+    config = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "devices": ["cpu"], "batch_size": 64,
+              "image_size": 16, "amp": "auto", "epochs": 1, **changes}
+    run_id = store.create_run(engine, config, status="completed", sweep_id=sweep_id)
+    store.log_epoch(engine, run_id, {"epoch": 1, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5, "val_acc": 0.5,
+                                     "epoch_time_s": 2.0, "train_time_s": 1.8, "images_per_s": 100.0,
+                                     "peak_memory_mb": {"cpu": 500.0}})
+    return run_id
+
+
+def open_page(page: str, **session) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    for key, value in session.items():
+        at.session_state[key] = value
+    return at.switch_page(page)
+
+
+def test_the_effective_batch_is_shown_wherever_the_batch_is(parallax_home, cpu_machine, engine):  # noqa: F811
+    from reports.sweep import format_table, sweep_table
+
+    sweep_id = store.create_sweep(engine, {"batch_size": 64, "accumulate_steps": 4}, ["single", "mp"])
+    accumulated = add_run(engine, sweep_id=sweep_id, accumulate_steps=4)
+    staged = add_run(engine, sweep_id=sweep_id, accumulate_steps=4, strategy="mp", devices=["cpu", "cpu"])
+    before = add_run(engine)  # recorded before accumulation existed: no accumulate_steps in its config
+
+    runs = open_page("pages/runs.py").run()
+    shown = runs.dataframe[0].value.set_index("run")
+    assert shown.loc[[accumulated, staged, before], "effective batch"].tolist() == [256, 256, 64]
+    assert shown.loc[[accumulated, before], "batch"].tolist() == [64, 64]
+
+    run_page = open_page("pages/run.py")
+    run_page.query_params["run"] = str(accumulated)
+    run_page.run()
+    assert any("batch 64 × 4 steps = effective batch 256" in c for c in texts(run_page.caption))
+
+    compare = open_page("pages/compare.py", compare_ids=[staged, accumulated]).run()
+    assert not compare.exception, compare.exception
+    assert compare.dataframe[0].value["effective batch"].tolist() == [256, 256]
+
+    report = format_table(sweep_table(engine, sweep_id)).splitlines()
+    assert "effective batch" in report[0]
+    assert all(" 256 " in line for line in report[1:])
