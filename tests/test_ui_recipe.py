@@ -185,6 +185,12 @@ def test_the_effective_batch_is_shown_wherever_the_batch_is(parallax_home, cpu_m
     assert not compare.exception, compare.exception
     assert compare.dataframe[0].value["effective batch"].tolist() == [256, 256]
 
+    sweep_page = open_page("pages/sweep.py")
+    sweep_page.query_params["sweep"] = str(sweep_id)
+    sweep_page.run()
+    assert not sweep_page.exception, sweep_page.exception
+    assert sweep_page.table[0].value["effective batch"].tolist() == [256, 256]
+
     report = format_table(sweep_table(engine, sweep_id)).splitlines()
     assert "effective batch" in report[0]
     assert all(" 256 " in line for line in report[1:])
