@@ -38,7 +38,8 @@ class RunFilters:
 def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[str, Any]]:
     """One dict per run, newest first, with a summary of its epochs.
 
-    Keys: id, status, strategy, model, dataset, devices, batch_size, epochs, epochs_done,
+    Keys: id, status, strategy, model, dataset, devices, batch_size, accumulate_steps, effective_batch, epochs,
+    epochs_done,
     best_val_acc, mean_images_per_s, train_time_s (sum of epoch_time_s), tags, user_note,
     created_at, finished_at.
     """
@@ -58,6 +59,7 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
             Run.id, Run.status, Run.strategy, Run.model, Run.dataset,
             Run.config["devices"].label("devices"),
             Run.config["batch_size"].as_integer().label("batch_size"),
+            Run.config["accumulate_steps"].as_integer().label("accumulate_steps"),
             Run.config["epochs"].as_integer().label("epochs"),
             summary.c.epochs_done, summary.c.best_val_acc, summary.c.mean_images_per_s, summary.c.train_time_s,
             Run.tags, Run.user_note, Run.created_at, Run.finished_at,
@@ -75,6 +77,9 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
         row["devices"] = list(row["devices"] or [])
         row["tags"] = list(row["tags"] or [])
         row["epochs_done"] = row["epochs_done"] or 0
+        # Runs recorded before gradient accumulation existed stepped once per batch.
+        row["accumulate_steps"] = row["accumulate_steps"] or 1
+        row["effective_batch"] = None if row["batch_size"] is None else row["batch_size"] * row["accumulate_steps"]
     if filters.tags:
         # Tags are a JSON list per run; matching them in Python keeps the query portable.
         wanted_tags = set(filters.tags)

@@ -62,6 +62,7 @@ def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
+        "effective batch": table["effective_batch"],
         "throughput (images/s)": pd.to_numeric(table["throughput_images_per_s"]).round(0),  # None before an epoch
         "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
             figures["mfu"].get(i), figures["achieved_tflops"].get(i))),

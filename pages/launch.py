@@ -16,8 +16,9 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
-                                    STRATEGIES, ConfigError, RunConfig, max_cpu_processes)
+from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES, OPTIMIZERS,
+                                    PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError, RunConfig,
+                                    max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -38,7 +39,7 @@ def field_slot(name: str) -> None:
     slots[name] = st.empty()
 
 
-def batch_caption(config) -> str:
+def device_batch_caption(config) -> str:
     """What the global batch means for each device under the chosen strategy."""
     if config is None:
         return ""
@@ -53,6 +54,26 @@ def batch_caption(config) -> str:
     if config.strategy == "mp":
         return f"Every stage sees the whole batch of {config.batch_size} images, one stage after the other."
     return f"One device takes all {config.batch_size} images per step."
+
+
+def batch_caption(config) -> str:
+    """What the global batch means for each device, and the effective batch where batches accumulate."""
+    text = device_batch_caption(config)
+    if config is not None and config.accumulate_steps > 1:
+        text += f" Effective batch {config.effective_batch} ({config.accumulate_steps} accumulation steps)."
+    return text
+
+
+def recipe_caption(config) -> str:
+    """The batch behind each optimizer step and the learning rate the schedule peaks at."""
+    if config is None:
+        return ""
+    batch = (f"Each optimizer step sees {config.accumulate_steps} batches of {config.batch_size}: an effective "
+             f"batch of {config.effective_batch}." if config.accumulate_steps > 1
+             else f"Each optimizer step sees one batch of {config.batch_size}.")
+    lr = (f"Peak learning rate {config.lr:g} × {config.effective_batch}/{SCALE_LR_REFERENCE_BATCH} = "
+          f"{config.base_lr:g}." if config.scale_lr else f"Peak learning rate {config.lr:g}.")
+    return f"{batch} {lr}"
 
 
 def gpu_label(gpu: device_info.GpuStatus) -> str:
@@ -250,6 +271,48 @@ with st.expander("More options"):
         values["bands"] = bands_text.strip() or None
         field_slot("bands")
 
+with st.expander("Advanced"):
+    st.markdown("**Training recipe**")
+    schedule_col, warmup_col, scale_col = st.columns(3, vertical_alignment="bottom")
+    with schedule_col:
+        values["lr_schedule"] = st.selectbox(
+            "Learning-rate schedule", LR_SCHEDULES, index=LR_SCHEDULES.index(DEFAULTS.lr_schedule), key="lr_schedule",
+            help="Set per optimizer step after the warmup: constant; cosine (down to 0); step (a tenth after each "
+            "third of the run); onecycle (from lr/25 up over the warmup, 30 % of the run by default, then cosine "
+            "down to lr/250000).")
+        field_slot("lr_schedule")
+    with warmup_col:
+        values["warmup_epochs"] = st.number_input("Warmup epochs (linear, fractions allowed)",
+                                                  value=float(DEFAULTS.warmup_epochs), step=0.5,
+                                                  key="warmup_epochs")
+        field_slot("warmup_epochs")
+    with scale_col:
+        values["scale_lr"] = st.checkbox(
+            f"Scale the learning rate with the batch (lr given for {SCALE_LR_REFERENCE_BATCH})", key="scale_lr",
+            help=f"The linear scaling rule: the learning rate used is lr × effective batch / "
+            f"{SCALE_LR_REFERENCE_BATCH}. The run's notes state the result.")
+        field_slot("scale_lr")
+    smoothing_col, clip_col, accumulate_col = st.columns(3)
+    with smoothing_col:
+        values["label_smoothing"] = st.number_input(
+            "Label smoothing", value=float(DEFAULTS.label_smoothing), step=0.05, key="label_smoothing",
+            help="Of the training loss, in [0, 1); the validation loss stays the plain cross-entropy.")
+        field_slot("label_smoothing")
+    with clip_col:
+        values["grad_clip"] = st.number_input(
+            "Gradient clipping (max norm, 0 = off)", value=float(DEFAULTS.grad_clip), step=0.5,
+            key="grad_clip", help="The global gradient norm is scaled down to this; under fp16 AMP the gradients "
+            "are unscaled first.")
+        field_slot("grad_clip")
+    with accumulate_col:
+        values["accumulate_steps"] = st.number_input(
+            "Gradient accumulation steps", value=DEFAULTS.accumulate_steps, step=1, key="accumulate_steps",
+            help="Batches whose gradients add up to one optimizer step: the effective batch is the global batch × "
+            "N. DDP and FSDP reduce gradients only on the last of them. Not with pp (its microbatches do this).")
+        field_slot("accumulate_steps")
+    recipe_hint = st.empty()
+    # Speed switches (augmentation, channels_last, torch.compile) belong here too, under their own heading.
+
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])
 with tags_col:
@@ -277,6 +340,7 @@ if info.get("problems"):
 elif full and (memory := options.memory_problem(info, values["image_size"], config.bands if config else None)):
     errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
+recipe_hint.caption(recipe_caption(config))
 general = st.empty()
 for name, message in errors.items():
     slots.get(name, general).error(escape_markdown(message), icon=":material/error:")

@@ -93,7 +93,8 @@ def show_head(run: store.RunRecord) -> None:
         widgets.status_badge(run.status)
     devices = escape_markdown(",".join(map(str, run.config.get("devices", []))))
     what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
-                     f"{escape_markdown(run.dataset)} · created {run.created_at:%Y-%m-%d %H:%M} UTC")
+                     f"{escape_markdown(run.dataset)} · {scaling.batch_summary(run.config)} · "
+                     f"created {run.created_at:%Y-%m-%d %H:%M} UTC")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
             try:

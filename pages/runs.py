@@ -33,6 +33,7 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
         "model": [r["model"] for r in rows],
         "dataset": [r["dataset"] for r in rows],
         "batch": [r["batch_size"] for r in rows],
+        "effective batch": [r["effective_batch"] for r in rows],
         "epochs": [f"{r['epochs_done']}/{r['epochs']}" for r in rows],
         "best val acc": [r["best_val_acc"] for r in rows],
         "mean images/s": [r["mean_images_per_s"] for r in rows],

@@ -45,6 +45,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "strategy": table["strategy"],
         "devices": table["devices"],
         "status": table["status"],
+        "effective batch": table["effective_batch"],
         "throughput (images/s)": numbers(table["throughput_images_per_s"], "{:,.0f}"),
         "MFU": numbers(table["mfu"], "{:.1%}"),
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),

@@ -19,7 +19,7 @@ from db.store import EPOCH_FIELDS
 from .spreadsheet import frame_for_csv
 
 SCALING_COLUMNS = (
-    "run_id", "label", "strategy", "devices", "throughput_images_per_s", "baseline_run_id",
+    "run_id", "label", "strategy", "devices", "effective_batch", "throughput_images_per_s", "baseline_run_id",
     "speedup", "efficiency", "time_to_target_s",
 )
 # Labels, not work: they never make two runs different experiments.
@@ -34,6 +34,21 @@ def run_label(run_id: int, strategy: str, n_devices: int, model: str) -> str:
 
 def device_count(config: dict[str, Any]) -> int:
     return max(1, len(config.get("devices") or ()))
+
+
+def effective_batch(config: dict[str, Any]) -> int | None:
+    """Images behind one optimizer step: the global batch times the accumulation steps (1 for runs
+    recorded before accumulation existed)."""
+    batch = config.get("batch_size")
+    return None if batch is None else int(batch) * int(config.get("accumulate_steps") or 1)
+
+
+def batch_summary(config: dict[str, Any]) -> str:
+    """'batch 128', or with accumulation 'batch 128 × 4 steps = effective batch 512'."""
+    batch, steps = config.get("batch_size"), int(config.get("accumulate_steps") or 1)
+    if batch is None:
+        return "batch unknown"
+    return f"batch {batch}" if steps == 1 else f"batch {batch} × {steps} steps = effective batch {effective_batch(config)}"
 
 
 def label_for(run: dict[str, Any]) -> str:
@@ -124,13 +139,15 @@ def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: d
             "label": label_for(run),
             "strategy": run["strategy"],
             "devices": n_devices,
+            "effective_batch": effective_batch(run["config"]),
             "throughput_images_per_s": own,
             "baseline_run_id": baseline_id,
             "speedup": speedup,
             "efficiency": None if speedup is None else speedup / n_devices,
             "time_to_target_s": time_to_accuracy_s(by_run.get(run["id"], empty), target_acc),
         })
-    return pd.DataFrame(rows, columns=list(SCALING_COLUMNS)).astype({"baseline_run_id": "Int64"})
+    return pd.DataFrame(rows, columns=list(SCALING_COLUMNS)).astype({"baseline_run_id": "Int64",
+                                                                     "effective_batch": "Int64"})
 
 
 def like_for_like_problems(runs: list[dict[str, Any]]) -> list[str]:

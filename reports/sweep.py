@@ -21,8 +21,9 @@ from .forecast import forecast_display, sweep_forecast
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
 
-REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "throughput_images_per_s", "mfu", "speedup",
-                  "efficiency", "peak_memory_mb", "time_to_target_s", "utilisation_pct", "energy_j_per_image")
+REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
+                  "speedup", "efficiency", "peak_memory_mb", "time_to_target_s", "utilisation_pct",
+                  "energy_j_per_image")
 # The mean utilisation is taken over this many samples at most, evenly spread over the run (every
 # sample up to 5.5 hours at one a second): reading a 100-hour run's every sample would stall the page.
 UTILISATION_SAMPLES = 20_000
@@ -110,8 +111,8 @@ def format_table(table: pd.DataFrame) -> str:
     shown["utilisation_pct"] = [_num(value, "{:.0f}% " + str(of)) for value, of in
                                 zip(table["utilisation_pct"], table["utilisation_of"])]
     shown["energy_j_per_image"] = shown["energy_j_per_image"].map(lambda v: _num(v, "{:.3g}"))
-    shown.columns = ["run", "strategy", "devices", "status", "images/s", "MFU", "speedup", "efficiency",
-                     "peak MB/device", "time to target s", "mean util", "J/image"]
+    shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "MFU", "speedup",
+                     "efficiency", "peak MB/device", "time to target s", "mean util", "J/image"]
     text = shown.to_string(index=False)
     reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
                if pd.isna(row.energy_j_per_image) and row.energy_note]

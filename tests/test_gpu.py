@@ -273,3 +273,36 @@ def test_ddp_over_two_gpus_samples_both(parallax_home, monkeypatch):
     assert any({g["index"] for g in s["gpus"]} == {0, 1} for s in samples)
     assert any([p["rank"] for p in s["processes"]] == [0, 1] for s in samples)
     assert set(run["epochs"][0]["extra"]["energy_j"]) >= {"gpu0", "gpu1"}
+
+
+# --- training recipe ---
+
+
+@one_gpu
+def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
+    """Under fp16 the loss is scaled by 2**16: clipping before unscaling would leave gradients 65,536 times too small."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from trainer_backend.config import RunConfig
+    from trainer_backend.loop import make_grad_scaler, train_one_epoch
+    from trainer_backend.strategies import Strategy
+    from trainer_backend.trainer import build_optimizer
+
+    config = RunConfig(strategy="single", devices="0", amp="fp16", grad_clip=0.05, optimizer="sgd", lr=0.1)
+    strategy = Strategy(config)
+    torch.manual_seed(0)
+    model = strategy.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3)))
+    images, labels = torch.randn(8, 1, 8, 8) * 5, torch.randint(0, 3, (8,))
+    with torch.autocast("cuda", dtype=torch.float16):
+        F.cross_entropy(model(images.cuda()), labels.cuda()).backward()
+    raw_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    model.zero_grad(set_to_none=True)
+    assert raw_norm > 0.5
+    optimizer = build_optimizer(config, model.parameters())
+    norms: list[float] = []
+    optimizer.register_step_pre_hook(
+        lambda *_: norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()))
+    train_one_epoch(model, [(images, labels)], optimizer, strategy, amp_dtype=torch.float16,
+                    scaler=make_grad_scaler(torch.float16))
+    assert norms == [pytest.approx(0.05, rel=1e-2)]

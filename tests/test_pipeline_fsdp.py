@@ -24,8 +24,10 @@ def runs(home, shared_runs):
         "ddp": shared_runs["ddp_tiny"],
         "fsdp": train_and_export(home, *TINY, "--strategy", "fsdp", "--epochs", "1"),
         "pp": train_and_export(home, *TINY, "--strategy", "pp", "--epochs", "1"),
+        # With the recipe's flags a pipeline applies in its own loop (clipping over every stage's gradients).
         "pp_1f1b": train_and_export(home, *TINY, "--strategy", "pp", "--epochs", "1",
-                                    "--pipeline-schedule", "1f1b", "--microbatches", "8"),
+                                    "--pipeline-schedule", "1f1b", "--microbatches", "8", "--grad-clip", "0.5",
+                                    "--label-smoothing", "0.1", "--lr-schedule", "cosine", "--warmup-epochs", "0.5"),
     }
 
 
@@ -151,3 +153,8 @@ def test_a_cpu_stage_is_timed_by_the_host_clock():
     assert 0.05 <= clock.busy_s < 0.5
     clock.reset()
     assert clock.busy_s == 0.0
+
+
+def test_a_pipeline_steps_the_lr_schedule_per_optimizer_step(runs):
+    # 22 full batches of 64 (pp drops the short one), 11 of warmup: the epoch's last step is cosine's 10/11.
+    assert runs["pp_1f1b"]["epochs"][0]["lr"] == pytest.approx(1e-3 * (1 + math.cos(math.pi * 10 / 11)) / 2, rel=1e-6)

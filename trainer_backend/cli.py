@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from .config import AMP_MODES, OPTIMIZERS, PIPELINE_SCHEDULES, STRATEGIES, ConfigError, RunConfig, parse_devices
+from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
+                     ConfigError, RunConfig, parse_devices)
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -71,6 +72,21 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
     add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
         f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
+    add("--lr-schedule", choices=LR_SCHEDULES, help="learning rate per optimizer step after the warmup: constant, "
+        "cosine (to 0), step (a tenth after each third), onecycle (OneCycleLR's shape) "
+        f"(default {d.lr_schedule})")
+    add("--warmup-epochs", type=float, help="linear warmup from 0 to the lr over this many epochs, fractions "
+        f"allowed; onecycle rises over 30%% of the run when 0 (default {d.warmup_epochs:g})")
+    add("--scale-lr", action=argparse.BooleanOptionalAction, default=None,
+        help=f"linear scaling rule: --lr is for a global batch of {SCALE_LR_REFERENCE_BATCH}, scaled by the "
+        f"effective batch / {SCALE_LR_REFERENCE_BATCH} (stated in the run's notes)")
+    add("--label-smoothing", type=float, help="label smoothing of the training loss, in [0, 1); validation "
+        f"reports the plain cross-entropy (default {d.label_smoothing:g})")
+    add("--grad-clip", type=float, help="clip gradients to this global norm (with fp16 AMP, after unscaling); "
+        "0 = off (default 0)")
+    add("--accumulate-steps", type=int, help="batches per optimizer step (gradient accumulation): the effective "
+        "batch is batch size x N; DDP/FSDP reduce gradients only on the last; not with pp "
+        f"(default {d.accumulate_steps})")
     add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
     add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
     add("--tags", help="comma-separated labels for finding the run later")

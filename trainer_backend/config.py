@@ -31,6 +31,11 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 DISTRIBUTED = ("ddp", "fsdp", "pp")  # one process per device
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "cosine", "step", "onecycle")
+# The linear scaling rule (Goyal et al., 2017): the given learning rate is for this global batch.
+SCALE_LR_REFERENCE_BATCH = 256
+MAX_ACCUMULATE_STEPS = 1024
+MAX_GRAD_CLIP = 1e6
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -147,6 +152,16 @@ class RunConfig:
     profile_stack: bool = False
     microbatches: int = 4
     pipeline_schedule: str = "gpipe"
+    # The training recipe (trainer_backend/schedule.py): the learning rate follows `lr_schedule`
+    # per optimizer step after a linear warmup of `warmup_epochs` (fractional allowed); with
+    # `scale_lr` the lr given is for a global batch of 256, scaled by effective_batch / 256.
+    lr_schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    scale_lr: bool = False
+    # Training loss only; validation reports the plain cross-entropy.
+    label_smoothing: float = 0.0
+    grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
+    accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
@@ -183,6 +198,16 @@ class RunConfig:
         """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
         whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
         return self.batch_size // self.world_size if self.strategy in ("ddp", "fsdp") else self.batch_size
+
+    @property
+    def effective_batch(self) -> int:
+        """Images behind one optimizer step: the global batch times the accumulation steps."""
+        return self.batch_size * self.accumulate_steps
+
+    @property
+    def base_lr(self) -> float:
+        """The peak learning rate the schedule uses: ``lr``, or with ``scale_lr`` the linear scaling rule."""
+        return self.lr * self.effective_batch / SCALE_LR_REFERENCE_BATCH if self.scale_lr else self.lr
 
     @property
     def uses_cuda(self) -> bool:
@@ -283,10 +308,39 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "strategy", list(STRATEGIES))
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
-    for name in ("pretrained", "profile", "profile_stack"):
+    _validate_recipe(cfg)
+    for name in ("pretrained", "profile", "profile_stack", "scale_lr"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
     _validate_devices(cfg)
+
+
+def _validate_recipe(cfg: RunConfig) -> None:
+    _require_choice(cfg, "lr_schedule", LR_SCHEDULES)
+    warmup = cfg.warmup_epochs
+    if (isinstance(warmup, bool) or not isinstance(warmup, (int, float))
+            or not 0 <= warmup <= cfg.epochs):  # also refuses nan
+        raise ConfigError("warmup_epochs", f"warmup_epochs {warmup!r} is not allowed: use a number from 0 to the "
+                          f"run's epochs ({cfg.epochs}); fractions are allowed, e.g. 0.5")
+    label_smoothing = cfg.label_smoothing
+    if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float))
+            or not 0 <= label_smoothing < 1):  # also refuses nan
+        raise ConfigError("label_smoothing", f"label_smoothing {label_smoothing!r} is not allowed: use a number "
+                          "in [0, 1), e.g. 0.1 (0 = plain cross-entropy)")
+    clip = cfg.grad_clip
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
+        raise ConfigError("grad_clip", f"grad_clip {clip!r} is not allowed: give the largest gradient norm, a number "
+                          f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
+    _require_int(cfg, "accumulate_steps", 1, MAX_ACCUMULATE_STEPS)
+    if cfg.strategy == "pp" and cfg.accumulate_steps > 1:
+        raise ConfigError(
+            "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy pp: a "
+            "pipeline already accumulates gradients over its microbatches; use 1 and raise --batch-size and "
+            "--microbatches instead"
+        )
+    if cfg.scale_lr is True and not 0 < cfg.base_lr <= 10:
+        raise ConfigError("lr", f"lr {cfg.lr!r} scaled to {cfg.base_lr:g} by --scale-lr (x {cfg.effective_batch}/"
+                          f"{SCALE_LR_REFERENCE_BATCH}) is not allowed: the scaled lr must be in (0, 10]")
 
 
 def _validate_devices(cfg: RunConfig) -> None:
@@ -419,4 +473,27 @@ def strategy_notes(config: RunConfig) -> list[str]:
         )
     if config.amp == "auto" and not config.uses_cuda:
         notes.append("AMP auto: CPU runs train in fp32.")
+    return notes + recipe_notes(config)
+
+
+def recipe_notes(config: RunConfig) -> list[str]:
+    """What the run's recipe changes about the batch and the learning rate, in numbers."""
+    notes = []
+    if config.accumulate_steps > 1:
+        notes.append(
+            f"Gradient accumulation: {config.accumulate_steps} batches of {config.batch_size} per optimizer step, "
+            f"an effective batch of {config.effective_batch}"
+            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if config.strategy in ("ddp", "fsdp")
+               else ".")
+        )
+    if config.scale_lr:
+        notes.append(
+            f"Learning rate scaled by the linear rule: {config.lr:g} x {config.effective_batch}/"
+            f"{SCALE_LR_REFERENCE_BATCH} = {config.base_lr:g} (the given lr is for a global batch of "
+            f"{SCALE_LR_REFERENCE_BATCH}; the effective batch is {config.effective_batch})."
+        )
+    if config.lr_schedule != "constant" or config.warmup_epochs:
+        warmup = f" after {config.warmup_epochs:g} epoch(s) of linear warmup" if config.warmup_epochs else ""
+        notes.append(f"Learning rate schedule {config.lr_schedule}{warmup}, stepped per optimizer step; "
+                     "each epoch's lr is the one its last optimizer step used.")
     return notes

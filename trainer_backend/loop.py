@@ -11,6 +11,7 @@ would force a host-device sync every step and slow GPU training for a progress n
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
 from typing import Callable
@@ -108,23 +109,28 @@ def train_one_epoch(
     batches = iter(loader)
     synchronize(strategy.devices)
     start = time.perf_counter()
+    accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
     for step in range(1, total_steps + 1):
+        # Batches group into optimizer steps; the epoch's last group may be shorter.
+        group_start = (step - 1) // accumulate_steps * accumulate_steps
+        group_size = min(accumulate_steps, total_steps - group_start)
+        steps_optimizer = step == group_start + group_size
         with phase("data_loading"):
             images, labels = next(batches)
             images = images.to(strategy.input_device, non_blocking=True)
             labels = labels.to(strategy.output_device, non_blocking=True)
-        with phase("forward"), autocast(strategy.input_device, amp_dtype):
-            logits = model(images)
-            loss = F.cross_entropy(logits, labels)
-        with phase("backward"):
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        with phase("optimizer_step"):
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
+        with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
+            with phase("forward"), autocast(strategy.input_device, amp_dtype):
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            with phase("backward"):
+                # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
+                part = loss / group_size if group_size > 1 else loss
+                (scaler.scale(part) if scaler is not None else part).backward()
+        if steps_optimizer:
+            with phase("optimizer_step"):
+                optimizer_step(model, optimizer, strategy, scaler)
         accumulate(totals, loss.detach(), logits.detach(), labels)
         if profiler is not None:
             profiler.step()
@@ -136,9 +142,26 @@ def train_one_epoch(
     return totals, time.perf_counter() - start
 
 
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                   scaler: torch.amp.GradScaler | None) -> None:
+    """Clip the gradients (when the run asks), step, clear the gradients. Under fp16 the gradients
+    are unscaled first, so that the clipping norm is the true gradients' norm."""
+    if strategy.config.grad_clip:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        strategy.clip_grad_norm(model, strategy.config.grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """[loss_sum, correct, count] over this process's validation shard."""
+    """[loss_sum, correct, count] over this process's validation shard. The loss is the plain
+    cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     for images, labels in loader:

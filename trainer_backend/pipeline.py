@@ -9,6 +9,7 @@ recorded per epoch as each stage's busy fraction.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -95,7 +96,8 @@ class PipelineStrategy(DistributedStrategy):
         self._stage = PipelineStage(stage_module, self.rank, self.world_size, self.input_device)
         self._time_compute(self._stage)
         self._schedule = SCHEDULES[self.config.pipeline_schedule](
-            self._stage, n_microbatches=self.config.microbatches, loss_fn=F.cross_entropy
+            self._stage, n_microbatches=self.config.microbatches,
+            loss_fn=functools.partial(F.cross_entropy, label_smoothing=self.config.label_smoothing),
         )
         return stage_module
 
@@ -141,7 +143,9 @@ class PipelineStrategy(DistributedStrategy):
             with autocast(self.input_device, amp_dtype):
                 logits = self._run_schedule(self._schedule.step, images, labels, losses)
             with phase("optimizer_step"):
-                optimizer.step()
+                if self.config.grad_clip:
+                    self.clip_grad_norm(model, self.config.grad_clip)
+                optimizer.step()  # the lr schedule, where there is one, steps with it (schedule.py)
                 optimizer.zero_grad(set_to_none=True)
             if self.is_last:
                 # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
@@ -199,6 +203,15 @@ class PipelineStrategy(DistributedStrategy):
                 for images, labels in loader:
                     forward(images, labels)
         return bool(self.all_reduce(torch.tensor([float(found)], device=self.output_device), "max").item())
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Each stage holds some of the gradients: the global norm adds every stage's squares."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        local = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+        squares = (local.double() ** 2).reshape(1).to(self.output_device)
+        total = self.all_reduce(squares).sqrt()[0].float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
 
     def extra_metrics(self) -> dict:
         """Each stage's share of the training time spent computing; the rest is the bubble."""

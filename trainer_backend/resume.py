@@ -3,8 +3,8 @@
     save_resume_point(folder, strategy, model, optimizer, train_loader, epoch=3, best_acc=0.91)   # every rank
     start_epoch, best_acc = restore(folder, strategy, model, optimizer, train_loader)            # every rank
 
-Rank 0 writes ``resume.pt`` in the run's folder (model and optimizer state, the epoch, the best accuracy so
-far, the random number generators) after the epoch is recorded, so an epoch is either recorded and
+Rank 0 writes ``resume.pt`` in the run's folder (model and optimizer state, the learning-rate schedule's
+position, the epoch, the best accuracy so far, the random number generators) after the epoch is recorded, so an epoch is either recorded and
 in the checkpoint or trained again and recorded once, replacing nothing twice. After a restart
 rank 0 may sit on another machine: every rank says which epoch its own machine's checkpoint holds
 and the newest is sent from there to all. Both functions are collectives.
@@ -33,7 +33,7 @@ def restart_count() -> int:
 
 
 def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-                      *, epoch: int, best_acc: float) -> None:
+                      *, epoch: int, best_acc: float, schedule=None) -> None:
     state = strategy.resume_state(model, optimizer)
     if not strategy.is_main:
         return
@@ -47,6 +47,7 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
         "rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "loader_rng": generator.get_state() if generator is not None else None,
+        "schedule": schedule.state_dict() if schedule is not None else None,
     }
     # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
     with writing(folder / RESUME_FILE, "resume point") as handle:
@@ -64,7 +65,8 @@ def _local_epoch(folder: Path) -> int:
     return epoch if (folder / RESUME_FILE).exists() else 0
 
 
-def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader) -> tuple[int, float]:
+def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
+            schedule=None) -> tuple[int, float]:
     """Load the newest resume point any rank's machine holds: (first epoch to train, best accuracy).
     (1, -1.0) when there is none."""
     epochs: list[int | None] = [None] * strategy.world_size
@@ -86,6 +88,8 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
     generator = getattr(train_loader, "generator", None)
     if point["loader_rng"] is not None and generator is not None:
         generator.set_state(point["loader_rng"])
+    if schedule is not None and point.get("schedule") is not None:
+        schedule.load_state_dict(point["schedule"])  # after the optimizer's: its saved lr is replaced by the schedule's
     return point["epoch"] + 1, point["best_acc"]
 
 

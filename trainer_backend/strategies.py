@@ -131,6 +131,15 @@ class Strategy:
         """Strategy-specific numbers for the epoch (e.g. pipeline stage busy time); collective."""
         return {}
 
+    def no_grad_sync(self, model: nn.Module):
+        """A context in which backward passes add gradients up locally, without reducing them
+        across processes (the accumulation batches before an optimizer step)."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
     def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
         return None  # the loader shuffles with a seeded generator
 
@@ -251,6 +260,9 @@ class DistributedStrategy(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
 
+    def no_grad_sync(self, model: nn.Module):
+        return model.no_sync()
+
     def train_sampler(self, dataset_len: int, seed: int) -> Sampler:
         # DistributedSampler only needs len(); pads the last shard so every rank takes the same
         # number of steps (DDP's all-reduce needs that).
@@ -332,6 +344,26 @@ class FullyShardedStrategy(DistributedStrategy):
 
     def val_indices(self, dataset_len: int) -> None:
         return None
+
+    @contextlib.contextmanager
+    def no_grad_sync(self, model: nn.Module):
+        model.set_requires_gradient_sync(False)  # FSDP2's no_sync: no reduce-scatter on these backwards
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        # Sharded gradients are DTensors: their norm is a DTensor too, made whole (a collective)
+        # before the scale is applied to every shard.
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
 
     def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

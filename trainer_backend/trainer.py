@@ -39,6 +39,7 @@ from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memor
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
+from .schedule import attach_schedule
 from .steps import StepHooks, StepRecorder
 from .storage import writing
 from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
@@ -62,11 +63,14 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
 
 
 def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
+    """The optimizer at the run's peak lr (``base_lr``: scaled by the linear rule with --scale-lr);
+    ``attach_schedule`` then sets each step's lr from it."""
+    lr = config.base_lr
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=config.weight_decay)
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)
 
 
 def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
@@ -202,7 +206,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         train_time_s=train_time.item(),
         # Images of the global batch, all ranks together, over the slowest rank's training time.
         images_per_s=t_count / train_time.item(),
-        lr=optimizer.param_groups[0]["lr"],
+        lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
                **(precision.extra() if precision is not None else {})},
@@ -280,6 +284,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         scaler = make_grad_scaler(amp_dtype)
         precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
         loaders = build_loaders(data, config, strategy)
+        schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
         bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
                                       full_batches=strategy.drop_last_train) if config.bn_stats_images else None
         has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
@@ -287,9 +292,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
         checkpoint = folder / "best.pt"
+        if engine is not None:
+            store.set_measurements(engine, run_id, {"effective_batch": config.effective_batch})
         start_epoch, best_acc = 1, -1.0
         if resumable:
-            start_epoch, best_acc = resume.restore(folder, strategy, model, optimizer, loaders[0])
+            start_epoch, best_acc = resume.restore(folder, strategy, model, optimizer, loaders[0], schedule=schedule)
             if engine is not None and resume.restart_count() > 0:
                 store.add_notes(engine, run_id, [resume.resume_note(start_epoch, resume.restart_count())])
         for epoch in range(start_epoch, config.epochs + 1):
@@ -325,7 +332,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 if state is not None:
                     save_checkpoint(checkpoint, state, config, data, metrics)
             if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
-                resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
+                resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc,
+                                         schedule=schedule)
     finally:
         if hooks is not None:
             hooks.close()
