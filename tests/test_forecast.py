@@ -148,7 +148,7 @@ def test_sweep_report_shows_mfu_beside_images_and_the_forecast(engine):
     assert table["mfu"].tolist()[0] == pytest.approx(0.25)
     text = format_table(table)
     header, single_line = text.splitlines()[:2]
-    assert header.split()[4:6] == ["images/s", "MFU"] and "25.0%" in single_line
+    assert header.split()[6:8] == ["images/s", "MFU"] and "25.0%" in single_line
     assert "MFU: not recorded" in mfu_note(table)
     page = sweep_html(engine, sweep_id)
     assert "Scaling forecast" in page and "Memory breakdown: not recorded" in page and "2(n−1)/n" in page
