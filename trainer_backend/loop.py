@@ -104,17 +104,20 @@ def train_one_epoch(
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     total_steps = len(loader)
     batches = iter(loader)
+    clock = strategy.rank_clock
+    clock.reset()
+    strategy.barrier()  # ranks start the clock together: a late starter's wait is not its peers' work
     synchronize(strategy.devices)
     start = time.perf_counter()
     for step in range(1, total_steps + 1):
-        with phase("data_loading"):
+        with phase("data_loading"), clock.data():
             images, labels = next(batches)
             images = images.to(strategy.input_device, non_blocking=True)
             labels = labels.to(strategy.output_device, non_blocking=True)
         with phase("forward"), autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
-        with phase("backward"):
+        with phase("backward"), clock.backward():
             (scaler.scale(loss) if scaler is not None else loss).backward()
         with phase("optimizer_step"):
             if scaler is not None:
