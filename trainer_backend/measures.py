@@ -61,11 +61,16 @@ class RunMeasures:
         extra = {"ranks": ranks, "stragglers": stragglers, "memory_breakdown": breakdown}
         if self.flops_per_image is not None and slowest_train_time_s > 0:
             achieved = achieved_tflops(self.flops_per_image, images, slowest_train_time_s)
-            extra["achieved_tflops"] = round(achieved, 6)
+            extra["achieved_tflops"] = significant(achieved)
             utilisation = mfu(achieved, None if self.peak is None else self.peak.tflops)
-            extra["mfu"] = None if utilisation is None else round(utilisation, 5)
+            extra["mfu"] = None if utilisation is None else significant(utilisation)
         return extra
 
     def take_notes(self) -> list[str]:
         notes, self._notes = self._notes, []
         return notes
+
+
+def significant(value: float, digits: int = 5) -> float:
+    """``value`` to ``digits`` significant figures: a CPU's MFU can be 0.0002, a GPU's achieved 150."""
+    return float(f"{value:.{digits}g}")
