@@ -62,6 +62,15 @@ def test_flops_per_image_of_resnet18_at_32px_is_within_10_percent_of_the_hand_co
     assert next(model.parameters()).device.type == "cpu"  # counted on a copy: the model is untouched
 
 
+def test_a_model_the_meta_device_cannot_run_goes_on_without_flops(capsys):
+    class ReadsAValue(torch.nn.Module):
+        def forward(self, x):
+            return x * x.mean().item()  # a meta tensor has no value to read
+
+    assert flops.count_flops_per_image(ReadsAValue(), in_chans=3, image_size=8) is None
+    assert "FLOPs not counted" in capsys.readouterr().err
+
+
 # --- peaks ---
 
 def fake_gpus(monkeypatch, names: list[str], capability=(9, 0)):

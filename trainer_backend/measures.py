@@ -3,7 +3,7 @@
 The trainer makes one ``RunMeasures`` per process and asks it, every epoch, for the epoch's
 ``extra`` figures (collective: every rank calls it at the same point):
 
-    flops = flops_per_image(model, ...)                      # rank 0, before the strategy wraps the model
+    flops = count_flops_per_image(model, ...)                # rank 0, before the strategy wraps the model
     measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
     store.set_measurements(engine, run_id, measures.once_per_run())       # rank 0
     extra = measures.epoch_extra(epoch, train_time_s, images, slowest_train_time_s)
@@ -22,6 +22,8 @@ from .loop import peak_memory_mb
 from .memory_breakdown import CPU_ACTIVATIONS_NOTE, HeldMemory, memory_breakdown
 from .rank_times import find_stragglers, gather_rank_times, straggler_note
 
+FLOPS_NOT_COUNTED_NOTE = "MFU is not shown: the model's FLOPs could not be counted (the run's log says why)."
+
 
 class RunMeasures:
     def __init__(self, strategy, model: nn.Module, optimizer: torch.optim.Optimizer, amp_dtype: torch.dtype | None,
@@ -35,6 +37,8 @@ class RunMeasures:
         self.history: list[list[dict]] = []
         self.named_stragglers: set[int] = set()
         self._notes: list[str] = []
+        if strategy.is_main and flops_per_image is None:
+            self._notes.append(FLOPS_NOT_COUNTED_NOTE)
         if self.peak is not None and self.peak.tflops is None:
             self._notes.append(f"MFU is not shown: {self.peak.source}.")
         if strategy.is_main and any(d.type == "cpu" for d in strategy.devices):

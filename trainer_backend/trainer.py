@@ -31,7 +31,7 @@ from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
-from .flops import flops_per_image
+from .flops import count_flops_per_image
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .measures import RunMeasures
 from .memory_breakdown import rank_device_label
@@ -265,7 +265,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
     try:
         model = create_model(config.model, num_classes=data.info.num_classes,
                              in_chans=data.info.in_chans, pretrained=config.pretrained)
-        flops = (flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
+        flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
                  if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
         model = strategy.wrap(model)
         optimizer = build_optimizer(config, model.parameters())
