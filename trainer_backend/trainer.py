@@ -33,10 +33,10 @@ from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .flops import count_flops_per_image
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
-from .measures import RunMeasures
-from .memory_breakdown import rank_device_label
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
+from .measures import RunMeasures
+from .memory_breakdown import rank_device_label
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
