@@ -306,3 +306,55 @@ def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
     train_one_epoch(model, [(images, labels)], optimizer, strategy, amp_dtype=torch.float16,
                     scaler=make_grad_scaler(torch.float16))
     assert norms == [pytest.approx(0.05, rel=1e-2)]
+
+
+# --- MFU, ranks, memory breakdown ---
+# MFU against the datasheet peak of the GPU this runs on, comm wait from CUDA events, and the
+# memory breakdown with the activations only CUDA's allocator can tell.
+
+RESNET18_DIGITS_PARAMS_MB = 42.63  # resnet18, 10 classes, one input channel, fp32
+
+
+@one_gpu
+def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
+    from trainer_backend.flops import gpu_peak
+
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", "bf16")
+    measured, extra = run["measurements"], run["epochs"][0]["extra"]
+    name = torch.cuda.get_device_name(0)
+    found = gpu_peak(name, "bf16")
+    assert measured["flops_per_image"] > 0 and extra["achieved_tflops"] > 0
+    if found is None:  # a GPU the table does not know: no MFU, and the run says why
+        assert extra["mfu"] is None and measured["peak_tflops"] is None
+        assert any(name in note for note in run["notes"])
+    else:
+        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == found[1]
+        assert 0 < extra["mfu"] <= 1
+    (rank,) = extra["ranks"]
+    assert rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
+    (label, entry), = extra["memory_breakdown"].items()
+    assert label == "cuda:0"
+    assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB, rel=0.01)
+    assert entry["activations_other_mb"] > 0
+    held = entry["parameters_mb"] + entry["gradients_mb"] + entry["optimizer_mb"] + entry["activations_other_mb"]
+    assert held == pytest.approx(run["epochs"][0]["peak_memory_mb"]["cuda:0"], rel=0.01)
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, params_share", [("ddp", 1.0), ("fsdp", 0.5)])
+def test_two_gpus_record_comm_wait_from_cuda_events_and_each_devices_memory(parallax_home, strategy, params_share):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128")
+    extra = run["epochs"][0]["extra"]
+    assert [r["rank"] for r in extra["ranks"]] == [0, 1]
+    for rank in extra["ranks"]:
+        parts = rank["data_time_s"] + rank["compute_time_s"] + (rank["comm_wait_s"] or 0.0)
+        assert parts == pytest.approx(rank["train_time_s"], abs=1e-3)
+        if strategy == "ddp":  # from events on the compute stream: a positive wait, shorter than the epoch
+            assert 0 < rank["comm_wait_s"] < rank["train_time_s"]
+    if extra["mfu"] is not None:
+        assert 0 < extra["mfu"] <= 1
+    breakdown = extra["memory_breakdown"]
+    assert set(breakdown) == {"cuda:0", "cuda:1"}
+    for entry in breakdown.values():
+        assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB * params_share, rel=0.15)
+        assert entry["activations_other_mb"] > 0

@@ -56,6 +56,21 @@ def test_each_strategy_completes_with_every_field_filled(runs, strategy):
         assert epoch["peak_memory_mb"] and all(v > 0 for v in epoch["peak_memory_mb"].values())
 
 
+@pytest.mark.parametrize("strategy", ["single", "dp", "mp"])
+def test_one_process_records_mfu_one_rank_and_its_memory_breakdown(runs, strategy):
+    run = runs[strategy]
+    assert run["measurements"]["flops_per_image"] > 0 and run["measurements"]["peak_tflops"] > 0
+    for epoch in run["epochs"]:
+        extra = epoch["extra"]
+        assert 0 < extra["mfu"] <= 1
+        (rank,) = extra["ranks"]
+        assert rank["rank"] == 0 and rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
+        assert rank["train_time_s"] == pytest.approx(epoch["train_time_s"], abs=1e-3)
+        assert set(extra["memory_breakdown"]) == set(epoch["peak_memory_mb"]) == {"cpu"}
+        if strategy != "mp":  # resnet18, 10 classes, one input channel: 11.2 M fp32 parameters
+            assert extra["memory_breakdown"]["cpu"]["parameters_mb"] == pytest.approx(42.63, abs=0.01)
+
+
 def test_dataparallel_on_cpu_says_it_is_a_pass_through(runs):
     assert any("pass-through" in note for note in runs["dp"]["notes"])
 

@@ -107,6 +107,9 @@ def train_one_epoch(
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     total_steps = len(loader)
     batches = iter(loader)
+    clock = strategy.rank_clock
+    clock.reset()
+    strategy.barrier()  # ranks start the clock together: a late starter's wait is not its peers' work
     synchronize(strategy.devices)
     start = time.perf_counter()
     accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
@@ -115,7 +118,7 @@ def train_one_epoch(
         group_start = (step - 1) // accumulate_steps * accumulate_steps
         group_size = min(accumulate_steps, total_steps - group_start)
         steps_optimizer = step == group_start + group_size
-        with phase("data_loading"):
+        with phase("data_loading"), clock.data():
             images, labels = next(batches)
             images = images.to(strategy.input_device, non_blocking=True)
             labels = labels.to(strategy.output_device, non_blocking=True)
@@ -124,7 +127,7 @@ def train_one_epoch(
             with phase("forward"), autocast(strategy.input_device, amp_dtype):
                 logits = model(images)
                 loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-            with phase("backward"):
+            with phase("backward"), clock.backward():
                 # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
                 part = loss / group_size if group_size > 1 else loss
                 (scaler.scale(part) if scaler is not None else part).backward()

@@ -79,12 +79,14 @@ class PipelineStrategy(DistributedStrategy):
     name = "pp"
     runs_own_loop = True  # the schedule runs each step's forward and backward, microbatch by microbatch
     drop_last_train = True  # microbatch shapes are fixed by the first step
+    comm_measure = "stages"  # a stage's time not computing or loading is spent waiting for its neighbours
 
     def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0, *, in_chans: int = 3):
         super().__init__(config, rank, store_host, store_port)
         self.in_chans = in_chans
         self.is_first, self.is_last = rank == 0, rank == self.world_size - 1
         self._clock = StageClock(self.input_device)
+        self._optimizer_clock = StageClock(self.input_device)
         self._wall_s = self._busy_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -132,11 +134,17 @@ class PipelineStrategy(DistributedStrategy):
         phase = phase_ranges(profiler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
         self._clock.reset()
+        self._optimizer_clock.reset()
+        rank_clock = self.rank_clock
+        rank_clock.reset()
         total_steps = len(loader)
+        batches = iter(loader)
+        self.barrier()  # stages start the clock together, as in loop.train_one_epoch
         synchronize([self.input_device])
         start = time.perf_counter()
-        for step, (images, labels) in enumerate(loader, start=1):
-            with phase("data_loading"):
+        for step in range(1, total_steps + 1):
+            with phase("data_loading"), rank_clock.data():
+                images, labels = next(batches)
                 images, labels = images.to(self.input_device), labels.to(self.output_device)
             losses: list[torch.Tensor] = []
             # Forward and backward interleave inside the schedule (they show as "other").
@@ -145,7 +153,8 @@ class PipelineStrategy(DistributedStrategy):
             with phase("optimizer_step"):
                 if self.config.grad_clip:
                     self.clip_grad_norm(model, self.config.grad_clip)
-                optimizer.step()  # the lr schedule, where there is one, steps with it (schedule.py)
+                # The lr schedule, where there is one, steps with the optimizer (schedule.py).
+                self._optimizer_clock.timed(optimizer.step)()
                 optimizer.zero_grad(set_to_none=True)
             if self.is_last:
                 # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
@@ -160,11 +169,14 @@ class PipelineStrategy(DistributedStrategy):
             if on_step is not None:
                 on_step(step, total_steps)
             self._clock.collect()
+            self._optimizer_clock.collect()
         synchronize([self.input_device])
         self._wall_s = time.perf_counter() - start
         self._clock.collect(wait=True)
+        self._optimizer_clock.collect(wait=True)
         # Read now: validation and BatchNorm re-estimation run the same timed chunks after this.
         self._busy_s = self._clock.busy_s
+        rank_clock.compute_s = self._busy_s + self._optimizer_clock.busy_s
         return totals, self._wall_s
 
     @torch.no_grad()

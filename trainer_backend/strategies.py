@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 from typing import Iterable
 
 import torch
@@ -23,6 +24,7 @@ from db.settings import seconds_from_env
 from .batchnorm import reestimate
 from .config import RunConfig, threads_per_process
 from .models import StagedModel, flatten_sequential, split_into_stages
+from .rank_times import RankClock
 
 COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
@@ -62,6 +64,8 @@ class Strategy:
     # every process evaluates the whole set (FSDP) and one copy of the numbers is the answer.
     sum_val_across_ranks = True
     drop_last_train = False
+    # How this strategy's time in collectives is measured (see rank_times.RankClock): "none" has none.
+    comm_measure = "none"
 
     def __init__(self, config: RunConfig, rank: int = 0):
         self.config = config
@@ -73,6 +77,11 @@ class Strategy:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @functools.cached_property
+    def rank_clock(self) -> RankClock:
+        """This process's split of each epoch's training time (data, compute, waiting in collectives)."""
+        return RankClock(self.input_device, self.comm_measure)
 
     @property
     def devices(self) -> list[torch.device]:
@@ -219,11 +228,17 @@ class DataParallelStrategy(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
 
+    @property
+    def comm_measure(self) -> str:
+        # Over several GPUs the scatter, replication and gather happen inside the forward call.
+        return "unmeasured" if len(self.devices) > 1 else "none"
+
 
 class DistributedStrategy(Strategy):
     """One process per device; the store is the run's own TCPStore, so two runs never share a port."""
 
     name = "ddp"
+    comm_measure = "hook"
 
     def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0):
         super().__init__(config, rank)
@@ -255,7 +270,10 @@ class DistributedStrategy(Strategy):
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
         ids = [self.input_device.index] if self.input_device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        ddp.register_comm_hook(None, self.rank_clock.allreduce_hook)  # the same all-reduce, timed
+        self.rank_clock.watch_forward_sync(ddp)
+        return ddp
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
@@ -326,6 +344,9 @@ class FullyShardedStrategy(DistributedStrategy):
     """FSDP2: ``fully_shard`` on every block and on the root, over a 1-D device mesh."""
 
     name = "fsdp"
+    # The all-gathers and reduce-scatters run inside forward and backward, in calls that cannot be
+    # split from the compute without the profiler.
+    comm_measure = "unmeasured"
     sum_val_across_ranks = False  # a sharded forward is a collective: every rank runs the same batches
 
     def wrap(self, model: nn.Module) -> nn.Module:

@@ -33,9 +33,12 @@ from .config import RunConfig
 from .datasets import PreparedData, collate_batch, prepare_data
 from .devices import cuda_indices
 from .energy import EnergyMeter
+from .flops import count_flops_per_image
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
+from .measures import RunMeasures
+from .memory_breakdown import rank_device_label
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
@@ -143,13 +146,7 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
     slots[strategy.rank] = value
     strategy.all_reduce(slots)
     kind = label.split(":")[0]
-    devices = strategy.config.devices
-    # Across machines (torchrun) each machine has its own cuda:0: name the rank too.
-    return {
-        (f"rank{r}:{kind}" if kind == "cpu" else f"rank{r}:{devices[r]}" if strategy.config.nodes > 1
-         else f"cuda:{devices[r].split(':')[1]}"): float(v)
-        for r, v in enumerate(slots.tolist())
-    }
+    return {rank_device_label(strategy, r, kind): float(v) for r, v in enumerate(slots.tolist())}
 
 
 class ProgressWriter:
@@ -169,7 +166,7 @@ class ProgressWriter:
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
-              bn_loader: DataLoader | None = None, on_loss=None) -> EpochMetrics:
+              bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -193,6 +190,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
     memory = _gather_memory(strategy, peak_memory_mb(strategy.devices))
     reserved = _gather_memory(strategy, peak_memory_reserved_mb(strategy.devices))
+    measured = measures.epoch_extra(epoch, train_time_s, totals[2].item(), train_time.item()) if measures else {}
     synchronize(strategy.devices)
     epoch_time_s = time.perf_counter() - epoch_start
     t_loss, t_correct, t_count, v_loss, v_correct, v_count = totals.tolist()
@@ -209,7 +207,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
-               **(precision.extra() if precision is not None else {})},
+               **(precision.extra() if precision is not None else {}), **measured},
     )
 
 
@@ -276,6 +274,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
     try:
         model = create_model(config.model, num_classes=data.info.num_classes,
                              in_chans=data.info.in_chans, pretrained=config.pretrained)
+        flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
+                 if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
         model = strategy.wrap(model)
         optimizer = build_optimizer(config, model.parameters())
         amp_dtype = resolve_amp(config.amp, strategy.input_device)
@@ -283,6 +283,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
         scaler = make_grad_scaler(amp_dtype)
         precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
+        measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
         loaders = build_loaders(data, config, strategy)
         schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
         bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
@@ -291,9 +292,9 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         engine = make_engine(db_url) if strategy.is_main else None
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
-        checkpoint = folder / "best.pt"
         if engine is not None:
-            store.set_measurements(engine, run_id, {"effective_batch": config.effective_batch})
+            store.set_measurements(engine, run_id, {**measures.once_per_run(), "effective_batch": config.effective_batch})
+        checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0
         if resumable:
             start_epoch, best_acc = resume.restore(folder, strategy, model, optimizer, loaders[0], schedule=schedule)
@@ -306,7 +307,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             hooks.start_epoch(epoch, loaders[0], optimizer)
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
                                 on_step=hooks, profiler=profiler, precision=precision, bn_loader=bn_loader,
-                                on_loss=hooks.loss)
+                                on_loss=hooks.loss, measures=measures)
             metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
@@ -323,6 +324,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
                 if echo:
                     print(metrics.line(config.epochs), flush=True)
+                if notes := measures.take_notes():
+                    store.add_notes(engine, run_id, notes)
                 note = None if lag_noted else lag_note(
                     train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
                     reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)

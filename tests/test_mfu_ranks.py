@@ -1,0 +1,370 @@
+"""Where the time and memory go: FLOPs and MFU, per-rank times and stragglers, the memory breakdown.
+
+Real counts, real gloo worlds: the two-process tests run the project's own strategies and training
+loop for a few steps at 8 px; the GPU peak table is looked up with ``torch.cuda``'s name and
+capability faked at the edge (the GPU runs are in test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, Dataset
+
+from trainer_backend import flops
+from trainer_backend.config import RunConfig
+from trainer_backend.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
+from trainer_backend.memory_breakdown import MB
+from trainer_backend.models import create_model
+from trainer_backend.rank_times import find_stragglers, slow_ranks, straggler_note
+
+SPAWN_TIMEOUT_S = 120
+
+
+# --- FLOPs ---
+
+def resnet18_hand_count(image_size: int, in_chans: int, num_classes: int) -> float:
+    """One training image of timm's resnet18, by hand. Convention (FlopCounterMode's): a
+    multiply-add is 2 FLOPs, so a convolution costs 2·Cin·Cout·k·k·Hout·Wout and a linear layer
+    2·in·out; batch norm, ReLU and pooling are not counted. Backward computes the gradient of
+    each layer's input and of its weights, each as costly as the forward: training = 3 × forward
+    (the first convolution's input needs no gradient, so the true count is a little lower)."""
+    def conv(cin, cout, k, out):
+        return 2 * cin * cout * k * k * out * out
+
+    size = image_size // 2  # the 7x7 stem, stride 2
+    forward = conv(in_chans, 64, 7, size)
+    size //= 2  # max pool
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        size = max(1, size // stride)
+        forward += conv(cin, cout, 3, size) + conv(cout, cout, 3, size)  # first block
+        if stride != 1:
+            forward += conv(cin, cout, 1, size)  # its downsampling shortcut
+        forward += 2 * conv(cout, cout, 3, size)  # second block
+        cin = cout
+    forward += 2 * 512 * num_classes
+    return 3 * forward
+
+
+def test_flops_per_image_of_resnet18_at_32px_is_within_10_percent_of_the_hand_count():
+    model = create_model("resnet18", num_classes=10, in_chans=3)
+    counted = flops_per_image(model, in_chans=3, image_size=32)
+    by_hand = resnet18_hand_count(32, 3, 10)
+    assert by_hand == pytest.approx(222e6, rel=0.01)
+    assert counted == pytest.approx(by_hand, rel=0.10), (counted, by_hand)
+    assert next(model.parameters()).device.type == "cpu"  # counted on a copy: the model is untouched
+
+
+def test_a_model_the_meta_device_cannot_run_goes_on_without_flops(capsys):
+    class ReadsAValue(torch.nn.Module):
+        def forward(self, x):
+            return x * x.mean().item()  # a meta tensor has no value to read
+
+    assert flops.count_flops_per_image(ReadsAValue(), in_chans=3, image_size=8) is None
+    assert "FLOPs not counted" in capsys.readouterr().err
+
+
+# --- peaks ---
+
+def fake_gpus(monkeypatch, names: list[str], capability=(9, 0)):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: names[torch.device(device).index])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+
+def test_gpu_peak_comes_from_the_datasheet_table_by_name_and_dtype(monkeypatch):
+    fake_gpus(monkeypatch, ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
+    one, two = [torch.device("cuda:0")], [torch.device("cuda:0"), torch.device("cuda:1")]
+    peak = device_peak(one, torch.bfloat16)
+    assert peak.tflops == 989.5 and "H100 bf16" in peak.source
+    assert device_peak(two, torch.float16).tflops == 2 * 989.5  # peak per device × devices
+    assert device_peak(one, torch.bfloat16, processes=4).tflops == 4 * 989.5  # one device per process
+
+    allowed = torch.backends.cuda.matmul.allow_tf32  # a property of torch's, not for monkeypatch
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert device_peak(one, None).tflops == 67.0  # fp32 unless TF32 was allowed
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert device_peak(one, None).tflops == 494.5
+        fake_gpus(monkeypatch, ["Tesla V100-SXM2-16GB"], capability=(7, 0))
+        assert device_peak(one, None).tflops == 15.7  # no TF32 before Ampere, whatever the flag says
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
+@pytest.mark.parametrize("name, dtype, expected", [
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100-PCIE-40GB", "tf32", 156.0),
+    ("NVIDIA H100 PCIe", "bf16", 756.5), ("NVIDIA H200", "fp16", 989.5), ("NVIDIA L4", "fp16", 121.0),
+    ("NVIDIA L40S", "bf16", 362.05), ("NVIDIA A10", "fp32", 31.2), ("Tesla T4", "fp16", 65.0),
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2), ("Tesla V100-PCIE-32GB", "fp16", 112.0),
+])
+def test_peak_table_rows(name, dtype, expected):
+    assert gpu_peak(name, dtype)[0] == expected
+
+
+def test_an_unknown_gpu_or_dtype_has_no_peak_and_says_why(monkeypatch):
+    fake_gpus(monkeypatch, ["NVIDIA Quantum Z9"])
+    peak = device_peak([torch.device("cuda:0")], torch.bfloat16)
+    assert peak.tflops is None and "NVIDIA Quantum Z9" in peak.source
+    fake_gpus(monkeypatch, ["Tesla T4"], capability=(7, 5))
+    assert device_peak([torch.device("cuda:0")], torch.bfloat16).tflops is None  # T4 has no bf16 units
+    assert flops.mfu(1.0, None) is None
+
+
+def test_cpu_peak_is_measured_once_per_cpu_and_thread_count_and_cached(tmp_path):
+    first = cpu_peak_tflops(1, cache_dir=tmp_path)
+    assert 0 < first < 10  # two cores do not reach 10 TFLOPS
+    cache = json.loads((tmp_path / flops.CPU_PEAK_FILE).read_text())
+    (key, value), = cache.items()
+    assert key.endswith("| 1 threads") and value == first
+    cache[key] = 0.123  # a cached figure is used as it is, without measuring again
+    (tmp_path / flops.CPU_PEAK_FILE).write_text(json.dumps(cache))
+    start = time.perf_counter()
+    assert cpu_peak_tflops(1, cache_dir=tmp_path) == 0.123
+    assert time.perf_counter() - start < flops.CPU_MATMUL_SECONDS
+
+
+# --- stragglers (pure) ---
+
+def ranks(*own_work_s: float, comm=None) -> list[dict]:
+    comm = comm or [0.0] * len(own_work_s)
+    return [{"rank": r, "train_time_s": w + c, "data_time_s": 0.0, "compute_time_s": w, "comm_wait_s": c}
+            for r, (w, c) in enumerate(zip(own_work_s, comm))]
+
+
+def test_a_rank_10_percent_slower_than_the_median_two_epochs_running_is_a_straggler():
+    slow = ranks(1.0, 1.0, 1.10)
+    assert slow_ranks(slow) == {2}
+    assert slow_ranks(ranks(1.0, 1.0, 1.09)) == set()
+    assert find_stragglers([slow]) == []  # one epoch is not enough
+    assert find_stragglers([slow, slow]) == [2]
+    assert find_stragglers([slow, ranks(1.0, 1.0, 1.0)]) == []  # it recovered
+    assert find_stragglers([ranks(1.0, 1.0, 1.0), slow, slow]) == [2]
+    assert find_stragglers([ranks(2.0)] * 3) == []  # one rank has no median to lag
+    # Synchronous collectives: every rank's wall time is the slowest's, the fast ones wait.
+    synced = ranks(1.0, 1.5, 1.0, comm=[0.5, 0.0, 0.5])
+    assert {r["train_time_s"] for r in synced} == {1.5}
+    assert find_stragglers([synced, synced]) == [1]
+    note = straggler_note(1, synced, epoch=4)
+    assert note.startswith("Rank 1 is a straggler") and "epoch 4" in note and "50%" in note
+
+
+# --- the shared DDP run: every rank's times, MFU, memory breakdown ---
+
+def test_ddp_run_records_mfu_every_ranks_times_and_its_memory_breakdown(shared_runs):
+    run = shared_runs["ddp_tiny"]
+    measured = run["measurements"]
+    assert measured["peak_source"] == flops.MEASURED_ON_CPU and measured["peak_tflops"] > 0
+    tiny = create_model("test_resnet", num_classes=10, in_chans=1)  # digits: one channel
+    assert measured["flops_per_image"] == flops_per_image(tiny, in_chans=1, image_size=16)
+    param_mb = sum(p.numel() * p.element_size() for p in tiny.parameters()) / MB
+    assert any("no activations figure" in note for note in run["notes"])
+    for epoch in run["epochs"]:
+        extra = epoch["extra"]
+        assert extra["achieved_tflops"] == pytest.approx(
+            measured["flops_per_image"] * epoch["images_per_s"] / 1e12, rel=1e-3)
+        assert 0 < extra["mfu"] <= 1
+        assert extra["mfu"] == pytest.approx(extra["achieved_tflops"] / measured["peak_tflops"], rel=1e-3)
+        assert [r["rank"] for r in extra["ranks"]] == [0, 1]
+        for rank in extra["ranks"]:
+            parts = rank["data_time_s"] + rank["compute_time_s"] + rank["comm_wait_s"]
+            assert parts == pytest.approx(rank["train_time_s"], abs=1e-3)
+            assert rank["compute_time_s"] > 0 and rank["comm_wait_s"] > 0 and rank["data_time_s"] >= 0
+        assert max(r["train_time_s"] for r in extra["ranks"]) == pytest.approx(epoch["train_time_s"], abs=1e-3)
+        assert extra["stragglers"] == []
+        breakdown = extra["memory_breakdown"]
+        assert set(breakdown) == set(epoch["peak_memory_mb"]) == {"rank0:cpu", "rank1:cpu"}
+        for entry in breakdown.values():
+            assert entry["parameters_mb"] == pytest.approx(param_mb, abs=1e-3)
+            assert entry["gradients_mb"] == pytest.approx(param_mb, abs=1e-3)
+            assert entry["optimizer_mb"] == pytest.approx(2 * param_mb, rel=0.01)  # Adam: two moments
+            assert entry["activations_other_mb"] is None
+
+
+# --- two real gloo processes: resnet18 under DDP and FSDP, a slow rank ---
+
+class DigitsLike(Dataset):
+    """Random 8 px images; on the slow rank each batch's first item takes ``delay_s`` to load."""
+
+    def __init__(self, n: int, batch: int, delay_s: float):
+        self.n, self.batch, self.delay_s = n, batch, delay_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        if self.delay_s and index % self.batch == 0:
+            time.sleep(self.delay_s)
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(3, 8, 8, generator=generator), index % 10
+
+
+SLOW_RANK, DELAY_S, STEPS = 1, 0.5, 2
+
+
+def _world_of_two(rank: int, port: int, out_path: str) -> None:
+    """Both strategies in one world (a process group is made once): DDP for two epochs with rank 1
+    slow at loading data, then FSDP for one."""
+    from trainer_backend.loop import train_one_epoch
+    from trainer_backend.measures import RunMeasures
+    from trainer_backend.trainer import build_optimizer, make_strategy
+
+    results = {}
+    strategies = []
+    try:
+        for name, epochs in (("ddp", 2), ("fsdp", 1)):
+            config = RunConfig(model="resnet18", strategy=name, devices=("cpu", "cpu"), image_size=8,
+                               batch_size=8, epochs=1)
+            strategy = make_strategy(config, rank, store_host="127.0.0.1", store_port=port)
+            strategy.setup()
+            strategies.append(strategy)
+            torch.manual_seed(0)
+            model = create_model("resnet18", num_classes=10, in_chans=3)
+            count = flops_per_image(model, in_chans=3, image_size=8) if rank == 0 else None
+            model = strategy.wrap(model)
+            optimizer = build_optimizer(config, model.parameters())
+            measures = RunMeasures(strategy, model, optimizer, None, count)
+            delay = DELAY_S if (name == "ddp" and rank == SLOW_RANK) else 0.0
+            loader = DataLoader(DigitsLike(4 * STEPS, 4, delay), batch_size=4)
+            for epoch in range(1, epochs + 1):
+                totals, train_time_s = train_one_epoch(model, loader, optimizer, strategy)
+                slowest = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64), "max").item()
+                images = strategy.all_reduce(totals)[2].item()
+                results[f"{name}{epoch}"] = measures.epoch_extra(epoch, train_time_s, images, slowest)
+            results[f"{name}_notes"] = measures.take_notes()
+    finally:
+        if strategies:
+            strategies[0].teardown()
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(results, handle)
+
+
+@pytest.fixture(scope="module")
+def world_of_two(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("world") / "rank0.json"
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    context = mp.start_processes(_world_of_two, args=(store.port, str(out)), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the two ranks did not finish in {SPAWN_TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    return json.loads(out.read_text())
+
+
+def test_memory_breakdown_of_resnet18_on_two_cpu_processes_ddp_and_fsdp(world_of_two):
+    full_mb = 42.7  # resnet18, 10 classes: 11.2 M fp32 parameters
+    for name, target, tolerance in (("ddp", full_mb, 0.08), ("fsdp", full_mb / 2, 0.15)):
+        breakdown = world_of_two[f"{name}1"]["memory_breakdown"]
+        assert set(breakdown) == {"rank0:cpu", "rank1:cpu"}
+        for entry in breakdown.values():
+            assert entry["parameters_mb"] == pytest.approx(target, rel=tolerance), (name, entry)
+            assert entry["gradients_mb"] == pytest.approx(entry["parameters_mb"], rel=0.01)
+            assert entry["optimizer_mb"] == pytest.approx(2 * entry["parameters_mb"], rel=0.01)
+
+
+def test_comm_wait_is_the_fast_rank_waiting_for_the_slow_one_who_is_named_a_straggler(world_of_two):
+    for epoch in ("ddp1", "ddp2"):
+        fast, slow = world_of_two[epoch]["ranks"]
+        # The fast rank waits in the all-reduce about as long as its peer loads data.
+        assert fast["comm_wait_s"] >= 0.7 * STEPS * DELAY_S, world_of_two[epoch]
+        assert slow["data_time_s"] >= STEPS * DELAY_S
+        assert 0 < world_of_two[epoch]["mfu"] <= 1
+    assert world_of_two["ddp1"]["stragglers"] == []  # one slow epoch is not enough
+    assert world_of_two["ddp2"]["stragglers"] == [SLOW_RANK]
+    assert [n for n in world_of_two["ddp_notes"] if n.startswith(f"Rank {SLOW_RANK} is a straggler")]
+    fsdp_ranks = world_of_two["fsdp1"]["ranks"]
+    assert [r["rank"] for r in fsdp_ranks] == [0, 1]
+    assert all(r["comm_wait_s"] is None and r["compute_time_s"] > 0 for r in fsdp_ranks)  # not separable
+
+
+# --- one process: a single entry ---
+
+def test_a_single_process_run_has_one_rank_entry_without_collectives(tmp_path, monkeypatch):
+    from trainer_backend.loop import train_one_epoch
+    from trainer_backend.measures import RunMeasures
+    from trainer_backend.trainer import build_optimizer, make_strategy
+
+    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
+    config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)
+    strategy = make_strategy(config)
+    model = create_model("test_resnet", num_classes=10, in_chans=3)
+    count = flops_per_image(model, in_chans=3, image_size=8)
+    model = strategy.wrap(model)
+    optimizer = build_optimizer(config, model.parameters())
+    measures = RunMeasures(strategy, model, optimizer, None, count)
+    totals, train_time_s = train_one_epoch(model, DataLoader(DigitsLike(8, 4, 0.0), batch_size=4), optimizer, strategy)
+    extra = measures.epoch_extra(1, train_time_s, totals[2].item(), train_time_s)
+    (entry,) = extra["ranks"]
+    assert entry["rank"] == 0 and entry["comm_wait_s"] == 0.0
+    assert entry["data_time_s"] + entry["compute_time_s"] == pytest.approx(train_time_s, abs=1e-3)
+    assert set(extra["memory_breakdown"]) == {"cpu"} and extra["stragglers"] == []
+    assert measures.once_per_run()["peak_source"] == flops.MEASURED_ON_CPU
+    assert 0 < extra["mfu"] and math.isfinite(extra["mfu"])
+
+
+# --- comm wait on CUDA, from events (torch.cuda.Event faked at the edge) ---
+
+class FakeCudaEvent:
+    """A CUDA event on a 'GPU' whose stream time is ``now_ms``; the host spends no time at all,
+    so host clocks around the calls would read about zero."""
+
+    now_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.at_ms = None
+
+    def record(self, stream=None):
+        self.at_ms = FakeCudaEvent.now_ms
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end: "FakeCudaEvent") -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_on_cuda_comm_wait_is_read_from_events_on_the_compute_stream(monkeypatch):
+    from torch import nn
+
+    from trainer_backend.rank_times import RankClock
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    clock = RankClock(torch.device("cuda:0"), "hook")
+
+    class Wrapper(nn.Module):  # DDP's shape: its forward syncs buffers, then calls .module
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Identity()
+
+        def forward(self, x):
+            FakeCudaEvent.now_ms += 3  # the buffer broadcast stalls the stream
+            return self.module(x)
+
+    wrapper = Wrapper()
+    clock.watch_forward_sync(wrapper)
+    for _ in range(2):
+        wrapper(torch.zeros(1))
+        FakeCudaEvent.now_ms += 40  # forward
+        with clock.backward():
+            FakeCudaEvent.now_ms += 50  # backward's compute
+            clock.bucket_ready()
+            FakeCudaEvent.now_ms += 7  # the stream waits for the last bucket's all-reduce
+    with clock.backward():  # accumulating under no_sync: no bucket, no wait
+        FakeCudaEvent.now_ms += 50
+    times = clock.epoch_times(train_time_s=1.0)
+    assert times["comm_wait_s"] == pytest.approx(2 * (3 + 7) / 1000)
+    assert times["compute_time_s"] == pytest.approx(1.0 - times["comm_wait_s"] - times["data_time_s"])
