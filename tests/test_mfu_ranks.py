@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -368,3 +369,24 @@ def test_on_cuda_comm_wait_is_read_from_events_on_the_compute_stream(monkeypatch
     times = clock.epoch_times(train_time_s=1.0)
     assert times["comm_wait_s"] == pytest.approx(2 * (3 + 7) / 1000)
     assert times["compute_time_s"] == pytest.approx(1.0 - times["comm_wait_s"] - times["data_time_s"])
+
+
+def test_training_above_the_cached_cpu_peak_measures_it_again_and_never_shows_mfu_above_one(tmp_path, monkeypatch):
+    """A peak measured while other work held the cores is too low; an epoch that beats it measures again."""
+    from trainer_backend import flops as flops_module
+    from trainer_backend.flops import MEASURED_ON_CPU, Peak
+    from trainer_backend.measures import RunMeasures
+
+    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
+    (tmp_path / flops_module.CPU_PEAK_FILE).write_text(
+        json.dumps({f"{flops_module.cpu_model()} | {torch.get_num_threads()} threads": 1e-6}))
+    measures = RunMeasures.__new__(RunMeasures)
+    measures.strategy, measures.peak, measures._notes, measures._remeasured = (
+        SimpleNamespace(world_size=1), Peak(1e-6, MEASURED_ON_CPU), [], False)
+    measures._check_cpu_peak(achieved=2e-6)
+    remeasured = measures.take_remeasured()
+    assert remeasured["peak_tflops"] > 1e-3 and measures.take_remeasured() == {}  # a real matmul rate, reported once
+    cached = json.loads((tmp_path / flops_module.CPU_PEAK_FILE).read_text())
+    assert list(cached.values()) == [remeasured["peak_tflops"]]
+    measures._check_cpu_peak(achieved=remeasured["peak_tflops"] / 2)  # below the peak: nothing measured
+    assert measures.take_remeasured() == {}

@@ -160,9 +160,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def cpu_peak_tflops(threads: int, cache_dir: Path | None = None) -> float:
+def cpu_peak_tflops(threads: int, cache_dir: Path | None = None, *, at_least: float = 0.0) -> float:
     """fp32 matmul TFLOPS of this CPU over ``threads`` threads, measured once per machine and thread
-    count and cached (``PARALLAX_HOME/cpu_peak_tflops.json``)."""
+    count and cached (``PARALLAX_HOME/cpu_peak_tflops.json``).
+
+    ``at_least``: a rate the caller has seen this CPU reach, above the cached peak. The cached peak
+    was then measured while other work held the cores: measure again and keep the better of the two."""
     if cache_dir is None:
         from db.settings import parallax_home
 
@@ -172,9 +175,10 @@ def cpu_peak_tflops(threads: int, cache_dir: Path | None = None) -> float:
     cache: dict = {}
     with contextlib.suppress(OSError, ValueError):
         cache = json.loads(path.read_text())
-    if isinstance(cache.get(key), (int, float)) and cache[key] > 0:
-        return float(cache[key])
-    cache[key] = measure_cpu_matmul_tflops(threads)
+    cached = float(cache[key]) if isinstance(cache.get(key), (int, float)) and cache[key] > 0 else 0.0
+    if cached > at_least:
+        return cached
+    cache[key] = max(cached, measure_cpu_matmul_tflops(threads))
     with contextlib.suppress(OSError):  # a read-only home only costs a measurement next time
         part = path.with_suffix(".part")
         part.write_text(json.dumps(cache, indent=1))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .flops import Peak, achieved_tflops, device_peak, mfu
+from .flops import MEASURED_ON_CPU, Peak, achieved_tflops, cpu_peak_tflops, device_peak, mfu
 from .loop import peak_memory_mb
 from .memory_breakdown import CPU_ACTIVATIONS_NOTE, HeldMemory, memory_breakdown
 from .rank_times import find_stragglers, gather_rank_times, straggler_note
@@ -37,6 +37,7 @@ class RunMeasures:
         self.history: list[list[dict]] = []
         self.named_stragglers: set[int] = set()
         self._notes: list[str] = []
+        self._remeasured = False
         if strategy.is_main and flops_per_image is None:
             self._notes.append(FLOPS_NOT_COUNTED_NOTE)
         if self.peak is not None and self.peak.tflops is None:
@@ -66,9 +67,34 @@ class RunMeasures:
         if self.flops_per_image is not None and slowest_train_time_s > 0:
             achieved = achieved_tflops(self.flops_per_image, images, slowest_train_time_s)
             extra["achieved_tflops"] = significant(achieved)
+            self._check_cpu_peak(achieved)
             utilisation = mfu(achieved, None if self.peak is None else self.peak.tflops)
+            if utilisation is not None and utilisation > 1:
+                utilisation = None
+                self._notes.append(f"MFU of epoch {epoch} is not shown: training reached {achieved:.3g} TFLOPS, "
+                                   f"above the CPU peak measured ({self.peak.tflops:.3g}) even after measuring "
+                                   "it again; other work held the cores while it was measured.")
             extra["mfu"] = None if utilisation is None else significant(utilisation)
         return extra
+
+    def _check_cpu_peak(self, achieved: float) -> None:
+        """Training faster than the CPU's cached peak means the peak was measured while other work
+        held the cores: measure it again (keeping the better figure) before computing MFU."""
+        if self.peak is None or self.peak.source != MEASURED_ON_CPU or not self.peak.tflops:
+            return
+        if achieved <= self.peak.tflops:
+            return
+        processes = self.strategy.world_size
+        per_process = cpu_peak_tflops(torch.get_num_threads(), at_least=achieved / processes)
+        self.peak = Peak(per_process * processes, MEASURED_ON_CPU)
+        self._remeasured = True
+
+    def take_remeasured(self) -> dict:
+        """The run's peak again (for ``runs.measurements``) when an epoch measured it anew, else {}."""
+        if not self._remeasured:
+            return {}
+        self._remeasured = False
+        return {"peak_tflops": self.peak.tflops, "peak_source": self.peak.source}
 
     def take_notes(self) -> list[str]:
         notes, self._notes = self._notes, []

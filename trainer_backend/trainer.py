@@ -326,6 +326,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                     print(metrics.line(config.epochs), flush=True)
                 if notes := measures.take_notes():
                     store.add_notes(engine, run_id, notes)
+                if peak := measures.take_remeasured():
+                    store.set_measurements(engine, run_id, peak)
                 note = None if lag_noted else lag_note(
                     train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
                     reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)
