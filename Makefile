@@ -3,6 +3,9 @@
 #              and run the whole suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,
+# which overlap; a test file stays on one worker, so its module fixtures are built once.
+TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
@@ -25,7 +28,7 @@ run: $(VENV)/.installed
 
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 system-deps:
 	bash scripts/system-deps

@@ -20,6 +20,18 @@ import pg_server
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The longest test files, longest first. Under pytest-xdist (make test: --dist loadfile) each file goes
+# whole to the next free worker in collection order; starting the long ones first keeps a worker from
+# being handed a two-minute file when the rest of the suite is almost done.
+LONGEST_FILES = ("test_bench_smoke.py", "test_e2e_browser.py", "test_training.py", "test_pipeline_fsdp.py",
+                 "test_faults.py", "test_torchrun.py", "test_profiling.py", "test_recipe.py", "test_sweep.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: the rest keep their order
+
+
 @pytest.fixture
 def parallax_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"
