@@ -31,6 +31,7 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 DISTRIBUTED = ("ddp", "fsdp", "pp")  # one process per device
 OPTIMIZERS = ("adam", "adamw", "sgd")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
+AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -147,6 +148,11 @@ class RunConfig:
     profile_stack: bool = False
     microbatches: int = 4
     pipeline_schedule: str = "gpipe"
+    # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
+    augment: str = "none"
+    channels_last: bool = False
+    # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
+    compile: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
@@ -158,6 +164,7 @@ class RunConfig:
         object.__setattr__(self, "tags", parse_tags(self.tags))
         if self.bands is not None:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
+        object.__setattr__(self, "augment", parse_augment(self.augment))
         _validate(self)
 
     @property
@@ -232,6 +239,23 @@ def _parse_bands(bands: Any) -> tuple[int, ...]:
     return parsed
 
 
+def parse_augment(augment: Any) -> str:
+    """'crop, flip' -> 'flip,crop'; 'none' or '' -> 'none'. A list of names is accepted too."""
+    if isinstance(augment, (list, tuple)) and all(isinstance(a, str) for a in augment):
+        augment = ",".join(augment)
+    if not isinstance(augment, str):
+        raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    items = [a.strip().lower() for a in augment.split(",") if a.strip()]
+    if items in ([], ["none"]):
+        return "none"
+    unknown = [a for a in items if a not in AUGMENTATIONS]
+    if unknown:
+        raise ConfigError("augment", f"augment {augment!r} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    return ",".join(a for a in AUGMENTATIONS if a in items)
+
+
 def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -283,10 +307,20 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "strategy", list(STRATEGIES))
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
-    for name in ("pretrained", "profile", "profile_stack"):
+    for name in ("pretrained", "profile", "profile_stack", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
     _validate_devices(cfg)
+    _validate_speed_switches(cfg)
+
+
+def _validate_speed_switches(cfg: RunConfig) -> None:
+    if cfg.compile and cfg.strategy in ("dp", "pp"):
+        why = ("DataParallel copies the module into threads every step, which a compiled module does not survive"
+               if cfg.strategy == "dp" else
+               "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does not trace")
+        raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use single, ddp, fsdp or mp")
 
 
 def _validate_devices(cfg: RunConfig) -> None:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .confusion import add_confusion, val_totals
 from .profiling import StepProfiler, phase_ranges
 from .strategies import Strategy, autocast, synchronize
 
@@ -80,8 +81,9 @@ def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Opt
 
 def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None
              ) -> torch.Tensor:
-    """[loss_sum, correct, count] over this process's validation shard, in the strategy's own loop
-    where it has one, else ``evaluate`` on the model without its data-parallel wrapper."""
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard (see
+    confusion.py), in the strategy's own loop where it has one, else ``evaluate`` on the model
+    without its data-parallel wrapper."""
     if strategy.runs_own_loop:
         return strategy.evaluate(model, loader, amp_dtype=amp_dtype)
     return evaluate(strategy.unwrap(model), loader, strategy, amp_dtype=amp_dtype)
@@ -108,9 +110,7 @@ def train_one_epoch(
     start = time.perf_counter()
     for step in range(1, total_steps + 1):
         with phase("data_loading"):
-            images, labels = next(batches)
-            images = images.to(strategy.input_device, non_blocking=True)
-            labels = labels.to(strategy.output_device, non_blocking=True)
+            images, labels = strategy.to_device(*next(batches), train=True)
         with phase("forward"), autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
@@ -134,16 +134,16 @@ def train_one_epoch(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """[loss_sum, correct, count] over this process's validation shard."""
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard."""
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
+    totals = val_totals(getattr(loader.dataset, "num_classes", 0), strategy.output_device)
     for images, labels in loader:
-        images = images.to(strategy.input_device, non_blocking=True)
-        labels = labels.to(strategy.output_device, non_blocking=True)
+        images, labels = strategy.to_device(images, labels)
         with autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
         accumulate(totals, loss, logits, labels)
+        add_confusion(totals, logits.argmax(dim=1), labels)
     return totals
 
 

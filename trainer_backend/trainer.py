@@ -30,13 +30,16 @@ from db.folders import named_run_folder, run_folder_name
 from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
+from .confusion import confusion_record
 from .datasets import PreparedData, collate_batch, prepare_data
+from .inputs import DeviceInputs
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
+from .speed import compile_model, compile_note, compile_warmup, to_memory_format
 from .storage import writing
 from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
                          Strategy, synchronize)
@@ -187,7 +190,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     reserved = _gather_memory(strategy, peak_memory_reserved_mb(strategy.devices))
     synchronize(strategy.devices)
     epoch_time_s = time.perf_counter() - epoch_start
-    t_loss, t_correct, t_count, v_loss, v_correct, v_count = totals.tolist()
+    t_loss, t_correct, t_count, v_loss, v_correct, v_count, *confusion = totals.tolist()
     return EpochMetrics(
         epoch=epoch,
         train_loss=t_loss / t_count,
@@ -201,7 +204,9 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         lr=optimizer.param_groups[0]["lr"],
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
-               **(precision.extra() if precision is not None else {})},
+               **(precision.extra() if precision is not None else {}),
+               # Taken out by the trainer before the epoch is stored: only the best epoch's is kept.
+               **({"confusion": confusion} if confusion else {})},
     )
 
 
@@ -267,7 +272,10 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
     try:
         model = create_model(config.model, num_classes=data.info.num_classes,
                              in_chans=data.info.in_chans, pretrained=config.pretrained)
-        model = strategy.wrap(model)
+        model = strategy.wrap(to_memory_format(model, config))
+        strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device, rank)
+        if config.compile:
+            compile_model(model, strategy)
         optimizer = build_optimizer(config, model.parameters())
         amp_dtype = resolve_amp(config.amp, strategy.input_device)
         if config.strategy == "pp" and amp_dtype == torch.float16:
@@ -279,6 +287,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                                       full_batches=strategy.drop_last_train) if config.bn_stats_images else None
         has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
         engine = make_engine(db_url) if strategy.is_main else None
+        if config.compile:
+            _record_compile_time(engine, run_id, strategy, compile_warmup(model, loaders, strategy, amp_dtype))
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0
@@ -301,7 +311,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             improved = metrics.val_acc > best_acc
             best_acc = max(best_acc, metrics.val_acc)
             state = strategy.checkpoint_state(model) if improved else None
+            confusion = metrics.extra.pop("confusion", None)
             if engine is not None:
+                if improved and confusion:
+                    store.set_measurements(engine, run_id, {
+                        "confusion": confusion_record(epoch, data.info.class_names, confusion)})
                 # The one write that must not be lost: wait out another process's lock (with backoff)
                 # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
                 retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
@@ -319,6 +333,14 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc)
     finally:
         strategy.teardown()
+
+
+def _record_compile_time(engine, run_id: int, strategy: Strategy, seconds: float) -> None:
+    """The slowest process's compile warm-up, in runs.measurements and a run note (rank 0)."""
+    slowest = strategy.all_reduce(torch.tensor([seconds], dtype=torch.float64, device=strategy.output_device), "max")
+    if engine is not None:
+        store.set_measurements(engine, run_id, {"compile_time_s": round(slowest.item(), 3)})
+        store.add_notes(engine, run_id, [compile_note(slowest.item())])
 
 
 def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:
