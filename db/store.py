@@ -200,6 +200,12 @@ def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> 
         _update_run(session, run_id, measurements={**current, **values})
 
 
+def read_measurements(engine: Engine, run_id: int) -> dict[str, Any]:
+    """The run's once-per-run measurements ({} for a run without any, or no such run)."""
+    with session_scope(engine) as session:
+        return dict(session.scalar(select(Run.measurements).where(Run.id == run_id)) or {})
+
+
 def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
     """Store the summary of one epoch; logging the same epoch again replaces it.
 

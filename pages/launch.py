@@ -16,7 +16,7 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
+from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, OPTIMIZERS, PIPELINE_SCHEDULES,
                                     STRATEGIES, ConfigError, RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, sweep_configs
 from ui import options, state
@@ -243,6 +243,23 @@ with st.expander("More options"):
         bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands")
         values["bands"] = bands_text.strip() or None
         field_slot("bands")
+
+with st.expander("Advanced"):
+    augment_col, speed_col = st.columns(2)
+    with augment_col:
+        augment = st.multiselect("Augmentation (training batches, on the device)", AUGMENTATIONS, key="augment",
+                                 help="flip: random horizontal flip; crop: random-resized crop. Validation images "
+                                 "are never augmented.")
+        values["augment"] = ",".join(augment) or "none"
+        field_slot("augment")
+    with speed_col:
+        values["channels_last"] = st.checkbox("channels_last memory format", key="channels_last",
+                                              help="Faster convolutions on recent GPUs (tensor cores).")
+        field_slot("channels_last")
+        values["compile"] = st.checkbox("torch.compile the model", key="compile",
+                                        help="Compiles before the first epoch (seconds to minutes); the compile time "
+                                        "is recorded apart and left out of images/s. Not with dp or pp.")
+        field_slot("compile")
 
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])

@@ -11,7 +11,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, state, widgets
+from ui import charts, confusion, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -113,6 +113,21 @@ def show_epochs(epochs: pd.DataFrame) -> None:
         show_charts(epochs)
 
 
+def show_per_class(run_id: int) -> None:
+    """The best epoch's per-class accuracy and confusion matrix, where the run recorded them."""
+    record = store.read_measurements(state.engine(), run_id).get("confusion")
+    if not record:
+        return
+    st.subheader("Per class (best epoch)")
+    table_col, matrix_col = st.columns([1, 2])
+    table_col.dataframe(confusion.per_class_frame(record), hide_index=True,
+                        column_config={"accuracy": st.column_config.NumberColumn(format="percent")})
+    figure, caption = confusion.confusion_figure(record)
+    if figure is not None:
+        matrix_col.plotly_chart(figure, key="confusion")
+    matrix_col.caption(caption)
+
+
 def show_log(run_id: int, expanded: bool) -> None:
     try:
         tail = widgets.read_log_tail(run_file(state.engine(), run_id, "run.log"))
@@ -191,6 +206,7 @@ st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES 
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
 show_messages(run)
 show_epochs(epochs)
+show_per_class(run_id)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)
