@@ -32,7 +32,7 @@ from bench.report import read_results, render_markdown  # noqa: E402
 # Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.
 BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
-              "profiler", "ddp_cpu", "first_run", "watch_cost", "time_to_interactive", "gpu")
+              "profiler", "ddp_cpu", "first_run", "watch_cost", "time_to_interactive", "switches", "recipe", "gpu")
 
 PREAMBLE = """# Benchmarks
 

@@ -321,6 +321,10 @@ def _validate_speed_switches(cfg: RunConfig) -> None:
                "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does not trace")
         raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
                           "use single, ddp, fsdp or mp")
+    if cfg.channels_last and cfg.strategy == "pp":
+        raise ConfigError("channels_last", "channels_last is not allowed with strategy pp: pipeline stages send "
+                          "their activations to the next process as contiguous (NCHW) tensors; use it with single, "
+                          "dp, ddp, fsdp or mp")
 
 
 def _validate_devices(cfg: RunConfig) -> None:

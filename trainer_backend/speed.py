@@ -6,11 +6,13 @@
     compile_s = compile_warmup(model, loaders, strategy, amp_dtype)
 
 ``torch.compile`` compiles on the first call of each input shape and mode, taking seconds to
-minutes. ``compile_warmup`` makes those calls before the first epoch (a training forward and
-backward without an optimizer step, a no-grad train-mode forward as BatchNorm re-estimation
-runs, an evaluation forward, for each batch shape the loaders yield) and restores the BatchNorm
-buffers they moved, so the weights and statistics that epoch 1 starts from are those of an
-eager run, and no epoch's time or images/s includes compilation.
+minutes. ``compile_warmup`` makes the training call before the first epoch (a forward and
+backward of one batch without an optimizer step) and restores the BatchNorm buffers it moved, so
+epoch 1 starts from the weights and statistics of an eager run and no epoch's training time or
+images/s includes compilation. With compile on, training batches all have the full size (the
+short last batch is dropped): a second shape would compile a second, dynamic-shape graph.
+Validation and BatchNorm re-estimation compile on their first use, inside epoch 1's time but
+outside its training time.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def first_images(loader: DataLoader, size: int) -> tuple[torch.Tensor, torch.Ten
 
 def compile_warmup(model: nn.Module, loaders: tuple[DataLoader, DataLoader], strategy: Strategy,
                    amp_dtype: torch.dtype | None) -> float:
-    """Seconds this process spent compiling (and running the warm-up batches), synchronised."""
-    train_loader, val_loader = loaders
+    """Seconds this process spent compiling the training step (and running it once), synchronised."""
+    train_loader = loaders[0]
     module = strategy.unwrap(model)
     saved = [buffer.detach().clone() for buffer in module.buffers()]
     synchronize(strategy.devices)
@@ -64,15 +66,7 @@ def compile_warmup(model: nn.Module, loaders: tuple[DataLoader, DataLoader], str
         with autocast(strategy.input_device, amp_dtype):
             loss = F.cross_entropy(model(images), labels)
         loss.backward()
-        with torch.no_grad(), autocast(strategy.input_device, amp_dtype):
-            module(images)
     module.zero_grad(set_to_none=True)
-    module.eval()
-    with torch.no_grad():
-        for size in batch_sizes(val_loader):
-            images, _ = strategy.to_device(*first_images(val_loader, size))
-            with autocast(strategy.input_device, amp_dtype):
-                module(images)
     with torch.no_grad():
         for buffer, value in zip(module.buffers(), saved):
             buffer.copy_(value)
@@ -81,6 +75,7 @@ def compile_warmup(model: nn.Module, loaders: tuple[DataLoader, DataLoader], str
 
 
 def compile_note(compile_time_s: float) -> str:
-    return (f"torch.compile: compiling took {compile_time_s:.1f} s before epoch 1 (the slowest process; one training "
-            "step and one evaluation forward per batch shape, run for that and then undone). No epoch's time or "
-            "images/s includes it.")
+    return (f"torch.compile: compiling the training step took {compile_time_s:.1f} s before epoch 1 (the slowest "
+            "process), left out of every epoch's training time and images/s. Training drops the short last batch "
+            "of each epoch (one batch shape, one compiled graph); validation compiles on first use, inside "
+            "epoch 1's time.")

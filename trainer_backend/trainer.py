@@ -100,7 +100,8 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
         # A last batch of one image breaks BatchNorm in train mode; drop it only in that case
         # (pipelines drop every short batch: their microbatch shapes are fixed at the first step).
-        drop_last=strategy.drop_last_train or shard_len % batch == 1,
+        # A compiled model drops them all: another shape would compile another graph (speed.py).
+        drop_last=strategy.drop_last_train or config.compile or shard_len % batch == 1,
         **common,
     )
     val_indices = strategy.val_indices(len(data.val))
