@@ -87,7 +87,7 @@ def main() -> None:
                 "defaults": lambda: run_engine(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512"),
                 "recipe": lambda: run_engine(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512",
                                              *recipe),
-            }, args.repeats, label=KEY)
+            }, args.repeats, label=f"{KEY} ")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     last = {name: [100 * run["epochs"][-1]["val_acc"] for run in results] for name, results in runs.items()}

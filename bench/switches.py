@@ -52,7 +52,7 @@ def main() -> None:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         prime_dataset_cache(settings, args.quick)
         runs = alternate({name: (lambda flags=flags: run_engine(settings, db_url, *flags))
-                          for name, flags in SWITCHES.items()}, args.repeats, label=KEY)
+                          for name, flags in SWITCHES.items()}, args.repeats, label=f"{KEY} ")
     speeds = {name: [epoch_field(run, "images_per_s") for run in results] for name, results in runs.items()}
     report.add("defaults: training images/s", speeds["defaults"], unit=" images/s", headline=False)
     for name in SWITCHES:

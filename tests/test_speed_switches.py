@@ -230,3 +230,45 @@ def test_config_files_are_checked_like_flags():
         with pytest.raises(ConfigError) as caught:
             RunConfig.from_dict(bad)
         assert caught.value.field == next(iter(bad))
+
+
+# --- Run page ---
+
+
+def test_confusion_figure_caps_the_classes_it_draws_and_says_so():
+    from ui.confusion import confusion_figure, per_class_frame
+
+    names = [f"c{i}" for i in range(40)]
+    matrix = [[(10 + i if i == j else 1) for j in range(40)] for i in range(40)]
+    record = confusion_record(2, names, [v for row in matrix for v in row])
+    figure, caption = confusion_figure(record, max_classes=30)
+    heatmap = figure.data[0]
+    assert len(heatmap.x) == len(heatmap.y) == 30 and "c39" in heatmap.x and "c0" not in heatmap.x  # most images
+    assert "40 classes" in caption and "10 left out" in caption
+    assert heatmap.z[-1][-1] == pytest.approx(49 / 88)  # shares of the true class's row, all 40 columns counted
+    frame = per_class_frame(record)
+    assert len(frame) == 40 and frame["accuracy"].iloc[0] == pytest.approx(10 / 49)
+
+
+def test_run_page_shows_per_class_accuracy_and_the_matrix(db_url, parallax_home):
+    from streamlit.testing.v1 import AppTest
+
+    import db
+    from conftest import ROOT
+    from db import store
+
+    engine = db.make_engine(db_url)
+    run_id = store.create_run(engine, RunConfig(image_size=8).to_dict(), status="completed")
+    store.log_epoch(engine, run_id, {"epoch": 1, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5, "val_acc": 0.5,
+                                     "epoch_time_s": 2.0, "train_time_s": 1.8, "images_per_s": 100.0,
+                                     "peak_memory_mb": {"cpu": 900.0}})
+    store.set_measurements(engine, run_id, {"confusion": confusion_record(1, ["cat", "dog"], [3, 1, 1, 1])})
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+    at.session_state["run_id"] = run_id
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    assert "Per class (best epoch)" in [h.value for h in at.subheader]
+    table = next(d.value for d in at.dataframe if "class" in d.value.columns)
+    assert table["class"].tolist() == ["cat", "dog"] and table["accuracy"].tolist() == [0.75, 0.5]
+    assert sum("Confusion matrix" in chart.proto.spec for chart in at.get("plotly_chart")) == 1
+    db.dispose_engines()
