@@ -272,3 +272,18 @@ def test_run_page_shows_per_class_accuracy_and_the_matrix(db_url, parallax_home)
     assert table["class"].tolist() == ["cat", "dog"] and table["accuracy"].tolist() == [0.75, 0.5]
     assert sum("Confusion matrix" in chart.proto.spec for chart in at.get("plotly_chart")) == 1
     db.dispose_engines()
+
+
+def test_launch_form_sets_the_switches_in_its_advanced_section(parallax_home):
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ROOT
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90).run()
+    advanced = next(e for e in at.expander if e.label == "Advanced")
+    assert {w.key for w in [*advanced.multiselect, *advanced.checkbox]} >= {"augment", "channels_last", "compile"}
+    at.radio(key="strategy").set_value("dp")
+    at.checkbox(key="compile").check().run()
+    errors = [e.value for e in next(e for e in at.expander if e.label == "Advanced").error]
+    assert any(error.startswith("compile is not allowed with strategy dp") for error in errors), errors
+    assert next(b for b in at.button if b.label == "Launch").disabled
