@@ -254,11 +254,11 @@ with st.expander("Advanced"):
         field_slot("augment")
     with speed_col:
         values["channels_last"] = st.checkbox("channels_last memory format", key="channels_last",
-                                              help="Faster convolutions on recent GPUs (tensor cores).")
+                                              help="Faster convolutions on recent GPUs (tensor cores). Not with pp or fsdp.")
         field_slot("channels_last")
         values["compile"] = st.checkbox("torch.compile the model", key="compile",
                                         help="Compiles before the first epoch (seconds to minutes); the compile time "
-                                        "is recorded apart and left out of images/s. Not with dp or pp.")
+                                        "is recorded apart and left out of images/s. Not with dp, pp or fsdp.")
         field_slot("compile")
 
 st.subheader("Labels")

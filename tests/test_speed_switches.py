@@ -212,7 +212,9 @@ def test_compile_time_is_recorded_apart_and_noted(db_url, parallax_home):
     (["--augment", "flip,none"], ["augment 'flip,none'"]),
     (["--compile", "--strategy", "pp", "--devices", "cpu,cpu"], ["compile is not allowed with strategy pp"]),
     (["--compile", "--strategy", "dp"], ["compile is not allowed with strategy dp", "use single, ddp"]),
+    (["--compile", "--strategy", "fsdp", "--devices", "cpu,cpu"], ["compile is not allowed with strategy fsdp"]),
     (["--channels-last", "--strategy", "pp", "--devices", "cpu,cpu"], ["channels_last is not allowed with strategy pp"]),
+    (["--channels-last", "--strategy", "fsdp", "--devices", "cpu,cpu"], ["channels_last is not allowed with strategy fsdp"]),
 ])
 def test_bad_switches_are_refused_in_one_line(flags, words, parallax_home, capsys):
     code = main(["run", "--model", "test_resnet", "--image-size", "8", "--epochs", "1", "--quiet", *flags])

@@ -80,7 +80,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="model and images in channels_last memory format (faster convolutions on recent GPUs)")
     add("--compile", action=argparse.BooleanOptionalAction, default=None,
         help="torch.compile the model; the compile warm-up is timed apart and left out of images/s "
-        "(not with dp or pp)")
+        "(not with dp, pp or fsdp)")
     add("--profile", action=argparse.BooleanOptionalAction, default=None,
         help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")
     add("--profile-wait", type=int, help=f"steps skipped before the window (default {d.profile_wait})")

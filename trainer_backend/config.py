@@ -315,16 +315,19 @@ def _validate(cfg: RunConfig) -> None:
 
 
 def _validate_speed_switches(cfg: RunConfig) -> None:
-    if cfg.compile and cfg.strategy in ("dp", "pp"):
-        why = ("DataParallel copies the module into threads every step, which a compiled module does not survive"
-               if cfg.strategy == "dp" else
-               "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does not trace")
+    if cfg.compile and cfg.strategy in ("dp", "pp", "fsdp"):
+        why = {"dp": "DataParallel copies the module into threads every step, which a compiled module does not survive",
+               "pp": "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does "
+               "not trace",
+               "fsdp": "TorchInductor fails to compile the fully sharded (FSDP2) model with this PyTorch"}[cfg.strategy]
         raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
-                          "use single, ddp, fsdp or mp")
-    if cfg.channels_last and cfg.strategy == "pp":
-        raise ConfigError("channels_last", "channels_last is not allowed with strategy pp: pipeline stages send "
-                          "their activations to the next process as contiguous (NCHW) tensors; use it with single, "
-                          "dp, ddp, fsdp or mp")
+                          "use single, ddp or mp")
+    if cfg.channels_last and cfg.strategy in ("pp", "fsdp"):
+        why = ("pipeline stages send their activations to the next process as contiguous (NCHW) tensors"
+               if cfg.strategy == "pp" else "FSDP2 shards only contiguous parameters, and channels_last "
+               "convolution weights are not")
+        raise ConfigError("channels_last", f"channels_last is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use it with single, dp, ddp or mp")
 
 
 def _validate_devices(cfg: RunConfig) -> None:
