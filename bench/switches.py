@@ -64,6 +64,8 @@ def main() -> None:
                [run["export"]["measurements"]["compile_time_s"] for run in runs["compile"]], unit=" s")
     report.note("On a CPU, channels_last and compile change which kernels oneDNN and TorchInductor pick; the GPU "
                 "figures (tensor cores, fused kernels) are in bench/gpu.py and differ in kind.")
+    report.note("The compile warm-up reuses TorchInductor's on-disk cache when an earlier run compiled the same "
+                "graph; the first compile on a machine takes longer.")
     busy = report.cpu.others_cores()
     if busy > 0.25:
         report.note(f"Other processes kept {busy:.2f} of the cores busy while this ran: with few rounds the ratios "
