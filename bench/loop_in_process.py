@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from bench.plain_loop import build_model, load_digits_split, train_step  # noqa: E402
 from db import make_engine, store  # noqa: E402
 from trainer_backend.config import RunConfig  # noqa: E402
+from trainer_backend.inputs import DeviceInputs  # noqa: E402
 from trainer_backend.lifecycle import Heartbeat  # noqa: E402
 from trainer_backend.loop import accumulate, train_one_epoch  # noqa: E402
 from trainer_backend.strategies import Strategy  # noqa: E402
@@ -113,7 +114,9 @@ def main() -> None:
 
     config = RunConfig(dataset="digits", model=args.model, batch_size=args.batch_size, image_size=args.image_size)
     strategy = Strategy(config)
-    engine_loader, _ = build_loaders(load_data(config), config, strategy)
+    data = load_data(config)
+    strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device)
+    engine_loader, _ = build_loaders(data, config, strategy)
     plain_train, _ = load_digits_split(args.image_size)
     plain_loader = DataLoader(plain_train, batch_size=args.batch_size, shuffle=True,
                               generator=torch.Generator().manual_seed(0))
@@ -153,7 +156,7 @@ def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epoc
     step_s = statistics.median(s for epoch in epochs for s in epoch["engine_steps_s"])
     data_engine = per_call_s(lambda: list(engine_loader), 3) / len(engine_loader)
     data_plain = per_call_s(lambda: list(plain_loader), 3) / len(plain_loader)
-    images, labels = next(iter(engine_loader))
+    images, labels = strategy.to_device(*next(iter(engine_loader)))
     with torch.no_grad():
         logits = model(images)
     loss = torch.nn.functional.cross_entropy(logits, labels)

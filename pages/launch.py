@@ -16,9 +16,9 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES, OPTIMIZERS,
-                                    PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError, RunConfig,
-                                    max_cpu_processes)
+from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
+                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
+                                    RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -311,7 +311,22 @@ with st.expander("Advanced"):
             "N. DDP and FSDP reduce gradients only on the last of them. Not with pp (its microbatches do this).")
         field_slot("accumulate_steps")
     recipe_hint = st.empty()
-    # Speed switches (augmentation, channels_last, torch.compile) belong here too, under their own heading.
+    st.markdown("**Augmentation and speed**")
+    augment_col, speed_col = st.columns(2)
+    with augment_col:
+        augment = st.multiselect("Augmentation (training batches, on the device)", AUGMENTATIONS, key="augment",
+                                 help="flip: random horizontal flip; crop: random-resized crop. Validation images "
+                                 "are never augmented.")
+        values["augment"] = ",".join(augment) or "none"
+        field_slot("augment")
+    with speed_col:
+        values["channels_last"] = st.checkbox("channels_last memory format", key="channels_last",
+                                              help="Faster convolutions on recent GPUs (tensor cores). Not with pp or fsdp.")
+        field_slot("channels_last")
+        values["compile"] = st.checkbox("torch.compile the model", key="compile",
+                                        help="Compiles before the first epoch (seconds to minutes); the compile time "
+                                        "is recorded apart and left out of images/s. Not with dp, pp or fsdp.")
+        field_slot("compile")
 
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])

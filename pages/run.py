@@ -14,7 +14,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, efficiency_views, series_charts, state, widgets
+from ui import charts, confusion, efficiency_views, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -177,6 +177,21 @@ def live_series(run_id: int, epochs: pd.DataFrame) -> None:
         st.caption(line)
 
 
+def show_per_class(run_id: int) -> None:
+    """The best epoch's per-class accuracy and confusion matrix, where the run recorded them."""
+    record = store.read_measurements(state.engine(), run_id).get("confusion")
+    if not record:
+        return
+    st.subheader("Per class (best epoch)")
+    table_col, matrix_col = st.columns([1, 2])
+    table_col.dataframe(confusion.per_class_frame(record), hide_index=True,
+                        column_config={"accuracy": st.column_config.NumberColumn(format="percent")})
+    figure, caption = confusion.confusion_figure(record)
+    if figure is not None:
+        matrix_col.plotly_chart(figure, key="confusion")
+    matrix_col.caption(caption)
+
+
 def show_log(run_id: int, expanded: bool) -> None:
     try:
         tail = widgets.read_log_tail(run_file(state.engine(), run_id, "run.log"))
@@ -255,6 +270,7 @@ st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES 
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
 show_messages(run)
 show_epochs(run, epochs)
+show_per_class(run_id)
 st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run_id, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))

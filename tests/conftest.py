@@ -156,6 +156,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     import torch
 
     from trainer_backend.config import RunConfig
+    from trainer_backend.inputs import DeviceInputs
     from trainer_backend.loop import evaluate
     from trainer_backend.models import create_model
     from trainer_backend.strategies import Strategy
@@ -175,6 +176,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans)
     model.load_state_dict(checkpoint["model"])
     strategy = Strategy(config)
+    strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device)
     _, val_loader = build_loaders(data, config, strategy)
-    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()
+    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()[:3]
     return checkpoint, correct / count, loss_sum / count, int(count)

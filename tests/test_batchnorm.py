@@ -24,13 +24,14 @@ def test_statistics_are_the_average_over_the_sample_and_nothing_else_changes():
     norm = model[1]
     norm.running_mean.fill_(5.0)  # stale, as after fast-changing weights
     weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
-    loader = statistics_loader(DataLoader(images_dataset(100), batch_size=25, collate_fn=collate_batch),
+    dataset = images_dataset(100)
+    loader = statistics_loader(DataLoader(dataset, batch_size=25, collate_fn=collate_batch),
                                max_images=50, seed=0, full_batches=False)
     model.eval()
-    assert reestimate(model, loader, lambda images, labels: model(images)) is True
+    assert reestimate(model, loader, lambda images, labels: model(dataset.normalise(images))) is True
 
     with torch.no_grad():
-        batches = [model[0](images) for images, _ in loader]
+        batches = [model[0](dataset.normalise(images)) for images, _ in loader]
     assert sum(len(b) for b in batches) == 50  # the sample, not the whole set
     expected_mean = torch.stack([b.mean(dim=(0, 2, 3)) for b in batches]).mean(dim=0)
     expected_var = torch.stack([b.var(dim=(0, 2, 3), unbiased=True) for b in batches]).mean(dim=0)

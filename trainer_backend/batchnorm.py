@@ -58,8 +58,11 @@ def reestimate(model: nn.Module, loader: DataLoader, forward: Callable[[torch.Te
         layer.momentum = None  # a cumulative, equal-weight average over the batches below
     model.train()
     try:
-        for images, labels in loader:
-            forward(images, labels)
+        # A cumulative average reads num_batches_tracked on the host, where a torch.compile'd model
+        # breaks its graph in every BatchNorm layer and compiles the pieces; eager is faster here.
+        with torch.compiler.set_stance("force_eager"):
+            for images, labels in loader:
+                forward(images, labels)
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum

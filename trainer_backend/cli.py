@@ -67,7 +67,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--weight-decay", type=float, help=f"default {d.weight_decay}")
     add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
         "with a GradScaler; CPU always trains in fp32 (default auto)")
-    add("--num-workers", type=int, help=f"data-loader worker processes per training process (default {d.num_workers})")
+    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is cached in memory "
+        f"and a batch is one gather of uint8 pixels, so workers only add hand-over cost (default {d.num_workers})")
     add("--seed", type=int, help=f"default {d.seed}")
     add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
     add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
@@ -90,6 +91,13 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
     add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
     add("--tags", help="comma-separated labels for finding the run later")
+    add("--augment", help="none, or a comma list of flip, crop: random horizontal flip and random-resized crop "
+        f"of training batches, done on the device (default {d.augment})")
+    add("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+        help="model and images in channels_last memory format (faster convolutions on recent GPUs)")
+    add("--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.compile the model; the compile warm-up is timed apart and left out of images/s "
+        "(not with dp, pp or fsdp)")
     add("--profile", action=argparse.BooleanOptionalAction, default=None,
         help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")
     add("--profile-wait", type=int, help=f"steps skipped before the window (default {d.profile_wait})")

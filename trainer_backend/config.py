@@ -36,6 +36,7 @@ LR_SCHEDULES = ("constant", "cosine", "step", "onecycle")
 SCALE_LR_REFERENCE_BATCH = 256
 MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
+AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -162,6 +163,11 @@ class RunConfig:
     label_smoothing: float = 0.0
     grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
     accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
+    # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
+    augment: str = "none"
+    channels_last: bool = False
+    # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
+    compile: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
@@ -173,6 +179,7 @@ class RunConfig:
         object.__setattr__(self, "tags", parse_tags(self.tags))
         if self.bands is not None:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
+        object.__setattr__(self, "augment", parse_augment(self.augment))
         _validate(self)
 
     @property
@@ -257,6 +264,23 @@ def _parse_bands(bands: Any) -> tuple[int, ...]:
     return parsed
 
 
+def parse_augment(augment: Any) -> str:
+    """'crop, flip' -> 'flip,crop'; 'none' or '' -> 'none'. A list of names is accepted too."""
+    if isinstance(augment, (list, tuple)) and all(isinstance(a, str) for a in augment):
+        augment = ",".join(augment)
+    if not isinstance(augment, str):
+        raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    items = [a.strip().lower() for a in augment.split(",") if a.strip()]
+    if items in ([], ["none"]):
+        return "none"
+    unknown = [a for a in items if a not in AUGMENTATIONS]
+    if unknown:
+        raise ConfigError("augment", f"augment {augment!r} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    return ",".join(a for a in AUGMENTATIONS if a in items)
+
+
 def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -309,10 +333,27 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
     _validate_recipe(cfg)
-    for name in ("pretrained", "profile", "profile_stack", "scale_lr"):
+    for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
     _validate_devices(cfg)
+    _validate_speed_switches(cfg)
+
+
+def _validate_speed_switches(cfg: RunConfig) -> None:
+    if cfg.compile and cfg.strategy in ("dp", "pp", "fsdp"):
+        why = {"dp": "DataParallel copies the module into threads every step, which a compiled module does not survive",
+               "pp": "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does "
+               "not trace",
+               "fsdp": "TorchInductor fails to compile the fully sharded (FSDP2) model with this PyTorch"}[cfg.strategy]
+        raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use single, ddp or mp")
+    if cfg.channels_last and cfg.strategy in ("pp", "fsdp"):
+        why = ("pipeline stages send their activations to the next process as contiguous (NCHW) tensors"
+               if cfg.strategy == "pp" else "FSDP2 shards only contiguous parameters, and channels_last "
+               "convolution weights are not")
+        raise ConfigError("channels_last", f"channels_last is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use it with single, dp, ddp or mp")
 
 
 def _validate_recipe(cfg: RunConfig) -> None:

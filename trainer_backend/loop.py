@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .confusion import add_confusion, val_totals
 from .profiling import StepProfiler, phase_ranges
 from .strategies import Strategy, autocast, synchronize
 
@@ -82,8 +83,9 @@ def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Opt
 
 def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None
              ) -> torch.Tensor:
-    """[loss_sum, correct, count] over this process's validation shard, in the strategy's own loop
-    where it has one, else ``evaluate`` on the model without its data-parallel wrapper."""
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard (see
+    confusion.py), in the strategy's own loop where it has one, else ``evaluate`` on the model
+    without its data-parallel wrapper."""
     if strategy.runs_own_loop:
         return strategy.evaluate(model, loader, amp_dtype=amp_dtype)
     return evaluate(strategy.unwrap(model), loader, strategy, amp_dtype=amp_dtype)
@@ -119,9 +121,7 @@ def train_one_epoch(
         group_size = min(accumulate_steps, total_steps - group_start)
         steps_optimizer = step == group_start + group_size
         with phase("data_loading"), clock.data():
-            images, labels = next(batches)
-            images = images.to(strategy.input_device, non_blocking=True)
-            labels = labels.to(strategy.output_device, non_blocking=True)
+            images, labels = strategy.to_device(*next(batches), train=True)
         # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
         with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
             with phase("forward"), autocast(strategy.input_device, amp_dtype):
@@ -163,17 +163,17 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """[loss_sum, correct, count] over this process's validation shard. The loss is the plain
-    cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard. The loss is
+    the plain cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
+    totals = val_totals(getattr(loader.dataset, "num_classes", 0), strategy.output_device)
     for images, labels in loader:
-        images = images.to(strategy.input_device, non_blocking=True)
-        labels = labels.to(strategy.output_device, non_blocking=True)
+        images, labels = strategy.to_device(images, labels)
         with autocast(strategy.input_device, amp_dtype):
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
         accumulate(totals, loss, logits, labels)
+        add_confusion(totals, logits.argmax(dim=1), labels)
     return totals
 
 

@@ -20,6 +20,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from .batchnorm import reestimate
 from .config import RunConfig
+from .confusion import add_confusion, val_totals
 from .models import split_into_stages
 from .profiling import phase_ranges
 from .strategies import DistributedStrategy, autocast, on_cpu, synchronize
@@ -144,8 +145,7 @@ class PipelineStrategy(DistributedStrategy):
         start = time.perf_counter()
         for step in range(1, total_steps + 1):
             with phase("data_loading"), rank_clock.data():
-                images, labels = next(batches)
-                images, labels = images.to(self.input_device), labels.to(self.output_device)
+                images, labels = self.to_device(*next(batches), train=True)
             losses: list[torch.Tensor] = []
             # Forward and backward interleave inside the schedule (they show as "other").
             with autocast(self.input_device, amp_dtype):
@@ -182,14 +182,14 @@ class PipelineStrategy(DistributedStrategy):
     @torch.no_grad()
     def evaluate(self, model, loader, *, amp_dtype=None) -> torch.Tensor:
         model.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
+        totals = val_totals(getattr(loader.dataset, "num_classes", 0), self.output_device)
         batch = self.config.batch_size
         for images, labels in loader:
             real = labels.numel()
             if real < batch:  # pad to the fixed microbatch shapes; the padding is not counted
                 images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
                 labels = torch.cat([labels, labels.new_zeros(batch - real)])
-            images, labels = images.to(self.input_device), labels.to(self.output_device)
+            images, labels = self.to_device(images, labels)
             with autocast(self.input_device, amp_dtype):
                 logits = self._run_schedule(self._schedule.eval, images, labels, None)
             if self.is_last:
@@ -197,6 +197,7 @@ class PipelineStrategy(DistributedStrategy):
                 totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
                 totals[1] += (logits.argmax(dim=1) == labels).sum()
                 totals[2] += real
+                add_confusion(totals, logits.argmax(dim=1), labels)
         return totals
 
     def reestimate_batchnorm(self, model, loader, *, amp_dtype=None) -> bool:
@@ -205,8 +206,7 @@ class PipelineStrategy(DistributedStrategy):
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
             with autocast(self.input_device, amp_dtype):
-                self._run_schedule(self._schedule.eval, images.to(self.input_device),
-                                   labels.to(self.output_device), None)
+                self._run_schedule(self._schedule.eval, *self.to_device(images, labels), None)
 
         found = reestimate(model, loader, forward)
         if not found:  # this stage has none, its neighbours may: run the same schedule steps

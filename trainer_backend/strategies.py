@@ -73,6 +73,9 @@ class Strategy:
         self.world_size = 1
         self.input_device = torch.device(config.devices[0])
         self.output_device = self.input_device
+        # The device-side batch preparation (inputs.DeviceInputs), set by the trainer once the
+        # data is known; without it a batch's tensors go to the devices as they are.
+        self.inputs = None
 
     @property
     def is_main(self) -> bool:
@@ -97,6 +100,15 @@ class Strategy:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
+
+    def to_device(self, images: torch.Tensor, labels: torch.Tensor, *, train: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loader's batch as the model takes it: images on the input device (normalised and,
+        for training batches, augmented there), labels on the output device."""
+        labels = labels.to(self.output_device, non_blocking=True)
+        if self.inputs is None:
+            return images.to(self.input_device, non_blocking=True), labels
+        return self.inputs(images, train=train), labels
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The model without its data-parallel wrapper: what evaluation runs."""
@@ -132,7 +144,7 @@ class Strategy:
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
             with autocast(self.input_device, amp_dtype):
-                module(images.to(self.input_device, non_blocking=True))
+                module(self.to_device(images, labels)[0])
 
         return reestimate(module, loader, forward)
 

@@ -30,10 +30,12 @@ from db.folders import named_run_folder, run_folder_name
 from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
+from .confusion import confusion_record
 from .datasets import PreparedData, collate_batch, prepare_data
 from .devices import cuda_indices
 from .energy import EnergyMeter
 from .flops import count_flops_per_image
+from .inputs import DeviceInputs
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
@@ -44,6 +46,7 @@ from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
 from .schedule import attach_schedule
 from .steps import StepHooks, StepRecorder
+from .speed import compile_model, compile_note, compile_warmup, to_memory_format
 from .storage import writing
 from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
                          Strategy, synchronize)
@@ -107,7 +110,8 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
         # A last batch of one image breaks BatchNorm in train mode; drop it only in that case
         # (pipelines drop every short batch: their microbatch shapes are fixed at the first step).
-        drop_last=strategy.drop_last_train or shard_len % batch == 1,
+        # A compiled model drops them all: another shape would compile another graph (speed.py).
+        drop_last=strategy.drop_last_train or config.compile or shard_len % batch == 1,
         **common,
     )
     val_indices = strategy.val_indices(len(data.val))
@@ -193,7 +197,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     measured = measures.epoch_extra(epoch, train_time_s, totals[2].item(), train_time.item()) if measures else {}
     synchronize(strategy.devices)
     epoch_time_s = time.perf_counter() - epoch_start
-    t_loss, t_correct, t_count, v_loss, v_correct, v_count = totals.tolist()
+    t_loss, t_correct, t_count, v_loss, v_correct, v_count, *confusion = totals.tolist()
     return EpochMetrics(
         epoch=epoch,
         train_loss=t_loss / t_count,
@@ -207,7 +211,9 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
-               **(precision.extra() if precision is not None else {}), **measured},
+               **(precision.extra() if precision is not None else {}), **measured,
+               # Taken out by the trainer before the epoch is stored: only the best epoch's is kept.
+               **({"confusion": confusion} if confusion else {})},
     )
 
 
@@ -276,7 +282,10 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                              in_chans=data.info.in_chans, pretrained=config.pretrained)
         flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
                  if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
-        model = strategy.wrap(model)
+        model = strategy.wrap(to_memory_format(model, config))
+        strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device, rank)
+        if config.compile:
+            compile_model(model, strategy)
         optimizer = build_optimizer(config, model.parameters())
         amp_dtype = resolve_amp(config.amp, strategy.input_device)
         if config.strategy == "pp" and amp_dtype == torch.float16:
@@ -290,6 +299,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                                       full_batches=strategy.drop_last_train) if config.bn_stats_images else None
         has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
         engine = make_engine(db_url) if strategy.is_main else None
+        if config.compile:
+            _record_compile_time(engine, run_id, strategy, compile_warmup(model, loaders, strategy, amp_dtype))
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
         if engine is not None:
@@ -318,7 +329,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             improved = metrics.val_acc > best_acc
             best_acc = max(best_acc, metrics.val_acc)
             state = strategy.checkpoint_state(model) if improved else None
+            confusion = metrics.extra.pop("confusion", None)
             if engine is not None:
+                if improved and confusion:
+                    store.set_measurements(engine, run_id, {
+                        "confusion": confusion_record(epoch, data.info.class_names, confusion)})
                 # The one write that must not be lost: wait out another process's lock (with backoff)
                 # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
                 retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
@@ -381,6 +396,14 @@ def series_note(config: RunConfig, world_size: int) -> str | None:
     if config.strategy == "pp":
         return "Step points are recorded by the last pipeline stage, which computes the loss of the whole batch."
     return None
+
+
+def _record_compile_time(engine, run_id: int, strategy: Strategy, seconds: float) -> None:
+    """The slowest process's compile warm-up, in runs.measurements and a run note (rank 0)."""
+    slowest = strategy.all_reduce(torch.tensor([seconds], dtype=torch.float64, device=strategy.output_device), "max")
+    if engine is not None:
+        store.set_measurements(engine, run_id, {"compile_time_s": round(slowest.item(), 3)})
+        store.add_notes(engine, run_id, [compile_note(slowest.item())])
 
 
 def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:

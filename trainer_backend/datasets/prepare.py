@@ -1,4 +1,4 @@
-"""From a dataset name or folder to normalised train/val tensors: validate, decode (or load the cache), split."""
+"""From a dataset name or folder to train/val tensors: validate, decode (or load the cache), split."""
 
 from __future__ import annotations
 
