@@ -28,6 +28,11 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-dev-shm-usage"]
 LOG_TAIL_CHARS = 3000
+# The Run page's per-epoch charts, by the keys pages/run.py gives them (Streamlit marks a keyed
+# element's container with the class st-key-<key>); the step, system and per-class charts come and
+# go with what a run recorded, these five are on every run's page once an epoch has ended.
+EPOCH_CHART_KEYS = ("loss", "accuracy", "throughput", "epoch_time", "memory")
+EPOCH_CHARTS = ", ".join(f".st-key-{key} .stPlotlyChart" for key in EPOCH_CHART_KEYS)
 
 
 def free_port() -> int:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.browser import CHROMIUM, CHROMIUM_ARGS, browser_missing, dashboard_server  # noqa: E402
+from bench.browser import (CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, browser_missing,  # noqa: E402
+                           dashboard_server)
 from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
 from bench.machine import process_tree_cpu_s  # noqa: E402
 from bench.report import Report  # noqa: E402
@@ -93,17 +94,17 @@ class Watch:
             page.set_default_timeout(PAGE_MS)
             page.goto(f"{self.url}/run?run={self.run_id}")
             expect(page.get_by_role("heading", name=f"Run #{self.run_id}")).to_be_visible()
-            expect(page.locator(".stPlotlyChart")).to_have_count(5)
+            expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS))
             shown = self.last_epoch()
             page.wait_for_timeout(SETTLE_S * 1000)
             self.measure("watched", window_s, page)
             # The charts stayed on the page between ticks, and were redrawn as epochs landed: the
             # loss chart has one training-loss marker per recorded epoch.
-            charts = page.locator(".stPlotlyChart")
-            expect(charts).to_have_count(5)
+            charts = page.locator(EPOCH_CHARTS)
+            expect(charts).to_have_count(len(EPOCH_CHART_KEYS))
             if self.last_epoch() <= shown:
                 raise RuntimeError(f"no epoch landed in a {window_s:.0f} s window: use a longer --window")
-            markers = charts.first.locator(".scatterlayer .trace").first.locator("path.point")
+            markers = page.locator(".st-key-loss .stPlotlyChart").locator(".scatterlayer .trace").first.locator("path.point")
             # Epochs may keep landing while we look: the chart must catch up with every epoch
             # recorded before the look, and show none that was not recorded after it.
             recorded, deadline = self.last_epoch(), time.monotonic() + 15

@@ -24,8 +24,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.browser import CHROMIUM, EPOCH_CHART_KEYS, EPOCH_CHARTS  # noqa: E402
+
 IMAGES = ROOT / "docs" / "img"
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
 VIEWPORT = {"width": 1400, "height": 1500}  # tall enough for a whole page: Streamlit scrolls inside itself
 UI_MS = 120_000
@@ -99,7 +102,7 @@ def default_run(page, url: str) -> int:
     page.wait_for_url(re.compile(r"/run\?run=\d+"), timeout=UI_MS)
     run_id = int(re.search(r"run=(\d+)", page.url).group(1))
     expect(completed_badges(page)).to_have_text(re.compile(r"completed$"), timeout=RUN_MS)
-    expect(page.locator(".stPlotlyChart")).to_have_count(5, timeout=UI_MS)
+    expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS), timeout=UI_MS)
     wait_idle(page)
     shoot(page, "run-page.png")
     return run_id

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, start_dashboard
 from conftest import ROOT, run_dir
 from nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
@@ -122,7 +122,7 @@ class Visitor:
         # The page refreshes itself every 2 s while the run is active: no reload needed.
         badge = page.get_by_role("paragraph").filter(has=page.get_by_role("img", name="check_circle icon"))
         expect(badge).to_have_text(re.compile(r"completed$"), timeout=RUN_DONE_MS)
-        expect(page.locator(".stPlotlyChart")).to_have_count(5, timeout=UI_MS)  # loss, acc, images/s, time, memory
+        expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS), timeout=UI_MS)
         expect(page.get_by_text(f"Epoch {epochs} of {epochs} done")).to_be_visible()
         expect(page.get_by_test_id("stDownloadButton").filter(has_text="best checkpoint")).to_be_visible()
         self.wait_idle()

@@ -166,7 +166,8 @@ def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dt
     """[loss_sum, correct, count, confusion counts...] over this process's validation shard. The loss is
     the plain cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
     model.eval()
-    totals = val_totals(getattr(loader.dataset, "num_classes", 0), strategy.output_device)
+    # Any iterable of batches will do; a DataLoader's dataset tells the classes to count a confusion matrix over.
+    totals = val_totals(getattr(getattr(loader, "dataset", None), "num_classes", 0), strategy.output_device)
     for images, labels in loader:
         images, labels = strategy.to_device(images, labels)
         with autocast(strategy.input_device, amp_dtype):

@@ -304,7 +304,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
         if engine is not None:
-            store.set_measurements(engine, run_id, {**measures.once_per_run(), "effective_batch": config.effective_batch})
+            once = {**measures.once_per_run(), "effective_batch": config.effective_batch}
+            retry_when_locked(lambda: store.set_measurements(engine, run_id, once), what="record the run's measurements")
         checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0
         if resumable:
@@ -331,23 +332,24 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             state = strategy.checkpoint_state(model) if improved else None
             confusion = metrics.extra.pop("confusion", None)
             if engine is not None:
-                if improved and confusion:
-                    store.set_measurements(engine, run_id, {
-                        "confusion": confusion_record(epoch, data.info.class_names, confusion)})
                 # The one write that must not be lost: wait out another process's lock (with backoff)
                 # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
                 retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
+                if improved and confusion:
+                    record = {"confusion": confusion_record(epoch, data.info.class_names, confusion)}
+                    retry_when_locked(lambda: store.set_measurements(engine, run_id, record),
+                                      what=f"record epoch {epoch}'s confusion matrix")
                 if echo:
                     print(metrics.line(config.epochs), flush=True)
                 if notes := measures.take_notes():
-                    store.add_notes(engine, run_id, notes)
+                    retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
                 if peak := measures.take_remeasured():
-                    store.set_measurements(engine, run_id, peak)
+                    retry_when_locked(lambda: store.set_measurements(engine, run_id, peak), what="record the CPU peak")
                 note = None if lag_noted else lag_note(
                     train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
                     reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)
                 if note is not None:
-                    store.add_notes(engine, run_id, [note])
+                    retry_when_locked(lambda: store.add_notes(engine, run_id, [note]), what="record the run's notes")
                     lag_noted = True
                 if state is not None:
                     save_checkpoint(checkpoint, state, config, data, metrics)
@@ -402,8 +404,10 @@ def _record_compile_time(engine, run_id: int, strategy: Strategy, seconds: float
     """The slowest process's compile warm-up, in runs.measurements and a run note (rank 0)."""
     slowest = strategy.all_reduce(torch.tensor([seconds], dtype=torch.float64, device=strategy.output_device), "max")
     if engine is not None:
-        store.set_measurements(engine, run_id, {"compile_time_s": round(slowest.item(), 3)})
-        store.add_notes(engine, run_id, [compile_note(slowest.item())])
+        retry_when_locked(lambda: store.set_measurements(engine, run_id, {"compile_time_s": round(slowest.item(), 3)}),
+                          what="record the compile time")
+        retry_when_locked(lambda: store.add_notes(engine, run_id, [compile_note(slowest.item())]),
+                          what="record the compile note")
 
 
 def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:
