@@ -20,7 +20,8 @@ import pg_server
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# The longest test files, longest first. Under pytest-xdist (make test: --dist loadfile) each file goes
+# The longest test files, longest first. Under pytest-xdist (make test: --dist loadfile, in collection
+# order with --no-loadscope-reorder) each file goes
 # whole to the next free worker in collection order; starting the long ones first keeps a worker from
 # being handed a two-minute file when the rest of the suite is almost done.
 LONGEST_FILES = ("test_bench_smoke.py", "test_e2e_browser.py", "test_training.py", "test_pipeline_fsdp.py",

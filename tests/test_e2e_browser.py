@@ -181,7 +181,8 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             value = speedup.get_by_test_id("stMetricValue").inner_text()
             assert re.fullmatch(r"\d+\.\d\d×", value), value
             expect(page.get_by_text("not like for like")).to_have_count(0)
-            expect(page.locator(".stPlotlyChart")).to_have_count(3)  # speedup, efficiency, curves
+            for key in ("speedup", "efficiency", "overlay"):  # the scaling view and the epoch curves
+                expect(page.locator(f".st-key-{key} .stPlotlyChart")).to_have_count(1)
             user.wait_idle()
             user.shoot("05-compare-speedup")
         finally:
@@ -227,7 +228,7 @@ def test_new_user_sweeps_four_strategies_and_reads_the_scaling_report(dashboard)
             expect(done).to_have_count(4, timeout=4 * RUN_DONE_MS)
             advice = page.get_by_test_id("stAlert").filter(has_text="Fastest:")
             expect(advice).to_be_visible(timeout=UI_MS)
-            report = page.get_by_test_id("stTable")
+            report = page.get_by_test_id("stTable").first  # the report; the scaling forecast follows it
             expect(report.get_by_role("columnheader", name="speedup (×)")).to_be_visible()
             expect(report.get_by_role("row")).to_have_count(5)  # the header and one row per strategy
             expect(page.get_by_test_id("stDownloadButton").filter(has_text="report (HTML)")).to_be_visible()
