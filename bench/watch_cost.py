@@ -12,7 +12,7 @@ five charts, and must have redrawn them for an epoch that landed while it was wa
 
     python bench/watch_cost.py                  # 5 pairs of 40 s windows
     python bench/watch_cost.py --repeats 3 --window 30
-    python bench/watch_cost.py --quick          # test_resnet, one pair of 15 s windows
+    python bench/watch_cost.py --quick          # test_resnet, one pair of 3 s windows
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PAGE_MS = 120_000
 
 
 def add_window(parser) -> None:
-    parser.add_argument("--window", type=float, default=None, help="seconds per window (default 40; 15 with --quick)")
+    parser.add_argument("--window", type=float, default=None, help="seconds per window (default 40; 3 with --quick)")
 
 
 def run_flags(quick: bool) -> list[str]:
@@ -120,7 +120,7 @@ class Watch:
 
 def main() -> None:
     args = parse_args(__doc__, add_window)
-    window_s = args.window or (6.0 if args.quick else 40.0)
+    window_s = args.window or (3.0 if args.quick else 40.0)
     report = Report("watch_cost", "Watch cost", method=METHOD)
     report.settings = {"pairs of windows": args.repeats, "window_s": window_s,
                        "run": " ".join(run_flags(args.quick))}
