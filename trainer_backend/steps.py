@@ -24,12 +24,13 @@ import time
 import torch
 
 from db import series, store
-from db.engine import DatabaseLockedError, retry_when_locked
+from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, retry_when_locked
 
 from .energy import EnergyMeter
 from .sampler import step_point_s
 
 FLUSH_S = 5.0
+MAX_UNWRITTEN_ROWS = 20_000  # step points kept while the database is locked (hours of points)
 ENERGY_TICK_S = 1.0
 
 
@@ -54,6 +55,7 @@ class StepRecorder:
         self.flush_s = flush_s
         self.cost_s = 0.0  # seconds the training thread spent in the recorder
         self.written = self.dropped = 0
+        self._unwritten: list[dict] = []  # rows a locked database refused, written with the next ones
         self._pending = None  # (host copy of losses, its CUDA event, the points it resolves)
 
     def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer) -> None:
@@ -107,6 +109,7 @@ class StepRecorder:
         self.cost_s += time.perf_counter() - started
 
     def note_dropped(self) -> None:
+        self.finish()
         if self.dropped:
             retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, [
                 f"{self.dropped} step points were not recorded: the database stayed locked."]), what="note missing steps")
@@ -159,11 +162,35 @@ class StepRecorder:
                          "train_loss": sum(window) / len(window) if window else None,
                          "images_per_s": point["images"] / seconds if seconds > 0 else None,
                          "lr": float(lr) if not isinstance(lr, float) else lr})
+        self._unwritten += rows
+        self._write(window_s=SKIPPABLE_WRITE_WAIT_S)
+
+    def _write(self, *, window_s: float | None) -> None:
+        """Write the rows not yet written. While training, a locked database is waited out for about
+        a second only (the rows stay for the next write): the epoch's own record, which must not be
+        lost, gets the whole PARALLAX_DB_LOCK_WAIT_S, and step points must not spend it first."""
+        rows = self._unwritten
+        if not rows:
+            return
         try:
-            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points")
+            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points",
+                              window_s=window_s)
             self.written += len(rows)
-        except DatabaseLockedError:  # a chart loses some points; the run trains on, and its notes say so
-            self.dropped += len(rows)
+            self._unwritten = []
+        except DatabaseLockedError:
+            if len(rows) > MAX_UNWRITTEN_ROWS:  # a chart loses its oldest points; the notes say so
+                self.dropped += len(rows) - MAX_UNWRITTEN_ROWS
+                self._unwritten = rows[-MAX_UNWRITTEN_ROWS:]
+
+    def finish(self) -> None:
+        """The last write, at the end of the run: it waits as long as any must-keep write."""
+        try:
+            self._write(window_s=None)
+        except DatabaseLockedError:
+            pass
+        if self._unwritten:
+            self.dropped += len(self._unwritten)
+            self._unwritten = []
 
 
 def _event() -> torch.cuda.Event:
