@@ -85,9 +85,11 @@ def ddp_run(tmp_path_factory):
             ranks = {}
             for pid_file in home.glob("runs/*/run-*/rank*.pid"):
                 try:
-                    ranks[int(pid_file.stem.removeprefix("rank"))] = rss_with_children_mb(int(pid_file.read_text()))
+                    rss_mb = rss_with_children_mb(int(pid_file.read_text()))
                 except (OSError, ValueError, psutil.Error):
                     continue
+                if rss_mb > 0:  # a rank that has exited (not yet reaped) holds nothing: not a reading
+                    ranks[int(pid_file.stem.removeprefix("rank"))] = rss_mb
             memory = psutil.virtual_memory()
             readings.append({"t": time.time(), "ranks": ranks, "host_mb": (memory.total - memory.available) / MB})
             time.sleep(0.1)
