@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -125,8 +126,15 @@ def world_note(joined: RunConfig, world: TorchrunWorld, hosts: list[str]) -> str
             f"--devices only chose {kind} devices.")
 
 
+REFUSAL_GRACE_S = 10.0  # what the machine's first process gets to say why, on a busy machine
+
+
 def refuse(world: TorchrunWorld, exc: Exception) -> int:
     """One line per machine (its first process says it), and the exit code of bad input."""
     if world.local_rank == 0:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+    else:
+        # torchrun stops every process of the machine when the first one exits: one that left before
+        # the machine's first process had printed would take the only line with it.
+        time.sleep(REFUSAL_GRACE_S)
     return 2
