@@ -21,6 +21,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from .batchnorm import reestimate
 from .config import RunConfig
 from .confusion import add_confusion, val_totals
+from .loop import optimizer_step
 from .models import split_into_stages
 from .profiling import phase_ranges
 from .strategies import DistributedStrategy, autocast, on_cpu, synchronize
@@ -151,11 +152,8 @@ class PipelineStrategy(DistributedStrategy):
             with autocast(self.input_device, amp_dtype):
                 logits = self._run_schedule(self._schedule.step, images, labels, losses)
             with phase("optimizer_step"):
-                if self.config.grad_clip:
-                    self.clip_grad_norm(model, self.config.grad_clip)
-                # The lr schedule, where there is one, steps with the optimizer (schedule.py).
-                self._optimizer_clock.timed(optimizer.step)()
-                optimizer.zero_grad(set_to_none=True)
+                # Clip (when asked), step (the lr schedule with it, schedule.py), clear: as every loop does.
+                self._optimizer_clock.timed(optimizer_step)(model, optimizer, self, None)
             if self.is_last:
                 # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
                 batch_loss = torch.stack(losses).detach().double().mean()

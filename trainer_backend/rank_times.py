@@ -71,8 +71,10 @@ class RankClock:
     def allreduce_hook(self, state, bucket):
         """DDP's default all-reduce (mean over ranks), noting when each bucket is ready: the last
         one of a step is the end of backward's compute. (Unannotated: DDP checks annotations
-        against its classes, and this module's are strings.)"""
-        self.bucket_ready()
+        against its classes, and this module's are strings.) Only the step's last bucket is noted:
+        the earlier ones would each cost a timestamp (a CUDA event on GPUs) that the next overwrites."""
+        if bucket.is_last():
+            self.bucket_ready()
         return default_hooks.allreduce_hook(state, bucket)
 
     def bucket_ready(self) -> None:
