@@ -39,13 +39,6 @@ def compile_model(model: nn.Module, strategy: Strategy) -> None:
     strategy.unwrap(model).compile()
 
 
-def batch_sizes(loader: DataLoader) -> list[int]:
-    """The batch sizes ``loader`` yields: the full batch and, where it keeps one, the short last one."""
-    full, count = loader.batch_size, len(loader.sampler)
-    last = 0 if loader.drop_last else count % full
-    return [size for size in (min(full, count), last) if size > 0]
-
-
 def first_images(loader: DataLoader, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of ``size`` straight from the dataset: iterating the loader would move its seeded
     shuffle and make epoch 1 differ from an eager run's."""
@@ -61,11 +54,12 @@ def compile_warmup(model: nn.Module, loaders: tuple[DataLoader, DataLoader], str
     synchronize(strategy.devices)
     start = time.perf_counter()
     module.train()
-    for size in batch_sizes(train_loader):
-        images, labels = strategy.to_device(*first_images(train_loader, size))
-        with autocast(strategy.input_device, amp_dtype):
-            loss = F.cross_entropy(model(images), labels)
-        loss.backward()
+    # One shape: a compiled run's training loader drops its short last batch (trainer.build_loaders).
+    size = min(train_loader.batch_size, len(train_loader.sampler))
+    images, labels = strategy.to_device(*first_images(train_loader, size))
+    with autocast(strategy.input_device, amp_dtype):
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
     module.zero_grad(set_to_none=True)
     with torch.no_grad():
         for buffer, value in zip(module.buffers(), saved):
