@@ -78,6 +78,7 @@ class RunRecord:
     nodes: int
     hosts: list[str]
     elastic_run_id: str | None
+    measurements: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -199,12 +200,6 @@ def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> 
         if current is None:
             raise LookupError(f"no run with id {run_id}")
         _update_run(session, run_id, measurements={**current, **values})
-
-
-def read_measurements(engine: Engine, run_id: int) -> dict[str, Any]:
-    """The run's once-per-run measurements ({} for a run without any, or no such run)."""
-    with session_scope(engine) as session:
-        return dict(session.scalar(select(Run.measurements).where(Run.id == run_id)) or {})
 
 
 def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:

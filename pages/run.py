@@ -119,7 +119,7 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
     if epochs.empty:
         st.caption("Charts appear when the first epoch ends.")
     else:
-        show_metrics(epochs, store.read_measurements(state.engine(), run.id))
+        show_metrics(epochs, run.measurements)
         show_charts(epochs)
         efficiency_views.rank_times(epochs, key="rank_times")
         label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)
@@ -127,10 +127,10 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
 
 
 def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
-    """What the step and system charts are drawn from: the last step and sample (two index seeks,
-    whatever the run's length), the epochs (their boundary marks) and whether the run is active."""
-    return (run.id, run.status in ACTIVE_STATUSES, epochs_done,
-            series.last_step(engine, [run.id])[run.id], series.last_sample(engine, [run.id])[run.id])
+    """What the step and system charts are drawn from: the last step and sample (one query of two
+    index seeks, whatever the run's length), the epochs (their boundary marks) and whether the run
+    is active."""
+    return (run.id, run.status in ACTIVE_STATUSES, epochs_done, *series.last_points(engine, run.id))
 
 
 def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[list[tuple[str, object]], list[str]]:
@@ -146,18 +146,16 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     return figures, series_charts.missing_series(devices, run.status in ACTIVE_STATUSES, steps, system)
 
 
-def live_series(run_id: int, epochs: pd.DataFrame) -> None:
+def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
     """Loss and images/s per step, and CPU, memory, GPU utilisation and power over time: a fragment
     with a timer while the run is active, apart from the per-epoch charts, which its ticks never touch.
 
     A tick asks for the last step and sample; the figures are rebuilt, from at most LIVE_MAX_POINTS
     rows per chart, only when those moved, and no more often than series_charts.REBUILD_SHARE allows
     (a fragment's elements must be sent again on each of its runs, so an idle tick sends the
-    figures it built before)."""
+    figures it built before). ``run`` is the page's: a change of status reruns the whole page
+    (live_progress), so a tick need not read the run again."""
     engine = state.engine()
-    run = store.get_run(engine, run_id)
-    if run is None:
-        return
     version = series_version(engine, run, int(epochs.epoch.max()) if not epochs.empty else 0)
     drawn = st.session_state.get(SERIES_KEY)
     # New rows wait while the last rebuild's cost has not been spread thin enough (long runs on a
@@ -177,9 +175,9 @@ def live_series(run_id: int, epochs: pd.DataFrame) -> None:
         st.caption(line)
 
 
-def show_per_class(run_id: int) -> None:
+def show_per_class(run: store.RunRecord) -> None:
     """The best epoch's per-class accuracy and confusion matrix, where the run recorded them."""
-    record = store.read_measurements(state.engine(), run_id).get("confusion")
+    record = run.measurements.get("confusion")
     if not record:
         return
     st.subheader("Per class (best epoch)")
@@ -270,8 +268,8 @@ st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES 
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
 show_messages(run)
 show_epochs(run, epochs)
-show_per_class(run_id)
-st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run_id, epochs)
+show_per_class(run)
+st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)

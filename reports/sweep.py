@@ -34,7 +34,7 @@ def _run_dicts(engine, run_ids: list[int]) -> list[dict[str, Any]]:
     for run_id in run_ids:
         record = store.get_run(engine, run_id)
         runs.append({"id": record.id, "strategy": record.strategy, "model": record.model,
-                     "status": record.status, "config": record.config})
+                     "status": record.status, "config": record.config, "notes": record.notes})
     return runs
 
 
@@ -59,8 +59,7 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
     utilisation = mean_utilisation(series.read_system(engine, run_ids, max_points=UTILISATION_SAMPLES))
     table["utilisation_pct"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[0])
     table["utilisation_of"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[1])
-    energy = {run_id: energy_per_image(epochs[epochs["run_id"] == run_id], record.notes)
-              for run_id, record in zip(run_ids, (store.get_run(engine, run_id) for run_id in run_ids))}
+    energy = {run["id"]: energy_per_image(epochs[epochs["run_id"] == run["id"]], run["notes"]) for run in runs}
     table["energy_j_per_image"] = table["run_id"].map(lambda run_id: energy[run_id][0])
     table["energy_note"] = table["run_id"].map(lambda run_id: energy[run_id][1])
     return table

@@ -195,7 +195,7 @@ def test_compile_time_is_recorded_apart_and_noted(db_url, parallax_home):
     engine = make_engine(db_url)
     run_id = store.create_run(engine, config.to_dict(), status="running", world_size=1)
     _record_compile_time(engine, run_id, Strategy(config), 12.3456)
-    assert store.read_measurements(engine, run_id) == {"compile_time_s": 12.346}
+    assert store.get_run(engine, run_id).measurements == {"compile_time_s": 12.346}
     note, = store.get_run(engine, run_id).notes
     assert note.startswith("torch.compile: compiling the training step took 12.3 s before epoch 1")
     # One batch shape, one compiled graph: a compiled run's training drops the short last batch.
