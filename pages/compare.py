@@ -63,11 +63,11 @@ def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -
         "run": table["label"],
         "devices": table["devices"],
         "effective batch": table["effective_batch"],
-        "throughput (images/s)": pd.to_numeric(table["throughput_images_per_s"]).round(0),  # None before an epoch
+        "throughput (images/s)": table["throughput_images_per_s"].round(0),
         "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
             figures["mfu"].get(i), figures["achieved_tflops"].get(i))),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
-        "speedup (×)": pd.to_numeric(table["speedup"]).round(2),
+        "speedup (×)": table["speedup"].round(2),
         "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
         f"time to {target_acc:.0%} val acc": table["time_to_target_s"].map(
             lambda s: widgets.format_duration(s) if pd.notna(s) else "not reached"),

@@ -146,8 +146,11 @@ def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: d
             "efficiency": None if speedup is None else speedup / n_devices,
             "time_to_target_s": time_to_accuracy_s(by_run.get(run["id"], empty), target_acc),
         })
-    return pd.DataFrame(rows, columns=list(SCALING_COLUMNS)).astype({"baseline_run_id": "Int64",
-                                                                     "effective_batch": "Int64"})
+    # Floats even where every run lacks a figure (no epoch yet): None alone would make the columns
+    # objects, which cannot be rounded or compared.
+    return pd.DataFrame(rows, columns=list(SCALING_COLUMNS)).astype({
+        "baseline_run_id": "Int64", "effective_batch": "Int64", "throughput_images_per_s": float,
+        "speedup": float, "efficiency": float, "time_to_target_s": float})
 
 
 def like_for_like_problems(runs: list[dict[str, Any]]) -> list[str]:
