@@ -162,6 +162,15 @@ def test_speedup_and_efficiency_figures_show_runs_against_the_ideal(epochs):
     assert [shape.y0 for shape in efficiency.layout.shapes] == [1.0]  # the ideal line
 
 
+def test_runs_without_an_epoch_give_a_table_of_floats_that_can_be_rounded():
+    """Compare with runs picked before their first epoch ended: the figures are missing, not objects."""
+    runs = [run(1, "single", ["cpu"]), run(2, "ddp", ["cpu", "cpu"])]
+    empty = scaling.epochs_frame([])
+    table = scaling.scaling_table(runs, empty, scaling.pick_baselines(runs, {}), 0.9)
+    for column in ("throughput_images_per_s", "speedup", "efficiency", "time_to_target_s"):
+        assert table[column].dtype == float and table[column].round(2).isna().all()
+
+
 # --- form validation ----------------------------------------------------------------------
 
 
