@@ -125,13 +125,6 @@ def export_run(run_id: int, db_url: str | None = None) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def engine_accepts(flag: str, command: str = "run") -> bool:
-    """True when ``python -m trainer_backend COMMAND --help`` lists ``flag``."""
-    done = subprocess.run(engine_command(command, "--help"), cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
-    return flag in done.stdout
-
-
 def digits_workload(quick: bool, epochs: int = 3) -> dict[str, Any]:
     """The training work the engine benchmarks share: resnet18 on digits at 32x32, batch 128.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import engine_accepts, epoch_field, run_engine  # noqa: E402
+from bench.common import epoch_field, run_engine  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, pair_ratios  # noqa: E402
 
@@ -50,12 +50,6 @@ def kept_step_ms(db_url: str, run_id: int) -> float:
     if not steps:
         raise RuntimeError(f"profiled run {run_id} stored no profiled steps")
     return statistics.median(steps)
-
-
-def unavailable() -> str | None:
-    if not engine_accepts("--profile"):
-        return "`python -m trainer_backend run` does not accept --profile yet"
-    return None
 
 
 def contenders(settings: dict, db_url: str) -> dict:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tifffile  # noqa: E402
 
-from bench.common import engine_accepts, parallax_home, parse_args, run_engine  # noqa: E402
+from bench.common import parallax_home, parse_args, run_engine  # noqa: E402
 from bench.data_pipeline import BANDS, CLASSES, SIZE  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate  # noqa: E402
@@ -61,13 +61,6 @@ def main() -> None:
     args = parse_args(__doc__, flags)
     recipe = tuple(args.recipe.split())
     report = Report(KEY, TITLE, method=METHOD)
-    unknown = [flag for flag in recipe if flag.startswith("--") and not engine_accepts(flag)]
-    if unknown:
-        reason = f"the engine's CLI does not know {', '.join(unknown)} yet"
-        print(f"{KEY}: skipped: {reason}", flush=True)
-        report.skip(reason)
-        report.finish(args)
-        return
     per_class, epochs = (20, 2) if args.quick else (200, 8)
     model, image_size = ("test_resnet", 16) if args.quick else ("resnet18", 32)
     seeds = list(range(args.repeats))
