@@ -18,14 +18,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import digits_workload, parallax_home, parse_args, prime_dataset_cache  # noqa: E402
 from bench.report import Report  # noqa: E402
-from bench.stats import alternate, at_most  # noqa: E402
+from bench.stats import alternate, at_most, timed_calls  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 CADENCES = {"defaults": {}, "densest": {"PARALLAX_STEP_POINT_S": "0.000001", "PARALLAX_SAMPLE_S": "0.2"}}
@@ -46,14 +45,7 @@ def instrumented_run(settings: dict, environment: dict[str, str]) -> dict:
     originals = [(cls, name, getattr(cls, name)) for cls, name, _ in wrapped]
 
     def timed(function, key):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[key] += time.perf_counter() - start
-        return wrapper
+        return timed_calls(function, lambda seconds: spent.__setitem__(key, spent[key] + seconds))
 
     sampler_stop = SystemSampler.stop
 

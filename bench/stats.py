@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -24,6 +25,19 @@ def alternate(contenders: dict[str, Callable[[], Any]], repeats: int, *, label: 
             results[name].append(measure())
             print(f"  {label}{name} #{repeat}: {time.perf_counter() - started:.1f} s", flush=True)
     return results
+
+
+def timed_calls(function: Callable, record: Callable[[float], None]) -> Callable:
+    """``function``, handing each call's wall seconds to ``record`` (also when it raises): for
+    patching an engine function to see what its calls cost inside a real run."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - start)
+    return wrapper
 
 
 def summarize(values: list[float]) -> dict[str, Any]:

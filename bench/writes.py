@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
 import statistics
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import digits_workload, parallax_home, parse_args  # noqa: E402
 from bench.report import Report  # noqa: E402
-from bench.stats import alternate, at_most  # noqa: E402
+from bench.stats import alternate, at_most, timed_calls  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 READERS = 5
@@ -106,18 +105,8 @@ def instrumented_run(settings: dict) -> dict:
     originals = {"log_epoch": (store, store.log_epoch), "set_progress": (lifecycle, lifecycle.set_progress),
                  "heartbeat": (lifecycle, lifecycle.heartbeat)}
 
-    def timed(name, function):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                calls.append((name, time.perf_counter() - start))
-        return wrapper
-
     for name, (module, function) in originals.items():
-        setattr(module, name, timed(name, function))
+        setattr(module, name, timed_calls(function, lambda seconds, name=name: calls.append((name, seconds))))
     try:
         config = RunConfig(dataset=settings["dataset"], model=settings["model"], epochs=settings["epochs"],
                            batch_size=settings["batch_size"], image_size=settings["image_size"])
