@@ -73,21 +73,12 @@ def visible_device_ids(gpu_uuids: list[str], cuda_visible_devices: str | None) -
 
 def gpu_statuses() -> list[GpuStatus]:
     """Every GPU torch can use, with its current memory use and utilisation; [] without NVML."""
-    try:
-        import pynvml
-    except ImportError:
+    pynvml = _init_nvml()
+    if pynvml is None:  # no package, no driver or no GPU: a CPU machine
         return []
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:  # no driver or no GPU: a CPU machine
-        return []
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        handles.sort(key=lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
-        ids = visible_device_ids([_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles],
-                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
         statuses = []
-        for torch_index, device_id in enumerate(ids):
+        for torch_index, device_id in enumerate(_visible_ids(pynvml)):
             try:
                 handle = _handle_for(pynvml, device_id)
             except pynvml.NVMLError:  # a MIG id NVML does not know: CUDA stops there too
@@ -97,10 +88,30 @@ def gpu_statuses() -> list[GpuStatus]:
     except pynvml.NVMLError:
         return []
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        close_nvml(pynvml)
+
+
+def _init_nvml():
+    """pynvml, initialised (``close_nvml`` shuts it down), or None without the package or a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    return pynvml
+
+
+def _visible_ids(pynvml) -> list[str]:
+    """The ids (GPU or MIG) of the devices torch numbers cuda:0, cuda:1, ...: NVML's GPUs in PCI bus
+    order (CUDA_DEVICE_ORDER=PCI_BUS_ID, which every Parallax process sets), as CUDA_VISIBLE_DEVICES
+    selects them."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    handles.sort(key=lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
+    return visible_device_ids([_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles],
+                              os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _text(value) -> str:
@@ -150,10 +161,7 @@ def cuda_indices(devices) -> list[int]:
 def nvml_handles(pynvml, indices: list[int]) -> dict[int, object]:
     """NVML's handles of the GPUs torch numbers ``cuda:<index>``, for the indices it can find
     (after ``nvmlInit``): the same PCI order and CUDA_VISIBLE_DEVICES resolution as ``gpu_statuses``."""
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    handles.sort(key=lambda h: _text(pynvml.nvmlDeviceGetPciInfo(h).busId).lower())
-    ids = visible_device_ids([_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles],
-                             os.environ.get("CUDA_VISIBLE_DEVICES"))
+    ids = _visible_ids(pynvml)
     found = {}
     for index in indices:
         if index < len(ids):
@@ -167,15 +175,8 @@ def nvml_handles(pynvml, indices: list[int]) -> dict[int, object]:
 def open_nvml(indices: list[int]):
     """(pynvml, {index: handle}) for the run's GPUs, NVML initialised (the caller shuts it down);
     (None, {}) where there is no NVML (no package, no driver) or no GPU to watch."""
-    if not indices:
-        return None, {}
-    try:
-        import pynvml
-    except ImportError:
-        return None, {}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
+    pynvml = _init_nvml() if indices else None
+    if pynvml is None:
         return None, {}
     try:
         return pynvml, nvml_handles(pynvml, indices)
