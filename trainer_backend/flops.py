@@ -39,7 +39,11 @@ MEASURED_ON_CPU = "measured on this CPU"
 def flops_per_image(model: nn.Module, *, in_chans: int, image_size: int) -> float:
     """FLOPs of one training image, forward and backward, counted on a meta-device copy of ``model``
     (the unwrapped model, before any strategy moves or shards it)."""
-    meta = copy.deepcopy(model).to("meta").train()
+    # Tensors go to the meta device as the module is copied: a copy first and a move after would
+    # hold a second set of the (perhaps pretrained, perhaps large) weights in host memory meanwhile.
+    memo = {id(t): nn.Parameter(t.detach().to("meta"), requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter) else t.to("meta") for t in (*model.parameters(), *model.buffers())}
+    meta = copy.deepcopy(model, memo).to("meta").train()
     images = torch.empty(COUNT_BATCH, in_chans, image_size, image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         logits = meta(images)
