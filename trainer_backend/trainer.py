@@ -178,7 +178,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        **({"on_loss": on_loss} if on_loss is not None else {}),
+        on_loss=on_loss,
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded

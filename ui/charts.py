@@ -23,10 +23,11 @@ METRIC_TITLES = {
 X_AXES = {"epoch": "Epoch", "wall_time_s": "Wall-clock time (s)"}
 
 
-def _figure(title: str, x_title: str, y_title: str, *, percent: bool = False) -> go.Figure:
+def base_figure(title: str, x_title: str, y_title: str, *, percent: bool = False) -> go.Figure:
+    """An empty chart in the dashboard's layout (a two-line title gets the room it needs)."""
     figure = go.Figure()
     figure.update_layout(
-        title=title, height=CHART_HEIGHT_PX, margin=dict(l=10, r=10, t=40, b=10),
+        title=title, height=CHART_HEIGHT_PX, margin=dict(l=10, r=10, t=60 if "<br>" in title else 40, b=10),
         # Below the plot: a legend of several runs would otherwise run over the title.
         legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0.0),
         xaxis_title=x_title, yaxis_title=y_title, hovermode="x unified",
@@ -36,16 +37,16 @@ def _figure(title: str, x_title: str, y_title: str, *, percent: bool = False) ->
     return figure
 
 
-def _has(frame: pd.DataFrame, column: str) -> bool:
+def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and frame[column].notna().any()
 
 
 def epoch_lines(epochs: pd.DataFrame, columns: dict[str, str], title: str, y_title: str,
                 *, percent: bool = False) -> go.Figure:
     """One line per metric column of one run, over epochs; ``columns`` maps column -> legend name."""
-    figure = _figure(title, "Epoch", y_title, percent=percent)
+    figure = base_figure(title, "Epoch", y_title, percent=percent)
     for column, name in columns.items():
-        if _has(epochs, column):
+        if has_values(epochs, column):
             figure.add_scatter(x=epochs["epoch"], y=epochs[column], name=name, mode="lines+markers")
     figure.update_xaxes(dtick=1 if len(epochs) <= 20 else None)
     return figure
@@ -79,7 +80,7 @@ def memory_figure(memory: pd.DataFrame) -> go.Figure:
     GPUs a dashed line per device for what the allocator reserved. The title says which is which."""
     reserved = "peak_memory_reserved_mb" in memory and memory["peak_memory_reserved_mb"].notna().any()
     shows = MEMORY_ON_GPU if reserved else MEMORY_ON_CPU
-    figure = _figure(f"Peak memory per device<br><sup>{shows}</sup>", "Epoch", "MB")
+    figure = base_figure(f"Peak memory per device<br><sup>{shows}</sup>", "Epoch", "MB")
     figure.update_layout(margin=dict(t=60))
     for i, (device, rows) in enumerate(memory.groupby("device", sort=True)):
         color = DEFAULT_PLOTLY_COLORS[i % len(DEFAULT_PLOTLY_COLORS)]  # a device's two lines share its colour
@@ -95,10 +96,10 @@ def memory_figure(memory: pd.DataFrame) -> go.Figure:
 def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
     """One line per run: ``metric`` over ``x`` ("epoch" or "wall_time_s"); ``labels`` names the runs."""
     percent = metric.endswith("_acc")
-    figure = _figure(METRIC_TITLES.get(metric, metric), X_AXES.get(x, x), METRIC_TITLES.get(metric, metric),
+    figure = base_figure(METRIC_TITLES.get(metric, metric), X_AXES.get(x, x), METRIC_TITLES.get(metric, metric),
                      percent=percent)
     for run_id, rows in epochs.groupby("run_id", sort=False):
-        if _has(rows, metric):
+        if has_values(rows, metric):
             figure.add_scatter(x=rows[x], y=rows[metric], name=labels.get(run_id, f"#{run_id}"), mode="lines+markers")
     if x == "epoch" and epochs["epoch"].nunique() <= 20:
         figure.update_xaxes(dtick=1)
@@ -108,7 +109,7 @@ def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, 
 def speedup_figure(scaling: pd.DataFrame) -> go.Figure:
     """Speedup over the single-device baseline against the number of devices, with the ideal
     (speedup = devices) as a dashed line."""
-    figure = _figure("Speedup over one device", "devices", "speedup (×)")
+    figure = base_figure("Speedup over one device", "devices", "speedup (×)")
     figure.update_layout(hovermode="closest")
     measured = scaling.dropna(subset=["speedup"])
     top_devices = max(2, int(max([1, *measured["devices"]])))
@@ -125,7 +126,7 @@ def speedup_figure(scaling: pd.DataFrame) -> go.Figure:
 
 def efficiency_figure(scaling: pd.DataFrame) -> go.Figure:
     """Scaling efficiency (speedup / devices) per run as bars; 100 % is perfect linear scaling."""
-    figure = _figure("Scaling efficiency", "", "speedup / devices", percent=True)
+    figure = base_figure("Scaling efficiency", "", "speedup / devices", percent=True)
     figure.update_layout(hovermode="closest", showlegend=False)
     measured = scaling.dropna(subset=["efficiency"])
     figure.add_bar(x=measured["label"], y=measured["efficiency"], name="measured",

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ui.charts import CHART_HEIGHT_PX
+from ui.charts import base_figure, has_values
 
 STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
@@ -113,8 +113,8 @@ def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = N
     averaged = int(steps["n"].max()) if not steps.empty else 1
     if averaged > 1:  # say what a point is: a mean, not one step
         title += f"<br><sup>each point: the mean of up to {averaged:,} steps</sup>"
-    figure = _figure(title, X_TITLES["step"], y_title)
-    if _has(steps, column):
+    figure = base_figure(title, X_TITLES["step"], y_title)
+    if has_values(steps, column):
         figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode="lines", showlegend=False,
                            customdata=steps[["epoch", "t_s"]],
                            hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
@@ -125,10 +125,10 @@ def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = N
 def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None = None) -> go.Figure:
     """``metric`` of each device (``SYSTEM_CHARTS``) over the run's time, one line per device."""
     title, y_title, kinds = SYSTEM_CHARTS[metric]
-    figure = _figure(title, X_TITLES["t_s"], y_title)
+    figure = base_figure(title, X_TITLES["t_s"], y_title)
     shown = system[system["kind"].isin(kinds)]
     for device, rows in shown.groupby("device", sort=False):
-        if _has(rows, metric):
+        if has_values(rows, metric):
             figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode="lines")
     _mark(figure, marks, "t_s")
     return figure
@@ -137,7 +137,7 @@ def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None 
 def system_charts_for(system: pd.DataFrame) -> list[str]:
     """The ``SYSTEM_CHARTS`` this run's samples can fill: GPU charts only where there are GPU samples."""
     return [metric for metric, (_, _, kinds) in SYSTEM_CHARTS.items()
-            if _has(system[system["kind"].isin(kinds)], metric)]
+            if has_values(system[system["kind"].isin(kinds)], metric)]
 
 
 def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system: pd.DataFrame) -> list[str]:
@@ -185,19 +185,9 @@ def compare_frame(steps: pd.DataFrame, system: pd.DataFrame, metric: str) -> pd.
 def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
     """One line per run: ``metric`` over ``x`` ("t_s" or "step"); ``labels`` names the runs."""
     title, y_title, _, _ = COMPARE_SERIES[metric]
-    figure = _figure(title, X_TITLES[x], y_title)
+    figure = base_figure(title, X_TITLES[x], y_title)
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
         figure.add_scatter(x=rows[x], y=rows["value"], name=labels.get(run_id, f"#{run_id}"), mode="lines")
-    return figure
-
-
-def _figure(title: str, x_title: str, y_title: str) -> go.Figure:
-    figure = go.Figure()
-    figure.update_layout(
-        title=title, height=CHART_HEIGHT_PX, margin=dict(l=10, r=10, t=60 if "<br>" in title else 40, b=10),
-        legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0.0),
-        xaxis_title=x_title, yaxis_title=y_title, hovermode="x unified",
-    )
     return figure
 
 
@@ -213,7 +203,3 @@ def _mark(figure: go.Figure, marks: pd.DataFrame | None, x: str) -> None:
         dict(x=at, xref="x", y=1, yref="paper", text=f"epoch {epoch}", showarrow=False, xanchor="left",
              yanchor="top", font=dict(size=10, color="gray")) for at, epoch in zip(shown[x], shown["epoch"])]
     figure.update_layout(shapes=shapes, annotations=labels)
-
-
-def _has(frame: pd.DataFrame, column: str) -> bool:
-    return column in frame and frame[column].notna().any()
