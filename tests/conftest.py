@@ -47,6 +47,15 @@ def db_url(parallax_home) -> str:
     return f"sqlite:///{parallax_home / 'parallax.db'}"
 
 
+@pytest.fixture
+def engine(db_url):
+    """The test's own SQLite database, its engines disposed of afterwards."""
+    import db
+
+    yield db.make_engine(db_url)
+    db.dispose_engines()
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """The URL of a PostgreSQL server to create test databases on."""

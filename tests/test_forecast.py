@@ -28,12 +28,6 @@ from trainer_backend.lifecycle import parse_device_counts, sweep_configs
 BATCH = 64
 
 
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
-
-
 def add_run(engine, sweep_id, strategy: str, devices: int, images_per_s: float, *, comm_share: float | None = None,
             breakdown: dict | None = None, mfu: float | None = None, microbatches: int = 4) -> int:
     """A completed run of two epochs; with ``comm_share``, each rank waited that share of its

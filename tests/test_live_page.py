@@ -19,19 +19,12 @@ from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test, local_script_runner
 
-import db
 from conftest import ROOT
 from db import lifecycle, store
 from ui import charts
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 def log_epoch(engine, run_id: int, epoch: int) -> None:

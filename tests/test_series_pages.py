@@ -32,12 +32,6 @@ CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "de
           "image_size": 16, "amp": "auto", "epochs": 2, "tags": []}
 
 
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
-
-
 def step_rows(first: int, last: int, *, steps_per_epoch: int = 100) -> list[dict]:
     """Steps first..last; step s has loss s (so a bucket's mean is known) and takes 0.5 s."""
     return [{"epoch": 1 + (s - 1) // steps_per_epoch, "step": s, "t_s": 0.5 * s, "train_loss": float(s),

@@ -13,7 +13,6 @@ import socket
 
 import pytest
 
-import db
 from db import dashboard, store
 from trainer_backend import devices
 from db.folders import run_folder
@@ -37,12 +36,6 @@ def add_run(engine, *, status="completed", accs=(0.5, 0.7), images_per_s=(100.0,
 @pytest.fixture
 def db_url(backend_db_url):
     return backend_db_url
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 def test_run_table_summarises_epochs_and_reads_config_fields(engine):

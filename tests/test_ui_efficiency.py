@@ -12,22 +12,14 @@ import base64
 import json
 
 import numpy as np
-import pytest
 from streamlit.testing.v1 import AppTest
 
-import db
 from conftest import ROOT
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 def open_page(page: str, query: dict | None = None, **session) -> AppTest:

@@ -19,7 +19,6 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import db
 from conftest import ROOT
 from nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
 from db import store
@@ -73,12 +72,6 @@ def add_run(engine, *, status="completed", images_per_s=(50.0, 100.0, 100.0), va
 def hold_by_this_process(engine, run_id: int) -> None:
     """Make a 'running' run look alive: its pid is this test process."""
     store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 @pytest.fixture(autouse=True)

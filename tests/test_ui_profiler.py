@@ -16,7 +16,6 @@ import streamlit.testing.v1.app_test as app_test_module
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
-import db
 from conftest import ROOT
 from db import profiles, store
 from reports.profile import ops_csv
@@ -33,12 +32,6 @@ class KeptMediaFileManager(MediaFileManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         KeptMediaFileManager.last = self
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 @pytest.fixture

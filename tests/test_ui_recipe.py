@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import db
 from conftest import ROOT
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
@@ -21,12 +20,6 @@ from trainer_backend.lifecycle import cancel
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm
 RECIPE_INPUTS = ("warmup_epochs", "label_smoothing", "grad_clip", "accumulate_steps")
-
-
-@pytest.fixture
-def engine(db_url):
-    yield db.make_engine(db_url)
-    db.dispose_engines()
 
 
 @pytest.fixture
