@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Select, delete, func, select, update
+from sqlalchemy import Engine, Select, and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -148,6 +148,23 @@ def sweep_run_ids(engine: Engine, sweep_id: int) -> list[int]:
         if session.get(Sweep, sweep_id) is None:
             raise LookupError(f"no sweep with id {sweep_id}")
         return list(session.scalars(select(Run.id).where(Run.sweep_id == sweep_id).order_by(Run.id)))
+
+
+def later_sweep_runs(engine: Engine, sweep_id: int, *, models: Iterable[str],
+                     datasets: Iterable[str]) -> list[dict[str, Any]]:
+    """The completed runs of ``models`` on ``datasets`` in sweeps created after sweep ``sweep_id``,
+    newest first, in one query: id, sweep_id, strategy, status, config."""
+    this = select(Sweep.created_at).where(Sweep.id == sweep_id).scalar_subquery()
+    statement = (
+        select(Run.id, Run.sweep_id, Run.strategy, Run.status, Run.config)
+        .join(Sweep, Run.sweep_id == Sweep.id)
+        .where(Run.status == "completed", Run.model.in_(list(models)), Run.dataset.in_(list(datasets)),
+               # Two sweeps stamped in the same microsecond are told apart by their ids.
+               or_(Sweep.created_at > this, and_(Sweep.created_at == this, Sweep.id > sweep_id)))
+        .order_by(Run.id.desc())
+    )
+    with session_scope(engine) as session:
+        return [row._asdict() for row in session.execute(statement)]
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:

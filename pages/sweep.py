@@ -139,7 +139,8 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
 
 
 def show_forecast(engine, sweep_id: int) -> None:
-    """What 2x and 4x the devices would give, beside what the sweep measured, and the model's assumptions."""
+    """What 2x and 4x the devices would give, beside what the sweep (or a later sweep of the same work)
+    measured, and the model's assumptions."""
     st.subheader("Scaling forecast")
     forecast = sweep_forecast(engine, sweep_id)
     if not forecast.table.empty:

@@ -15,7 +15,9 @@ The model, per strategy, with the global batch ``B`` fixed (as Parallax's batch 
   n ways under FSDP, PP and MP; activations and the rest follow the per-device batch, B/n.
 
 The fit uses each strategy's smallest measured multi-device run, so every larger measured run
-tests the forecast (``error`` = predicted / measured - 1).
+tests the forecast (``error`` = predicted / measured - 1). A count the sweep did not measure is
+checked by a later sweep's run where one measured it doing the same work (``reports.comparable``);
+``measured_in`` names the run each measurement comes from.
 
     forecast = sweep_forecast(engine, sweep_id)
     print(format_forecast(forecast))
@@ -23,14 +25,16 @@ tests the forecast (``error`` = predicted / measured - 1).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from db import profiles, store
+from db import dashboard, profiles, store
 
+from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
 from .scaling import device_count, epochs_frame, throughput_images_per_s
 
@@ -41,7 +45,7 @@ PIPELINES = ("pp", "mp")
 SHARDED = ("fsdp", "pp", "mp")  # parameters, gradients and optimizer state split over the devices
 FORECAST_COLUMNS = ("strategy", "devices", "kind", "images_per_s_predicted", "images_per_s_measured", "error",
                     "speedup_predicted", "speedup_measured", "memory_mb_predicted", "memory_mb_measured",
-                    "memory_error", "run_id")
+                    "memory_error", "run_id", "measured_in")
 STATE_PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb")
 
 
@@ -104,6 +108,7 @@ class Measured:
     comm_source: str = ""
     memory: dict[str, float] | None = None  # breakdown of the fullest device
     peak_memory_mb: float | None = None
+    sweep_id: int | None = None
 
     @property
     def step_s(self) -> float | None:
@@ -130,7 +135,8 @@ def measure_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Dat
         config = run["config"]
         m = Measured(run_id=run["id"], strategy=run["strategy"], devices=device_count(config),
                      batch_size=int(config.get("batch_size") or 0), microbatches=int(config.get("microbatches") or 1),
-                     images_per_s=throughput_images_per_s(run_epochs) if run["status"] == "completed" else None)
+                     images_per_s=throughput_images_per_s(run_epochs) if run["status"] == "completed" else None,
+                     sweep_id=run.get("sweep_id"))
         m.memory, m.peak_memory_mb = _memory(run_epochs)
         m.exposed_comm_s, m.comm_source = _exposed_comm(m, ranks, steps, steady(run_epochs)["epoch"].tolist())
         measured.append(m)
@@ -165,8 +171,12 @@ def _exposed_comm(m: Measured, ranks: pd.DataFrame, steps: pd.DataFrame, epochs:
     return None, ""
 
 
-def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.DataFrame | None = None) -> Forecast:
-    """The forecast of a sweep's runs (``runs`` as ``reports.sweep`` builds them)."""
+def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.DataFrame | None = None,
+                  later: Sequence[Measured] = ()) -> Forecast:
+    """The forecast of a sweep's runs (``runs`` as ``reports.sweep`` builds them). ``later``: runs of
+    later sweeps doing the same work, newest first; each count the sweep did not measure is shown
+    against the newest of them that measured it (the newest: a run repeated after a disturbed one
+    is the one its user trusts)."""
     measured = measure_runs(runs, epochs, steps if steps is not None else pd.DataFrame())
     rows: list[dict[str, Any]] = []
     assumptions = [
@@ -205,6 +215,10 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
             step_s, memory_mb = predict(n)
             images_per_s = calibration.batch_size / step_s
             actual = next((m for m in own if m.devices == n and m.images_per_s), None)
+            measured_in = f"run #{actual.run_id}" if actual else None
+            if actual is None:
+                actual = next((m for m in later if m.strategy == strategy and m.devices == n and m.images_per_s), None)
+                measured_in = f"sweep #{actual.sweep_id}, run #{actual.run_id}" if actual else None
             rows.append({
                 "strategy": strategy, "devices": n, "kind": "predicted vs measured" if actual else "forecast",
                 "images_per_s_predicted": images_per_s,
@@ -217,9 +231,15 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
                 "memory_error": (memory_mb / actual.memory_mb - 1
                                  if actual and memory_mb is not None and actual.memory_mb else None),
                 "run_id": actual.run_id if actual else None,
+                "measured_in": measured_in,
             })
     table = pd.DataFrame(rows, columns=list(FORECAST_COLUMNS)).astype(
-        {c: float for c in FORECAST_COLUMNS if c not in ("strategy", "devices", "kind", "run_id")})
+        {c: float for c in FORECAST_COLUMNS if c not in ("strategy", "devices", "kind", "run_id", "measured_in")})
+    if any(str(where).startswith("sweep #") for where in table["measured_in"]):
+        assumptions.append("Measured in “sweep #N, run #M”: a later sweep's completed run of that strategy on that "
+                           "many devices (the newest), doing the same work: the same device type, "
+                           f"{', '.join(STEP_TIME_FIELDS).replace('_', ' ')} (for PP also microbatches and "
+                           "schedule).")
     return Forecast(table=table, assumptions=assumptions, notes=notes)
 
 
@@ -258,14 +278,19 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
 
 
 def sweep_forecast(engine, sweep_id: int) -> Forecast:
-    """The forecast of a stored sweep."""
+    """The forecast of a stored sweep, checked against its own runs and later sweeps' comparable ones."""
     run_ids = store.sweep_run_ids(engine, sweep_id)
-    runs = []
-    for run_id in run_ids:
-        record = store.get_run(engine, run_id)
-        runs.append({"id": record.id, "strategy": record.strategy, "status": record.status, "config": record.config})
+    runs = dashboard.runs_for_compare(engine, run_ids)
     epochs = epochs_frame(store.read_epoch_metrics(engine, run_ids))
-    return forecast_runs(runs, epochs, pd.DataFrame(profiles.read_steps(engine, run_ids)))
+    later = []
+    if runs:
+        candidates = store.later_sweep_runs(engine, sweep_id, models={run["model"] for run in runs},
+                                            datasets={run["dataset"] for run in runs})
+        later_runs = comparable_runs(runs, candidates)
+        # Their profiles are left unread: these runs only check the forecast, they fit none of it.
+        later_epochs = epochs_frame(store.read_epoch_metrics(engine, [run["id"] for run in later_runs]))
+        later = measure_runs(later_runs, later_epochs, pd.DataFrame())
+    return forecast_runs(runs, epochs, pd.DataFrame(profiles.read_steps(engine, run_ids)), later)
 
 
 def _num(value, pattern: str) -> str:
@@ -284,6 +309,7 @@ def forecast_display(table: pd.DataFrame) -> pd.DataFrame:
         "speedup measured": table["speedup_measured"].map(lambda v: _num(v, "{:.2f}x")),
         "MB/device predicted": table["memory_mb_predicted"].map(lambda v: _num(v, "{:.0f}")),
         "MB/device measured": table["memory_mb_measured"].map(lambda v: _num(v, "{:.0f}")),
+        "measured in": table["measured_in"].map(lambda v: v if isinstance(v, str) else "-"),
     })
 
 

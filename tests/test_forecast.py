@@ -1,6 +1,6 @@
-"""The scaling forecast: its arithmetic on synthetic numbers, the sweep report on runs written by
-hand into a real SQLite database, and ``--device-counts`` (parsing, what each strategy runs,
-refusals before anything is recorded).
+"""The scaling forecast: its arithmetic on synthetic numbers, the sweep report (checked against its own
+runs and later sweeps' runs) on runs written by hand into a real SQLite database, and
+``--device-counts`` (parsing, what each strategy runs, refusals before anything is recorded).
 
     .venv/bin/python -m pytest tests/test_forecast.py -q
 """
@@ -29,12 +29,14 @@ BATCH = 64
 
 
 def add_run(engine, sweep_id, strategy: str, devices: int, images_per_s: float, *, comm_share: float | None = None,
-            breakdown: dict | None = None, mfu: float | None = None, microbatches: int = 4) -> int:
-    """A completed run of two epochs; with ``comm_share``, each rank waited that share of its
-    training time in collectives; with ``breakdown``, every device holds those MB."""
-    config = {"dataset": "digits", "model": "resnet18", "strategy": strategy, "devices": ["cpu"] * devices,
-              "batch_size": BATCH, "image_size": 32, "amp": "auto", "epochs": 2, "microbatches": microbatches}
-    run_id = store.create_run(engine, config, status="completed", sweep_id=sweep_id)
+            breakdown: dict | None = None, mfu: float | None = None, microbatches: int = 4,
+            status: str = "completed", device: str = "cpu", **config_changes) -> int:
+    """A run of two epochs; with ``comm_share``, each rank waited that share of its training time in
+    collectives; with ``breakdown``, every device holds those MB; ``config_changes`` replace config fields."""
+    config = {"dataset": "digits", "model": "resnet18", "strategy": strategy, "devices": [device] * devices,
+              "batch_size": BATCH, "image_size": 32, "amp": "auto", "epochs": 2, "microbatches": microbatches,
+              **config_changes}
+    run_id = store.create_run(engine, config, status=status, sweep_id=sweep_id)
     for epoch in (1, 2):
         extra = {}
         if comm_share is not None:
@@ -132,6 +134,100 @@ def test_a_measured_count_is_shown_against_its_forecast_with_the_error(engine):
     # PP with 4 microbatches: at 4 stages, t1 (m + p - 1) / (m p) = 0.64 x 7 / 16.
     pp = table[table["strategy"] == "pp"].set_index("devices")
     assert pp.loc[4, "images_per_s_predicted"] == pytest.approx(BATCH / (0.64 * 7 / 16))
+
+
+def single_and_ddp_on_two(engine) -> int:
+    """A sweep whose DDP forecast at 4 devices is 64 / 0.24 images/s (as in the test above)."""
+    sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
+    add_run(engine, sweep_id, "single", 1, 100.0)
+    add_run(engine, sweep_id, "ddp", 2, 160.0, comm_share=0.1, breakdown=ddp_parts())
+    return sweep_id
+
+
+def later_sweep(engine, strategy: str = "ddp", devices: int = 4) -> int:
+    return store.create_sweep(engine, {"devices": ["cpu"] * devices}, [strategy])
+
+
+def test_a_later_sweep_of_the_same_work_measures_the_forecast_count(engine):
+    sweep_id = single_and_ddp_on_two(engine)
+    add_run(engine, later_sweep(engine), "ddp", 4, 200.0)
+    newer = later_sweep(engine)
+    measured = add_run(engine, newer, "ddp", 4, 250.0, breakdown=ddp_parts() | {"activations_other_mb": 60.0})
+    # Fields that do not change a step (tags, seed, epochs, learning rate) do not make it other work.
+    also_same = add_run(engine, later_sweep(engine, devices=8), "ddp", 8, 380.0, tags=["again"], seed=3, epochs=5,
+                        lr=0.1)
+    forecast = sweep_forecast(engine, sweep_id)
+    rows = forecast.table.set_index("devices")
+    at4 = rows.loc[4]
+    assert at4["kind"] == "predicted vs measured"
+    assert at4["measured_in"] == f"sweep #{newer}, run #{measured}" and at4["run_id"] == measured  # the newest
+    assert at4["images_per_s_measured"] == pytest.approx(250.0)
+    assert at4["error"] == pytest.approx((BATCH / 0.24) / 250.0 - 1)
+    assert at4["speedup_measured"] == pytest.approx(2.5)  # over this sweep's single run, as predicted
+    assert at4["memory_mb_measured"] == pytest.approx(230.8)
+    assert at4["memory_error"] == pytest.approx(220.8 / 230.8 - 1)
+    assert rows.loc[8, "images_per_s_measured"] == pytest.approx(380.0) and rows.loc[8, "run_id"] == also_same
+    assert any(line.startswith("Measured in “sweep #N, run #M”: a later sweep's") and "channels last" in line
+               for line in forecast.assumptions)
+
+
+def test_other_work_unfinished_runs_and_earlier_sweeps_do_not_measure_the_forecast(engine):
+    earlier = later_sweep(engine)  # created before the sweep forecast
+    add_run(engine, earlier, "ddp", 4, 240.0)
+    sweep_id = single_and_ddp_on_two(engine)
+    for changed in ({"model": "resnet50"}, {"batch_size": 2 * BATCH}, {"dataset": "eurosat"}, {"amp": "bf16"},
+                    {"channels_last": True}, {"compile": True}, {"optimizer": "sgd"},
+                    {"device": "cuda:0"}):
+        add_run(engine, later_sweep(engine), "ddp", 4, 999.0, **changed)
+    add_run(engine, later_sweep(engine), "ddp", 4, 999.0, status="running")
+    add_run(engine, None, "ddp", 4, 999.0)  # in no sweep
+    table = sweep_forecast(engine, sweep_id).table
+    assert table["images_per_s_measured"].isna().all() and table["measured_in"].isna().all()
+    assert set(table["kind"]) == {"forecast"}
+
+
+def test_the_sweeps_own_measurement_wins_over_a_later_sweeps(engine):
+    sweep_id = store.create_sweep(engine, {"devices": ["cpu"]}, ["single", "ddp", "ddp"])
+    add_run(engine, sweep_id, "single", 1, 100.0)
+    add_run(engine, sweep_id, "ddp", 2, 160.0, comm_share=0.1)
+    own = add_run(engine, sweep_id, "ddp", 4, 250.0)
+    add_run(engine, later_sweep(engine), "ddp", 4, 300.0)
+    rows = sweep_forecast(engine, sweep_id).table.set_index("devices")
+    assert rows.loc[4, "measured_in"] == f"run #{own}" and rows.loc[4, "images_per_s_measured"] == pytest.approx(250.0)
+
+
+def test_later_sweeps_cost_the_same_few_queries_however_many_runs_they_hold(engine):
+    from sqlalchemy import event
+
+    sweep_id = single_and_ddp_on_two(engine)
+    statements = []
+    event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+
+    def queries() -> int:
+        statements.clear()
+        sweep_forecast(engine, sweep_id)
+        return len(statements)
+
+    add_run(engine, later_sweep(engine), "ddp", 4, 250.0)
+    one_later = queries()
+    for devices in (4, 8, 16, 4, 8):
+        add_run(engine, later_sweep(engine, devices=devices), "ddp", devices, 250.0)
+    # the sweep, its run ids, runs, epochs and profile; the later runs and their epochs
+    assert queries() == one_later <= 7, statements
+
+
+def test_the_terminal_and_html_reports_say_where_each_measurement_comes_from(engine):
+    sweep_id = single_and_ddp_on_two(engine)
+    newer = later_sweep(engine)
+    measured = add_run(engine, newer, "ddp", 4, 250.0)
+    lines = format_forecast(sweep_forecast(engine, sweep_id)).splitlines()
+    header = lines[1]
+    assert header.split()[-2:] == ["measured", "in"]
+    at4 = next(line for line in lines[2:] if line.split()[:2] == ["ddp", "4"])
+    assert at4.endswith(f"sweep #{newer}, run #{measured}") and " 250 " in at4
+    at8 = next(line for line in lines[2:] if line.split()[:2] == ["ddp", "8"])
+    assert at8.split()[-1] == "-"
+    assert f"sweep #{newer}, run #{measured}" in sweep_html(engine, sweep_id)
 
 
 def test_sweep_report_shows_mfu_beside_images_and_the_forecast(engine):

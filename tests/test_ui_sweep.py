@@ -61,8 +61,9 @@ def test_launch_in_compare_mode_checks_every_strategy_and_starts_a_sweep(engine,
                 cancel(run.id, db_url=db_url)
 
 
-def add_sweep_run(engine, sweep_id: int | None, strategy: str, images_per_s: float, status: str = "completed") -> int:
-    devices = ["cpu"] if strategy == "single" else ["cpu", "cpu"]
+def add_sweep_run(engine, sweep_id: int | None, strategy: str, images_per_s: float, status: str = "completed",
+                  n_devices: int = 2) -> int:
+    devices = ["cpu"] if strategy == "single" else ["cpu"] * n_devices
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": strategy,
                                        "devices": devices, "batch_size": 64, "image_size": 32, "amp": "auto",
                                        "epochs": 2}, status=status, sweep_id=sweep_id)
@@ -95,6 +96,21 @@ def test_sweep_page_shows_the_report_and_advice(engine, parallax_home):
     assert f"Run #{single_id} · single on 1 device(s)" in links and f"Run #{ddp_id} · ddp on 2 device(s)" in links
     assert [b.proto.label for b in at.get("download_button")] == ["Download the report (HTML)"]
     assert len(at.get("plotly_chart")) == 1  # the speedup chart; no breakdown: nothing was profiled
+
+
+def test_sweep_page_shows_a_later_sweeps_measurement_against_the_forecast(engine, parallax_home):
+    sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
+    add_sweep_run(engine, sweep_id, "single", 100.0)
+    add_sweep_run(engine, sweep_id, "ddp", 160.0)
+    later_id = store.create_sweep(engine, {"devices": ["cpu"] * 4}, ["ddp"])
+    measured = add_sweep_run(engine, later_id, "ddp", 250.0, n_devices=4)
+
+    at = open_page("pages/sweep.py", sweep=str(sweep_id))
+    assert not at.exception, at.exception
+    forecast = at.table[1].value.reset_index().set_index("devices")
+    assert forecast.loc[4, "measured in"] == f"sweep #{later_id}, run #{measured}"
+    assert forecast.loc[4, "images/s measured"] == "250" and forecast.loc[8, "measured in"] == "-"
+    assert any("Measured in “sweep #N, run #M”: a later sweep's" in c.value for c in at.caption)
 
 
 def test_sweep_page_says_how_to_start_a_sweep_when_there_is_none(parallax_home):
