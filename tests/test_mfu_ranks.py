@@ -211,7 +211,8 @@ SLOW_RANK, DELAY_S, STEPS = 1, 0.5, 2
 
 def _world_of_two(rank: int, port: int, out_path: str) -> None:
     """Both strategies in one world (a process group is made once): DDP for two epochs with rank 1
-    slow at loading data, then FSDP for one."""
+    slow at loading data, then FSDP for three, rank 1 slow in the third only (the first warms up:
+    FSDP's first step sets itself up inside its hooks)."""
     from trainer_backend.loop import train_one_epoch
     from trainer_backend.measures import RunMeasures
     from trainer_backend.trainer import build_optimizer, make_strategy
@@ -219,7 +220,7 @@ def _world_of_two(rank: int, port: int, out_path: str) -> None:
     results = {}
     strategies = []
     try:
-        for name, epochs in (("ddp", 2), ("fsdp", 1)):
+        for name, epochs in (("ddp", 2), ("fsdp", 3)):
             config = RunConfig(model="resnet18", strategy=name, devices=("cpu", "cpu"), image_size=8,
                                batch_size=8, epochs=1)
             strategy = make_strategy(config, rank, store_host="127.0.0.1", store_port=port)
@@ -231,9 +232,9 @@ def _world_of_two(rank: int, port: int, out_path: str) -> None:
             model = strategy.wrap(model)
             optimizer = build_optimizer(config, model.parameters())
             measures = RunMeasures(strategy, model, optimizer, None, count)
-            delay = DELAY_S if (name == "ddp" and rank == SLOW_RANK) else 0.0
-            loader = DataLoader(DigitsLike(4 * STEPS, 4, delay), batch_size=4)
             for epoch in range(1, epochs + 1):
+                slow = rank == SLOW_RANK and (name == "ddp" or epoch == 3)
+                loader = DataLoader(DigitsLike(4 * STEPS, 4, DELAY_S if slow else 0.0), batch_size=4)
                 totals, train_time_s = train_one_epoch(model, loader, optimizer, strategy)
                 slowest = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64), "max").item()
                 images = strategy.all_reduce(totals)[2].item()
@@ -286,9 +287,22 @@ def test_comm_wait_is_the_fast_rank_waiting_for_the_slow_one_who_is_named_a_stra
     assert world_of_two["ddp1"]["stragglers"] == []  # one slow epoch is not enough
     assert world_of_two["ddp2"]["stragglers"] == [SLOW_RANK]
     assert [n for n in world_of_two["ddp_notes"] if n.startswith(f"Rank {SLOW_RANK} is a straggler")]
-    fsdp_ranks = world_of_two["fsdp1"]["ranks"]
-    assert [r["rank"] for r in fsdp_ranks] == [0, 1]
-    assert all(r["comm_wait_s"] is None and r["compute_time_s"] > 0 for r in fsdp_ranks)  # not separable
+
+
+def test_fsdp_records_every_ranks_comm_wait_and_the_fast_rank_waits_for_the_slow_one(world_of_two):
+    for epoch in ("fsdp1", "fsdp2", "fsdp3"):
+        fsdp_ranks = world_of_two[epoch]["ranks"]
+        assert [r["rank"] for r in fsdp_ranks] == [0, 1]
+        for entry in fsdp_ranks:
+            assert entry["comm_wait_s"] >= 0 and entry["compute_time_s"] > 0, fsdp_ranks
+            parts = entry["data_time_s"] + entry["compute_time_s"] + entry["comm_wait_s"]
+            assert parts == pytest.approx(entry["train_time_s"], abs=1e-3)
+    (even_fast, even_slow), (fast, slow) = world_of_two["fsdp2"]["ranks"], world_of_two["fsdp3"]["ranks"]
+    assert slow["data_time_s"] >= STEPS * DELAY_S
+    # Its first all-gather of each step waits about as long as its peer loads data; the peer does not.
+    # (Across epochs the margin is looser: on shared cores the even epoch's waits vary by a tenth of a second.)
+    assert fast["comm_wait_s"] >= slow["comm_wait_s"] + 0.7 * STEPS * DELAY_S, world_of_two
+    assert fast["comm_wait_s"] >= even_fast["comm_wait_s"] + 0.5 * STEPS * DELAY_S, world_of_two
 
 
 # --- one process: a single entry ---
@@ -332,6 +346,9 @@ class FakeCudaEvent:
 
     def synchronize(self):
         pass
+
+    def query(self) -> bool:
+        return self.at_ms <= FakeCudaEvent.now_ms  # the stream has passed it
 
     def elapsed_time(self, end: "FakeCudaEvent") -> float:
         return end.at_ms - self.at_ms
@@ -390,3 +407,60 @@ def test_training_above_the_cached_cpu_peak_measures_it_again_and_never_shows_mf
     assert list(cached.values()) == [remeasured["peak_tflops"]]
     measures._check_cpu_peak(achieved=remeasured["peak_tflops"] / 2)  # below the peak: nothing measured
     assert measures.take_remeasured() == {}
+
+
+class _FsdpLikePostBackward(torch.autograd.Function):
+    """FSDP's post-backward function on a module's inputs: the reduce-scatter starts there."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        FakeCudaEvent.now_ms += 5  # waits for the previous reduce-scatter's buffer
+        return grad
+
+
+def test_on_cuda_fsdp_waits_are_read_from_events_around_fsdps_hooks(monkeypatch):
+    """FSDP's hooks in the shape ``fully_shard`` registers them (a pre-forward hook first in line that
+    wraps the inputs, a forward hook that hooks the outputs' gradients, a final callback queued by the
+    first pre-backward), each stalling the fake stream; the compute between them does not count."""
+    from torch import nn
+    from torch.autograd import Variable
+
+    from trainer_backend.rank_times import RankClock
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    clock = RankClock(torch.device("cuda:0"), "hook")
+
+    def final_callback():
+        FakeCudaEvent.now_ms += 11  # waits for the last reduce-scatters
+
+    def pre_backward(grad):
+        FakeCudaEvent.now_ms += 3  # waits for the backward all-gather
+        if not state["queued"]:
+            state["queued"] = True
+            Variable._execution_engine.queue_callback(final_callback)
+
+    def pre_forward(module, args):
+        FakeCudaEvent.now_ms += 2  # waits for the forward all-gather
+        return (_FsdpLikePostBackward.apply(args[0]),)
+
+    class Computes(nn.Linear):
+        def forward(self, x):
+            FakeCudaEvent.now_ms += 100  # compute, forward or backward: never counted
+            return super().forward(x)
+
+    state = {"queued": False}
+    layer = Computes(4, 4)
+    layer.register_forward_pre_hook(pre_forward, prepend=True)
+    layer.register_forward_hook(lambda module, args, output: output.requires_grad and output.register_hook(pre_backward)
+                                and None)
+    clock.watch_fsdp(layer, [layer])
+    with clock.backward():
+        layer(torch.ones(2, 4, requires_grad=True)).sum().backward()
+    with torch.no_grad():
+        layer.eval()(torch.ones(2, 4))  # evaluation: not training time
+    assert clock.epoch_times(train_time_s=1.0)["comm_wait_s"] == pytest.approx((2 + 3 + 5 + 11) / 1000)

@@ -93,19 +93,18 @@ def test_every_rank_records_where_its_time_and_memory_go(runs, name):
         extra = epoch["extra"]
         assert [r["rank"] for r in extra["ranks"]] == [0, 1]
         for rank in extra["ranks"]:
-            parts = rank["data_time_s"] + rank["compute_time_s"] + (rank["comm_wait_s"] or 0.0)
+            parts = rank["data_time_s"] + rank["compute_time_s"] + rank["comm_wait_s"]
             assert parts == pytest.approx(rank["train_time_s"], abs=1e-3) and rank["compute_time_s"] > 0
+            assert rank["comm_wait_s"] >= 0
         assert 0 < extra["mfu"] <= 1
         breakdown = extra["memory_breakdown"]
         assert set(breakdown) == set(epoch["peak_memory_mb"])
         params = [entry["parameters_mb"] for entry in breakdown.values()]
-        if name == "fsdp":  # each rank holds its shard; the collectives hide inside forward and backward
+        if name == "fsdp":  # each rank holds its shard
             assert all(p == pytest.approx(ddp_params_mb / 2, rel=0.15) for p in params)
-            assert all(rank["comm_wait_s"] is None for rank in extra["ranks"])
         else:  # each stage holds its own layers; the rest of a step it waits for its neighbour
             assert sum(params) == pytest.approx(ddp_params_mb, rel=1e-3)
             for rank, busy in zip(extra["ranks"], extra["stage_busy_fraction"].values()):
-                assert rank["comm_wait_s"] >= 0
                 assert rank["compute_time_s"] >= busy * rank["train_time_s"] - 1e-3  # chunks + optimizer step
 
 

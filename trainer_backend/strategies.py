@@ -356,9 +356,6 @@ class FullyShardedStrategy(DistributedStrategy):
     """FSDP2: ``fully_shard`` on every block and on the root, over a 1-D device mesh."""
 
     name = "fsdp"
-    # The all-gathers and reduce-scatters run inside forward and backward, in calls that cannot be
-    # split from the compute without the profiler.
-    comm_measure = "unmeasured"
     sum_val_across_ranks = False  # a sharded forward is a collective: every rank runs the same batches
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -367,9 +364,11 @@ class FullyShardedStrategy(DistributedStrategy):
 
         model = model.to(self.input_device)
         mesh = init_device_mesh(self.input_device.type, (self.world_size,))
-        for block in _blocks(model):
+        blocks = _blocks(model)
+        for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        self.rank_clock.watch_fsdp(model, blocks)  # the gathers and reduce-scatters happen in FSDP's hooks
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
