@@ -22,6 +22,7 @@ from trainer_backend.world import TorchrunWorld, check_joinable, joined_config, 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
 DIGITS_TRAIN, DIGITS_VAL = 1437, 360
 TIMEOUT_S = 180
+SAMPLE_S = 0.2
 
 
 def free_port() -> int:
@@ -59,6 +60,21 @@ def runs_of(home) -> list[dict]:
     return [json.loads(run_cli("export", run_id, home=home).stdout) for run_id in ids]
 
 
+def training_samples(run: dict) -> dict[int, list[dict]]:
+    """Each recorded epoch's system samples taken while it trained (every rank alive): its last
+    ``train_time_s`` before its training ended."""
+    return {e["epoch"]: [s for s in run["system"] if e["extra"]["t_end_s"] - e["train_time_s"] <= s["t_s"] <= e["extra"]["t_end_s"]]
+            for e in run["epochs"]}
+
+
+def assert_sampled_every(run: dict, interval_s: float) -> None:
+    samples = run["system"]
+    assert len(samples) >= 10, samples
+    gaps = sorted(b["t_s"] - a["t_s"] for a, b in zip(samples, samples[1:]))
+    assert interval_s * 0.75 <= gaps[len(gaps) // 2] <= interval_s * 2  # 2 busy cores: allow a late sample
+    assert all(0 <= s["host_cpu_pct"] <= 100 and s["host_memory_mb"] > 0 and s["gpus"] == [] for s in samples)
+
+
 def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_home):
     job = f"parallax-test-{uuid.uuid4().hex[:8]}"
     agent_flags = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
@@ -67,7 +83,7 @@ def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_h
     # and the two would oversubscribe them (4 threads on 2 cores made each epoch 5-10x slower).
     cores = sorted(os.sched_getaffinity(0))
     agents = [start_agent(parallax_home, agent_flags, [*TINY, "--strategy", "ddp", "--devices", "cpu", "--batch-size", "64"],
-                          cores={cores[node % len(cores)]})
+                          env_extra={"PARALLAX_SAMPLE_S": str(SAMPLE_S)}, cores={cores[node % len(cores)]})
               for node in range(2)]
     results = finish(agents)
     for agent, (_, out, err) in zip(agents, results):
@@ -92,6 +108,11 @@ def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_h
     assert images == DIGITS_VAL
     assert accuracy == recorded["val_acc"] == checkpoint["val_acc"]  # the whole split, counted once
     assert loss == pytest.approx(recorded["val_loss"], rel=1e-4)
+    # Rank 0 samples its own machine, and the run says the other one is not sampled.
+    assert_sampled_every(run, SAMPLE_S)
+    sampled = [s for samples in training_samples(run).values() for s in samples]
+    assert sampled and {tuple(p["rank"] for p in s["processes"]) for s in sampled} == {(0,)}
+    assert any(note.startswith("System samples are of rank 0's machine only") for note in run["notes"]), run["notes"]
 
 
 def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_home):
@@ -99,7 +120,7 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
              "--strategy", "ddp"]
     plugin = {"PARALLAX_PLUGINS": "tests.plugins.failing_model"}
     agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
-                        [*flags, "--devices", "cpu"], env_extra=plugin)
+                        [*flags, "--devices", "cpu"], env_extra={**plugin, "PARALLAX_SAMPLE_S": str(SAMPLE_S)})
     ((code, out, err),) = finish([agent])
     assert code == 0, out + err
     assert "deliberate failure in rank 1" in err  # the first attempt really failed
@@ -112,6 +133,10 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
     assert any(note.startswith("Attempt 1 of the torchrun job stopped (RuntimeError: deliberate failure in rank 1")
                for note in run["notes"]), run["notes"]
+    # The attempt that failed wrote its system samples as it stopped (it lasted less than the
+    # sampler's flush interval, so none had been written before).
+    first_attempt = [s for s in run["system"] if s["t_s"] <= run["epochs"][0]["extra"]["t_end_s"] + 0.5]
+    assert first_attempt and all([p["rank"] for p in s["processes"]] == [0, 1] for s in first_attempt), run["system"]
 
     # The same training spawned in one go (the model fails only under torchrun's first attempt):
     # resuming restored the weights, the optimizer and the shuffle, so every epoch matches.
@@ -121,6 +146,26 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
         for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
             assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
+
+
+def test_rank_0_samples_the_ranks_of_its_machine_every_interval(parallax_home):
+    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"],
+                        ["--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
+                         "--strategy", "ddp", "--devices", "cpu", "--batch-size", "64"],
+                        env_extra={"PARALLAX_SAMPLE_S": str(SAMPLE_S)})
+    ((code, out, err),) = finish([agent])
+    assert code == 0, out + err
+
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed"
+    assert_sampled_every(run, SAMPLE_S)
+    (training,) = training_samples(run).values()
+    assert len(training) >= 5, run["system"]
+    for sample in training:  # both local ranks, each with its DataLoader workers summed in
+        assert [p["rank"] for p in sample["processes"]] == [0, 1], sample
+        assert all(p["rss_mb"] > 50 for p in sample["processes"]), sample
+    assert max(sum(p["cpu_pct"] for p in s["processes"]) for s in training) > 20  # they trained
+    assert not any(note.startswith("System samples") for note in run["notes"])  # one machine: all of it sampled
 
 
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):

@@ -1,5 +1,6 @@
 """System samples of a run, taken by a thread in the run's main process (the process that spawns
-the ranks, or the only one) every ``PARALLAX_SAMPLE_S`` seconds (default 1): host CPU % and memory,
+the ranks, or the only one; under torchrun, rank 0, for the ranks of its machine) every
+``PARALLAX_SAMPLE_S`` seconds (default 1): host CPU % and memory,
 each rank's CPU % and resident memory with its DataLoader workers summed in, and, through NVML,
 each GPU the run uses (utilisation, memory used, power, temperature, SM clock).
 

@@ -12,7 +12,9 @@ database: one run for the whole job with its world size, machines and their host
 job id (``--rdzv-id``), by which a job restarted under ``--max-restarts N`` finds its run again and
 resumes it from the last finished epoch (``resume``). A new job (its first attempt) always starts a
 run of its own, even under a job id and training used before (the default id is "none"), unless
-``--resume-job`` asks it to take over that earlier run where it was lost or failed.
+``--resume-job`` asks it to take over that earlier run where it was lost or failed. While it trains,
+rank 0 samples its machine as a spawned run's main process does (``sampler``): the host's CPU and
+memory, the processes of the ranks on that machine and their GPUs.
 
 Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
 imported only once a process is known to join.
@@ -36,10 +38,12 @@ from db.folders import named_run_folder, run_folder, run_folder_name
 from db.settings import database_url
 
 from .config import ConfigError, RunConfig
+from .devices import cuda_indices
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from .sampler import SystemSampler
 from .strategies import collective_timeout
-from .trainer import read_rank_failures, train_process
+from .trainer import read_rank_failures, run_started_at_s, train_process
 from .world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
@@ -75,18 +79,23 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
     try:
         members: list = [None] * world.world_size
-        dist.all_gather_object(members, (socket.gethostname(), world.node_rank, device, world.restart_count))
-        by_node = {node: host for host, node, _, _ in members}
+        # Each pid rides along with what every process tells the others anyway, labelled with its
+        # global rank: rank 0's sampler follows the processes of its machine by them. (Finding them
+        # as the children of torchrun's agent would need each one's rank read from its environment.)
+        dist.all_gather_object(members, (socket.gethostname(), world.node_rank, device, world.restart_count,
+                                         os.getpid()))
+        by_node = {node: host for host, node, _, _, _ in members}
         hosts = [by_node[node] for node in sorted(by_node)]
         # Each machine's agent counts restarts of its own, so any count above 0 means a restart.
-        restarted = any(count > 0 for _, _, _, count in members)
+        restarted = any(count > 0 for _, _, _, count, _ in members)
         try:
-            joined = joined_config(config, [d for _, _, d, _ in members], nodes=len(hosts))
+            joined = joined_config(config, [d for _, _, d, _, _ in members], nodes=len(hosts))
         except ConfigError as exc:
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
         if world.rank == 0:
-            return _lead(joined, world, hosts, url, echo, restarted, resume_job)
+            neighbours = {rank: pid for rank, (_, node, _, _, pid) in enumerate(members) if node == world.node_rank}
+            return _lead(joined, world, hosts, url, echo, restarted, resume_job, neighbours)
         return _follow(joined, world, url, resume_job)
     finally:
         if dist.is_initialized():
@@ -112,10 +121,12 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool)
 
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
-          resume_job: bool) -> int:
+          resume_job: bool, neighbours: dict[int, int]) -> int:
+    """Rank 0: open (or find) the job's run, tell every process, train and record how it ended.
+    ``neighbours`` are the processes of rank 0's machine, {global rank: pid}, for its system sampler."""
     try:
         info = preflight(joined)
-        notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
+        notes = [world_note(joined, world, hosts), *run_notes(joined, info), *sampled_note(joined, neighbours)]
         engine = make_engine(url)
         run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
         folder_name = run_folder_name(engine, run_id)
@@ -136,7 +147,7 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
     _tell(("train", run_id, 0, folder_name))
     if echo:
         announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job)
+    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, neighbours)
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
@@ -196,11 +207,13 @@ def _forget_failures(engine, run_id: int) -> None:
 
 
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
-                      folder_name: str, resume_job: bool) -> str:
+                      folder_name: str, resume_job: bool, neighbours: dict[int, int]) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
     started = time.time()
     try:
-        with Heartbeat(engine, run_id):
+        # As in a spawned run, the sampler stops and writes what it holds however training ends,
+        # and a sampler that fails leaves a note in the run, never a failed rank.
+        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, neighbours):
             train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
                           folder_name=folder_name)
         state.finish(engine, run_id, "completed")
@@ -223,6 +236,25 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # leaving a process group whose peers are gone would hang.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
+
+
+def machine_sampler(engine, run_id: int, joined: RunConfig, neighbours: dict[int, int]) -> SystemSampler:
+    """The system sampler of rank 0's machine: its host, the processes of its ranks (their global
+    ranks label them, as in a spawned run) and the GPUs they train on (``cuda:LOCAL_RANK``)."""
+    sampler = SystemSampler(engine, run_id, run_started_at_s(engine, run_id),
+                            cuda_indices([joined.devices[rank] for rank in sorted(neighbours)]))
+    sampler.watch(neighbours)
+    return sampler
+
+
+def sampled_note(joined: RunConfig, neighbours: dict[int, int]) -> list[str]:
+    """What the system samples of a run across machines leave out, and why."""
+    if joined.nodes <= 1:
+        return []
+    ranks = ", ".join(map(str, sorted(neighbours)))
+    return [f"System samples are of rank 0's machine only ({socket.gethostname()}: its CPU and memory, the "
+            f"processes of rank(s) {ranks} and their GPUs): rank 0 alone writes the run, and a sample holds "
+            "one machine's figures."]
 
 
 def _failure_cause(folder_name: str, since: float) -> str | None:
