@@ -69,7 +69,7 @@ def training_samples(run: dict) -> dict[int, list[dict]]:
 
 def assert_sampled_every(run: dict, interval_s: float) -> None:
     samples = run["system"]
-    assert len(samples) >= 10, samples
+    assert len(samples) >= 5, samples
     gaps = sorted(b["t_s"] - a["t_s"] for a, b in zip(samples, samples[1:]))
     assert interval_s * 0.75 <= gaps[len(gaps) // 2] <= interval_s * 2  # 2 busy cores: allow a late sample
     assert all(0 <= s["host_cpu_pct"] <= 100 and s["host_memory_mb"] > 0 and s["gpus"] == [] for s in samples)
@@ -137,6 +137,12 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     # sampler's flush interval, so none had been written before).
     first_attempt = [s for s in run["system"] if s["t_s"] <= run["epochs"][0]["extra"]["t_end_s"] + 0.5]
     assert first_attempt and all([p["rank"] for p in s["processes"]] == [0, 1] for s in first_attempt), run["system"]
+    # Rank 0 samples both local ranks (each with its DataLoader workers summed in) at the interval.
+    assert_sampled_every(run, SAMPLE_S)
+    assert all({p["rank"] for p in s["processes"]} <= {0, 1} and all(p["rss_mb"] > 50 for p in s["processes"])
+               for s in run["system"]), run["system"]
+    assert max(sum(p["cpu_pct"] for p in s["processes"]) for s in run["system"]) > 20  # they trained
+    assert not any(note.startswith("System samples") for note in run["notes"])  # one machine: all of it sampled
 
     # The same training spawned in one go (the model fails only under torchrun's first attempt):
     # resuming restored the weights, the optimizer and the shuffle, so every epoch matches.
@@ -146,26 +152,6 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
         for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
             assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
-
-
-def test_rank_0_samples_the_ranks_of_its_machine_every_interval(parallax_home):
-    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"],
-                        ["--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
-                         "--strategy", "ddp", "--devices", "cpu", "--batch-size", "64"],
-                        env_extra={"PARALLAX_SAMPLE_S": str(SAMPLE_S)})
-    ((code, out, err),) = finish([agent])
-    assert code == 0, out + err
-
-    (run,) = runs_of(parallax_home)
-    assert run["status"] == "completed"
-    assert_sampled_every(run, SAMPLE_S)
-    (training,) = training_samples(run).values()
-    assert len(training) >= 5, run["system"]
-    for sample in training:  # both local ranks, each with its DataLoader workers summed in
-        assert [p["rank"] for p in sample["processes"]] == [0, 1], sample
-        assert all(p["rss_mb"] > 50 for p in sample["processes"]), sample
-    assert max(sum(p["cpu_pct"] for p in s["processes"]) for s in training) > 20  # they trained
-    assert not any(note.startswith("System samples") for note in run["notes"])  # one machine: all of it sampled
 
 
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):
