@@ -31,6 +31,7 @@ from bench.common import engine_command, parallax_home, parse_args, run_id_from,
 from bench.machine import process_tree_cpu_s  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
+from ui import live  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SETTLE_S = 3.0
@@ -107,10 +108,13 @@ class Watch:
             markers = page.locator(".st-key-loss .stPlotlyChart").locator(".scatterlayer .trace").first.locator("path.point")
             # Epochs may keep landing while we look: the chart must catch up with every epoch
             # recorded before the look, and show none that was not recorded after it.
-            recorded, deadline = self.last_epoch(), time.monotonic() + 15
+            # The page redraws for new epochs at most every EPOCH_REDRAW_S, at a tick.
+            catch_up_s = live.EPOCH_REDRAW_S + live.REFRESH_S + 5
+            recorded, deadline = self.last_epoch(), time.monotonic() + catch_up_s
             while (shown_markers := markers.count()) < recorded:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the loss chart shows {shown_markers} epochs 15 s after {recorded} were recorded")
+                    raise RuntimeError(f"the loss chart shows {shown_markers} epochs {catch_up_s} s after {recorded} "
+                                       "were recorded")
                 page.wait_for_timeout(500)
             if shown_markers > self.last_epoch():
                 raise RuntimeError(f"the loss chart shows {shown_markers} epochs, more than were recorded")
@@ -182,8 +186,11 @@ def main() -> None:
         report.note("No epoch began and ended inside a window: use a longer --window.")
     report.note("For comparison: when the Run page rebuilt and resent its five charts on every 2 s tick, one tab cost "
                 "the server 0.23–0.80 of a core and the run trained at 71–109 images/s against 164 unwatched.")
-    report.note("The page ticks every 5 s: Streamlit spends tens of ms of CPU on each rerun whatever it draws (a "
-                "fragment with one progress bar every 2 s costs its server about 0.03 of a core here).")
+    report.note(f"The progress ticks every {live.REFRESH_S} s: Streamlit spends tens of ms of CPU on each rerun "
+                "whatever it draws (a fragment with one progress bar every 2 s costs its server about 0.03 of a core "
+                f"here). New epochs redraw the page at most every {live.EPOCH_REDRAW_S} s; the step and system charts "
+                f"tick every {live.SERIES_REFRESH_S} s of their own only while epochs last longer than that (these "
+                "epochs last about 3 s: the page's redraws draw them).")
     report.finish(args)
 
 

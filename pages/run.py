@@ -14,22 +14,18 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, confusion, efficiency_views, series_charts, state, widgets
+from ui import charts, confusion, efficiency_views, live, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/run.py")
 
-# Each rerun costs the Streamlit server tens of ms of CPU of its own, whatever the fragment draws (a
-# one-progress-bar fragment every 2 s kept 0.027 of a core busy on 2 shared cores): 5 s keeps one
-# watching tab under 0.05 of a core while the progress still moves several times an epoch.
-REFRESH_S = 5
 CANCEL_NOTE_KEY = "run_cancel_note"
 # What the step and system charts were drawn from (series_version), the figures, the lines saying
 # what is missing, and what the build cost and when it ended (for series_charts.rebuild_due).
 SERIES_KEY = "run_series_drawn"
-# A chart is at most a screen wide: more points would cost the server and the browser, and show nothing more.
-LIVE_MAX_POINTS = 1000
+# A live chart is half a screen wide: more points would cost the server and the browser, and show nothing more.
+LIVE_MAX_POINTS = 600
 
 
 def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
@@ -72,17 +68,21 @@ def drawn_from(run: store.RunRecord, epochs_done: int) -> tuple:
     return run.status, len(run.notes), epochs_done
 
 
-def live_progress(run_id: int, drawn: tuple) -> None:
+def live_progress(run_id: int, drawn: tuple, drawn_at: float) -> None:
     """The progress bars: a fragment with a timer while the run is active. A tick costs a few
     indexed queries, whatever the run's length, and sends two progress bars.
 
     Everything else on the page changes only with the status, the notes or a new epoch: it is drawn
     outside this fragment, so a tick neither rebuilds nor resends it (the charts above all); when
-    one of those changes, the tick reruns the whole page, once."""
+    one of those changes, the tick reruns the whole page, once (for new epochs, as often as
+    ``live.redraw_due`` allows: the bars say how far the run is meanwhile)."""
     engine = state.engine_with_fresh_states()
     run = store.get_run(engine, run_id)
     epochs_done = store.last_epochs(engine, [run_id])[run_id]
-    if run is None or drawn_from(run, epochs_done) != drawn:
+    if run is None:
+        st.rerun()
+    now = drawn_from(run, epochs_done)
+    if live.redraw_due(now[:2] != drawn[:2], now[2] != drawn[2], drawn_at):
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
     widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
@@ -153,14 +153,14 @@ def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
     A tick asks for the last step and sample; the figures are rebuilt, from at most LIVE_MAX_POINTS
     rows per chart, only when those moved, and no more often than series_charts.REBUILD_SHARE allows
     (a fragment's elements must be sent again on each of its runs, so an idle tick sends the
-    figures it built before). ``run`` is the page's: a change of status reruns the whole page
-    (live_progress), so a tick need not read the run again."""
+    figures it built before); epoch boundaries wait for the same turn. ``run`` is the page's: a
+    change of status reruns the whole page (live_progress), so a tick need not read the run again."""
     engine = state.engine()
     version = series_version(engine, run, int(epochs.epoch.max()) if not epochs.empty else 0)
     drawn = st.session_state.get(SERIES_KEY)
     # New rows wait while the last rebuild's cost has not been spread thin enough (long runs on a
-    # busy machine); a new run, status or epoch is drawn at once.
-    if drawn is None or drawn["version"][:3] != version[:3] or (
+    # busy machine); a new run or status is drawn at once.
+    if drawn is None or drawn["version"][:2] != version[:2] or (
             drawn["version"] != version
             and series_charts.rebuild_due(drawn["build_s"], time.monotonic() - drawn["built_at"])):
         started = time.monotonic()
@@ -264,12 +264,14 @@ title_col.title(f"Run #{run_id}")
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 show_head(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
-st.fragment(live_progress, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(
-    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0))
+active = run.status in ACTIVE_STATUSES
+st.fragment(live_progress, run_every=live.REFRESH_S if active else None)(
+    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic())
 show_messages(run)
 show_epochs(run, epochs)
 show_per_class(run)
-st.fragment(live_series, run_every=REFRESH_S if run.status in ACTIVE_STATUSES else None)(run, epochs)
+last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
+st.fragment(live_series, run_every=live.series_refresh_s(active, last_epoch_s))(run, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)

@@ -9,6 +9,8 @@ Sweeps are launched from the Launch page ("Compare strategies") or the CLI:
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -17,17 +19,11 @@ from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
 from reports.forecast import forecast_display, sweep_forecast
 from reports.sweep import mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
-from ui import efficiency_views, state, widgets
+from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/sweep.py")
-
-# Each rerun costs the Streamlit server tens of ms of CPU of its own, whatever the fragment draws (a
-# one-progress-bar fragment every 2 s kept 0.027 of a core busy on 2 shared cores): 5 s keeps one
-# watching tab under 0.05 of a core while the progress still moves several times an epoch.
-REFRESH_S = 5
-
 
 def sweep_label(sweep: dict) -> str:
     # A sweep over device counts lists a strategy once per count: name each strategy once.
@@ -77,14 +73,15 @@ def report_version(runs: list[store.RunRecord], last_epochs: dict[int, int]) -> 
     return tuple((run.id, run.status, last_epochs[run.id]) for run in runs)
 
 
-def run_statuses(run_ids: list[int], reported: tuple) -> None:
+def run_statuses(run_ids: list[int], reported: tuple, reported_at: float) -> None:
     """One line per run: a link to it, its status, and its progress while it is not finished.
 
     A fragment with a timer while any run is active. The report around it (table, charts) is drawn
-    by the page, so a tick neither rebuilds nor resends it; when a run records an epoch or changes
-    status, the tick reruns the whole page, once."""
+    by the page, so a tick neither rebuilds nor resends it; when a run changes status, the tick
+    reruns the whole page, once, and when runs record epochs, as often as ``live.redraw_due`` allows."""
     runs, last_epochs = sweep_state(state.engine_with_fresh_states(), run_ids)
-    if report_version(runs, last_epochs) != reported:
+    now = report_version(runs, last_epochs)
+    if live.redraw_due([r[:2] for r in now] != [r[:2] for r in reported], now != reported, reported_at):
         st.rerun()  # the report was drawn from older numbers (a full rerun also stops the timer at the end)
     for run in runs:
         epochs_total = max(1, int(run.config.get("epochs") or 1))
@@ -114,7 +111,8 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     active = any(run.status in ACTIVE_STATUSES for run in runs)
     table = sweep_table(engine, sweep_id, target_acc=target_acc)
     st.success(strategy_advice(table), icon=":material/lightbulb:")
-    st.fragment(run_statuses, run_every=REFRESH_S if active else None)(run_ids, report_version(runs, last_epochs))
+    st.fragment(run_statuses, run_every=live.REFRESH_S if active else None)(run_ids, report_version(runs, last_epochs),
+                                                                     time.monotonic())
     # A plain table: a handful of rows, every number readable (and selectable) at once.
     st.table(report_display(table, target_acc).set_index("run"))
     st.caption("Mean utilisation: of the run's GPUs (the mean over them) over its samples, or of the host's CPU "

@@ -1,5 +1,6 @@
 """Live pages cost little to watch: on a timer tick the Run page rebuilds its status and progress,
-never its charts, and rebuilds the charts once when an epoch lands.
+never its charts, and rebuilds the charts once when an epoch lands (at most every
+``live.EPOCH_REDRAW_S``) or at once when the status changes.
 
 A tick is what the browser asks for every few seconds: a rerun of the page's fragment alone.
 AppTest has no call for that, so ``tick`` asks its script runner for one, as the browser would.
@@ -21,7 +22,7 @@ from streamlit.testing.v1 import app_test, local_script_runner
 
 from conftest import ROOT
 from db import lifecycle, store
-from ui import charts
+from ui import charts, live
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90
@@ -106,7 +107,9 @@ def test_a_tick_without_a_new_epoch_updates_progress_but_builds_no_chart(paralla
     assert not at.get("plotly_chart")  # nor sent one: the browser keeps those of the last full run
 
 
-def test_a_tick_after_an_epoch_lands_redraws_the_charts_once(parallax_home, engine, running_run, loss_figures):
+def test_a_tick_after_an_epoch_lands_redraws_the_charts_once(parallax_home, engine, running_run, loss_figures,
+                                                           monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 0.0)
     at = open_run_page(running_run)
     log_epoch(engine, running_run, 2)
     tick(at)
@@ -118,7 +121,24 @@ def test_a_tick_after_an_epoch_lands_redraws_the_charts_once(parallax_home, engi
     assert loss_figures == [1, 2]
 
 
+def test_epochs_landing_fast_redraw_the_page_at_most_every_few_seconds_and_a_new_status_at_once(
+        parallax_home, engine, running_run, loss_figures, monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 3600.0)
+    at = open_run_page(running_run)
+    log_epoch(engine, running_run, 2)
+    tick(at)
+    assert not at.exception, at.exception
+    assert not at.title and loss_figures == [1]  # too soon after the last drawing: the charts wait
+    assert progress_texts(at)[0] == "Epoch 2 of 3 done"  # while the bars move on
+
+    lifecycle.finish(engine, running_run, "completed")
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{running_run}"]  # a new status: the whole page, at once
+    assert loss_figures == [1, 2]
+
+
 def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(parallax_home, engine, monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 0.0)
     from reports import sweep as sweep_report
 
     built: list[int] = []
@@ -186,3 +206,10 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 14, "t_s": 7.5}])
     tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
     assert built == [12, 12, 13, 13] and len(at.get("plotly_chart")) == 4
+
+
+def test_step_charts_tick_on_their_own_only_while_epochs_outlast_the_pages_redraws():
+    assert live.series_refresh_s(True, None) == live.SERIES_REFRESH_S  # no epoch yet: the first one may be long
+    assert live.series_refresh_s(True, 10 * live.EPOCH_REDRAW_S) == live.SERIES_REFRESH_S
+    assert live.series_refresh_s(True, live.EPOCH_REDRAW_S / 5) is None  # the page's redraws draw them
+    assert live.series_refresh_s(False, 10 * live.EPOCH_REDRAW_S) is None  # ended: nothing moves
