@@ -47,12 +47,6 @@ PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
-# Ranks are forked from a server process that imported the engine (torch, timm) once, instead of
-# each importing it again (about 4 s of CPU per rank here: a third of a two-rank run on 2 cores).
-# The server is a fresh interpreter started on the first use, so none of this process's threads
-# (heartbeat, sampler) or its CUDA state can be copied into a rank, as a plain fork would.
-RANK_START_METHOD = "forkserver"
-RANK_PRELOAD = ["trainer_backend.runner"]
 
 
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
@@ -152,13 +146,12 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
-    multiprocessing.get_context(RANK_START_METHOD).set_forkserver_preload(RANK_PRELOAD)
     context = mp.start_processes(
         _rank_main,
         args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name, data_roots),
         nprocs=config.world_size,
         join=False,
-        start_method=RANK_START_METHOD,
+        start_method="spawn",
     )
     if watch is not None:  # the system sampler follows each rank (and its DataLoader workers)
         watch({rank: process.pid for rank, process in enumerate(context.processes)})
