@@ -62,7 +62,10 @@ def test_one_process_records_mfu_one_rank_and_its_memory_breakdown(runs, strateg
     assert run["measurements"]["flops_per_image"] > 0 and run["measurements"]["peak_tflops"] > 0
     for epoch in run["epochs"]:
         extra = epoch["extra"]
-        assert 0 < extra["mfu"] <= 1
+        # On cores shared with other work the CPU's peak can be measured low twice over: then the
+        # epoch shows no MFU, and the run says why, rather than an MFU above 1.
+        assert (0 < extra["mfu"] <= 1 if extra["mfu"] is not None else
+                any(note.startswith(f"MFU of epoch {epoch['epoch']} is not shown") for note in run["notes"])), run["notes"]
         (rank,) = extra["ranks"]
         assert rank["rank"] == 0 and rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
         assert rank["train_time_s"] == pytest.approx(epoch["train_time_s"], abs=1e-3)
