@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, parallax_home, parse_args  # noqa: E402
 from bench.report import Report  # noqa: E402
-from bench.stats import alternate, at_most  # noqa: E402
+from bench.stats import alternate, at_most, timed_calls  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 PAGES = {"Runs": "pages/runs.py", "Compare": "pages/compare.py", "Run": "pages/run.py"}
@@ -88,15 +88,7 @@ def time_fragments() -> None:
         if func is None:
             return lambda f: timed_fragment(f, run_every=run_every)
 
-        @functools.wraps(func)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return func(*args, **kwargs)
-            finally:
-                FRAGMENT_TICKS_S.append(time.perf_counter() - start)
-
-        return real(timed, run_every=run_every)
+        return real(timed_calls(func, FRAGMENT_TICKS_S.append), run_every=run_every)
 
     st.fragment = timed_fragment
 

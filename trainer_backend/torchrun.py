@@ -28,6 +28,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,16 @@ from .sampler import SystemSampler
 from .strategies import collective_timeout
 from .trainer import read_rank_failures, run_started_at_s, train_process
 from .world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
+
+class Member(NamedTuple):
+    """What each process of the world tells the others when it joins."""
+
+    host: str
+    node: int
+    device: str
+    restarts: int
+    pid: int
+
 
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
                  resume_job: bool = False) -> int:
@@ -82,19 +93,19 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         # Each pid rides along with what every process tells the others anyway, labelled with its
         # global rank: rank 0's sampler follows the processes of its machine by them. (Finding them
         # as the children of torchrun's agent would need each one's rank read from its environment.)
-        dist.all_gather_object(members, (socket.gethostname(), world.node_rank, device, world.restart_count,
-                                         os.getpid()))
-        by_node = {node: host for host, node, _, _, _ in members}
+        dist.all_gather_object(members, Member(socket.gethostname(), world.node_rank, device, world.restart_count,
+                                               os.getpid()))
+        by_node = {m.node: m.host for m in members}
         hosts = [by_node[node] for node in sorted(by_node)]
         # Each machine's agent counts restarts of its own, so any count above 0 means a restart.
-        restarted = any(count > 0 for _, _, _, count, _ in members)
+        restarted = any(m.restarts > 0 for m in members)
         try:
-            joined = joined_config(config, [d for _, _, d, _, _ in members], nodes=len(hosts))
+            joined = joined_config(config, [m.device for m in members], nodes=len(hosts))
         except ConfigError as exc:
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
         if world.rank == 0:
-            neighbours = {rank: pid for rank, (_, node, _, _, pid) in enumerate(members) if node == world.node_rank}
+            neighbours = {rank: m.pid for rank, m in enumerate(members) if m.node == world.node_rank}
             return _lead(joined, world, hosts, url, echo, restarted, resume_job, neighbours)
         return _follow(joined, world, url, resume_job)
     finally:
