@@ -273,6 +273,8 @@ class SystemSample(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    # The machine sampled: its node rank in a torchrun job (the run's hosts[node]); 0 for a spawned run.
+    node: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     host_cpu_pct: Mapped[float | None] = mapped_column(Float)
     host_memory_mb: Mapped[float | None] = mapped_column(Float)
     # [{"rank": 0, "cpu_pct": 97.1, "rss_mb": 812.4}, ...], DataLoader workers summed under their rank.

@@ -21,7 +21,8 @@ from db.engine import session_scope
 from db.models import Run, StepMetric, SystemSample
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
-SYSTEM_FIELDS: tuple[str, ...] = ("t_s", "host_cpu_pct", "host_memory_mb", "processes", "gpus")
+# "node": the machine sampled, by its node rank in a torchrun job (0 where the run has one machine).
+SYSTEM_FIELDS: tuple[str, ...] = ("t_s", "node", "host_cpu_pct", "host_memory_mb", "processes", "gpus")
 PROCESS_FIELDS: tuple[str, ...] = ("rank", "cpu_pct", "rss_mb")
 GPU_FIELDS: tuple[str, ...] = ("index", "util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz")
 
@@ -76,18 +77,29 @@ def read_system(engine: Engine, run_ids: Iterable[int], *, max_points: int | Non
 
     A run with more than ``max_points`` samples comes back as the first sample of each of
     ``max_points`` equal spans of time: real readings of one moment each (a GPU's utilisation,
-    power and memory taken together), never a blend of readings. ``max_points=None`` gives every one."""
+    power and memory taken together), never a blend of readings. Each machine of a run across
+    machines keeps a sample of its own in each span (so up to ``max_points`` per machine): one
+    machine's figures never stand for another's. ``max_points=None`` gives every one."""
     return _read_each(engine, run_ids, max_points, _read_system_of)
 
 
-def export_sample(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A system sample as ``export`` writes it: ``SYSTEM_FIELDS``, each process with
-    ``PROCESS_FIELDS`` and each GPU with ``GPU_FIELDS`` in that order (null where not measured)."""
+def export_sample(row: Mapping[str, Any], host: str | None) -> dict[str, Any]:
+    """A system sample as ``export`` writes it: its time, the name of the machine sampled (``host``,
+    see ``sample_host``), the host's figures, each process with ``PROCESS_FIELDS`` and each GPU with
+    ``GPU_FIELDS`` in that order (null where not measured)."""
     return {
-        "t_s": row["t_s"], "host_cpu_pct": row["host_cpu_pct"], "host_memory_mb": row["host_memory_mb"],
+        "t_s": row["t_s"], "host": host, "host_cpu_pct": row["host_cpu_pct"], "host_memory_mb": row["host_memory_mb"],
         "processes": [{name: process.get(name) for name in PROCESS_FIELDS} for process in row["processes"] or []],
         "gpus": [{name: gpu.get(name) for name in GPU_FIELDS} for gpu in row["gpus"] or []],
     }
+
+
+def sample_host(node: int | None, hosts: list[str] | None, host: str | None) -> str | None:
+    """The name of the machine a sample of node ``node`` is of: the run's ``hosts[node]`` for a run
+    across machines (torchrun), else the run's ``host``."""
+    if hosts and node is not None and 0 <= node < len(hosts):
+        return hosts[node]
+    return host
 
 
 def last_step(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
@@ -176,6 +188,6 @@ def _read_system_of(session: Session, run_id: int, max_points: int | None) -> li
         bucket = cast((SystemSample.t_s - first) * 1000, BigInteger) // span_ms
         # The JSON columns are read for the chosen rows only: decoding every sample's JSON is what
         # would make a long run slow.
-        chosen = select(func.min(SystemSample.id)).where(of_run).group_by(bucket)
+        chosen = select(func.min(SystemSample.id)).where(of_run).group_by(SystemSample.node, bucket)
         statement = select(*fields).where(SystemSample.id.in_(chosen)).order_by(SystemSample.t_s, SystemSample.id)
     return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]

@@ -317,7 +317,8 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
     # Every point, not downsampled: an export is the record, charts are where points are thinned.
     exported["steps"] = [{name: row[name] for name in series.STEP_FIELDS}
                          for row in series.read_steps(engine, [run_id], max_points=None)]
-    exported["system"] = [series.export_sample(row) for row in series.read_system(engine, [run_id], max_points=None)]
+    exported["system"] = [series.export_sample(row, series.sample_host(row["node"], exported["hosts"], exported["host"]))
+                          for row in series.read_system(engine, [run_id], max_points=None)]
     return exported
 
 

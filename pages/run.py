@@ -136,7 +136,8 @@ def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
 def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[list[tuple[str, object]], list[str]]:
     """The step and system figures (key, figure) from downsampled rows, and a line per missing chart."""
     steps = series_charts.steps_frame(series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
-    system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS))
+    system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS),
+                                        {run.id: run.hosts})
     marks = series_charts.epoch_marks(epochs, steps)
     figures = [(f"step_{column}", series_charts.step_figure(steps, column, marks))
                for column in series_charts.STEP_TITLES if not steps.empty]

@@ -5,8 +5,9 @@
 - ``epochs.csv``: a row per epoch; peak memory per device and the per-epoch extras get a column each
   (``peak_memory_mb[cuda:0]``, ``energy_j[gpu0]``), nested extras are JSON text.
 - ``steps.csv``: a row per step point.
-- ``system.csv``: a row per sample, wide: a column per process and GPU figure (``rank0_cpu_pct``,
-  ``gpu1_power_w``). A spreadsheet charts a column against ``t_s`` with two clicks; a long table (a
+- ``system.csv``: a row per sample, wide: the machine sampled (``host``; a run across machines has a
+  row per machine and moment), then a column per process and GPU figure (``rank0_cpu_pct``,
+  ``gpu1_power_w``: GPU 1 of that row's machine). A spreadsheet charts a column against ``t_s`` with two clicks; a long table (a
   row per device) would need a pivot first, and a run's processes and GPUs do not change while it runs.
 
 Every file starts with ``run_id``, so the files of several runs can be pasted into one sheet. Text
@@ -60,16 +61,16 @@ def system_table(exported: dict[str, Any]) -> pd.DataFrame:
     """A row per sample: the host, then each rank's and each GPU's figures in columns of their own."""
     rows = []
     for sample in exported["system"]:
-        row = {"run_id": exported["run_id"], "t_s": sample["t_s"], "host_cpu_pct": sample["host_cpu_pct"],
-               "host_memory_mb": sample["host_memory_mb"]}
+        row = {"run_id": exported["run_id"], "t_s": sample["t_s"], "host": sample["host"],
+               "host_cpu_pct": sample["host_cpu_pct"], "host_memory_mb": sample["host_memory_mb"]}
         for process in sample["processes"]:
             row.update({f"rank{process['rank']}_{name}": process.get(name) for name in PROCESS_FIELDS[1:]})
         for gpu in sample["gpus"]:
             row.update({f"gpu{gpu['index']}_{name}": gpu.get(name) for name in GPU_FIELDS[1:]})
         rows.append(row)
-    table = pd.DataFrame(rows, columns=None if rows else ["run_id", "t_s", "host_cpu_pct", "host_memory_mb"])
+    fixed = ["run_id", "t_s", "host", "host_cpu_pct", "host_memory_mb"]
+    table = pd.DataFrame(rows, columns=None if rows else fixed)
     # rank10 after rank9, and every rank before every GPU, whatever order the samples listed them in
-    fixed = ["run_id", "t_s", "host_cpu_pct", "host_memory_mb"]
     return table[fixed + sorted(set(table.columns) - set(fixed), key=_device_order)]
 
 

@@ -66,18 +66,36 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
 
 
 def mean_utilisation(samples: list[dict[str, Any]]) -> dict[int, tuple[float, str]]:
-    """Each run's mean GPU utilisation over its samples (the mean over its GPUs at each), or, for a
-    run without GPU samples, its host's mean CPU utilisation: run_id -> (percent, "GPU" or "CPU")."""
-    gpu: dict[int, list[float]] = {}
-    cpu: dict[int, list[float]] = {}
+    """Each run's mean GPU utilisation over its GPUs and samples, or, for a run without GPU samples,
+    its hosts' mean CPU utilisation: run_id -> (percent, "GPU" or "CPU").
+
+    Each machine of a run is averaged over its own samples first (machines are sampled on clocks of
+    their own, and one may have stopped early), then the machines are combined: GPUs weighted by
+    how many each machine has, hosts alike. On one machine that is the mean over its samples."""
+    gpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [util sum, readings, samples with GPUs]
+    cpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [cpu sum, samples]
     for sample in samples:
+        machine = (sample["run_id"], sample.get("node") or 0)
         utils = [g["util_pct"] for g in sample["gpus"] or [] if g.get("util_pct") is not None]
         if utils:
-            gpu.setdefault(sample["run_id"], []).append(sum(utils) / len(utils))
+            totals = gpu.setdefault(machine, [0.0, 0, 0])
+            totals[0] += sum(utils)
+            totals[1] += len(utils)
+            totals[2] += 1
         if sample["host_cpu_pct"] is not None:
-            cpu.setdefault(sample["run_id"], []).append(sample["host_cpu_pct"])
-    means = {run_id: (sum(values) / len(values), "CPU") for run_id, values in cpu.items()}
-    means.update({run_id: (sum(values) / len(values), "GPU") for run_id, values in gpu.items()})
+            totals = cpu.setdefault(machine, [0.0, 0])
+            totals[0] += sample["host_cpu_pct"]
+            totals[1] += 1
+    # A machine's mean utilisation of one GPU, and how many GPUs it has (the mean count per sample).
+    gpu_runs: dict[int, list[tuple[float, float]]] = {}
+    for (run_id, _), (total, readings, sampled) in gpu.items():
+        gpu_runs.setdefault(run_id, []).append((total / readings, readings / sampled))
+    cpu_runs: dict[int, list[float]] = {}
+    for (run_id, _), (total, sampled) in cpu.items():
+        cpu_runs.setdefault(run_id, []).append(total / sampled)
+    means = {run_id: (sum(values) / len(values), "CPU") for run_id, values in cpu_runs.items()}
+    means.update({run_id: (sum(mean * count for mean, count in machines) / sum(count for _, count in machines), "GPU")
+                  for run_id, machines in gpu_runs.items()})
     return means
 
 

@@ -22,7 +22,7 @@ from ui.charts import base_figure, has_values
 
 STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
-                  "temperature_c")
+                  "temperature_c", "node")
 MARK_COLUMNS = ("epoch", "step", "t_s")
 MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: lines only
 
@@ -40,12 +40,13 @@ X_TITLES = {"t_s": "Time since the run started (s)", "step": "Step"}
 # B seconds waits B / REBUILD_SHARE seconds for the next (20 ms: every tick; 0.3 s, for a run of
 # hundreds of thousands of rows on a busy 2-core machine: every 15 s).
 REBUILD_SHARE = 0.02
-# Compare: one line per run. (title, y axis, where it comes from, how a sample's devices combine)
+# Compare: one line per run. (title, y axis, where it comes from, how a sample's devices combine;
+# the machines of a run across machines combine alike: see compare_frame)
 COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
     "train_loss": ("Training loss per step", "loss", "steps", ""),
     "images_per_s": ("Throughput per step", "images/s", "steps", ""),
     "gpu_util_pct": ("GPU utilisation (mean over the run's GPUs)", "%", "gpu:util_pct", "mean"),
-    "host_cpu_pct": ("Host CPU (of all cores)", "%", "host:cpu_pct", "sum"),
+    "host_cpu_pct": ("Host CPU (of all cores; mean over the run's machines)", "%", "host:cpu_pct", "mean"),
     "process_cpu_pct": ("The run's processes: CPU (sum over ranks, of one core)", "%", "process:cpu_pct", "sum"),
     "process_rss_mb": ("The run's processes: resident memory (sum over ranks)", "MB", "process:memory_mb", "sum"),
     "gpu_memory_mb": ("GPU memory used (sum over the run's GPUs)", "MB", "gpu:memory_mb", "sum"),
@@ -66,24 +67,58 @@ def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.astype({"train_loss": float, "images_per_s": float, "lr": float})
 
 
-def system_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None = None) -> pd.DataFrame:
     """The samples as a long table (``SYSTEM_COLUMNS``): a row per sample and device, the device
-    being the host, a rank ("rank 0", its DataLoader workers included) or a GPU ("GPU 0")."""
+    being the host, a rank ("rank 0", its DataLoader workers included) or a GPU ("GPU 0").
+
+    A run across machines (``hosts``: {run_id: the run's host names by node}, or samples of several
+    nodes) names its hosts and GPUs by machine: "host gpu-a", "GPU 0 on gpu-a" ("node 1 (gpu-a)"
+    and "GPU 0 on node 1 (gpu-a)" where machines share a name). Ranks are global: "rank N" still."""
+    machines = _machine_names(rows, hosts or {})
     records = []
     for row in rows:
-        base = {"run_id": row["run_id"], "t_s": row["t_s"]}
-        records.append({**base, "device": "host", "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
+        node = row.get("node") or 0
+        machine = machines.get((row["run_id"], node))
+        base = {"run_id": row["run_id"], "t_s": row["t_s"], "node": node}
+        records.append({**base, "device": _host_label(machine), "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
                         "memory_mb": row.get("host_memory_mb")})
         for process in row.get("processes") or []:
             records.append({**base, "device": f"rank {process.get('rank')}", "kind": "process",
                             "cpu_pct": process.get("cpu_pct"), "memory_mb": process.get("rss_mb")})
         for gpu in row.get("gpus") or []:
-            records.append({**base, "device": f"GPU {gpu.get('index')}", "kind": "gpu",
-                            "memory_mb": gpu.get("memory_used_mb"), "util_pct": gpu.get("util_pct"),
+            records.append({**base, "device": f"GPU {gpu.get('index')}" + (f" on {machine}" if machine else ""),
+                            "kind": "gpu", "memory_mb": gpu.get("memory_used_mb"), "util_pct": gpu.get("util_pct"),
                             "power_w": gpu.get("power_w"), "temperature_c": gpu.get("temperature_c")})
     frame = pd.DataFrame(records, columns=list(SYSTEM_COLUMNS))
     numeric = ["t_s", "cpu_pct", "memory_mb", "util_pct", "power_w", "temperature_c"]
-    return frame.astype({column: float for column in numeric})
+    return frame.astype({**{column: float for column in numeric}, "node": int})
+
+
+def _machine_names(rows: list[dict[str, Any]], hosts: dict[int, list[str]]) -> dict[tuple[int, int], str]:
+    """{(run_id, node): the machine's name} for each run across machines; runs of one machine have none."""
+    nodes: dict[int, set[int]] = {}
+    for row in rows:
+        nodes.setdefault(row["run_id"], set()).add(row.get("node") or 0)
+    names = {}
+    for run_id, seen in nodes.items():
+        known = list(hosts.get(run_id) or [])
+        every = sorted(seen | set(range(len(known))))
+        if len(every) <= 1:
+            continue
+        by_node = {node: known[node] if node < len(known) else None for node in every}
+        shared = {name for name in by_node.values() if list(by_node.values()).count(name) > 1}
+        for node, name in by_node.items():
+            if name is None:
+                names[run_id, node] = f"node {node}"
+            else:
+                names[run_id, node] = f"node {node} ({name})" if name in shared else name
+    return names
+
+
+def _host_label(machine: str | None) -> str:
+    if machine is None:
+        return "host"
+    return machine if machine.startswith("node ") else f"host {machine}"
 
 
 def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -163,23 +198,47 @@ def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system
 def compare_frame(steps: pd.DataFrame, system: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One value per run and moment for ``metric`` (``COMPARE_SERIES``): run_id, t_s, step, value.
 
-    A sample's devices combine as the metric says (mean or sum). A sample's step is interpolated from
-    the run's step points by time, and is NaN outside them: on a step axis only samples taken
-    while the run was stepping are drawn."""
+    A sample's devices combine as the metric says (mean or sum). A run across machines samples each
+    machine on its own clock: its moments are those of its first machine's samples, and each other
+    machine adds its sample nearest in time, within the gap between its own samples; a moment that
+    some machine has no sample near is left out rather than drawn as if that machine read nothing.
+    A sample's step is interpolated from the run's step points by time, and is NaN outside them:
+    on a step axis only samples taken while the run was stepping are drawn."""
     _, _, source, combine = COMPARE_SERIES[metric]
     if source == "steps":
         return steps[["run_id", "t_s", "step", metric]].rename(columns={metric: "value"})
     kind, column = source.split(":")
     rows = system[(system["kind"] == kind) & system[column].notna()]
-    values = rows.groupby(["run_id", "t_s"], sort=True)[column].agg(combine).rename("value").reset_index()
+    # Each machine's sample first: its devices' total and how many there are, for a sum or a mean.
+    per_sample = (rows.groupby(["run_id", "node", "t_s"], sort=True)[column].agg(["sum", "count"])
+                  .rename(columns={"sum": "total"}).reset_index())
+    values = pd.concat([_across_machines(of_run) for _, of_run in per_sample.groupby("run_id", sort=True)]
+                       or [pd.DataFrame(columns=["run_id", "t_s", "total", "count"])], ignore_index=True)
+    values["value"] = values["total"] if combine == "sum" else values["total"] / values["count"]
     values["step"] = np.nan
     for run_id, points in steps.groupby("run_id"):
         at = values["run_id"] == run_id
-        t_s = values.loc[at, "t_s"].to_numpy()
+        t_s = values.loc[at, "t_s"].to_numpy(dtype=float)
         inside = (t_s >= points["t_s"].min()) & (t_s <= points["t_s"].max())
         stepped = np.interp(t_s, points["t_s"].to_numpy(), points["step"].to_numpy())
         values.loc[at, "step"] = np.where(inside, stepped, np.nan)
-    return values[["run_id", "t_s", "step", "value"]]
+    return values[["run_id", "t_s", "step", "value"]].astype({"t_s": float, "step": float, "value": float})
+
+
+def _across_machines(of_run: pd.DataFrame) -> pd.DataFrame:
+    """One run's per-machine totals (run_id, node, t_s, total, count) at the moments of its first
+    machine, each other machine's nearest sample added in (see ``compare_frame``)."""
+    nodes = sorted(of_run["node"].unique())
+    moments = of_run[of_run["node"] == nodes[0]][["run_id", "t_s", "total", "count"]].reset_index(drop=True)
+    for node in nodes[1:]:
+        other = of_run[of_run["node"] == node][["t_s", "total", "count"]].reset_index(drop=True)
+        gaps = np.diff(other["t_s"].to_numpy())
+        near = pd.merge_asof(moments[["t_s"]], other, on="t_s", direction="nearest",
+                             tolerance=float(np.median(gaps)) if len(gaps) else None)
+        moments["total"] += near["total"]
+        moments["count"] += near["count"]
+        moments = moments[near["total"].notna().to_numpy()].reset_index(drop=True)
+    return moments
 
 
 def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
