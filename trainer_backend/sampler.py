@@ -1,6 +1,6 @@
 """System samples of a run, taken by a thread in the run's main process (the process that spawns
-the ranks, or the only one; under torchrun, rank 0, for the ranks of its machine) every
-``PARALLAX_SAMPLE_S`` seconds (default 1): host CPU % and memory,
+the ranks, or the only one; under torchrun, the process of local rank 0 on every machine, for the
+ranks of its machine) every ``PARALLAX_SAMPLE_S`` seconds (default 1): host CPU % and memory,
 each rank's CPU % and resident memory with its DataLoader workers summed in, and, through NVML,
 each GPU the run uses (utilisation, memory used, power, temperature, SM clock).
 
@@ -8,9 +8,12 @@ each GPU the run uses (utilisation, memory used, power, temperature, SM clock).
         sampler.watch({0: pid_of_rank0, 1: pid_of_rank1})
         ...  # train
 
-Samples are written a few seconds' worth at a time. The thread is a daemon and stops with the
-``with`` block however training ends, so it never keeps a process alive. A machine without NVML
-(no package, no driver) gets samples with an empty ``gpus`` list.
+Samples are written a few seconds' worth at a time, to the run's database by default. A torchrun
+machine other than rank 0's has no database: its sampler's ``sink`` carries the rows to rank 0
+instead, and rank 0's sampler takes them in at each flush from its ``extra`` source
+(``machine_samples``). The thread is a daemon and stops with the ``with`` block however training
+ends, so it never keeps a process alive. A machine without NVML (no package, no driver) gets
+samples with an empty ``gpus`` list.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Protocol
 
 import psutil
 
@@ -47,10 +51,64 @@ def step_point_s() -> float:
     return seconds_from_env(STEP_POINT_ENV, DEFAULT_STEP_POINT_S)
 
 
+class Sink(Protocol):
+    """Where a sampler's rows go."""
+
+    why_dropped: str  # what to say of rows ``write`` could not record
+
+    def write(self, rows: list[dict]) -> bool:
+        """Record the rows; False where they were dropped (``why_dropped`` says why)."""
+
+    def close(self, notes: list[str]) -> None:
+        """The sampler has stopped; ``notes`` (perhaps none) say what its samples miss."""
+
+
+class ExtraRows(Protocol):
+    """Rows sampled elsewhere that a sampler records with its own (other machines' samples)."""
+
+    def rows(self) -> list[dict]:
+        """The rows that arrived since the last call."""
+
+    def finish(self) -> list[dict]:
+        """The last rows, once the others have stopped (or a bounded wait for them has passed)."""
+
+    def notes(self) -> list[str]:
+        """What the others said of their samples, and which ones are missing."""
+
+
+class DatabaseSink:
+    """The run's database: rows and notes are written to the run."""
+
+    why_dropped = "the database stayed locked"
+
+    def __init__(self, engine, run_id: int):
+        self.engine, self.run_id = engine, run_id
+
+    def write(self, rows: list[dict]) -> bool:
+        try:
+            retry_when_locked(lambda: series.add_system_samples(self.engine, self.run_id, rows),
+                              what="record system samples")
+            return True
+        except DatabaseLockedError:
+            return False
+
+    def close(self, notes: list[str]) -> None:
+        if notes:
+            retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, notes), what="note missing samples")
+
+
 class SystemSampler:
-    def __init__(self, engine, run_id: int, started_at_s: float, cuda_indices: list[int] | None = None, *,
-                 interval_s: float | None = None, flush_s: float = FLUSH_S):
-        self.engine, self.run_id, self.started_at_s = engine, run_id, started_at_s
+    """``node`` is the machine's node rank in a torchrun job (0 elsewhere) and ``machine`` the name
+    its notes give it where the run spans machines. ``sink`` defaults to the run's database
+    (``engine``, ``run_id``); ``started_at_s`` 0 makes ``t_s`` wall time, for a sink that has no
+    run start to count from."""
+
+    def __init__(self, engine, run_id: int | None, started_at_s: float, cuda_indices: list[int] | None = None, *,
+                 interval_s: float | None = None, flush_s: float = FLUSH_S, node: int = 0,
+                 machine: str | None = None, sink: Sink | None = None, extra: ExtraRows | None = None):
+        self.sink = sink if sink is not None else DatabaseSink(engine, run_id)
+        self.extra, self.node, self.machine = extra, node, machine
+        self.run_id, self.started_at_s = run_id, started_at_s
         self.cuda_indices = list(cuda_indices or [])
         self.interval_s = sample_interval_s() if interval_s is None else interval_s
         self.flush_s = flush_s
@@ -88,18 +146,23 @@ class SystemSampler:
         if self._thread is not None:
             self._thread.join(timeout=max(10.0, 2 * self.interval_s))
         try:
-            self._flush()
+            self._flush(last=True)
             close_nvml(self._pynvml)
-            notes = []
-            if self.error:
-                notes.append(f"System sampling stopped early: {self.error}")
-            if self.dropped:
-                notes.append(f"{self.dropped} system samples were not recorded: the database stayed locked.")
-            if notes:
-                retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, notes), what="note missing samples")
+            self.sink.close([*self.notes(), *(self.extra.notes() if self.extra is not None else [])])
         except Exception as exc:
             print(f"parallax: system samples of run {self.run_id} are incomplete: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
+
+    def notes(self) -> list[str]:
+        """What this sampler's own samples miss, and why."""
+        of = f" of {self.machine}" if self.machine else ""
+        notes = []
+        if self.error:
+            notes.append(f"System sampling{of} stopped early: {self.error}")
+        if self.dropped:  # rows taken in from other machines are among them: then they are of the run
+            of_dropped = of if self.extra is None else ""
+            notes.append(f"{self.dropped} system samples{of_dropped} were not recorded: {self.sink.why_dropped}.")
+        return notes
 
     def _run(self) -> None:
         due = time.monotonic() + self.interval_s
@@ -117,15 +180,15 @@ class SystemSampler:
         except Exception as exc:  # the run trains on; the note written at stop says why samples end
             self.error = f"{type(exc).__name__}: {exc}"
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
         rows, self._rows = self._rows, []
+        if self.extra is not None:
+            rows += self.extra.finish() if last else self.extra.rows()
         if not rows:
             return
-        try:
-            retry_when_locked(lambda: series.add_system_samples(self.engine, self.run_id, rows),
-                              what="record system samples")
+        if self.sink.write(rows):
             self.written += len(rows)
-        except DatabaseLockedError:
+        else:
             self.dropped += len(rows)
 
     def sample(self) -> dict:
@@ -133,6 +196,7 @@ class SystemSampler:
         self._forget_ended()
         return {
             "t_s": round(time.time() - self.started_at_s, 3),
+            "node": self.node,
             "host_cpu_pct": psutil.cpu_percent(None),
             "host_memory_mb": round((memory.total - memory.available) / MB, 1),
             "processes": [p for rank, pid in sorted(self._ranks.items()) if (p := self._rank_sample(rank, pid))],

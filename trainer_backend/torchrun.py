@@ -13,8 +13,10 @@ job id (``--rdzv-id``), by which a job restarted under ``--max-restarts N`` find
 resumes it from the last finished epoch (``resume``). A new job (its first attempt) always starts a
 run of its own, even under a job id and training used before (the default id is "none"), unless
 ``--resume-job`` asks it to take over that earlier run where it was lost or failed. While it trains,
-rank 0 samples its machine as a spawned run's main process does (``sampler``): the host's CPU and
-memory, the processes of the ranks on that machine and their GPUs.
+every machine is sampled as a spawned run's main process samples its own (``sampler``): the host's
+CPU and memory, the processes of the ranks on that machine and their GPUs. The process of local
+rank 0 samples each machine; the other machines' samples reach rank 0, which writes them, through
+torchrun's store (``machine_samples``).
 
 Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
 imported only once a process is known to join.
@@ -22,6 +24,7 @@ imported only once a process is known to join.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -41,6 +44,7 @@ from db.settings import database_url
 from .config import ConfigError, RunConfig
 from .devices import cuda_indices
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler
+from .machine_samples import StoreDrain, StorePusher, sample_store
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from .sampler import SystemSampler
 from .strategies import collective_timeout
@@ -78,20 +82,22 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # The agent's store outlives a restart, with the last attempt's keys in it; taken as they
-        # are, the processes of a restarted job meet stale peers and hang (pytorch#135712).
-        # Each attempt keeps to keys of its own.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
-                              is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store),
-                                rank=world.rank, world_size=world.world_size, timeout=timeout)
-    else:
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    # The store the processes meet at: torchrun's agent's, or else one that rank 0 serves, as
+    # env:// would. It is held here to the end, not by the process group alone: training's
+    # teardown destroys the group, and the other machines' last system samples reach rank 0
+    # through this store after that (machine_samples).
+    served_by_rank0 = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
+                          is_master=served_by_rank0 and world.rank == 0, timeout=timeout, multi_tenant=True)
+    # The agent's store outlives a restart, with the last attempt's keys in it; taken as they
+    # are, the processes of a restarted job meet stale peers and hang (pytorch#135712).
+    # Each attempt keeps to keys of its own.
+    dist.init_process_group(backend, store=dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store),
+                            rank=world.rank, world_size=world.world_size, timeout=timeout)
     try:
         members: list = [None] * world.world_size
         # Each pid rides along with what every process tells the others anyway, labelled with its
-        # global rank: rank 0's sampler follows the processes of its machine by them. (Finding them
+        # global rank: each machine's sampler follows the processes of its machine by them. (Finding them
         # as the children of torchrun's agent would need each one's rank read from its environment.)
         dist.all_gather_object(members, Member(socket.gethostname(), world.node_rank, device, world.restart_count,
                                                os.getpid()))
@@ -104,10 +110,10 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         except ConfigError as exc:
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
+        sampling = Sampling(world.node_rank, members)
         if world.rank == 0:
-            neighbours = {rank: m.pid for rank, m in enumerate(members) if m.node == world.node_rank}
-            return _lead(joined, world, hosts, url, echo, restarted, resume_job, neighbours)
-        return _follow(joined, world, url, resume_job)
+            return _lead(joined, world, hosts, url, echo, restarted, resume_job, sampling)
+        return _follow(joined, world, url, resume_job, sampling)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -122,22 +128,25 @@ def _tell(decision: tuple | None) -> tuple:
     return holder[0]
 
 
-def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool) -> int:
+def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: "Sampling") -> int:
     action, run_id, code, folder_name = _tell(None)
     if action == "stop":
         return code
-    train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
-                  resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name)
+    # Local rank 0 of a machine other than rank 0's samples it, for rank 0 to write.
+    samples = remote_sampler(run_id, joined, sampling) if world.local_rank == 0 and sampling.remote else None
+    with samples or contextlib.nullcontext():
+        train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
+                      resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name)
     return 0
 
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
-          resume_job: bool, neighbours: dict[int, int]) -> int:
+          resume_job: bool, sampling: "Sampling") -> int:
     """Rank 0: open (or find) the job's run, tell every process, train and record how it ended.
-    ``neighbours`` are the processes of rank 0's machine, {global rank: pid}, for its system sampler."""
+    ``sampling`` says what its system sampler samples and which machines' samples it takes in."""
     try:
         info = preflight(joined)
-        notes = [world_note(joined, world, hosts), *run_notes(joined, info), *sampled_note(joined, neighbours)]
+        notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
         engine = make_engine(url)
         run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
         folder_name = run_folder_name(engine, run_id)
@@ -158,7 +167,7 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
     _tell(("train", run_id, 0, folder_name))
     if echo:
         announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, neighbours)
+    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling)
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
@@ -218,13 +227,13 @@ def _forget_failures(engine, run_id: int) -> None:
 
 
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
-                      folder_name: str, resume_job: bool, neighbours: dict[int, int]) -> str:
+                      folder_name: str, resume_job: bool, sampling: "Sampling") -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
     started = time.time()
     try:
         # As in a spawned run, the sampler stops and writes what it holds however training ends,
         # and a sampler that fails leaves a note in the run, never a failed rank.
-        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, neighbours):
+        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling):
             train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
                           folder_name=folder_name)
         state.finish(engine, run_id, "completed")
@@ -249,23 +258,62 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
     return status
 
 
-def machine_sampler(engine, run_id: int, joined: RunConfig, neighbours: dict[int, int]) -> SystemSampler:
+class Sampling:
+    """What the sampler of this process's machine samples, from what every process told the
+    others when it joined: ``neighbours``, the processes of this machine {global rank: pid}, and
+    the machines of the job by node rank, named for notes."""
+
+    def __init__(self, node: int, members: list[Member]):
+        self.node = node
+        self.neighbours = {rank: m.pid for rank, m in enumerate(members) if m.node == node}
+        self.machines = {n: f"node {n} ({host})" for n, host in sorted({m.node: m.host for m in members}.items())}
+        self.lead_node = members[0].node  # rank 0's machine, which writes the run
+        self.remote = node != self.lead_node
+        # Each machine's agent counts restarts of its own: the largest count is one all agree on.
+        self.attempt = max(m.restarts for m in members)
+
+    def machine(self) -> str | None:
+        """This machine's name in notes, where the job has several."""
+        return self.machines[self.node] if len(self.machines) > 1 else None
+
+    def cuda_indices(self, joined: RunConfig) -> list[int]:
+        """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``)."""
+        return cuda_indices([joined.devices[rank] for rank in sorted(self.neighbours)])
+
+
+def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling) -> SystemSampler:
     """The system sampler of rank 0's machine: its host, the processes of its ranks (their global
-    ranks label them, as in a spawned run) and the GPUs they train on (``cuda:LOCAL_RANK``)."""
-    sampler = SystemSampler(engine, run_id, run_started_at_s(engine, run_id),
-                            cuda_indices([joined.devices[rank] for rank in sorted(neighbours)]))
-    sampler.watch(neighbours)
+    ranks label them, as in a spawned run) and the GPUs they train on; and, where the job has
+    other machines, their samples as they arrive through torchrun's store."""
+    others = {node: name for node, name in sampling.machines.items() if node != sampling.node}
+    started_at_s = run_started_at_s(engine, run_id)
+    drain = None
+    if others:
+        try:
+            drain = StoreDrain(sample_store(run_id, sampling.attempt), others, started_at_s)
+        except Exception as exc:  # the run trains on, sampled on this machine only, and says so
+            store.add_notes(engine, run_id, [f"System samples of {', '.join(others.values())} are not recorded: "
+                                             f"torchrun's store could not be reached ({type(exc).__name__}: {exc})."])
+    sampler = SystemSampler(engine, run_id, started_at_s, sampling.cuda_indices(joined), node=sampling.node,
+                            machine=sampling.machine(), extra=drain)
+    sampler.watch(sampling.neighbours)
     return sampler
 
 
-def sampled_note(joined: RunConfig, neighbours: dict[int, int]) -> list[str]:
-    """What the system samples of a run across machines leave out, and why."""
-    if joined.nodes <= 1:
-        return []
-    ranks = ", ".join(map(str, sorted(neighbours)))
-    return [f"System samples are of rank 0's machine only ({socket.gethostname()}: its CPU and memory, the "
-            f"processes of rank(s) {ranks} and their GPUs): rank 0 alone writes the run, and a sample holds "
-            "one machine's figures."]
+def remote_sampler(run_id: int, joined: RunConfig, sampling: Sampling) -> SystemSampler | None:
+    """The system sampler of a machine other than rank 0's: as rank 0's, but its rows, in wall
+    time, and its notes go to rank 0 through torchrun's store. None where that store cannot be
+    reached (rank 0 then notes the machine's samples as missing)."""
+    try:
+        pusher = StorePusher(sample_store(run_id, sampling.attempt), sampling.node)
+    except Exception as exc:
+        print(f"parallax: {sampling.machine()} is not sampled: torchrun's store could not be reached "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        return None
+    sampler = SystemSampler(None, run_id, 0.0, sampling.cuda_indices(joined), node=sampling.node,
+                            machine=sampling.machine(), sink=pusher)
+    sampler.watch(sampling.neighbours)
+    return sampler
 
 
 def _failure_cause(folder_name: str, since: float) -> str | None:
