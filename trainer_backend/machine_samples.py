@@ -125,9 +125,10 @@ class StoreDrain:
     def notes(self) -> list[str]:
         notes = list(self._notes)
         for node in self._missing:
-            notes.append(f"The last system samples of {self.machines[node]} are missing: its sampler had not "
-                         f"finished {self.done_wait_s:g} s after rank 0's (the machine or its connection may have "
-                         "failed).")
+            which = f"The last system samples of {self.machines[node]} are missing" if self._taken[node] else \
+                f"No system samples of {self.machines[node]} reached rank 0"
+            notes.append(f"{which}: its sampler had not finished {self.done_wait_s:g} s after rank 0's (the machine "
+                         "or its connection may have failed).")
         if self._error:
             notes.append(f"Some system samples of the run's other machines may be missing: reading them from "
                          f"torchrun's store failed ({self._error}).")
