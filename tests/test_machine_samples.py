@@ -13,6 +13,7 @@ import csv
 import os
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -203,3 +204,18 @@ def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples():
     # Three GPUs, two at 80 % and one at 20 %, whichever machine was sampled more often.
     assert means[1] == (pytest.approx(60.0), "GPU")
     assert means[2] == (pytest.approx(50.0), "CPU")  # the machines' means, 30 % and 70 %
+
+
+def test_each_machine_samples_its_own_ranks_and_gpus_under_keys_all_agree_on():
+    from trainer_backend.torchrun import Member, Sampling
+
+    # Two machines of two GPUs each; rank 0 is on node 0; machine b's agent restarted once more.
+    members = [Member("a", 0, "cuda:0", 1, 100), Member("a", 0, "cuda:1", 1, 101),
+               Member("b", 1, "cuda:0", 2, 200), Member("b", 1, "cuda:1", 2, 201)]
+    joined = SimpleNamespace(devices=[m.device for m in members])  # a RunConfig checks GPUs exist here
+    lead, other = Sampling(0, members), Sampling(1, members)
+    assert (lead.neighbours, lead.remote, lead.machine()) == ({0: 100, 1: 101}, False, "node 0 (a)")
+    assert (other.neighbours, other.remote, other.machine()) == ({2: 200, 3: 201}, True, "node 1 (b)")
+    assert lead.cuda_indices(joined) == other.cuda_indices(joined) == [0, 1]
+    assert lead.attempt == other.attempt == 2
+    assert Sampling(0, members[:2]).machine() is None  # one machine: its notes read as a spawned run's
