@@ -309,6 +309,41 @@ def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine):
     assert store.get_run(engine, run_id).notes == []
 
 
+@one_gpu
+def test_a_machines_gpu_energy_reaches_the_job_through_an_object_gather_on_nccl(tmp_path):
+    """Across machines, each machine's local rank 0 meters its GPUs and every process of the job
+    joins one object all-gather on NCCL per epoch: here a world of one process on GPU 0."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from trainer_backend.job_energy import EnergyPart, JobEnergy
+
+    torch.cuda.set_device(0)
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    dist.init_process_group("nccl", store=server, rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        energy = JobEnergy.open(EnergyPart({0: "node 0 (a)"}, node=0, meters=True, cuda_indices=(0,)),
+                                powercap_dir=tmp_path / "no-rapl")
+        (note,) = energy.take_notes()
+        assert note.startswith("node 0 (a): ") and "counts the GPUs only" in note
+        energy.start()
+        x = torch.randn(2048, 2048, device="cuda")
+        for _ in range(10):  # about a second of work, with ticks for a board that integrates power
+            for _ in range(50):
+                x = (x @ x).tanh()
+            torch.cuda.synchronize()
+            energy.tick()
+            time.sleep(0.05)
+        fields = energy.epoch_fields(energy.stop(), images=100)
+        energy.close()
+    finally:
+        dist.destroy_process_group()
+    assert set(fields["energy_j"]) == {"node0:gpu0"} and fields["energy_j"]["node0:gpu0"] > 0
+    assert fields["energy_j_per_image"] == pytest.approx(fields["energy_j"]["node0:gpu0"] / 100)
+
+
 # --- training recipe ---
 
 

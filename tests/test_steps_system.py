@@ -32,6 +32,7 @@ from db import make_engine, store
 from db.models import StepMetric, SystemSample
 from trainer_backend.config import RunConfig
 from trainer_backend.energy import EnergyMeter, RaplPackages
+from trainer_backend.job_energy import EnergyPart, JobEnergy, combine
 from trainer_backend.sampler import SystemSampler
 from trainer_backend.steps import StepRecorder, step_images
 
@@ -238,6 +239,114 @@ def test_gpu_energy_from_the_counter_or_from_integrated_power(tmp_path, fake_nvm
     note = meter.note()
     assert "gpu0 is NVML's power readings integrated" in note and "counts the GPUs only" in note
     meter.close()
+
+
+# --- a torchrun job across machines: each machine metered on its own, summed by rank 0 ---
+
+MACHINES = {0: "node 0 (host-a)", 1: "node 1 (host-b)", 2: "node 2 (host-c)"}
+
+
+def test_the_job_sums_every_machines_joules_and_has_no_figure_where_one_lacks_a_reading():
+    gpus = {"node": 0, "joules": {"gpu0": 120.5, "gpu1": 130.0, "cpu_package": 40.0}, "complete": True}
+    cpu_only = {"node": 1, "joules": {"cpu_package": 9.5}, "complete": True}
+    gpus_without_rapl = {"node": 2, "joules": {"gpu0": 100.0}, "complete": True}  # counts the GPUs only
+    # Processes that do not meter (the other local ranks) contribute None.
+    energy_j, per_image = combine([gpus, None, cpu_only, None, gpus_without_rapl], MACHINES, images=1000)
+    assert energy_j == {"node0:gpu0": 120.5, "node0:gpu1": 130.0, "node0:cpu_package": 40.0,
+                        "node1:cpu_package": 9.5, "node2:gpu0": 100.0}
+    assert per_image == pytest.approx(400.0 / 1000)
+    # One machine without a reading for a device the run uses: the machines' joules, no figure per image.
+    lacking = {**gpus_without_rapl, "joules": {}, "complete": False}
+    energy_j, per_image = combine([gpus, cpu_only, lacking], MACHINES, images=1000)
+    assert set(energy_j) == {"node0:gpu0", "node0:gpu1", "node0:cpu_package", "node1:cpu_package"}
+    assert per_image is None
+    # A machine that sent nothing, and an epoch without images, have no figure either.
+    assert combine([gpus, cpu_only], MACHINES, images=1000)[1] is None
+    assert combine([gpus, cpu_only, gpus_without_rapl], MACHINES, images=0)[1] is None
+
+
+ENERGY_WORLD = 3  # ranks 0 and 1 on node 0 (rank 0 meters it), rank 2 on node 1
+ENERGY_WORLD_TIMEOUT_S = 90
+
+
+def _energy_world(rank: int, port: int, root: str, out_path: str) -> None:
+    """One process of a job on two machines, each machine's RAPL folder its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    node, meters = (0, rank == 0) if rank < 2 else (1, True)
+    folder = Path(root) / f"node{node}"
+    machines = {0: MACHINES[0], 1: MACHINES[1]}
+    results = {}
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=client, rank=rank, world_size=ENERGY_WORLD, timeout=timedelta(seconds=30))
+    try:
+        def rapl(uj: int) -> None:
+            if meters:
+                write_rapl(folder, {"intel-rapl:0": uj}, max_uj=100_000_000)
+
+        # Both machines read RAPL: node 0 uses 3 J in epoch 1, node 1 1.5 J.
+        rapl(1_000_000 if node == 0 else 500_000)
+        energy = JobEnergy.open(EnergyPart(machines, node, meters), powercap_dir=folder)
+        results["open_notes"] = energy.take_notes()
+        energy.start()
+        rapl(4_000_000 if node == 0 else 2_000_000)
+        results["epoch1"] = energy.epoch_fields(energy.stop(), images=9)
+        # Epoch 2: node 1's counter goes away mid-epoch (a permission change, say); node 0 uses 2 J.
+        energy.start()
+        rapl(6_000_000 if node == 0 else 2_000_000)
+        if node == 1:
+            (folder / "intel-rapl:0" / "energy_uj").unlink()
+        results["epoch2"] = energy.epoch_fields(energy.stop(), images=9)
+        results["epoch2_notes"] = energy.take_notes()
+        energy.close()
+        # A job whose node 1 has no RAPL at all: said when the meters open, and no figure.
+        energy = JobEnergy.open(EnergyPart(machines, node, meters),
+                                powercap_dir=folder if node == 0 else Path(root) / "missing")
+        results["absent_notes"] = energy.take_notes()
+        energy.start()
+        rapl(7_000_000)
+        results["absent"] = energy.epoch_fields(energy.stop(), images=9)
+        energy.close()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+    # As the engine's ranks leave (trainer_backend.runner): no C++ destructors at interpreter shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def test_a_job_across_machines_sums_their_rapl_counters_through_a_real_collective(tmp_path):
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "rank0.json"
+    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    context = mp.start_processes(_energy_world, args=(server.port, str(tmp_path), str(out)), nprocs=ENERGY_WORLD,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + ENERGY_WORLD_TIMEOUT_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {ENERGY_WORLD} processes did not finish in {ENERGY_WORLD_TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    results = json.loads(out.read_text())
+    assert results["open_notes"] == []  # every counter reads
+    assert results["epoch1"] == {"energy_j": {"node0:cpu_package": 3.0, "node1:cpu_package": 1.5},
+                                 "energy_j_per_image": pytest.approx(4.5 / 9)}
+    assert results["epoch2"] == {"energy_j": {"node0:cpu_package": 2.0}, "energy_j_per_image": None}
+    (failed,) = results["epoch2_notes"]
+    assert failed.startswith("node 1 (host-b): cpu_package: its reading failed during the run (FileNotFoundError")
+    assert results["absent"] == {"energy_j": {"node0:cpu_package": 1.0}, "energy_j_per_image": None}
+    assert results["absent_notes"] == [
+        f"node 1 (host-b): Energy per image is not recorded (no estimate is shown instead): cpu_package: "
+        f"RAPL is not available ({tmp_path / 'missing'} does not exist)."]
 
 
 def test_sampler_fills_gpu_fields_from_nvml(run_row, fake_nvml, monkeypatch):

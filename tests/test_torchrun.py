@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT, evaluate_checkpoint, run_cli
 from db import series
 from trainer_backend.config import ConfigError, RunConfig
+from trainer_backend.energy import RaplPackages
 from trainer_backend.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
@@ -119,6 +120,18 @@ def test_two_agents_make_one_run_across_two_nodes_with_global_metrics(parallax_h
         assert len(during) >= 3, (node, samples)
     assert {s["host"] for s in run["system"]} == {socket.gethostname()}  # both "machines" are this one
     assert not any("system samp" in note.lower() for note in run["notes"]), run["notes"]  # nothing missing
+    # Each machine meters itself (its local rank 0) and rank 0 sums them; where RAPL cannot be read
+    # (as on most machines without root) no machine has a reading, and the notes say why for each.
+    machines = [f"node {node} ({socket.gethostname()})" for node in (0, 1)]
+    if RaplPackages().domains:
+        assert all(set(e["extra"]["energy_j"]) == {"node0:cpu_package", "node1:cpu_package"}
+                   and e["extra"]["energy_j_per_image"] > 0 for e in run["epochs"]), run["epochs"]
+    else:
+        assert all(e["extra"]["energy_j"] == {} and e["extra"]["energy_j_per_image"] is None for e in run["epochs"])
+        for machine in machines:
+            assert any(note.startswith(f"{machine}: Energy per image is not recorded") and "cpu_package: RAPL is not"
+                       in note for note in run["notes"]), (machine, run["notes"])
+    assert not any("spans machines" in note for note in run["notes"]), run["notes"]
 
 
 def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_home):

@@ -162,6 +162,10 @@ class EnergyMeter:
             return None
         return sum(joules.values()) / images
 
+    def epoch_fields(self, joules: dict[str, float], images: int) -> dict:
+        """The epoch's ``energy_j`` and ``energy_j_per_image``."""
+        return {"energy_j": joules, "energy_j_per_image": self.per_image(joules, images)}
+
     def close(self) -> None:
         close_nvml(self._pynvml)
         self._pynvml = None

@@ -27,6 +27,7 @@ from db import series, store
 from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, retry_when_locked
 
 from .energy import EnergyMeter
+from .job_energy import JobEnergy
 from .sampler import step_point_s
 
 FLUSH_S = 5.0
@@ -201,9 +202,11 @@ def _event() -> torch.cuda.Event:
 
 class StepHooks:
     """What runs after each training step on this process: the progress bar, the step recorder
-    (where this process records steps) and the energy meter (on the process that writes epochs)."""
+    (where this process records steps) and the energy meter (on the process that writes epochs; in a
+    torchrun job across machines, on every process, metering where it is its machine's local rank 0)."""
 
-    def __init__(self, *, progress=None, recorder: StepRecorder | None = None, energy: EnergyMeter | None = None,
+    def __init__(self, *, progress=None, recorder: StepRecorder | None = None,
+                 energy: EnergyMeter | JobEnergy | None = None,
                  started_at_s: float = 0.0):
         self.progress, self.recorder, self.energy = progress, recorder, energy
         self.started_at_s = started_at_s
@@ -243,10 +246,14 @@ class StepHooks:
         if self._t_end_s is None:  # an epoch without steps
             self._end_training()
         extra = {"t_end_s": self._t_end_s}
-        if self.energy is not None:
-            extra["energy_j"] = self._joules
-            extra["energy_j_per_image"] = self.energy.per_image(self._joules, images)
+        if self.energy is not None:  # across machines, a collective every process of the job calls here
+            extra.update(self.energy.epoch_fields(self._joules, images))
         return extra
+
+    def take_notes(self) -> list[str]:
+        """What the run's notes should gain about energy since they were last taken (across machines:
+        a machine whose reading failed during the run)."""
+        return self.energy.take_notes() if isinstance(self.energy, JobEnergy) else []
 
     def close(self) -> None:
         """Release NVML and say in the run's notes if step points could not be written."""

@@ -16,7 +16,8 @@ run of its own, even under a job id and training used before (the default id is 
 every machine is sampled as a spawned run's main process samples its own (``sampler``): the host's
 CPU and memory, the processes of the ranks on that machine and their GPUs. The process of local
 rank 0 samples each machine; the other machines' samples reach rank 0, which writes them, through
-torchrun's store (``machine_samples``).
+torchrun's store (``machine_samples``). It meters each machine's energy too, and rank 0 sums the
+machines' joules once per epoch (``job_energy``).
 
 Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
 imported only once a process is known to join.
@@ -43,6 +44,7 @@ from db.settings import database_url
 
 from .config import ConfigError, RunConfig
 from .devices import cuda_indices
+from .job_energy import EnergyPart
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler
 from .machine_samples import StoreDrain, StorePusher, sample_store
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
@@ -136,7 +138,8 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
     samples = remote_sampler(run_id, joined, sampling) if world.local_rank == 0 and sampling.remote else None
     with samples or contextlib.nullcontext():
         train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
-                      resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name)
+                      resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name,
+                      energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
     return 0
 
 
@@ -235,7 +238,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # and a sampler that fails leaves a note in the run, never a failed rank.
         with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling):
             train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
-                          folder_name=folder_name)
+                          folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
         state.finish(engine, run_id, "completed")
     except KeyboardInterrupt:
         state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
@@ -279,6 +282,13 @@ class Sampling:
     def cuda_indices(self, joined: RunConfig) -> list[int]:
         """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``)."""
         return cuda_indices([joined.devices[rank] for rank in sorted(self.neighbours)])
+
+    def energy_part(self, joined: RunConfig, *, meters: bool) -> EnergyPart | None:
+        """This process's part in metering the job's energy where it spans machines (None on one
+        machine: rank 0 meters it all, as in a spawned run); the process that ``meters`` is local rank 0."""
+        if len(self.machines) == 1:
+            return None
+        return EnergyPart(dict(self.machines), self.node, meters, tuple(self.cuda_indices(joined)) if meters else ())
 
 
 def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling) -> SystemSampler:

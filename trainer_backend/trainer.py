@@ -36,6 +36,7 @@ from .devices import cuda_indices
 from .energy import EnergyMeter
 from .flops import count_flops_per_image
 from .inputs import DeviceInputs
+from .job_energy import EnergyPart, JobEnergy
 from .logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
 from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memory_reserved_mb, reset_peak_memory,
                    resolve_amp, train_epoch, validate)
@@ -230,18 +231,20 @@ def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, me
 
 def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0,
                   echo: bool = True, resumable: bool = False, folder_name: str | None = None,
-                  data_roots: list | None = None) -> None:
+                  data_roots: list | None = None, energy_part: EnergyPart | None = None) -> None:
     """Train one process's part of run ``run_id``. Raises on any failure; the runner records it.
 
     ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
     if any, and write one after every epoch. ``folder_name`` names the run's folder
     (``db.folders.run_folder_name``; looked up in the database when not given); ``data_roots``
-    confines the data read (``load_data``)."""
+    confines the data read (``load_data``). ``energy_part`` (a torchrun job across machines):
+    this process's part in metering the job's energy (``job_energy``)."""
     if folder_name is None:
         folder_name = run_folder_name(make_engine(db_url), run_id)
     folder = named_run_folder(folder_name, create=True)
     try:
-        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable, folder, data_roots)
+        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable, folder, data_roots,
+                       energy_part)
     except Exception as exc:
         # When one rank fails its peers fail too, mid-collective; the time tells the runner
         # which failure came first, i.e. which one to report.
@@ -263,7 +266,7 @@ def read_rank_failures(folder) -> list[dict]:
 
 
 def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool,
-                   resumable: bool, folder, data_roots: list | None) -> None:
+                   resumable: bool, folder, data_roots: list | None, energy_part: EnergyPart | None = None) -> None:
     if store_port:
         _die_with_parent()
         # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
@@ -302,7 +305,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         if config.compile:
             _record_compile_time(engine, run_id, strategy, compile_warmup(model, loaders, strategy, amp_dtype))
         progress = ProgressWriter(engine, run_id) if engine is not None else None
-        hooks = step_hooks(config, strategy, engine, db_url, run_id, progress)
+        hooks = step_hooks(config, strategy, engine, db_url, run_id, progress, energy_part)
         if engine is not None:
             once = {**measures.once_per_run(), "effective_batch": config.effective_batch}
             retry_when_locked(lambda: store.set_measurements(engine, run_id, once), what="record the run's measurements")
@@ -341,7 +344,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                                       what=f"record epoch {epoch}'s confusion matrix")
                 if echo:
                     print(metrics.line(config.epochs), flush=True)
-                if notes := measures.take_notes():
+                if notes := measures.take_notes() + hooks.take_notes():
                     retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
                 if peak := measures.take_remeasured():
                     retry_when_locked(lambda: store.set_measurements(engine, run_id, peak), what="record the CPU peak")
@@ -362,10 +365,12 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         strategy.teardown()
 
 
-def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_id: int, progress) -> StepHooks:
+def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_id: int, progress,
+               energy_part: EnergyPart | None = None) -> StepHooks:
     """This process's per-step hooks. Step points come from rank 0, except in a pipeline, where
     only the last stage computes the loss (of the whole batch: every stage sees it) and records
-    them itself; rank 0 measures the energy of every epoch it writes."""
+    them itself; rank 0 measures the energy of every epoch it writes, and in a torchrun job across
+    machines (``energy_part``) each machine's local rank 0 meters its machine for rank 0 to sum."""
     records = strategy.rank == strategy.world_size - 1 if config.strategy == "pp" else strategy.is_main
     recorder_engine = engine if engine is not None else (make_engine(db_url) if records else None)
     started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
@@ -373,9 +378,9 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
     images_factor = strategy.world_size if config.strategy in ("ddp", "fsdp") else 1
     recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor) if records else None
     energy, notes = None, [series_note(config, strategy.world_size)]
-    if engine is not None and config.nodes > 1:
-        notes.append("Energy per image is not recorded: the run spans machines, and each machine's counters "
-                     "are readable only on that machine.")
+    if energy_part is not None:  # every process of the job, at this same point: a collective
+        energy = JobEnergy.open(energy_part)
+        notes += energy.take_notes()
     elif engine is not None:
         energy = EnergyMeter.open(cuda_indices(config.devices))
         notes.append(energy.note())
