@@ -65,7 +65,10 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
 def parallax_home(prefix: str = "parallax-bench-") -> Iterator[Path]:
     """A fresh PARALLAX_HOME for this process and its children, removed afterwards.
 
-    Benchmark runs never touch the user's database, caches or checkpoints."""
+    Benchmark runs never touch the user's database or checkpoints. Datasets come from
+    ``PARALLAX_DATA_DIR`` where it is set (a cache keyed by the files and the preprocessing, which a
+    benchmark only adds to), else from the fresh home; every benchmark decodes its set before the
+    runs it times, so neither changes a figure."""
     home = Path(tempfile.mkdtemp(prefix=prefix))
     saved = {key: os.environ.get(key) for key in ("PARALLAX_HOME", "PARALLAX_DB_URL")}
     os.environ["PARALLAX_HOME"] = str(home)

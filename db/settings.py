@@ -1,7 +1,8 @@
 """Where Parallax keeps its state: ``PARALLAX_HOME`` and the database URL.
 
 ``PARALLAX_HOME`` (default ``./parallax_home``) holds the SQLite database, dataset caches,
-logs and checkpoints. ``PARALLAX_DB_URL`` (or ``--db`` on the CLI) points at another database.
+logs and checkpoints. ``PARALLAX_DB_URL`` (or ``--db`` on the CLI) points at another database,
+and ``PARALLAX_DATA_DIR`` at another folder for datasets and their caches.
 """
 
 from __future__ import annotations
@@ -32,9 +33,19 @@ def database_url(explicit: str | None = None) -> str:
 
 
 def data_dir() -> Path:
-    """Downloaded and cached datasets."""
-    path = parallax_home() / "data"
-    path.mkdir(parents=True, exist_ok=True)
+    """Downloaded and cached datasets: ``PARALLAX_DATA_DIR``, else ``PARALLAX_HOME/data``.
+
+    Several homes may share one (a team's, or every test of a suite), so that a set is downloaded
+    and decoded once: cache entries are keyed by the files and the preprocessing, and written
+    under a lock."""
+    chosen = os.environ.get("PARALLAX_DATA_DIR")
+    path = Path(chosen).expanduser().resolve() if chosen else parallax_home() / "data"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        name = "PARALLAX_DATA_DIR" if chosen else "the data folder under PARALLAX_HOME"
+        raise ValueError(f"{name}={str(path)!r} cannot be used: {exc.strerror or exc}; it must be a folder "
+                         "Parallax can create and write") from None
     return path
 
 

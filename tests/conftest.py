@@ -39,6 +39,23 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: the rest keep their order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_data_dir(tmp_path_factory) -> Path:
+    """One dataset folder for every test's home and every process a test starts: digits is decoded
+    and split once per suite instead of once per home (each decode imports scikit-learn, about 2 s
+    of CPU per run). Both workers of ``make test`` share it; the cache writes under a lock."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-data"
+    os.environ["PARALLAX_DATA_DIR"] = str(folder)
+    return folder
+
+
+@pytest.fixture
+def own_data_dir(monkeypatch) -> None:
+    """For tests of downloading, decoding and caching: datasets under the test's own home."""
+    monkeypatch.delenv("PARALLAX_DATA_DIR")
+
+
 @pytest.fixture
 def parallax_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"

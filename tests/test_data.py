@@ -31,6 +31,9 @@ from trainer_backend.datasets import cache as cache_module
 from trainer_backend.datasets import folder as folder_module
 from trainer_backend.datasets.base import make_pool
 
+# Downloading, decoding and caching are what these tests check: datasets under each test's own home.
+pytestmark = pytest.mark.usefixtures("own_data_dir")
+
 CLASSES = ("AnnualCrop", "Forest", "River")
 
 
@@ -282,6 +285,28 @@ def test_second_call_loads_the_cache_and_a_changed_file_changes_the_key(parallax
     assert len(cache_files(parallax_home)) == 2
     darkest = [min(stored_unit_pixels(d.train).amin(), stored_unit_pixels(d.val).amin()) for d in (first, third)]
     assert darkest[1] == 0.0 < darkest[0]
+
+
+def test_homes_sharing_a_data_dir_decode_a_set_once(parallax_home, tmp_path, monkeypatch):
+    shared = tmp_path / "shared-data"
+    monkeypatch.setenv("PARALLAX_DATA_DIR", str(shared))
+    first = prepare_data("digits", image_size=8)
+    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path / "another-home"))
+    monkeypatch.setattr(cache_module, "save_pool", lambda *_: pytest.fail("decoded again"))
+    second = prepare_data("digits", image_size=8)
+    assert torch.equal(second.train.images, first.train.images)
+    assert len(list((shared / "cache").glob("*.pt"))) == 1
+    assert not (parallax_home / "data").exists() and not (tmp_path / "another-home" / "data").exists()
+
+
+def test_a_data_dir_that_cannot_be_a_folder_is_refused_in_one_line(parallax_home, tmp_path, monkeypatch):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    monkeypatch.setenv("PARALLAX_DATA_DIR", str(taken))
+    with pytest.raises(ValueError) as raised:
+        prepare_data("digits", image_size=8)
+    assert str(raised.value) == (f"PARALLAX_DATA_DIR={str(taken)!r} cannot be used: File exists; it must be a folder "
+                                 "Parallax can create and write")
 
 
 def build_slowly_in_child(path: str, record: str) -> None:

@@ -31,6 +31,9 @@ from trainer_backend.datasets import DatasetError, inspect_dataset, prepare_data
 from trainer_backend.datasets.builtin import load_cifar_pickle
 from trainer_backend.datasets.folder import decode_image_folder, list_image_folder
 
+# Downloading, decoding and caching are what these tests check: datasets under each test's own home.
+pytestmark = pytest.mark.usefixtures("own_data_dir")
+
 TINY_RUN = ("--model", "test_resnet", "--image-size", "8", "--epochs", "1")
 
 
