@@ -10,7 +10,7 @@ model takes as 4 independent devices, so the error here says how far that assump
 CPU, not how good the forecast is on GPUs.
 
     python bench/forecast.py            # full: 3 sweeps (--sweeps N)
-    python bench/forecast.py --quick    # one sweep of a tiny model
+    python bench/forecast.py --quick    # one sweep of a tiny model, checked at 3 processes
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ KEY, TITLE = "forecast", "Scaling forecast"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 FULL_SWEEPS = 3
 CALIBRATION, TARGET = 2, 4  # processes the forecast is fitted on, and the count it is checked at
+QUICK_TARGET = 3  # --quick: a process fewer, and no more processes than cores plus one
 
 
 def settings(quick: bool) -> dict:
@@ -35,21 +36,21 @@ def settings(quick: bool) -> dict:
     return {"model": "resnet18", "image_size": 32, "epochs": 2, "batch_size": 128}
 
 
-def one_sweep(db_url: str, workload: dict) -> dict:
-    """Run the sweep; return the forecast's row at ``TARGET`` processes and the sweep's wall time."""
+def one_sweep(db_url: str, workload: dict, target: int) -> dict:
+    """Run the sweep; return the forecast's row at ``target`` processes and the sweep's wall time."""
     from db import make_engine
     from reports.forecast import sweep_forecast
 
     done = run_timed(engine_command(
-        "sweep", "--strategies", "single,ddp", "--device-counts", f"{CALIBRATION},{TARGET}", "--dataset", "digits",
+        "sweep", "--strategies", "single,ddp", "--device-counts", f"{CALIBRATION},{target}", "--dataset", "digits",
         "--model", workload["model"], "--image-size", str(workload["image_size"]), "--epochs", str(workload["epochs"]),
         "--batch-size", str(workload["batch_size"]), "--bn-stats-images", "0", "--target-acc", "0.5",
         db_url=db_url), timeout=1200)
     sweep_id = int(done.stdout.split()[0].split("=")[1])
     forecast = sweep_forecast(make_engine(db_url), sweep_id)
-    rows = forecast.table[(forecast.table["strategy"] == "ddp") & (forecast.table["devices"] == TARGET)]
+    rows = forecast.table[(forecast.table["strategy"] == "ddp") & (forecast.table["devices"] == target)]
     if rows.empty or rows.iloc[0]["kind"] != "predicted vs measured":
-        raise RuntimeError(f"sweep {sweep_id} gave no forecast checked at {TARGET}:\n{done.stdout[-3000:]}")
+        raise RuntimeError(f"sweep {sweep_id} gave no forecast checked at {target}:\n{done.stdout[-3000:]}")
     fitted = next((line for line in forecast.assumptions if line.startswith("DDP fitted")), "")
     return {"row": rows.iloc[0].to_dict(), "wall_s": done.seconds, "fitted": fitted}
 
@@ -60,24 +61,25 @@ def main() -> None:
         "each is three training runs, so it stands in for --repeats"))
     repeats = args.sweeps or (1 if args.quick else FULL_SWEEPS)
     workload = settings(args.quick)
+    target = QUICK_TARGET if args.quick else TARGET
     report = Report(KEY, TITLE, method=METHOD)
-    report.settings = {**workload, "sweeps": repeats, "strategies": "single,ddp", "device counts": f"{CALIBRATION},{TARGET}"}
+    report.settings = {**workload, "sweeps": repeats, "strategies": "single,ddp", "device counts": f"{CALIBRATION},{target}"}
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         prime_dataset_cache({"dataset": "digits", "image_size": workload["image_size"]}, args.quick)
-        sweeps = [one_sweep(db_url, workload) for _ in range(repeats)]
+        sweeps = [one_sweep(db_url, workload, target) for _ in range(repeats)]
     rows = [s["row"] for s in sweeps]
-    report.add(f"DDP on {TARGET} CPU processes: forecast images/s error (fitted on {CALIBRATION})",
+    report.add(f"DDP on {target} CPU processes: forecast images/s error (fitted on {CALIBRATION})",
                [100 * r["error"] for r in rows], unit=" %")
-    report.add(f"forecast images/s at {TARGET}", [r["images_per_s_predicted"] for r in rows], headline=False)
-    report.add(f"measured images/s at {TARGET}", [r["images_per_s_measured"] for r in rows], headline=False)
-    report.add(f"forecast speedup over single at {TARGET}", [r["speedup_predicted"] for r in rows], unit="×",
+    report.add(f"forecast images/s at {target}", [r["images_per_s_predicted"] for r in rows], headline=False)
+    report.add(f"measured images/s at {target}", [r["images_per_s_measured"] for r in rows], headline=False)
+    report.add(f"forecast speedup over single at {target}", [r["speedup_predicted"] for r in rows], unit="×",
                headline=False)
-    report.add(f"measured speedup over single at {TARGET}", [r["speedup_measured"] for r in rows], unit="×",
+    report.add(f"measured speedup over single at {target}", [r["speedup_measured"] for r in rows], unit="×",
                headline=False)
     memory = [r["memory_error"] for r in rows if r["memory_error"] == r["memory_error"] and r["memory_error"] is not None]
     if memory:
-        report.add(f"forecast memory per device error at {TARGET}", [100 * e for e in memory], unit=" %")
+        report.add(f"forecast memory per device error at {target}", [100 * e for e in memory], unit=" %")
     else:
         report.note("Memory per device is not forecast here: these runs recorded no memory breakdown.")
     report.add("one sweep (3 runs), start to finish", [s["wall_s"] for s in sweeps], unit=" s", headline=False)
