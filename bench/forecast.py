@@ -32,7 +32,7 @@ QUICK_TARGET = 3  # --quick: a process fewer, and no more processes than cores p
 
 def settings(quick: bool) -> dict:
     if quick:
-        return {"model": "test_resnet", "image_size": 16, "epochs": 1, "batch_size": 128}
+        return {"model": "test_resnet", "image_size": 16, "epochs": 1, "batch_size": 96}  # divides over 2 and 3
     return {"model": "resnet18", "image_size": 32, "epochs": 2, "batch_size": 128}
 
 
