@@ -11,7 +11,7 @@ repeated); images/s is the median over the epochs after the first, and each swit
 its images/s over the default run's of the same round.
 
     python bench/switches.py            # full: 5 rounds
-    python bench/switches.py --quick    # one round of timm's tiny test_resnet at 16 px
+    python bench/switches.py --quick    # one round of timm's tiny test_resnet at 16 px: defaults and compile
 """
 
 from __future__ import annotations
@@ -43,6 +43,11 @@ SWITCHES = {
 }
 
 
+# --quick: the defaults and the one switch with a figure of its own (compile's warm-up), which run
+# every line of the report; the other switches differ from these only in their flags.
+QUICK_SWITCHES = ("defaults", "compile")
+
+
 def main() -> None:
     args = parse_args(__doc__)
     report = Report(KEY, TITLE, method=METHOD)
@@ -51,11 +56,12 @@ def main() -> None:
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         prime_dataset_cache(settings, args.quick)
+        switches = {name: flags for name, flags in SWITCHES.items() if not args.quick or name in QUICK_SWITCHES}
         runs = alternate({name: (lambda flags=flags: run_engine(settings, db_url, *flags))
-                          for name, flags in SWITCHES.items()}, args.repeats, label=f"{KEY} ")
+                          for name, flags in switches.items()}, args.repeats, label=f"{KEY} ")
     speeds = {name: [epoch_field(run, "images_per_s") for run in results] for name, results in runs.items()}
     report.add("defaults: training images/s", speeds["defaults"], unit=" images/s", headline=False)
-    for name in SWITCHES:
+    for name in switches:
         if name == "defaults":
             continue
         report.ratio(f"{name}: images/s over the defaults'", speeds[name], speeds["defaults"])
