@@ -146,8 +146,8 @@ def make_eurosat_folder(root, classes=("AnnualCrop", "Forest", "River"), per_cla
 def test_eurosat_tiffs_train_under_ddp(tmp_path, parallax_home):
     data = make_eurosat_folder(tmp_path / "eurosat")
     result = run_cli(
-        "run", "--dataset", str(data), "--model", "resnet18", "--strategy", "ddp", "--devices", "cpu,cpu",
-        "--epochs", "2", "--batch-size", "16", "--image-size", "32", home=parallax_home,
+        "run", "--dataset", str(data), "--model", "test_resnet", "--strategy", "ddp", "--devices", "cpu,cpu",
+        "--epochs", "2", "--batch-size", "16", "--image-size", "16", home=parallax_home,
     )
     assert result.returncode == 0, result.stderr
     run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
