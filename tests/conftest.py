@@ -7,6 +7,7 @@ throwaway cluster; skipped only where PostgreSQL is not installed).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -44,8 +45,7 @@ def shared_data_dir(tmp_path_factory) -> Path:
     """One dataset folder for every test's home and every process a test starts: digits is decoded
     and split once per suite instead of once per home (each decode imports scikit-learn, about 2 s
     of CPU per run). Both workers of ``make test`` share it; the cache writes under a lock."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-data"
+    folder = session_folder(tmp_path_factory, "shared-data")
     os.environ["PARALLAX_DATA_DIR"] = str(folder)
     return folder
 
@@ -165,8 +165,10 @@ SHARED_RUNS: dict[str, tuple[str, ...]] = {
 
 class SharedRuns:
     """``shared_runs["ddp_tiny"]``: the run's export (as ``train_and_export``), trained on first use
-    into one PARALLAX_HOME (``.home``) for the whole session. Tests must not change these runs, and
-    must not assume that ``.home`` holds no other runs."""
+    into one PARALLAX_HOME (``.home``) for the whole session. Both workers of ``make test`` share the
+    home: the first to ask trains the run under a lock and leaves its export beside the home, and the
+    other reads that. Tests must not change these runs, and must not assume that ``.home`` holds no
+    other runs."""
 
     def __init__(self, home: Path):
         self.home = home
@@ -174,13 +176,32 @@ class SharedRuns:
 
     def __getitem__(self, name: str) -> dict:
         if name not in self._runs:
-            self._runs[name] = train_and_export(self.home, *SHARED_RUNS[name])
+            self.home.mkdir(parents=True, exist_ok=True)
+            saved = self.home.with_name(f"{self.home.name}-{name}.json")
+            with open(saved.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+                if not saved.exists():
+                    run = train_and_export(self.home, *SHARED_RUNS[name])
+                    cli = run["_cli"]
+                    run["_cli"] = {"args": cli.args, "returncode": cli.returncode, "stdout": cli.stdout,
+                                   "stderr": cli.stderr}
+                    saved.write_text(json.dumps(run))
+            run = json.loads(saved.read_text())
+            run["_cli"] = subprocess.CompletedProcess(**run["_cli"])
+            self._runs[name] = run
         return self._runs[name]
+
+
+def session_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of this test session that both workers of ``make test`` see (their temporary
+    folders share a parent); the session's own temporary folder without workers."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
 
 
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
-    return SharedRuns(tmp_path_factory.mktemp("shared-home"))
+    return SharedRuns(session_folder(tmp_path_factory, "shared-home"))
 
 
 def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]:
