@@ -155,7 +155,8 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     # The attempt that failed wrote its system samples as it stopped (it lasted less than the
     # sampler's flush interval, so none had been written before).
     first_attempt = [s for s in run["system"] if s["t_s"] <= run["epochs"][0]["extra"]["t_end_s"] + 0.5]
-    assert first_attempt and all([p["rank"] for p in s["processes"]] == [0, 1] for s in first_attempt), run["system"]
+    assert first_attempt and all([p["rank"] for p in s["processes"]] == [0, 1] for s in first_attempt), \
+        (run["system"], run["notes"], err[-3000:])
     # Rank 0 samples both local ranks (each with its DataLoader workers summed in) at the interval.
     assert_sampled_every(run, SAMPLE_S)
     assert all({p["rank"] for p in s["processes"]} <= {0, 1} and all(p["rss_mb"] > 50 for p in s["processes"])
