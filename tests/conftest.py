@@ -53,7 +53,7 @@ def shared_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def own_data_dir(monkeypatch) -> None:
     """For tests of downloading, decoding and caching: datasets under the test's own home."""
-    monkeypatch.delenv("PARALLAX_DATA_DIR")
+    monkeypatch.delenv("PARALLAX_DATA_DIR", raising=False)
 
 
 @pytest.fixture
