@@ -107,10 +107,27 @@ def test_rank_0_waits_a_bounded_time_for_a_machine_that_never_finishes_and_names
     assert time.monotonic() - started < 3
     assert sorted(r["node"] for r in series.read_system(engine, [run_id], max_points=None)) == [1, 2]
     assert store.get_run(engine, run_id).notes == [
-        "The last system samples of node 2 (gpu-c) are missing: its sampler had not finished 0.5 s after rank 0's "
-        "(the machine or its connection may have failed).",
-        "No system samples of node 3 (gpu-d) reached rank 0: its sampler had not finished 0.5 s after rank 0's "
-        "(the machine or its connection may have failed)."]
+        "The last system samples of node 2 (gpu-c) are missing: its sampler had not said it finished 0.5 s after "
+        "rank 0's (it failed, could not reach torchrun's store, or its machine or connection failed).",
+        "No system samples of node 3 (gpu-d) reached rank 0: its sampler had not said it finished 0.5 s after "
+        "rank 0's (it failed, could not reach torchrun's store, or its machine or connection failed)."]
+
+
+def test_an_attempt_never_takes_in_the_samples_an_earlier_attempt_left_in_the_store(served):
+    """The agent's store outlives a restart: the new attempt's keys are its own, so what the last
+    attempt pushed (its count, its done mark, a batch never read) is neither read nor awaited."""
+    earlier = StorePusher(sample_store(7, "first-attempt", host="127.0.0.1", port=served), node=1)
+    assert earlier.write(machine_rows(1, [time.time()]))
+    earlier.close([])
+    drain = StoreDrain(sample_store(7, "second-attempt", host="127.0.0.1", port=served), {1: "node 1 (gpu-b)"},
+                       time.time(), done_wait_s=0.3)
+    assert drain.rows() == []
+    now = StorePusher(sample_store(7, "second-attempt", host="127.0.0.1", port=served), node=1)
+    assert now.write(machine_rows(1, [time.time()])) and now.write(machine_rows(1, [time.time()]))
+    assert [row["node"] for row in drain.rows()] == [1, 1]
+    started = time.monotonic()
+    assert drain.finish() == [] and time.monotonic() - started >= 0.3  # this attempt's machine has not finished
+    assert drain.notes()[0].startswith("The last system samples of node 1 (gpu-b) are missing")
 
 
 def test_a_machine_that_cannot_reach_rank_0_counts_its_samples_as_dropped():
@@ -149,13 +166,13 @@ def test_export_and_csv_name_the_machine_of_each_sample(engine, tmp_path):
     elastic.record_job(engine, run_id, elastic_run_id="job", nodes=2, hosts=["gpu-a", "gpu-b"])
     series.add_system_samples(engine, run_id, machine_rows(0, [1.0]) + machine_rows(1, [1.2], ranks=(1,)))
     exported = store.export_run(engine, run_id)
-    assert [(s["t_s"], s["host"]) for s in exported["system"]] == [(1.0, "gpu-a"), (1.2, "gpu-b")]
-    assert list(exported["system"][0]) == ["t_s", "host", "host_cpu_pct", "host_memory_mb", "processes", "gpus"]
+    assert [(s["t_s"], s["host"], s["node"]) for s in exported["system"]] == [(1.0, "gpu-a", 0), (1.2, "gpu-b", 1)]
+    assert list(exported["system"][0]) == ["t_s", "host", "node", "host_cpu_pct", "host_memory_mb", "processes", "gpus"]
     run_csv.write_run_csv(exported, tmp_path)
     with open(tmp_path / "system.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert [(row["host"], row["rank0_cpu_pct"], row["rank1_cpu_pct"]) for row in rows] == [
-        ("gpu-a", "90.0", ""), ("gpu-b", "", "90.0")]
+    assert [(row["host"], row["node"], row["rank0_cpu_pct"], row["rank1_cpu_pct"]) for row in rows] == [
+        ("gpu-a", "0", "90.0", ""), ("gpu-b", "1", "", "90.0")]
 
 
 def test_charts_name_hosts_and_gpus_by_machine_only_where_a_run_has_several():
@@ -206,10 +223,10 @@ def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples():
     assert means[2] == (pytest.approx(50.0), "CPU")  # the machines' means, 30 % and 70 %
 
 
-def test_each_machine_samples_its_own_ranks_and_gpus_under_keys_all_agree_on():
+def test_each_machine_samples_its_own_ranks_and_gpus():
     from trainer_backend.torchrun import Member, Sampling
 
-    # Two machines of two GPUs each; rank 0 is on node 0; machine b's agent restarted once more.
+    # Two machines of two GPUs each; rank 0 is on node 0.
     members = [Member("a", 0, "cuda:0", 1, 100), Member("a", 0, "cuda:1", 1, 101),
                Member("b", 1, "cuda:0", 2, 200), Member("b", 1, "cuda:1", 2, 201)]
     joined = SimpleNamespace(devices=[m.device for m in members])  # a RunConfig checks GPUs exist here
@@ -217,5 +234,4 @@ def test_each_machine_samples_its_own_ranks_and_gpus_under_keys_all_agree_on():
     assert (lead.neighbours, lead.remote, lead.machine()) == ({0: 100, 1: 101}, False, "node 0 (a)")
     assert (other.neighbours, other.remote, other.machine()) == ({2: 200, 3: 201}, True, "node 1 (b)")
     assert lead.cuda_indices(joined) == other.cuda_indices(joined) == [0, 1]
-    assert lead.attempt == other.attempt == 2
     assert Sampling(0, members[:2]).machine() is None  # one machine: its notes read as a spawned run's

@@ -10,7 +10,7 @@ thread has a client of its own: a collective from a sampler would interleave wit
 Keys, under a prefix of the run and the attempt (``sample_store``):
 
     node-{n}/{seq}   one flush of node n: JSON {"rows": [...], "notes": [...]}, rows in wall time
-    node-{n}/count   how many flushes node n has pushed (added to after each one is set)
+    node-{n}/count   how many flushes node n has pushed (set after each one is)
     node-{n}/done    1 once node n's last flush (and its notes) are pushed
 
     pusher = StorePusher(sample_store(run_id, attempt), node=1)               # a machine of the job
@@ -33,10 +33,11 @@ STORE_TIMEOUT_S = 10.0
 DONE_WAIT_S = 5.0
 
 
-def sample_store(run_id: int, attempt: int, *, host: str | None = None, port: int | None = None,
+def sample_store(run_id: int, attempt: str, *, host: str | None = None, port: int | None = None,
                  timeout_s: float = STORE_TIMEOUT_S) -> dist.Store:
     """A client of the job's store (``MASTER_ADDR``:``MASTER_PORT`` unless given) under keys of this
-    run and attempt alone: a restarted attempt, or another run, never reads these batches."""
+    run and attempt alone (``attempt``: a name rank 0 gives each attempt), so that a restarted
+    attempt, or another run, never reads these batches."""
     client = dist.TCPStore(host or os.environ["MASTER_ADDR"], int(port or os.environ["MASTER_PORT"]),
                            is_master=False, timeout=timedelta(seconds=timeout_s))
     return dist.PrefixStore(f"parallax/samples/run-{run_id}/attempt-{attempt}/", client)
@@ -61,8 +62,11 @@ class StorePusher:
     def _push(self, rows: list[dict], notes: list[str]) -> bool:
         def push():
             self.store.set(f"node-{self.node}/{self._seq}", json.dumps({"rows": rows, "notes": notes}))
-            self.store.add(f"node-{self.node}/count", 1)  # after the set: a counted batch is there to read
             self._seq += 1
+            # After the batch: a counted batch is there to read. Set, not added to: a count that
+            # reached the store although the call timed out here is set again by the next push,
+            # never counted twice, so no batch number is left without its batch.
+            self.store.set(f"node-{self.node}/count", str(self._seq))
         return self._try(push)
 
     def _try(self, operation) -> bool:
@@ -127,8 +131,8 @@ class StoreDrain:
         for node in self._missing:
             which = f"The last system samples of {self.machines[node]} are missing" if self._taken[node] else \
                 f"No system samples of {self.machines[node]} reached rank 0"
-            notes.append(f"{which}: its sampler had not finished {self.done_wait_s:g} s after rank 0's (the machine "
-                         "or its connection may have failed).")
+            notes.append(f"{which}: its sampler had not said it finished {self.done_wait_s:g} s after rank 0's (it "
+                         "failed, could not reach torchrun's store, or its machine or connection failed).")
         if self._error:
             notes.append(f"Some system samples of the run's other machines may be missing: reading them from "
                          f"torchrun's store failed ({self._error}).")

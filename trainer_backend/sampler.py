@@ -118,6 +118,9 @@ class SystemSampler:
         self._ranks: dict[int, int] = {}
         self._processes: dict[int, psutil.Process] = {}
         self._rows: list[dict] = []
+        # stop() flushes after joining the thread, and a join can give up (a slow database or
+        # store): then both could flush at once, reading other machines' batches twice.
+        self._flush_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pynvml, self._gpus = None, {}
@@ -181,15 +184,16 @@ class SystemSampler:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _flush(self, last: bool = False) -> None:
-        rows, self._rows = self._rows, []
-        if self.extra is not None:
-            rows += self.extra.finish() if last else self.extra.rows()
-        if not rows:
-            return
-        if self.sink.write(rows):
-            self.written += len(rows)
-        else:
-            self.dropped += len(rows)
+        with self._flush_lock:
+            rows, self._rows = self._rows, []
+            if self.extra is not None:
+                rows += self.extra.finish() if last else self.extra.rows()
+            if not rows:
+                return
+            if self.sink.write(rows):
+                self.written += len(rows)
+            else:
+                self.dropped += len(rows)
 
     def sample(self) -> dict:
         memory = psutil.virtual_memory()

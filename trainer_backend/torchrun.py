@@ -32,6 +32,7 @@ import socket
 import sys
 import time
 import traceback
+import uuid
 from typing import NamedTuple
 
 import torch
@@ -93,9 +94,11 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
                           is_master=served_by_rank0 and world.rank == 0, timeout=timeout, multi_tenant=True)
     # The agent's store outlives a restart, with the last attempt's keys in it; taken as they
     # are, the processes of a restarted job meet stale peers and hang (pytorch#135712).
-    # Each attempt keeps to keys of its own.
-    dist.init_process_group(backend, store=dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store),
-                            rank=world.rank, world_size=world.world_size, timeout=timeout)
+    # Each attempt keeps to keys of its own. A store rank 0 serves is new with every attempt, and
+    # takes no prefix: each machine counts its restarts, so after a restart one machine alone
+    # counted, prefixes from those counts would differ and the processes would never meet.
+    group_store = store if served_by_rank0 else dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store)
+    dist.init_process_group(backend, store=group_store, rank=world.rank, world_size=world.world_size, timeout=timeout)
     try:
         members: list = [None] * world.world_size
         # Each pid rides along with what every process tells the others anyway, labelled with its
@@ -121,24 +124,39 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
             dist.destroy_process_group()
 
 
-def _tell(decision: tuple | None) -> tuple:
-    """Rank 0 tells every process what to do: ("train", run_id, 0, run folder name) or
-    ("stop", run_id, exit code, None). The folder's name comes from rank 0, the one process that
-    opens the database: a machine of the job that has no copy of it still keys its files alike."""
+class Decision(NamedTuple):
+    """What rank 0 tells every process to do: "train" run ``run_id``, or "stop" with exit ``code``.
+
+    ``folder_name`` comes from rank 0, the one process that opens the database: a machine of the
+    job that has no copy of it still keys its files alike. ``attempt`` names this attempt's keys
+    in torchrun's store for the other machines' system samples (``machine_samples``): new for every
+    attempt, since restart counts are per machine and two attempts could share one."""
+
+    action: str
+    run_id: int | None
+    code: int = 0
+    folder_name: str | None = None
+    attempt: str | None = None
+
+
+def _tell(decision: Decision | None) -> Decision:
+    """Rank 0 tells every process its ``Decision``; every other process passes None and gets it."""
     holder = [decision]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
 def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: "Sampling") -> int:
-    action, run_id, code, folder_name = _tell(None)
-    if action == "stop":
-        return code
+    decision = _tell(None)
+    if decision.action == "stop":
+        return decision.code
+    run_id = decision.run_id
     # Local rank 0 of a machine other than rank 0's samples it, for rank 0 to write.
-    samples = remote_sampler(run_id, joined, sampling) if world.local_rank == 0 and sampling.remote else None
+    samples = remote_sampler(run_id, joined, sampling, decision.attempt) if world.local_rank == 0 and sampling.remote \
+        else None
     with samples or contextlib.nullcontext():
         train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
-                      resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name,
+                      resumable=world.max_restarts > 0 or resume_job, folder_name=decision.folder_name,
                       energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
     return 0
 
@@ -154,23 +172,24 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
         run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
         folder_name = run_folder_name(engine, run_id)
     except USER_ERRORS as exc:
-        _tell(("stop", None, 2, None))
+        _tell(Decision("stop", None, 2))
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except BaseException:
-        _tell(("stop", None, 1, None))
+        _tell(Decision("stop", None, 1))
         raise
     if status != "running":
         # A restart of a job whose run has ended (cancelled, say): nothing to resume, and exit
         # code 0 for a run that ended on purpose, so torchrun does not restart it again.
         code = 0 if status in ("completed", "cancelled") else 1
-        _tell(("stop", run_id, code, None))
+        _tell(Decision("stop", run_id, code))
         print(f"run_id={run_id} status={status}", flush=True)
         return code
-    _tell(("train", run_id, 0, folder_name))
+    attempt = uuid.uuid4().hex
+    _tell(Decision("train", run_id, 0, folder_name, attempt))
     if echo:
         announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling)
+    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling, attempt)
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
@@ -230,13 +249,13 @@ def _forget_failures(engine, run_id: int) -> None:
 
 
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
-                      folder_name: str, resume_job: bool, sampling: "Sampling") -> str:
+                      folder_name: str, resume_job: bool, sampling: "Sampling", attempt: str) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
     started = time.time()
     try:
         # As in a spawned run, the sampler stops and writes what it holds however training ends,
         # and a sampler that fails leaves a note in the run, never a failed rank.
-        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling):
+        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
             train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
                           folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
         state.finish(engine, run_id, "completed")
@@ -272,8 +291,6 @@ class Sampling:
         self.machines = {n: f"node {n} ({host})" for n, host in sorted({m.node: m.host for m in members}.items())}
         self.lead_node = members[0].node  # rank 0's machine, which writes the run
         self.remote = node != self.lead_node
-        # Each machine's agent counts restarts of its own: the largest count is one all agree on.
-        self.attempt = max(m.restarts for m in members)
 
     def machine(self) -> str | None:
         """This machine's name in notes, where the job has several."""
@@ -291,16 +308,16 @@ class Sampling:
         return EnergyPart(dict(self.machines), self.node, meters, tuple(self.cuda_indices(joined)) if meters else ())
 
 
-def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling) -> SystemSampler:
+def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling, attempt: str) -> SystemSampler:
     """The system sampler of rank 0's machine: its host, the processes of its ranks (their global
     ranks label them, as in a spawned run) and the GPUs they train on; and, where the job has
-    other machines, their samples as they arrive through torchrun's store."""
+    other machines, their samples as they arrive through torchrun's store, under ``attempt``'s keys."""
     others = {node: name for node, name in sampling.machines.items() if node != sampling.node}
     started_at_s = run_started_at_s(engine, run_id)
     drain = None
     if others:
         try:
-            drain = StoreDrain(sample_store(run_id, sampling.attempt), others, started_at_s)
+            drain = StoreDrain(sample_store(run_id, attempt), others, started_at_s)
         except Exception as exc:  # the run trains on, sampled on this machine only, and says so
             store.add_notes(engine, run_id, [f"System samples of {', '.join(others.values())} are not recorded: "
                                              f"torchrun's store could not be reached ({type(exc).__name__}: {exc})."])
@@ -310,12 +327,12 @@ def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling) 
     return sampler
 
 
-def remote_sampler(run_id: int, joined: RunConfig, sampling: Sampling) -> SystemSampler | None:
+def remote_sampler(run_id: int, joined: RunConfig, sampling: Sampling, attempt: str) -> SystemSampler | None:
     """The system sampler of a machine other than rank 0's: as rank 0's, but its rows, in wall
     time, and its notes go to rank 0 through torchrun's store. None where that store cannot be
     reached (rank 0 then notes the machine's samples as missing)."""
     try:
-        pusher = StorePusher(sample_store(run_id, sampling.attempt), sampling.node)
+        pusher = StorePusher(sample_store(run_id, attempt), sampling.node)
     except Exception as exc:
         print(f"parallax: {sampling.machine()} is not sampled: torchrun's store could not be reached "
               f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
