@@ -85,10 +85,12 @@ def read_system(engine: Engine, run_ids: Iterable[int], *, max_points: int | Non
 
 def export_sample(row: Mapping[str, Any], host: str | None) -> dict[str, Any]:
     """A system sample as ``export`` writes it: its time, the name of the machine sampled (``host``,
-    see ``sample_host``), the host's figures, each process with ``PROCESS_FIELDS`` and each GPU with
+    see ``sample_host``) and its node rank in the job (``node``: two machines may share a name), the
+    host's figures, each process with ``PROCESS_FIELDS`` and each GPU with
     ``GPU_FIELDS`` in that order (null where not measured)."""
     return {
-        "t_s": row["t_s"], "host": host, "host_cpu_pct": row["host_cpu_pct"], "host_memory_mb": row["host_memory_mb"],
+        "t_s": row["t_s"], "host": host, "node": row.get("node") or 0, "host_cpu_pct": row["host_cpu_pct"],
+        "host_memory_mb": row["host_memory_mb"],
         "processes": [{name: process.get(name) for name in PROCESS_FIELDS} for process in row["processes"] or []],
         "gpus": [{name: gpu.get(name) for name in GPU_FIELDS} for gpu in row["gpus"] or []],
     }

@@ -61,14 +61,14 @@ def system_table(exported: dict[str, Any]) -> pd.DataFrame:
     """A row per sample: the host, then each rank's and each GPU's figures in columns of their own."""
     rows = []
     for sample in exported["system"]:
-        row = {"run_id": exported["run_id"], "t_s": sample["t_s"], "host": sample["host"],
+        row = {"run_id": exported["run_id"], "t_s": sample["t_s"], "host": sample["host"], "node": sample["node"],
                "host_cpu_pct": sample["host_cpu_pct"], "host_memory_mb": sample["host_memory_mb"]}
         for process in sample["processes"]:
             row.update({f"rank{process['rank']}_{name}": process.get(name) for name in PROCESS_FIELDS[1:]})
         for gpu in sample["gpus"]:
             row.update({f"gpu{gpu['index']}_{name}": gpu.get(name) for name in GPU_FIELDS[1:]})
         rows.append(row)
-    fixed = ["run_id", "t_s", "host", "host_cpu_pct", "host_memory_mb"]
+    fixed = ["run_id", "t_s", "host", "node", "host_cpu_pct", "host_memory_mb"]
     table = pd.DataFrame(rows, columns=None if rows else fixed)
     # rank10 after rank9, and every rank before every GPU, whatever order the samples listed them in
     return table[fixed + sorted(set(table.columns) - set(fixed), key=_device_order)]

@@ -161,7 +161,7 @@ def test_export_carries_every_step_and_sample_and_energy_per_image_per_epoch(eng
                                     "lr": 0.1}
     assert [s["step"] for s in exported["steps"]] == [1, 2, 3, 4, 5, 6]
     assert exported["system"][0] == {
-        "t_s": 1.0, "host": "trainer-a", "host_cpu_pct": 51.0, "host_memory_mb": 4001.0,
+        "t_s": 1.0, "host": "trainer-a", "node": 0, "host_cpu_pct": 51.0, "host_memory_mb": 4001.0,
         "processes": [{"rank": 0, "cpu_pct": 90.0, "rss_mb": 801.0}, {"rank": 1, "cpu_pct": 91.0, "rss_mb": 801.0}],
         "gpus": [{"index": 0, "util_pct": 80.0, "memory_used_mb": 1001.0, "power_w": 301.0, "temperature_c": 60.0,
                   "sm_clock_mhz": 1900.0}],
@@ -193,7 +193,7 @@ def test_export_csv_writes_epochs_steps_and_a_wide_system_table_safe_for_spreads
 
     with open(out / "system.csv", newline="") as handle:
         header = next(csv.reader(handle))
-    assert header == ["run_id", "t_s", "host", "host_cpu_pct", "host_memory_mb", "rank0_cpu_pct", "rank0_rss_mb",
+    assert header == ["run_id", "t_s", "host", "node", "host_cpu_pct", "host_memory_mb", "rank0_cpu_pct", "rank0_rss_mb",
                       "rank1_cpu_pct", "rank1_rss_mb", "gpu0_util_pct", "gpu0_memory_used_mb", "gpu0_power_w",
                       "gpu0_temperature_c", "gpu0_sm_clock_mhz"]
     system = read_csv(out / "system.csv")
