@@ -185,7 +185,10 @@ class SharedRuns:
                     cli = run["_cli"]
                     run["_cli"] = {"args": cli.args, "returncode": cli.returncode, "stdout": cli.stdout,
                                    "stderr": cli.stderr}
-                    saved.write_text(json.dumps(run))
+                    # Renamed into place: a worker killed while writing leaves no half a file behind.
+                    partial = saved.with_suffix(".part")
+                    partial.write_text(json.dumps(run))
+                    os.replace(partial, saved)
             run = json.loads(saved.read_text())
             run["_cli"] = subprocess.CompletedProcess(**run["_cli"])
             self._runs[name] = run
