@@ -33,7 +33,8 @@ def database_url(explicit: str | None = None) -> str:
 
 
 def data_dir() -> Path:
-    """Downloaded and cached datasets: ``PARALLAX_DATA_DIR``, else ``PARALLAX_HOME/data``.
+    """Downloaded and cached datasets (and the CPU's measured matmul peak, ``flops``):
+    ``PARALLAX_DATA_DIR``, else ``PARALLAX_HOME/data``.
 
     Several homes may share one (a team's, or every test of a suite), so that a set is downloaded
     and decoded once: cache entries are keyed by the files and the preprocessing, and written
@@ -43,8 +44,8 @@ def data_dir() -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        name = "PARALLAX_DATA_DIR" if chosen else "the data folder under PARALLAX_HOME"
-        raise ValueError(f"{name}={str(path)!r} cannot be used: {exc.strerror or exc}; it must be a folder "
+        name = "PARALLAX_DATA_DIR=" if chosen else "PARALLAX_HOME's data folder "
+        raise ValueError(f"{name}{str(path)!r} cannot be used: {exc.strerror or exc}; it must be a folder "
                          "Parallax can create and write") from None
     return path
 

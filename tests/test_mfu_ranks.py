@@ -401,7 +401,7 @@ def test_training_above_the_cached_cpu_peak_measures_it_again_and_never_shows_mf
     from trainer_backend.flops import MEASURED_ON_CPU, Peak
     from trainer_backend.measures import RunMeasures
 
-    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
+    monkeypatch.setenv("PARALLAX_DATA_DIR", str(tmp_path))
     (tmp_path / flops_module.CPU_PEAK_FILE).write_text(
         json.dumps({f"{flops_module.cpu_model()} | {torch.get_num_threads()} threads": 1e-6}))
     measures = RunMeasures.__new__(RunMeasures)

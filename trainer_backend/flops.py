@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,14 +168,15 @@ def cpu_model() -> str:
 
 def cpu_peak_tflops(threads: int, cache_dir: Path | None = None, *, at_least: float = 0.0) -> float:
     """fp32 matmul TFLOPS of this CPU over ``threads`` threads, measured once per machine and thread
-    count and cached (``PARALLAX_HOME/cpu_peak_tflops.json``).
+    count and cached beside the dataset caches (``data_dir()``: ``PARALLAX_HOME/data``, or
+    ``PARALLAX_DATA_DIR``), so that homes sharing a data folder share the measurement too.
 
     ``at_least``: a rate the caller has seen this CPU reach, above the cached peak. The cached peak
     was then measured while other work held the cores: measure again and keep the better of the two."""
     if cache_dir is None:
-        from db.settings import parallax_home
+        from db.settings import data_dir
 
-        cache_dir = parallax_home()
+        cache_dir = data_dir()
     path = cache_dir / CPU_PEAK_FILE
     key = f"{cpu_model()} | {threads} threads"
     cache: dict = {}
@@ -183,10 +186,12 @@ def cpu_peak_tflops(threads: int, cache_dir: Path | None = None, *, at_least: fl
     if cached > at_least:
         return cached
     cache[key] = max(cached, measure_cpu_matmul_tflops(threads))
-    with contextlib.suppress(OSError):  # a read-only home only costs a measurement next time
-        part = path.with_suffix(".part")
-        part.write_text(json.dumps(cache, indent=1))
-        part.replace(path)
+    with contextlib.suppress(OSError):  # a read-only folder only costs a measurement next time
+        # A file of its own to rename into place: processes sharing the folder may write at once.
+        handle, part = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".part")
+        with os.fdopen(handle, "w") as out:
+            out.write(json.dumps(cache, indent=1))
+        os.replace(part, path)
     return cache[key]
 
 
