@@ -71,7 +71,8 @@ def mean_utilisation(samples: list[dict[str, Any]]) -> dict[int, tuple[float, st
 
     Each machine of a run is averaged over its own samples first (machines are sampled on clocks of
     their own, and one may have stopped early), then the machines are combined: GPUs weighted by
-    how many each machine has, hosts alike. On one machine that is the mean over its samples."""
+    how many each machine has, hosts alike. On one machine that is the mean of every GPU reading
+    of every sample (of the host's CPU readings, without GPUs)."""
     gpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [util sum, readings, samples with GPUs]
     cpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [cpu sum, samples]
     for sample in samples:

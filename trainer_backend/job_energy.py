@@ -3,8 +3,8 @@
 A machine's counters (NVML, RAPL) are readable on that machine alone. So on every machine the
 process of local rank 0 meters it, as rank 0 meters a run on one machine (``energy.EnergyMeter``:
 the GPUs its ranks train on, ``cuda:LOCAL_RANK`` of each, and its CPU packages), and at the end of
-each epoch's training every process of the job takes part in one object all-gather of those
-readings. Rank 0 names each device by its machine (``node1:gpu0``) and divides their sum by the
+each epoch every process of the job takes part in one object all-gather of those readings, taken
+when the epoch's training ended. Rank 0 names each device by its machine (``node1:gpu0``) and divides their sum by the
 global batch's images. Where any machine lacks a reading for a device the run uses, the epoch's
 ``energy_j_per_image`` is null, as on one machine, and the run's notes say which machine and why.
 
