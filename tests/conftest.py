@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,33 @@ def session_folder(tmp_path_factory, name: str) -> Path:
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
     return SharedRuns(session_folder(tmp_path_factory, "shared-home"))
+
+
+def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
+    """Run ``target(rank, store_port, *args)`` in ``nprocs`` spawned processes that meet at a TCP
+    store served here; every process is killed if they have not all finished in ``timeout_s``."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+    context = mp.start_processes(target, args=(store.port, *args), nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {nprocs} processes did not finish in {timeout_s} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def leave_as_a_rank() -> None:
+    """End a ``run_world`` process as the engine's ranks end (trainer_backend.runner): without
+    interpreter shutdown, where gloo's and FSDP's C++ destructors can abort a finished rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]:

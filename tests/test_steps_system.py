@@ -25,7 +25,7 @@ import torch
 from sqlalchemy import select
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, leave_as_a_rank, run_cli, run_world
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 
 from db import make_engine, store
@@ -313,29 +313,12 @@ def _energy_world(rank: int, port: int, root: str, out_path: str) -> None:
         dist.destroy_process_group()
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
-    # As the engine's ranks leave (trainer_backend.runner): no C++ destructors at interpreter shutdown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_as_a_rank()
 
 
 def test_a_job_across_machines_sums_their_rapl_counters_through_a_real_collective(tmp_path):
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
     out = tmp_path / "rank0.json"
-    server = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    context = mp.start_processes(_energy_world, args=(server.port, str(tmp_path), str(out)), nprocs=ENERGY_WORLD,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + ENERGY_WORLD_TIMEOUT_S
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {ENERGY_WORLD} processes did not finish in {ENERGY_WORLD_TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+    run_world(_energy_world, ENERGY_WORLD, str(tmp_path), str(out), timeout_s=ENERGY_WORLD_TIMEOUT_S)
     results = json.loads(out.read_text())
     assert results["open_notes"] == []  # every counter reads
     assert results["epoch1"] == {"energy_j": {"node0:cpu_package": 3.0, "node1:cpu_package": 1.5},
