@@ -78,9 +78,9 @@ def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None 
     records = []
     for row in rows:
         node = row.get("node") or 0
-        machine = machines.get((row["run_id"], node))
+        host, machine = machines.get((row["run_id"], node), ("host", None))
         base = {"run_id": row["run_id"], "t_s": row["t_s"], "node": node}
-        records.append({**base, "device": _host_label(machine), "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
+        records.append({**base, "device": host, "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
                         "memory_mb": row.get("host_memory_mb")})
         for process in row.get("processes") or []:
             records.append({**base, "device": f"rank {process.get('rank')}", "kind": "process",
@@ -94,8 +94,9 @@ def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None 
     return frame.astype({**{column: float for column in numeric}, "node": int})
 
 
-def _machine_names(rows: list[dict[str, Any]], hosts: dict[int, list[str]]) -> dict[tuple[int, int], str]:
-    """{(run_id, node): the machine's name} for each run across machines; runs of one machine have none."""
+def _machine_names(rows: list[dict[str, Any]], hosts: dict[int, list[str]]) -> dict[tuple[int, int], tuple[str, str]]:
+    """{(run_id, node): (its host's label, the machine's name for its GPUs)} for each run across
+    machines; runs of one machine have none."""
     nodes: dict[int, set[int]] = {}
     for row in rows:
         nodes.setdefault(row["run_id"], set()).add(row.get("node") or 0)
@@ -108,17 +109,12 @@ def _machine_names(rows: list[dict[str, Any]], hosts: dict[int, list[str]]) -> d
         by_node = {node: known[node] if node < len(known) else None for node in every}
         shared = {name for name in by_node.values() if list(by_node.values()).count(name) > 1}
         for node, name in by_node.items():
-            if name is None:
-                names[run_id, node] = f"node {node}"
+            if name is None or name in shared:  # told apart by node
+                machine = f"node {node}" if name is None else f"node {node} ({name})"
+                names[run_id, node] = (machine, machine)
             else:
-                names[run_id, node] = f"node {node} ({name})" if name in shared else name
+                names[run_id, node] = (f"host {name}", name)
     return names
-
-
-def _host_label(machine: str | None) -> str:
-    if machine is None:
-        return "host"
-    return machine if machine.startswith("node ") else f"host {machine}"
 
 
 def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
