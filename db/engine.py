@@ -271,6 +271,27 @@ def try_write(engine: Engine, statement) -> bool:
                     connection.invalidate()  # never pool a connection that gives up after a second
 
 
+class LockBackoff:
+    """When the training loop tries a skippable write again (a progress update, step points) after
+    one found the database locked: each try blocks training for up to SKIPPABLE_WRITE_WAIT_S, so
+    while another process holds the lock the tries come 2, 4, 8 ... up to ``max_s`` seconds apart,
+    and a lock held for minutes costs training seconds, not a second per step. The first write
+    that lands resets it."""
+
+    def __init__(self, first_s: float = 2.0, max_s: float = 30.0):
+        self.first_s, self.max_s = first_s, max_s
+        self._wait_s = 0.0
+        self._next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        """``now`` is ``time.monotonic()``."""
+        return now >= self._next_at
+
+    def tried(self, landed: bool, now: float) -> None:
+        self._wait_s = 0.0 if landed else min(max(self._wait_s * 2, self.first_s), self.max_s)
+        self._next_at = now + self._wait_s
+
+
 def _forget_engines_after_fork() -> None:
     # A forked child must not use the parent's pooled connections (SQLite forbids carrying
     # a connection across fork), nor close them under the parent: drop them unclosed and

@@ -41,19 +41,19 @@ def logged_epochs(home, run_id) -> list[int]:
     return [int(n) for n in re.findall(r"^epoch (\d+)/\d+ ", text, flags=re.M)]
 
 
-def hold_write_lock(db_path, seconds: float) -> subprocess.Popen:
-    """Another process takes the database's write lock (BEGIN EXCLUSIVE) for ``seconds``;
-    returns once it holds it."""
+def hold_write_lock(db_path, seconds: float | None) -> subprocess.Popen:
+    """Another process takes the database's write lock (BEGIN EXCLUSIVE) for ``seconds``, or
+    until its stdin is closed (None); returns once it holds it."""
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sqlite3, sys, time\n"
          "connection = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)\n"
          "connection.execute('BEGIN EXCLUSIVE')\n"
          "print('locked', flush=True)\n"
-         "time.sleep(float(sys.argv[2]))\n"
+         "time.sleep(float(sys.argv[2])) if sys.argv[2] else sys.stdin.read()\n"
          "connection.execute('COMMIT')\n",
-         str(db_path), str(seconds)],
-        stdout=subprocess.PIPE, text=True,
+         str(db_path), "" if seconds is None else str(seconds)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout.readline().strip() == "locked"
     return holder
@@ -125,12 +125,21 @@ def test_a_briefly_locked_database_delays_epochs_but_loses_none(parallax_home):
 
 
 def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earlier_epochs(parallax_home):
-    wait = {"PARALLAX_DB_LOCK_WAIT_S": "3"}
+    wait = {"PARALLAX_DB_LOCK_WAIT_S": "1"}
     run_id = launch(parallax_home, *MODEL, "--epochs", "200", env_extra=wait)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
-    holder = hold_write_lock(parallax_home / "parallax.db", 8)
-    kept = epochs_of(export(parallax_home, run_id))
-    holder.wait()
+    holder = hold_write_lock(parallax_home / "parallax.db", None)
+    try:
+        kept = epochs_of(export(parallax_home, run_id))
+        # Held until the run gives up on an epoch, however slow its epochs are on a busy machine:
+        # its log says why before the database can take the reason.
+        log, deadline = run_dir(parallax_home, run_id) / "run.log", time.monotonic() + 120
+        while "could not record epoch" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "could not record epoch" in log.read_text(), log.read_text()[-3000:]
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
 
     run = wait_for(parallax_home, run_id, ended, timeout_s=60, what="the end")
     assert run["status"] == "failed"

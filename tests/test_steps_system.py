@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -29,12 +30,14 @@ from conftest import ROOT, leave_as_a_rank, run_cli, run_world
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 
 from db import make_engine, store
+from db.engine import LockBackoff
 from db.models import StepMetric, SystemSample
 from trainer_backend.config import RunConfig
 from trainer_backend.energy import EnergyMeter, RaplPackages
 from trainer_backend.job_energy import EnergyPart, JobEnergy, combine
 from trainer_backend.sampler import SystemSampler
 from trainer_backend.steps import StepRecorder, step_images
+from trainer_backend.trainer import ProgressWriter
 
 SAMPLE_S = 0.2
 RUN_TIMEOUT_S = 240
@@ -404,6 +407,58 @@ def test_step_recorder_thins_points_and_averages_their_losses(run_row):
     assert 0.7 * 6 / 0.2 <= rows[0].images_per_s <= 1.05 * 6 / 0.2
     assert 0.7 * 12 / 0.21 <= rows[1].images_per_s <= 1.05 * 12 / 0.21
     assert recorder.written == 3 and recorder.cost_s < 0.2
+
+
+def test_skipped_writes_back_off_while_locked_and_resume_once_one_lands():
+    backoff = LockBackoff(first_s=2.0, max_s=30.0)
+    assert backoff.due(0.0)
+    waits = []
+    now = 0.0
+    for _ in range(6):
+        backoff.tried(False, now)
+        waits.append(next(t for t in range(1, 100) if backoff.due(now + t)))
+        now += waits[-1]
+    assert waits == [2, 4, 8, 16, 30, 30]
+    backoff.tried(True, now)
+    assert backoff.due(now)  # the first write that lands resets it
+
+
+def test_a_locked_database_costs_training_a_few_tries_not_a_wait_per_step(run_row, monkeypatch):
+    monkeypatch.setenv("PARALLAX_DB_LOCK_WAIT_S", "1")  # a progress try waits 0.2 s for the lock, step points 1 s
+    engine, run_id = run_row
+    loader = DataLoader(TensorDataset(torch.zeros(1000, 1)), batch_size=1)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    progress = ProgressWriter(engine, run_id, min_interval_s=0.05)
+    progress.epoch = 1
+    recorder = StepRecorder(engine, run_id, time.time(), min_interval_s=0.0, flush_s=0.05)
+    recorder.start_epoch(1, loader, optimizer)
+    holder = sqlite3.connect(engine.url.database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    waited = {"progress": [], "steps": []}
+    started, step = time.monotonic(), 0
+    try:
+        while time.monotonic() - started < 2.5:  # steps of 20 ms while another process holds the lock
+            step += 1
+            time.sleep(0.02)
+            for name, call in (("progress", lambda: progress(step, 1000)),
+                               ("steps", lambda: (recorder.loss(torch.tensor(1.0)), recorder.step(step, 1000)))):
+                before = time.monotonic()
+                call()
+                waited[name].append(time.monotonic() - before)
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    # Each kind tried at the start and at most once more: waiting at every step would have made
+    # this loop a handful of steps long.
+    assert step >= 20
+    assert 1 <= sum(w >= 0.15 for w in waited["progress"]) <= 2, waited["progress"]
+    assert sum(w >= 0.5 for w in waited["steps"]) == 1, waited["steps"]
+    # Nothing is lost: the points that waited are written with the next write that lands.
+    recorder.end_epoch()
+    recorder.finish()
+    with engine.connect() as connection:
+        steps = connection.execute(select(StepMetric.step).where(StepMetric.run_id == run_id)).scalars().all()
+    assert sorted(steps) == list(range(1, step + 1)) and recorder.dropped == 0
 
 
 def test_a_bad_sample_interval_is_refused_in_one_line(cli):

@@ -79,11 +79,15 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
         except ConfigError as exc:
             state.finish(engine, run_id, "failed", error=str(exc))
             return store.get_run(engine, run_id).status
-    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True, data_roots=data_roots)
+    return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True, data_roots=data_roots,
+                       log_why=True)
 
 
 def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool,
-                data_roots: list | None = None) -> str:
+                data_roots: list | None = None, log_why: bool = False) -> str:
+    """Train the queued run ``run_id`` and record how it ended. ``log_why``: a run that did not
+    complete prints why to its log first (a launched run's log is the one place the reason is
+    kept if the database stays locked past the last write)."""
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
     try:
@@ -105,6 +109,8 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
     finally:
+        if log_why and status != "completed":
+            print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
         # locked for good, the process ends and readers mark the run lost.
         retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),

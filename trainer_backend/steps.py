@@ -24,7 +24,7 @@ import time
 import torch
 
 from db import series, store
-from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, retry_when_locked
+from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, LockBackoff, retry_when_locked
 
 from .energy import EnergyMeter
 from .job_energy import JobEnergy
@@ -57,6 +57,7 @@ class StepRecorder:
         self.cost_s = 0.0  # seconds the training thread spent in the recorder
         self.written = self.dropped = 0
         self._unwritten: list[dict] = []  # rows a locked database refused, written with the next ones
+        self._backoff = LockBackoff()
         self._pending = None  # (host copy of losses, its CUDA event, the points it resolves)
 
     def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer) -> None:
@@ -168,17 +169,21 @@ class StepRecorder:
 
     def _write(self, *, window_s: float | None) -> None:
         """Write the rows not yet written. While training, a locked database is waited out for about
-        a second only (the rows stay for the next write): the epoch's own record, which must not be
-        lost, gets the whole PARALLAX_DB_LOCK_WAIT_S, and step points must not spend it first."""
+        a second only, and tried again after a growing pause (the rows stay for the next write):
+        the epoch's own record, which must not be lost, gets the whole PARALLAX_DB_LOCK_WAIT_S, and
+        step points must not spend it first."""
         rows = self._unwritten
-        if not rows:
+        training = window_s is not None
+        if not rows or (training and not self._backoff.due(time.monotonic())):
             return
         try:
             retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points",
                               window_s=window_s)
             self.written += len(rows)
             self._unwritten = []
+            self._backoff.tried(True, time.monotonic())
         except DatabaseLockedError:
+            self._backoff.tried(False, time.monotonic())
             if len(rows) > MAX_UNWRITTEN_ROWS:  # a chart loses its oldest points; the notes say so
                 self.dropped += len(rows) - MAX_UNWRITTEN_ROWS
                 self._unwritten = rows[-MAX_UNWRITTEN_ROWS:]

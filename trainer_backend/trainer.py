@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from db import lifecycle as state
 from db import make_engine, profiles, store
-from db.engine import retry_when_locked
+from db.engine import LockBackoff, retry_when_locked
 from db.folders import named_run_folder, run_folder_name
 
 from . import resume
@@ -155,18 +155,21 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
 
 
 class ProgressWriter:
-    """Writes (epoch, step of total) for the progress bars, at most about once a second."""
+    """Writes (epoch, step of total) for the progress bars, at most about once a second, and less
+    often while the database is locked (see LockBackoff)."""
 
     def __init__(self, engine, run_id: int, min_interval_s: float = 1.0):
         self.engine, self.run_id, self.min_interval_s = engine, run_id, min_interval_s
         self.epoch = 0
         self._last = 0.0
+        self._backoff = LockBackoff()
 
     def __call__(self, step: int, total_steps: int) -> None:
         now = time.monotonic()
-        if step == total_steps or now - self._last >= self.min_interval_s:
+        if (step == total_steps or now - self._last >= self.min_interval_s) and self._backoff.due(now):
             self._last = now
-            state.set_progress(self.engine, self.run_id, epoch=self.epoch, step=step, total_steps=total_steps)
+            landed = state.set_progress(self.engine, self.run_id, epoch=self.epoch, step=step, total_steps=total_steps)
+            self._backoff.tried(landed, time.monotonic())
 
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
@@ -359,6 +362,17 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
                 resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc,
                                          schedule=schedule)
+    except BaseException:
+        # Closing the hooks writes notes, and may fail for the reason the run failed (a database
+        # locked for good): that must not take the place of the run's own error.
+        if hooks is not None:
+            try:
+                hooks.close()
+            except Exception as exc:
+                print(f"parallax: the step notes of run {run_id} are incomplete: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+            hooks = None
+        raise
     finally:
         if hooks is not None:
             hooks.close()
