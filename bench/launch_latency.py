@@ -240,7 +240,8 @@ def main() -> None:
             f"SQLAlchemy and Alembic {imports.get('sqlalchemy', 0) + imports.get('alembic', 0):.1f} s. "
             + ("scikit-learn is not imported: the dataset's split is cached with its pixels. " if "sklearn" not in
                imports else f"scikit-learn {imports['sklearn']:.1f} s. ")
-            + "Every DDP rank is a new interpreter (spawn) and pays the same imports again.")
+            + "A DDP rank on a GPU is a new interpreter (spawn) and pays the same imports again; CPU ranks are "
+              "forked from a server that imported them once.")
     report.details.update({"imports": imports, "timelines": runs, "single_parts": singles, "rank_parts": ranks})
     report.note(f"Decoding the digits into the dataset cache (first run on a machine only) took "
                 f"{report.details['dataset_decode_s']:.2f} s; every launch above found the cache.")

@@ -152,12 +152,18 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
+    start_method = "spawn" if cuda_indices(config.devices) else "forkserver"
+    if start_method == "forkserver":
+        # CPU ranks are forked from a server that has imported the engine (torch, timm) once,
+        # instead of each importing it again: about 3 s of CPU per rank. CUDA ranks are spawned
+        # afresh, so that none can inherit a process whose imports touched the driver.
+        multiprocessing.set_forkserver_preload(["trainer_backend.runner"])
     context = mp.start_processes(
         _rank_main,
         args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name, data_roots),
         nprocs=config.world_size,
         join=False,
-        start_method="spawn",
+        start_method=start_method,
     )
     if watch is not None:  # the system sampler follows each rank (and its DataLoader workers)
         watch({rank: process.pid for rank, process in enumerate(context.processes)})

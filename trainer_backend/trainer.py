@@ -1,6 +1,6 @@
 """One training process: setup -> build -> train -> teardown.
 
-``train_process(rank, ...)`` is what ``torch.multiprocessing.spawn`` calls for each DDP rank, and
+``train_process(rank, ...)`` is what the runner starts with ``torch.multiprocessing`` for each rank, and
 what the runner calls directly (rank 0) for the single-process strategies. Only rank 0 touches
 the database; every number it writes is already reduced across ranks.
 """
