@@ -30,7 +30,7 @@ def profiled(home):
     runs = {}
     for name, flags in STRATEGIES.items():
         # One epoch of 12 steps holds the whole window (wait 1, warmup 1, active 2).
-        result = run_cli("run", "--model", "test_resnet", "--epochs", "1", "--profile", "--profile-active", "2",
+        result = run_cli("run", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--profile", "--profile-active", "2",
                          *flags, home=home)
         assert result.returncode == 0, result.stdout + result.stderr
         runs[name] = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])

@@ -27,7 +27,7 @@ def test_cli_sweep_runs_every_strategy_and_prints_the_report(parallax_home, tmp_
     report = tmp_path / "sweep.html"
     result = run_cli(
         "sweep", "--strategies", "single,ddp,mp,pp", "--device-counts", "2", "--model", "test_resnet",
-        "--epochs", "1", "--batch-size", "64", "--target-acc", "0.05", "--report", str(report),
+        "--image-size", "16", "--epochs", "1", "--batch-size", "64", "--target-acc", "0.05", "--report", str(report),
         home=parallax_home,
     )
     assert result.returncode == 0, result.stdout + result.stderr
