@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test install clean system-deps
+.PHONY: run test bench-check install clean system-deps
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -28,7 +28,11 @@ run: $(VENV)/.installed
 
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench"
+
+# The benchmark scripts still run (each with --quick, about 3 minutes); CI runs it after make test.
+bench-check: system-deps $(VENV)/.installed-test
+	$(PY) -m pytest -m bench
 
 system-deps:
 	bash scripts/system-deps

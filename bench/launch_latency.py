@@ -12,7 +12,8 @@ training process (or rank 0) started (its ``rank0.pid`` file).
 Where the time goes inside those phases is measured apart: the import time of the worker's
 modules (``python -X importtime``), loading the dataset cache, building the model, and for DDP
 the parts of a rank's start (``torch.multiprocessing.spawn`` to the rank's first line, the rest
-of its imports, gloo rendezvous, data, model and DDP wrap), timed in two spawned probe ranks.
+of its imports, gloo rendezvous, data, model and DDP wrap), timed in two spawned probe ranks: a
+rank on a GPU starts so; a CPU run's ranks fork from a server that has imported the engine.
 
     python bench/launch_latency.py            # full: 5 launches of each
     python bench/launch_latency.py --quick    # one of each, tiny model

@@ -4,6 +4,9 @@ repeat), two at a time; the four benchmarks that share the engine's runs run as 
 This checks the scripts, not the figures: ``make bench`` measures. Each script must exit 0 and
 leave its entry in the results file, with figures or a reason it skipped (e.g. Lightning not
 installed, which ``make bench`` installs and ``make test`` does not).
+
+It checks the benchmarks, not Parallax, and takes about three minutes of both cores, so it has a
+target of its own, ``make bench-check``, which CI runs after ``make test``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from bench.run_all import BENCHMARKS, units  # noqa: E402
 
 
 MAY_SKIP = {"gpu", "lightning_compare"}
+
+pytestmark = pytest.mark.bench
 
 
 def run_quick(index: int, label: str, arguments: list[str], tmp_path: Path) -> tuple[str, subprocess.CompletedProcess,
