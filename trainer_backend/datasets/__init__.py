@@ -11,10 +11,27 @@ to bands (3, 2, 1) divided by 4000; PNG/JPEG/BMP files are read as RGB. Decoded 
 under ``data_dir()/cache``; a changed file makes a new cache entry.
 """
 
-from .base import DatasetError
-from .builtin import BUILTIN_DATASETS
-from .prepare import DatasetInfo, PreparedData, inspect_dataset, prepare_data
-from .tensor_dataset import ImageTensorDataset, collate_batch
+import importlib
+
+# Imported on first use: a check before launch (limits, paths) reads a submodule, and must not
+# pay for torch through this package.
+_HOMES = {
+    "BUILTIN_DATASETS": ".builtin",
+    "DatasetError": ".errors",
+    "DatasetInfo": ".prepare",
+    "ImageTensorDataset": ".tensor_dataset",
+    "PreparedData": ".prepare",
+    "collate_batch": ".tensor_dataset",
+    "inspect_dataset": ".prepare",
+    "prepare_data": ".prepare",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name], __name__), name)
+
 
 __all__ = [
     "BUILTIN_DATASETS",

@@ -1,4 +1,4 @@
-"""Pieces every dataset source shares: the error users see, the decoded pool, batch resizing."""
+"""Pieces every dataset source shares: the decoded pool and batch resizing (and the error users see, from errors.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .errors import DatasetError  # noqa: F401  (re-exported: the pools' users raise it)
+
 # Images are summed and resized this many at a time, so a 60,000-image set never needs a
 # float32 copy of itself in memory.
 CHUNK_IMAGES = 2048
-
-
-class DatasetError(ValueError):
-    """A dataset problem the user can fix; the message names the value or file and what is allowed."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..data_roots import is_under_roots
-from .base import DatasetError
+from .errors import DatasetError
 
 
 def os_reason(exc: OSError) -> str:
