@@ -223,3 +223,28 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
     assert "try a smaller --batch-size" in result.stderr
     run_id = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
     assert export(parallax_home, run_id)["error"].startswith("out of memory: try a smaller --batch-size")
+
+
+TWO_RUNS_IN_ONE_PROCESS = r"""
+import os, sys
+from trainer_backend.config import RunConfig
+from trainer_backend.runner import execute_run
+for home in sys.argv[1:]:
+    os.environ["PARALLAX_HOME"] = home
+    config = RunConfig(dataset="digits", model="test_resnet", image_size=16, strategy="ddp", devices=("cpu", "cpu"),
+                       epochs=1, batch_size=64)
+    print(execute_run(config, echo=False)[1], flush=True)
+"""
+
+
+def test_a_second_run_in_one_process_gives_its_ranks_its_own_environment(tmp_path):
+    # CPU ranks are forked from a server started with the process's first run; the second run's
+    # ranks must still write under the second run's PARALLAX_HOME.
+    homes = [tmp_path / "first", tmp_path / "second"]
+    done = subprocess.run([sys.executable, "-c", TWO_RUNS_IN_ONE_PROCESS, *map(str, homes)], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=240,
+                          start_new_session=True)
+    assert done.returncode == 0 and done.stdout.split() == ["completed", "completed"], done.stdout + done.stderr[-3000:]
+    for home in homes:
+        assert (run_dir(home, 1) / "best.pt").is_file()
+        assert (run_dir(home, 1) / "rank1.pid").is_file()

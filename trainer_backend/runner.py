@@ -160,7 +160,8 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
         multiprocessing.set_forkserver_preload(["trainer_backend.runner"])
     context = mp.start_processes(
         _rank_main,
-        args=(config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name, data_roots),
+        args=(dict(os.environ), config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name,
+              data_roots),
         nprocs=config.world_size,
         join=False,
         start_method=start_method,
@@ -178,9 +179,10 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
         del store_server
 
 
-def _rank_main(rank: int, *args) -> None:
-    """One spawned rank: train, then leave without interpreter shutdown; the runner waits for
-    every rank to exit.
+def _rank_main(rank: int, environ: dict, *args) -> None:
+    """One rank: train, then leave without interpreter shutdown; the runner waits for every rank
+    to exit. ``environ`` is the runner's environment when it started the ranks: a forked CPU rank
+    would otherwise see the environment its server started with (the first run of the process).
 
     A rank that trained to the end has recorded all it has to. Shutting its interpreter down would
     garbage-collect torch's objects one by one (see __main__.py), and then run the C++ destructors
@@ -188,6 +190,9 @@ def _rank_main(rank: int, *args) -> None:
     ("terminate called without an active exception", about one run in six on 2 CPU ranks), which
     the runner must read as a crashed rank. A rank that failed raises as before, so spawn reports
     its traceback."""
+    if environ != os.environ:
+        os.environ.clear()
+        os.environ.update(environ)
     try:
         train_process(rank, *args)
     except BaseException:
