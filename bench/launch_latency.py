@@ -249,7 +249,7 @@ def main() -> None:
     report.note("Phases: 'launch returned' is the launch command's own process; 'worker claimed the run' is "
                 "the detached worker's interpreter start and imports; 'checks before training done' is the "
                 "preflight (dataset and model built once, a probe forward); for ddp 'training process started' "
-                "is spawning the ranks; 'first step' is the rank's data, model, rendezvous and the step itself.")
+                "is starting the ranks (forked from a server that has imported the engine, on CPU); 'first step' is the rank's data, model, rendezvous and the step itself.")
     report.finish(args)
 
 

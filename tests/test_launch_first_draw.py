@@ -62,12 +62,11 @@ def test_what_the_first_draw_offers_is_what_the_engine_knows():
 
 
 def test_the_checks_before_a_launch_import_no_torch():
-    """Launching (the CLI, the Launch button) checks every PARALLAX_* value and the dataset limits
-    first; those checks must not import torch (about 1.2 s), which only the worker needs."""
+    """``launch`` checks every PARALLAX_* value and the dataset limits first; those checks must not
+    import torch (about 1.2 s), which only the worker needs."""
     probe = ("import sys\n"
              "from trainer_backend import lifecycle\n"
              "lifecycle.check_environment()\n"
-             "from trainer_backend.data_roots import check_under_roots\n"
              "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)

@@ -26,7 +26,7 @@ DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficie
 # trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
 BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 # Imported by the full form; the last two import torch.
-TRAINING_STACK = ("timm", "trainer_backend.datasets", "trainer_backend.models")
+TRAINING_STACK = ("timm", "trainer_backend.datasets.prepare", "trainer_backend.models")
 
 
 def training_stack_loaded() -> bool:
@@ -41,7 +41,7 @@ def load_training_stack() -> None:
     """Import what the full form needs (5–10 s on a small machine, once per server process)."""
     import timm  # noqa: F401
 
-    import trainer_backend.datasets  # noqa: F401
+    import trainer_backend.datasets.prepare  # noqa: F401  (the package itself imports its modules on first use)
     import trainer_backend.models  # noqa: F401
 
 
