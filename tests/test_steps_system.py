@@ -211,6 +211,20 @@ def test_rapl_packages_are_read_across_a_wrap(tmp_path, cpu_machine):
     assert meter.per_image(joules, 17) == pytest.approx(3.4 / 17)
 
 
+def test_a_counter_that_fails_mid_run_is_noted_once_and_nulls_energy_from_then_on(tmp_path, cpu_machine):
+    write_rapl(tmp_path, {"intel-rapl:0": 1_000})
+    meter = EnergyMeter.open([], powercap_dir=tmp_path)
+    assert meter.note() is None and meter.take_notes() == []
+    meter.start()
+    (tmp_path / "intel-rapl:0" / "energy_uj").unlink()  # the counter goes away during the run
+    joules = meter.stop()
+    assert meter.per_image(joules, 100) is None
+    (note,) = meter.take_notes()
+    assert note.startswith("Energy per image is not recorded from this epoch on: cpu_package: its reading failed "
+                           "during the run (FileNotFoundError")
+    assert meter.take_notes() == []  # said once
+
+
 def test_unreadable_or_absent_rapl_gives_no_figure_and_says_why(tmp_path, cpu_machine):
     absent = EnergyMeter.open([], powercap_dir=tmp_path / "missing")
     assert not absent.complete and absent.per_image({}, 100) is None

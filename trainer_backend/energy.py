@@ -80,6 +80,7 @@ class EnergyMeter:
     missing: list[str] = field(default_factory=list)
     rapl: RaplPackages | None = None
     _pynvml: object = None
+    _said: int = 0  # how many of ``missing`` the run's notes hold (note() says those known at open)
 
     @classmethod
     def open(cls, cuda_indices: list[int], powercap_dir: Path = POWERCAP_DIR) -> "EnergyMeter":
@@ -118,6 +119,7 @@ class EnergyMeter:
         if integrated:
             parts.append(f"Energy of {', '.join(integrated)} is NVML's power readings integrated over time "
                          "(the GPU has no energy counter).")
+        self._said = len(self.missing)
         if self.missing:
             why = "; ".join(self.missing)
             parts.append(f"Energy per image counts the GPUs only: {why}." if self.complete else
@@ -156,6 +158,12 @@ class EnergyMeter:
             self.sources.remove(source)
             self.missing.append(f"{source.label}: its reading failed during the run ({type(exc).__name__}: {exc})")
             return None
+
+    def take_notes(self) -> list[str]:
+        """What the run's notes should gain since ``note()`` or the last call: a reading that failed
+        during the run, from which epoch on energy per image is null."""
+        new, self._said = self.missing[self._said:], len(self.missing)
+        return [f"Energy per image is not recorded from this epoch on: {'; '.join(new)}."] if new else []
 
     def per_image(self, joules: dict[str, float], images: int) -> float | None:
         if not self.complete or images <= 0:

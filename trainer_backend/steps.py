@@ -256,9 +256,9 @@ class StepHooks:
         return extra
 
     def take_notes(self) -> list[str]:
-        """What the run's notes should gain about energy since they were last taken (across machines:
-        a machine whose reading failed during the run)."""
-        return self.energy.take_notes() if isinstance(self.energy, JobEnergy) else []
+        """What the run's notes should gain about energy since they were last taken (a reading that
+        failed during the run; across machines, named by machine)."""
+        return self.energy.take_notes() if self.energy is not None else []
 
     def close(self) -> None:
         """Release NVML and say in the run's notes if step points could not be written."""
