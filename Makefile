@@ -28,7 +28,7 @@ run: $(VENV)/.installed
 
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The benchmark scripts still run (each with --quick, about 3 minutes); CI runs it after make test.
 bench-check: system-deps $(VENV)/.installed-test

@@ -208,6 +208,18 @@ def shared_runs(tmp_path_factory) -> SharedRuns:
     return SharedRuns(session_folder(tmp_path_factory, "shared-home"))
 
 
+@pytest.fixture
+def served():
+    """A c10d TCP store this process serves, as a torchrun job's store is served; yields its port."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield server.port
+    del server
+
+
 def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     """Run ``target(rank, store_port, *args)`` in ``nprocs`` spawned processes that meet at a TCP
     store served here; every process is killed if they have not all finished in ``timeout_s``."""

@@ -139,7 +139,11 @@ def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earli
         assert "could not record epoch" in log.read_text(), log.read_text()[-3000:]
     finally:
         holder.stdin.close()
-        holder.wait(timeout=30)
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
 
     run = wait_for(parallax_home, run_id, ended, timeout_s=60, what="the end")
     assert run["status"] == "failed"

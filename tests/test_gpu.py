@@ -276,26 +276,21 @@ def test_ddp_over_two_gpus_samples_both(parallax_home, monkeypatch):
 
 
 @one_gpu
-def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine):
+def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine, served):
     """A torchrun machine other than rank 0's samples its GPU 0 (NVML) and sends the rows through a
     real c10d store; rank 0's sampler writes them with its own, the GPU fields intact."""
     import os
     import time
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     from db import series, store
     from trainer_backend.machine_samples import StoreDrain, StorePusher, sample_store
     from trainer_backend.sampler import SystemSampler
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
                                        "devices": ["cuda:0", "cuda:0"], "epochs": 1}, status="running")
     started_at_s = time.time()
-    drain = StoreDrain(sample_store(run_id, 0, host="127.0.0.1", port=server.port), {1: "node 1 (b)"}, started_at_s)
+    drain = StoreDrain(sample_store(run_id, 0, host="127.0.0.1", port=served), {1: "node 1 (b)"}, started_at_s)
     remote = SystemSampler(None, run_id, 0.0, [0], interval_s=0.1, flush_s=0.3, node=1, machine="node 1 (b)",
-                           sink=StorePusher(sample_store(run_id, 0, host="127.0.0.1", port=server.port), node=1))
+                           sink=StorePusher(sample_store(run_id, 0, host="127.0.0.1", port=served), node=1))
     remote.watch({1: os.getpid()})
     with SystemSampler(engine, run_id, started_at_s, [], interval_s=0.1, flush_s=0.3, extra=drain):
         with remote:

@@ -3,6 +3,7 @@ and a launcher that dies while its run goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -241,10 +242,15 @@ def test_a_second_run_in_one_process_gives_its_ranks_its_own_environment(tmp_pat
     # CPU ranks are forked from a server started with the process's first run; the second run's
     # ranks must still write under the second run's PARALLAX_HOME.
     homes = [tmp_path / "first", tmp_path / "second"]
-    done = subprocess.run([sys.executable, "-c", TWO_RUNS_IN_ONE_PROCESS, *map(str, homes)], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=240,
-                          start_new_session=True)
-    assert done.returncode == 0 and done.stdout.split() == ["completed", "completed"], done.stdout + done.stderr[-3000:]
+    process = subprocess.Popen([sys.executable, "-c", TWO_RUNS_IN_ONE_PROCESS, *map(str, homes)], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=240)
+    finally:  # the fork server and its ranks too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0 and out.split() == ["completed", "completed"], out + err[-3000:]
     for home in homes:
         assert (run_dir(home, 1) / "best.pt").is_file()
         assert (run_dir(home, 1) / "rank1.pid").is_file()

@@ -29,14 +29,6 @@ CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "ddp", "devic
           "image_size": 16, "amp": "auto", "epochs": 1, "tags": []}
 
 
-@pytest.fixture
-def served():
-    """A store this process serves, as the job's store is served; yields its port."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
-    yield server.port
-    del server
-
-
 def machine_rows(node: int, times: list[float], *, gpus: list[float] = (), cpu: float = 50.0,
                  ranks: tuple[int, ...] = (0,)) -> list[dict]:
     """A sample of machine ``node`` at each time: host CPU ``cpu``, the ranks at 90 % each, GPUs at ``gpus`` %."""
@@ -72,12 +64,13 @@ def test_another_machines_samples_reach_the_run_through_the_store_once_each_with
             assert arrived, "rank 0 took in no batch while sampling"
             remote.sample = _proc_gone  # the remote's sampler fails: its error comes through as a note
             time.sleep(0.2)
+    elapsed_s = time.time() - started_at_s
 
     rows = series.read_system(engine, [run_id], max_points=None)
     own, theirs = [r for r in rows if r["node"] == 0], [r for r in rows if r["node"] == 1]
     assert len(own) >= 8 and len(theirs) >= 8
     assert lead.written == len(rows) and remote.written == len(theirs)  # each batch written once
-    assert all(100 <= r["t_s"] <= 102 for r in theirs), theirs  # wall time made the run's time
+    assert all(100 <= r["t_s"] <= elapsed_s for r in theirs), theirs  # wall time made the run's time
     assert {tuple(p["rank"] for p in r["processes"]) for r in theirs} == {(1,)}
     raw = dist.TCPStore("127.0.0.1", served, is_master=False, timeout=timedelta(seconds=5))
     keys = dist.PrefixStore(f"parallax/samples/run-{run_id}/attempt-0/", raw)
