@@ -420,7 +420,9 @@ def test_step_recorder_thins_points_and_averages_their_losses(run_row):
     # A window only lengthens (sleeps overrun), so images/s only falls: one rank's images would be half.
     assert 0.7 * 6 / 0.2 <= rows[0].images_per_s <= 1.05 * 6 / 0.2
     assert 0.7 * 12 / 0.21 <= rows[1].images_per_s <= 1.05 * 12 / 0.21
-    assert recorder.written == 3 and recorder.cost_s < 0.2
+    # The time the training thread spent here is counted; how small it is, bench/series_cost.py
+    # measures (a bound here would time a database write on a busy machine).
+    assert recorder.written == 3 and recorder.cost_s > 0
 
 
 def test_skipped_writes_back_off_while_locked_and_resume_once_one_lands():
