@@ -1,6 +1,8 @@
-# make run   - create .venv, install, start the dashboard on http://127.0.0.1:8501
+# make run   - create .venv, install Parallax into it (editable, with the PostgreSQL driver), start the
+#              dashboard on http://127.0.0.1:8501 (`parallax ui`)
 # make test  - install what the suite needs (Debian's chromium and postgresql too, scripts/system-deps)
 #              and run the whole suite
+# make lint  - ruff, configured in pyproject.toml
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,
@@ -9,22 +11,27 @@ TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test bench-check install clean system-deps
+.PHONY: run test lint bench-check install clean system-deps
 
-$(VENV)/.installed: requirements.txt
+# The package, editable: the checkout is what runs, and `parallax` is on the venv's PATH.
+$(VENV)/.installed: pyproject.toml requirements.txt requirements-postgres.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -e '.[postgres]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
-	$(PY) -m pip install --quiet -r requirements-test.txt
+	$(PY) -m pip install --quiet -e '.[postgres,test]'
 	touch $@
 
 install: $(VENV)/.installed
 
+# Served as every documented start serves it: how (headless, no file watcher) is in .streamlit/config.toml.
 run: $(VENV)/.installed
-	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true
+	$(VENV)/bin/parallax ui --address $(ADDRESS) --port $(PORT)
+
+lint: system-deps $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
 
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
@@ -45,7 +52,7 @@ clean:
 .PHONY: bench
 
 $(VENV)/.installed-bench: $(VENV)/.installed requirements-bench.txt
-	$(PY) -m pip install --quiet -r requirements-bench.txt
+	$(PY) -m pip install --quiet -e '.[postgres,bench]'
 	touch $@
 
 bench: $(VENV)/.installed-bench

@@ -175,7 +175,8 @@ def _create_engine(url: URL) -> Engine:
     except (NoSuchModuleError, ImportError) as exc:
         raise DatabaseUnavailable(
             f"database URL {masked_url(url)} needs a driver that is not installed ({_first_line(exc)}); "
-            "supported: sqlite:///path/to/parallax.db and postgresql+psycopg://user:password@host/database"
+            "supported: sqlite:///path/to/parallax.db and postgresql+psycopg://user:password@host/database (its driver: "
+            "pip install 'parallax-train[postgres]')"
         ) from None
     if url.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _set_sqlite_pragmas)
