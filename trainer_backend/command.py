@@ -90,9 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if command == "ui":
         return serve_ui(rest)
     if command == "hash-password":
-        from ui.auth import main as auth_main
-
-        return auth_main(["hash-password", *rest])
+        # The dashboard's own command, as `python -m ui.auth hash-password`: the engine never imports the dashboard.
+        os.execv(sys.executable, [sys.executable, "-m", "ui.auth", "hash-password", *rest])
     if command == "db":
         return upgrade_database(rest)
     # Every other command is the engine's (run, launch, sweep, cancel, export, list …), whose parser names the
