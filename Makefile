@@ -2,6 +2,7 @@
 #              dashboard on http://127.0.0.1:8501 (`parallax ui`)
 # make test  - install what the suite needs (Debian's chromium and postgresql too, scripts/system-deps)
 #              and run the whole suite
+# make test-fast - the tests that start no process (about a minute)
 # make lint  - ruff, configured in pyproject.toml
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test lint bench-check install clean system-deps
+.PHONY: run test test-fast lint bench-check install clean system-deps
 
 # The package, editable: the checkout is what runs, and `parallax` is on the venv's PATH.
 $(VENV)/.installed: pyproject.toml requirements.txt requirements-postgres.txt
@@ -36,6 +37,11 @@ lint: system-deps $(VENV)/.installed-test
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The tests that start no process (no subprocess, rank, server, cluster or browser): about a minute. A test
+# that starts one anyway fails here, naming the mark it lacks (tests/conftest.py).
+test-fast: $(VENV)/.installed-test
+	PARALLAX_TEST_TIER=fast $(PY) -m pytest -n $(TEST_WORKERS) -m "not processes and not browser and not bench"
 
 # The benchmark scripts still run (each with --quick, about 3 minutes); CI runs it after make test.
 bench-check: system-deps $(VENV)/.installed-test

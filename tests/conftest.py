@@ -7,7 +7,9 @@ throwaway cluster; skipped only where PostgreSQL is not installed).
 
 from __future__ import annotations
 
+import ast
 import fcntl
+import functools
 import json
 import os
 import subprocess
@@ -36,9 +38,88 @@ LONGEST_FILES = ("test_bench_smoke.py", "test_e2e_browser.py", "test_training.py
                  "test_faults.py", "test_torchrun.py", "test_profiling.py", "test_recipe.py", "test_sweep.py")
 
 
+# Tiers. `make test-fast` runs the tests that start no process (no subprocess, rank, server, database cluster
+# or browser), in under a minute; the others are marked `processes` (and `browser`): by the fixtures they take
+# (below), by their file's `pytestmark`, or one by one. In the fast tier a test that starts a process anyway
+# fails, naming the mark it lacks, so the tiers cannot drift.
+PROCESS_FIXTURES = {"cli", "shared_runs", "served", "postgres_server", "postgres_url"}
+# What a test (or a function or fixture of its module that it uses) names when it starts processes.
+PROCESS_NAMES = {"run_cli", "train_and_export", "run_world", "subprocess", "Popen", "spawn", "start_processes",
+                 "fork", "Process", "launch", "launch_sweep", "sync_playwright", "ThrowawayCluster", "AppTest"}
+BROWSER_NAMES = {"sync_playwright"}
+
+
+def names_used(tree: ast.AST) -> set[str]:
+    return ({node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+            | {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+            | {arg.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for arg in node.args.args})
+
+
+@functools.cache
+def module_reach(path: Path) -> dict[str, set[str]]:
+    """For each top-level function and class of a test module, every name it uses, directly or through the
+    module's other functions, classes and fixtures (arguments name fixtures)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    direct = {node.name: names_used(node) for node in tree.body
+              if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    reach = {name: set(used) for name, used in direct.items()}
+    changed = True
+    while changed:
+        changed = False
+        for name, used in reach.items():
+            more = set().union(*(reach[other] for other in used & reach.keys() if other != name)) - used
+            if more:
+                used |= more
+                changed = True
+    return reach
+
+
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: the rest keep their order
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        used = set(item.fixturenames)
+        if isinstance(item, pytest.Function):
+            reach = module_reach(item.path)
+            used |= reach.get(item.originalname, set())
+            for fixture in item.fixturenames:
+                used |= reach.get(fixture, set())
+        if used & BROWSER_NAMES:
+            item.add_marker(pytest.mark.browser)
+        if used & (PROCESS_FIXTURES | PROCESS_NAMES) or params.get("backend_db_url") == "postgresql":
+            item.add_marker(pytest.mark.processes)
+
+
+# Library probes that are not the test's processes (ctypes asks ldconfig where a library is).
+PROBES = {"ldconfig", "uname"}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In the fast tier (PARALLAX_TEST_TIER=fast), a test (with its fixtures) that starts a process fails."""
+    if os.environ.get("PARALLAX_TEST_TIER") != "fast":
+        yield
+        return
+    import multiprocessing.process
+
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    message = f"{item.nodeid} starts a process: mark it `processes` (see tests/conftest.py), or keep it out of the fast tier"
+
+    def guarded_popen(self, args, *rest, **kwargs):
+        first = args if isinstance(args, str) else (list(args)[0] if args else "")
+        if os.path.basename(str(first).split()[0] if first else "") not in PROBES:
+            raise AssertionError(message)
+        popen_init(self, args, *rest, **kwargs)
+
+    def guarded_start(self):
+        raise AssertionError(message)
+
+    subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = guarded_popen, guarded_start
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = popen_init, process_start
 
 
 @pytest.fixture(scope="session", autouse=True)

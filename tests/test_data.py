@@ -122,6 +122,7 @@ def test_getitems_matches_stacked_getitem(parallax_home):
     assert x.dtype == torch.uint8 and y.dtype == torch.int64 and one_by_one[0][1].dim() == 0
 
 
+@pytest.mark.processes  # DataLoader workers
 @pytest.mark.parametrize("workers", [0, 1])
 def test_dataloader_with_collate_batch_yields_batches(parallax_home, workers):
     data = prepare_data("digits", image_size=16)
@@ -200,6 +201,7 @@ def test_corrupt_tiff_names_the_file(parallax_home, tmp_path):
         prepare_data(str(root))
 
 
+@pytest.mark.processes  # the decoding pool
 def test_pool_decoding_matches_serial_and_names_a_bad_file(parallax_home, tmp_path, monkeypatch):
     root = make_tiff_folder(tmp_path / "eurosat", per_class=4)
     serial = prepare_data(str(root), image_size=16)

@@ -149,6 +149,7 @@ def test_channels_last_gives_the_eager_losses(parallax_home):
 
 @pytest.mark.skipif(not HAS_COMPILER, reason="torch.compile on CPU needs a C++ compiler (gcc); none here")
 @pytest.mark.timeout(300)
+@pytest.mark.processes  # inductor compiles in worker processes
 def test_compile_gives_the_eager_losses_and_times_its_warmup_apart(parallax_home):
     config = RunConfig(image_size=8, batch_size=64)
     eager, _, _ = first_losses(config)
