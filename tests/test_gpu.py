@@ -392,7 +392,7 @@ def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
         assert extra["mfu"] is None and measured["peak_tflops"] is None
         assert any(name in note for note in run["notes"])
     else:
-        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == found[1]
+        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == f"{found[1]}: autocast bf16"
         assert 0 < extra["mfu"] <= 1
     (rank,) = extra["ranks"]
     assert rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
