@@ -4,6 +4,7 @@ its count, CUDA streams for DataParallel's threads) is faked at that edge and no
 from __future__ import annotations
 
 import copy
+import json
 import importlib
 import threading
 from types import SimpleNamespace
@@ -182,3 +183,23 @@ def test_out_of_memory_in_any_cuda_library_gets_the_hint(error):
 ])
 def test_other_cuda_failures_get_no_hint(error):
     assert with_oom_hint(error) == error
+
+
+# --- FSDP: one checkpoint verdict for every rank ---
+
+def test_fsdp_ranks_that_count_validation_differently_take_rank_0s_verdict(parallax_home):
+    """Each FSDP rank evaluates the whole validation set; with cudnn.benchmark each may run other
+    kernels and count a near-tie differently. Here rank 1 counts one more correct image from epoch 2
+    on (a patched validate): deciding on its own numbers it would gather the full state dict alone
+    and the run would hang until the collective timeout."""
+    from conftest import run_cli
+
+    result = run_cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--strategy", "fsdp",
+                     "--devices", "cpu,cpu", "--epochs", "2", home=parallax_home, timeout=300,
+                     env_extra={"PARALLAX_PLUGINS": "tests.plugins.rank1_counts_more",
+                                "PARALLAX_COLLECTIVE_TIMEOUT_S": "20"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    run = json.loads(run_cli("export", run_id, home=parallax_home).stdout)
+    assert run["status"] == "completed"
+    assert [round(e["val_acc"] * 360) for e in run["epochs"]] == [100, 100]  # rank 0's count, on every rank

@@ -190,10 +190,12 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         strategy.reestimate_batchnorm(model, bn_loader, amp_dtype=amp_dtype)
     strategy.sync_buffers(model)
     val_totals = validate(model, val_loader, strategy, amp_dtype=amp_dtype)
-    if strategy.sum_val_across_ranks:
-        totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
-    else:
-        totals = torch.cat([strategy.all_reduce(train_totals), val_totals])
+    if not strategy.sum_val_across_ranks and not strategy.is_main:
+        # Every rank evaluated the whole set: rank 0's numbers are the answer, on every rank. A rank's
+        # own may differ (cudnn.benchmark picks kernels per process), and the checkpoint verdict taken
+        # from them could differ on a near-tie, leaving one rank alone in the state dict's gather.
+        val_totals = torch.zeros_like(val_totals)
+    totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
     # The epoch lasts as long as its slowest rank.
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
     memory = _gather_memory(strategy, peak_memory_mb(strategy.devices))
@@ -331,8 +333,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:
                     store_profiles(engine, run_id, profiler.out_dir, config)
-            # Every rank reaches the same verdict (the metrics are reduced), and assembling a
-            # sharded or pipelined state dict needs every rank.
+            # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
+            # assembling a sharded or pipelined state dict needs every rank.
             improved = metrics.val_acc > best_acc
             best_acc = max(best_acc, metrics.val_acc)
             state = strategy.checkpoint_state(model) if improved else None
