@@ -7,6 +7,7 @@ import copy
 import json
 import importlib
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -203,3 +204,113 @@ def test_fsdp_ranks_that_count_validation_differently_take_rank_0s_verdict(paral
     run = json.loads(run_cli("export", run_id, home=parallax_home).stdout)
     assert run["status"] == "completed"
     assert [round(e["val_acc"] * 360) for e in run["epochs"]] == [100, 100]  # rank 0's count, on every rank
+
+
+# --- step points timed by CUDA events (torch.cuda.Event faked at the edge) ---
+
+class StreamEvent:
+    """A CUDA event on a fake GPU whose queued work has reached ``now_ms``; it keeps the stream it
+    was recorded on (``torch.cuda.current_stream`` is faked to name its device's stream)."""
+
+    now_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.at_ms, self.stream = None, None
+
+    def record(self, stream=None):
+        self.at_ms, self.stream = StreamEvent.now_ms, stream
+
+    def synchronize(self):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "StreamEvent") -> float:
+        return end.at_ms - self.at_ms
+
+
+class QueuesGpuWork(nn.Linear):
+    """Each training forward queues ``step_ms`` of GPU work (cuDNN's search makes step 1 longer) and,
+    from step 2 on, holds the host long enough to close a step point's window."""
+
+    def __init__(self, first_ms: float, step_ms: float, host_s: float):
+        super().__init__(4, 3)
+        self.first_ms, self.step_ms, self.host_s, self.steps = first_ms, step_ms, host_s, 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+            StreamEvent.now_ms += self.first_ms if self.steps == 1 else self.step_ms
+            if self.steps > 1:
+                time.sleep(self.host_s)
+        return super().forward(x)
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    recorded: list = []
+
+    class Recorded(StreamEvent):
+        def record(self, stream=None):
+            super().record(stream)
+            recorded.append(stream)
+
+    monkeypatch.setattr(torch.cuda, "Event", Recorded)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: f"stream of {torch.device(device)}" if device is not None else None)
+    return recorded
+
+
+def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_device(db_url, fake_streams):
+    """Step 1 (30 ms on the GPU) must be inside the first point's window: begun when the first loss is
+    seen, after step 1 is queued, the window held step 1's images without its time. Under mp the losses
+    live on the last stage's GPU (cuda:1 here, the process's current device being cuda:0): the events
+    that time the points and guard the losses' host copy must be on that GPU's stream."""
+    from sqlalchemy import select
+
+    from db import make_engine, store
+    from db.models import StepMetric
+    from trainer_backend.loop import train_one_epoch
+    from trainer_backend.steps import StepHooks, StepRecorder
+
+    engine = make_engine(db_url)
+    run_id = store.create_run(engine, RunConfig().to_dict(), status="running")
+    steps, batch, first_ms, step_ms = 6, 4, 30.0, 10.0
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(steps * batch, 4),
+                                                                        torch.randint(0, 3, (steps * batch,))),
+                                         batch_size=batch)
+    strategy = Strategy(RunConfig(strategy="single", devices="cpu"))
+    model = QueuesGpuWork(first_ms, step_ms, host_s=0.06)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = StepRecorder(engine, run_id, time.time(), min_interval_s=0.05, device=torch.device("cuda:1"))
+    hooks = StepHooks(recorder=recorder)
+    hooks.start_epoch(1, loader, optimizer)
+    train_one_epoch(model, loader, optimizer, strategy, on_start=hooks.begin_training, on_step=hooks,
+                    on_loss=hooks.loss)
+    hooks.end_epoch(images=steps * batch)
+    with engine.connect() as connection:
+        rows = connection.execute(select(StepMetric).where(StepMetric.run_id == run_id)
+                                  .order_by(StepMetric.step)).mappings().all()
+    epoch_images_per_s = steps * batch / ((first_ms + (steps - 1) * step_ms) / 1000)  # 300
+    assert rows and rows[-1]["step"] == steps
+    assert all(0 < row["images_per_s"] <= 2 * epoch_images_per_s for row in rows), [dict(r) for r in rows]
+    assert rows[0]["images_per_s"] == pytest.approx(rows[0]["step"] * batch / (first_ms + (rows[0]["step"] - 1) * step_ms) * 1000)
+    assert fake_streams and set(fake_streams) == {"stream of cuda:1"}
+
+
+def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work(monkeypatch):
+    """A pipeline's first stage meters energy but records no step points, whose last read waits for the
+    GPU elsewhere: without a sync its meter stopped with the epoch's work still queued."""
+    from trainer_backend.steps import StepHooks
+
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(f"synchronize {device}"))
+    meter = SimpleNamespace(start=lambda: None, tick=lambda: None, stop=lambda: order.append("stop") or {},
+                            epoch_fields=lambda joules, images: {})
+    hooks = StepHooks(energy=meter, devices=[torch.device("cuda:1")])
+    hooks.start_epoch(1, None, None)
+    hooks(1, 2)
+    assert order == []
+    hooks(2, 2)
+    assert order == ["synchronize cuda:1", "stop"]

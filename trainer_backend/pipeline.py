@@ -131,7 +131,7 @@ class PipelineStrategy(DistributedStrategy):
         return method()
 
     def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None,
-                    on_loss=None):
+                    on_loss=None, on_start=None):
         model.train()
         phase = phase_ranges(profiler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
@@ -144,6 +144,8 @@ class PipelineStrategy(DistributedStrategy):
         self.barrier()  # stages start the clock together, as in loop.train_one_epoch
         synchronize([self.input_device])
         start = time.perf_counter()
+        if on_start is not None:
+            on_start()
         for step in range(1, total_steps + 1):
             with phase("data_loading"), rank_clock.data():
                 images, labels = self.to_device(*next(batches), train=True)

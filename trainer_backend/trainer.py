@@ -174,7 +174,8 @@ class ProgressWriter:
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
-              bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None) -> EpochMetrics:
+              bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
+              on_start=None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -182,7 +183,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        on_loss=on_loss,
+        on_loss=on_loss, on_start=on_start,
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
@@ -327,7 +328,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             hooks.start_epoch(epoch, loaders[0], optimizer)
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
                                 on_step=hooks, profiler=profiler, precision=precision, bn_loader=bn_loader,
-                                on_loss=hooks.loss, measures=measures)
+                                on_loss=hooks.loss, measures=measures, on_start=hooks.begin_training)
             metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
@@ -392,7 +393,8 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
     started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
     # ddp and fsdp ranks each train on their own part of the global batch.
     images_factor = strategy.world_size if config.strategy in ("ddp", "fsdp") else 1
-    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor) if records else None
+    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor,
+                            device=strategy.output_device) if records else None
     energy, notes = None, [series_note(config, strategy.world_size)]
     if energy_part is not None:  # every process of the job, at this same point: a collective
         energy = JobEnergy.open(energy_part)
@@ -402,7 +404,8 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
         notes.append(energy.note())
     if engine is not None:
         retry_when_locked(lambda: store.add_notes(engine, run_id, [n for n in notes if n]), what="record the series notes")
-    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s)
+    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s,
+                     devices=strategy.devices)
 
 
 def run_started_at_s(engine, run_id: int) -> float:
