@@ -314,3 +314,28 @@ def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work
     assert order == []
     hooks(2, 2)
     assert order == ["synchronize cuda:1", "stop"]
+
+
+# --- process groups bound to each rank's GPU ---
+
+@pytest.mark.parametrize("strategy_name, devices, rank, expected", [
+    ("fsdp", "1", 0, 1), ("fsdp", "1,0", 0, 1), ("pp", "1,0", 0, 1), ("pp", "2,3", 1, 3), ("ddp", "3,2", 1, 2)])
+def test_every_process_group_is_bound_to_its_ranks_gpu(monkeypatch, strategy_name, devices, rank, expected):
+    """Unbound, NCCL's first collective that names no device (the loop's barrier: FSDP and the pipeline
+    run no collective before it) runs on GPU rank % count: another rank's GPU, or one not given to the run."""
+    from trainer_backend.trainer import make_strategy
+
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    calls = {}
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: calls.setdefault("init", kwargs))
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: calls.setdefault("barrier", kwargs))
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)  # what the runner serves
+    config = RunConfig(strategy=strategy_name, devices=devices)
+    strategy = make_strategy(config, rank, store_host="127.0.0.1", store_port=store.port if "," in devices else 0)
+    strategy.setup()
+    strategy.barrier()
+    assert calls["init"]["device_id"] == torch.device("cuda", expected)
+    assert calls["barrier"].get("device_ids") == [expected]

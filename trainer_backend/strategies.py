@@ -277,7 +277,11 @@ class DistributedStrategy(Strategy):
         else:
             self._store = dist.TCPStore(self.store_host, self.store_port, None, False,
                                         timeout=max(timeout, RENDEZVOUS_TIMEOUT))
-        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        # Bound to the rank's GPU: NCCL then makes its context and communicator there, and a collective
+        # that names no device (a barrier, FSDP's and the pipeline's first) runs there too, not on
+        # GPU rank % count, which under --devices 1,0 or 2,3 belongs to another rank or another user.
+        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout,
+                                device_id=self.input_device if self.input_device.type == "cuda" else None)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
@@ -311,7 +315,10 @@ class DistributedStrategy(Strategy):
         return tensor
 
     def barrier(self) -> None:
-        dist.barrier()
+        if self.input_device.type == "cuda":
+            dist.barrier(device_ids=[self.input_device.index])  # NCCL's barrier is an all-reduce on a device
+        else:
+            dist.barrier()
 
     def sync_buffers(self, model: nn.Module) -> None:
         # Each rank updated BatchNorm statistics with its own last batch; take rank 0's, which is
