@@ -339,3 +339,27 @@ def test_every_process_group_is_bound_to_its_ranks_gpu(monkeypatch, strategy_nam
     strategy.barrier()
     assert calls["init"]["device_id"] == torch.device("cuda", expected)
     assert calls["barrier"].get("device_ids") == [expected]
+
+
+@pytest.mark.parametrize("devices, batch, dropped", [
+    (("cuda:0", "cuda:1"), 6, True),  # 1437 = 239 x 6 + 3: DataParallel's chunks of the last batch are 2 and 1
+    (("cuda:0", "cuda:1"), 8, False),  # ... + 5: 3 and 2
+    (("cuda:0", "cuda:1"), 4, True),  # ... + 1
+    (("cuda:1", "cuda:0", "cuda:2", "cuda:3"), 8, True),  # ... + 5: 2, 2 and 1
+    (("cuda:0", "cuda:1", "cuda:2"), 8, True),  # ... + 5: 2, 2 and 1
+    (("cuda:0", "cuda:1", "cuda:2"), 12, False),  # 1437 = 119 x 12 + 9: 3, 3 and 3
+])
+def test_dataparallel_drops_a_last_batch_that_would_give_a_replica_one_image(monkeypatch, parallax_home, devices, batch,
+                                                                             dropped):
+    """Train-mode BatchNorm raises on one value per channel ("Expected more than 1 value per channel")."""
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
+    config = RunConfig(strategy="dp", devices=devices, image_size=8, batch_size=batch)
+    strategy = DataParallelStrategy(config)
+    last = 1437 % batch
+    sizes = [len(part) for part in torch.arange(last).chunk(len(devices))]  # what DataParallel's scatter makes
+    assert (1 in sizes) == dropped
+    train, _ = build_loaders(load_data(config), config, strategy)
+    assert train.drop_last is dropped
+    # On CPU DataParallel is a pass-through: one replica, so only a last batch of one is dropped.
+    cpu = RunConfig(strategy="dp", devices="cpu", image_size=8, batch_size=batch)
+    assert build_loaders(load_data(cpu), cpu, DataParallelStrategy(cpu))[0].drop_last is (last == 1)

@@ -161,6 +161,10 @@ class Strategy:
         """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before."""
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
+    def replica_batches(self, images: int) -> list[int]:
+        """The batches a batch of ``images`` becomes on the model's replicas (one here)."""
+        return [images] if images else []
+
     def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
         return None  # the loader shuffles with a seeded generator
 
@@ -239,6 +243,12 @@ class DataParallelStrategy(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
+
+    def replica_batches(self, images: int) -> list[int]:
+        # DataParallel scatters with Tensor.chunk: 3 images over 2 GPUs are 2 and 1, 5 over 4 are 2, 2 and 1.
+        if self.input_device.type != "cuda" or not images:
+            return super().replica_batches(images)
+        return [len(part) for part in torch.arange(images).chunk(len(self.config.devices))]
 
     @property
     def comm_measure(self) -> str:

@@ -109,10 +109,10 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         sampler=sampler,
         shuffle=sampler is None,
         generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
-        # A last batch of one image breaks BatchNorm in train mode; drop it only in that case
-        # (pipelines drop every short batch: their microbatch shapes are fixed at the first step).
-        # A compiled model drops them all: another shape would compile another graph (speed.py).
-        drop_last=strategy.drop_last_train or config.compile or shard_len % batch == 1,
+        # A last batch that gives a replica one image breaks BatchNorm in train mode; drop it only in
+        # that case (pipelines drop every short batch: their microbatch shapes are fixed at the first
+        # step). A compiled model drops them all: another shape would compile another graph (speed.py).
+        drop_last=strategy.drop_last_train or config.compile or 1 in strategy.replica_batches(shard_len % batch),
         **common,
     )
     val_indices = strategy.val_indices(len(data.val))
