@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import importlib
 import threading
 import time
@@ -363,3 +364,59 @@ def test_dataparallel_drops_a_last_batch_that_would_give_a_replica_one_image(mon
     # On CPU DataParallel is a pass-through: one replica, so only a last batch of one is dropped.
     cpu = RunConfig(strategy="dp", devices="cpu", image_size=8, batch_size=batch)
     assert build_loaders(load_data(cpu), cpu, DataParallelStrategy(cpu))[0].drop_last is (last == 1)
+
+
+# --- the pipeline under autocast ---
+
+def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
+    """Two CPU stages train one epoch in bf16 (CPU autocast: what a GPU run does in its dtype), noting
+    whether autocast was on in each forward of the stage's module and in each microbatch's backward."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    from conftest import leave_as_a_rank
+    from trainer_backend.models import create_model
+    from trainer_backend.trainer import build_optimizer, make_strategy
+
+    seen = {"forward": [], "backward": []}
+    backward_one_chunk = _PipelineStageBase.backward_one_chunk
+
+    def noting(self, *args, **kwargs):
+        seen["backward"].append(torch.is_autocast_enabled("cpu"))
+        return backward_one_chunk(self, *args, **kwargs)
+
+    _PipelineStageBase.backward_one_chunk = noting
+    torch.set_num_threads(1)
+    config = RunConfig(model="test_resnet", strategy="pp", devices=("cpu", "cpu"), image_size=8, batch_size=8,
+                       microbatches=2)
+    strategy = make_strategy(config, rank, in_chans=3, store_host="127.0.0.1", store_port=port)
+    strategy.setup()
+    try:
+        torch.manual_seed(0)
+        model = strategy.wrap(create_model("test_resnet", num_classes=10, in_chans=3))
+        model.register_forward_pre_hook(lambda module, args: seen["forward"].append(torch.is_autocast_enabled("cpu")))
+        optimizer = build_optimizer(config, model.parameters())
+        generator = torch.Generator().manual_seed(1)
+        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8, generator=generator),
+                                              torch.randint(0, 10, (16,), generator=generator))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        totals, _ = strategy.train_epoch(model, loader, optimizer, amp_dtype=torch.bfloat16)
+        val = strategy.evaluate(model, loader, amp_dtype=torch.bfloat16)
+        with open(f"{out_path}.{rank}", "w") as handle:
+            json.dump({**seen, "totals": totals.tolist(), "val": val[:3].tolist()}, handle)
+    finally:
+        strategy.teardown()
+    leave_as_a_rank()
+
+
+def test_a_pipeline_runs_its_forwards_under_autocast_and_its_backwards_outside(tmp_path):
+    """PyTorch's AMP notes: backward passes under autocast are not recommended (its ops run in the
+    dtypes the forward chose). The schedule's step runs both: autocast must cover the forwards only."""
+    from conftest import run_world
+
+    run_world(_pipeline_under_autocast, 2, str(tmp_path / "seen"), timeout_s=120)
+    first, last = (json.loads((tmp_path / f"seen.{rank}").read_text()) for rank in (0, 1))
+    for stage in (first, last):
+        assert stage["forward"] and all(stage["forward"]), stage
+        assert stage["backward"] and not any(stage["backward"]), stage
+    assert last["totals"][2] == 16 and math.isfinite(last["totals"][0])  # the last stage's loss, of 16 images
+    assert last["val"][2] == 16 and math.isfinite(last["val"][0])
