@@ -296,7 +296,8 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
     epoch_images_per_s = steps * batch / ((first_ms + (steps - 1) * step_ms) / 1000)  # 300
     assert rows and rows[-1]["step"] == steps
     assert all(0 < row["images_per_s"] <= 2 * epoch_images_per_s for row in rows), [dict(r) for r in rows]
-    assert rows[0]["images_per_s"] == pytest.approx(rows[0]["step"] * batch / (first_ms + (rows[0]["step"] - 1) * step_ms) * 1000)
+    first_window_s = (first_ms + (rows[0]["step"] - 1) * step_ms) / 1000  # step 1 is in it
+    assert rows[0]["images_per_s"] == pytest.approx(rows[0]["step"] * batch / first_window_s)
     assert fake_streams and set(fake_streams) == {"stream of cuda:1"}
 
 

@@ -455,7 +455,6 @@ def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | No
     cuda indices its process appeared on."""
     import os
     import subprocess
-    import sys
     import time
 
     import pynvml

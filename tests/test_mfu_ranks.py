@@ -125,7 +125,8 @@ def test_amp_off_takes_the_peak_of_the_arithmetic_convolutions_and_matmuls_run_i
     assert peak.tflops == 989.5 and peak.source == "H100 fp16 (NVIDIA datasheet): autocast fp16"
 
 
-@pytest.mark.parametrize("name", ["NVIDIA T400", "NVIDIA T400 4GB", "NVIDIA RTX A1000", "NVIDIA RTX A1000 6GB Laptop GPU",
+@pytest.mark.parametrize("name", ["NVIDIA T400", "NVIDIA T400 4GB", "NVIDIA RTX A1000",
+                                  "NVIDIA RTX A1000 6GB Laptop GPU",
                                   "NVIDIA RTX A4000", "NVIDIA RTX A4000H", "NVIDIA A10G", "NVIDIA L40G",
                                   "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D",
                                   "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GH200 480GB", "NVIDIA T4000"])
