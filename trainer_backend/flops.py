@@ -127,7 +127,7 @@ def conv_in_tf32() -> bool:
     were mixed; the per-operator setting answers then."""
     if not torch.backends.cudnn.enabled:
         return False  # PyTorch's own convolution kernels: plain fp32
-    precision = torch.backends.cudnn.conv.fp32_precision
+    precision = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)  # PyTorch 2.9 on
     if precision in ("tf32", "ieee"):
         return precision == "tf32"
     with contextlib.suppress(RuntimeError):
@@ -138,7 +138,7 @@ def conv_in_tf32() -> bool:
 def matmul_in_tf32() -> bool:
     """Whether cuBLAS matrix multiplies of fp32 tensors run in TF32 (off by default:
     ``torch.backends.cuda.matmul.allow_tf32``, ``fp32_precision`` or ``set_float32_matmul_precision``)."""
-    precision = torch.backends.cuda.matmul.fp32_precision
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)  # PyTorch 2.9 on
     if precision in ("tf32", "ieee"):
         return precision == "tf32"
     with contextlib.suppress(RuntimeError):
