@@ -542,15 +542,19 @@ def test_mfu_of_amp_off_and_fp16_divides_by_the_peak_of_what_ran(parallax_home, 
 
 
 @one_gpu
-def test_step_points_never_outrun_their_epoch_on_a_gpu(parallax_home):
-    """The first window begins before step 1 is queued: no point above twice its epoch's images/s."""
-    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "2",
+def test_step_points_never_outrun_the_training_on_a_gpu(parallax_home):
+    """The first window begins before step 1 is queued: no point above twice the best epoch's images/s
+    (epoch 1's own figure is held down by cuDNN's algorithm search in its first step), and epoch 2's
+    first point, which has no search in it, within twice its own epoch's."""
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "3",
                 env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
     steps, _ = series_of(parallax_home, run)
     by_epoch = {e["epoch"]: e["images_per_s"] for e in run["epochs"]}
-    assert len(steps) >= 4
+    assert len(steps) >= 6
     for step in steps:
-        assert 0 < step["images_per_s"] <= 2 * by_epoch[step["epoch"]], (step["step"], step["images_per_s"], by_epoch)
+        assert 0 < step["images_per_s"] <= 2 * max(by_epoch.values()), (step["step"], step["images_per_s"], by_epoch)
+    first_of_2 = min((s for s in steps if s["epoch"] == 2), key=lambda s: s["step"])
+    assert first_of_2["images_per_s"] <= 2 * by_epoch[2], (first_of_2, by_epoch)
 
 
 @two_gpus
