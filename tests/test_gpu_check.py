@@ -77,3 +77,23 @@ def test_a_figure_out_of_bounds_is_a_problem(bad, problem):
         assert summary["problems"] == [] and summary["max_step_over_epoch"] == 1.05
     else:
         assert summary["problems"] and summary["problems"][0].startswith(problem)
+
+
+def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monkeypatch, capsys):
+    """main() as on a GPU machine (torch.cuda faked in this process only; the run itself trains on the
+    CPU): the run's line is printed, the section names the GPU, and a CPU peak fails the check."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Example 80GB")
+    monkeypatch.setattr(gpu_check, "WORKLOAD", ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
+                                                "--batch-size", "128", "--epochs", "1", "--quiet"))
+    monkeypatch.setattr(gpu_check, "RUNS", [("single on the CPU", ("--strategy", "single", "--devices", "cpu"))])
+    docs = parallax_home / "BENCHMARKS.md"
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--no-tests", "--docs", str(docs)])
+    assert gpu_check.main() == 1
+    out = capsys.readouterr().out
+    assert out.startswith("gpu-check on NVIDIA Example 80GB (1 GPU(s) visible") and "| single on the CPU |" in out
+    text = docs.read_text()
+    assert "**NVIDIA Example 80GB**" in text and "a CPU peak on a GPU run" in text and "test_gpu.py" not in text
