@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import shared_runs  # noqa: E402
 from bench.common import BENCH_DIR, DOCS_PATH, PYTHON, QUIET_LOAD, RESULTS_PATH, ROOT, child_env  # noqa: E402
+from bench.gpu_check import keep_section  # noqa: E402
 from bench.report import read_results, render_markdown  # noqa: E402
 
 # Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
@@ -119,7 +120,8 @@ def main() -> int:
         return 1
     order = list(BENCHMARKS)
     docs.parent.mkdir(parents=True, exist_ok=True)
-    docs.write_text(render_markdown(data, order, PREAMBLE))
+    old = docs.read_text() if docs.exists() else ""
+    docs.write_text(keep_section(old, render_markdown(data, order, PREAMBLE)))  # make gpu-check's section stays
     print(f"wrote {docs}", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)

@@ -4,8 +4,11 @@ its count, CUDA streams for DataParallel's threads) is faked at that edge and no
 from __future__ import annotations
 
 import copy
+import json
+import math
 import importlib
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -182,3 +185,239 @@ def test_out_of_memory_in_any_cuda_library_gets_the_hint(error):
 ])
 def test_other_cuda_failures_get_no_hint(error):
     assert with_oom_hint(error) == error
+
+
+# --- FSDP: one checkpoint verdict for every rank ---
+
+def test_fsdp_ranks_that_count_validation_differently_take_rank_0s_verdict(parallax_home):
+    """Each FSDP rank evaluates the whole validation set; with cudnn.benchmark each may run other
+    kernels and count a near-tie differently. Here rank 1 counts one more correct image from epoch 2
+    on (a patched validate): deciding on its own numbers it would gather the full state dict alone
+    and the run would hang until the collective timeout."""
+    from conftest import run_cli
+
+    result = run_cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--strategy", "fsdp",
+                     "--devices", "cpu,cpu", "--epochs", "2", home=parallax_home, timeout=300,
+                     env_extra={"PARALLAX_PLUGINS": "tests.plugins.rank1_counts_more",
+                                "PARALLAX_COLLECTIVE_TIMEOUT_S": "20"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    run = json.loads(run_cli("export", run_id, home=parallax_home).stdout)
+    assert run["status"] == "completed"
+    assert [round(e["val_acc"] * 360) for e in run["epochs"]] == [100, 100]  # rank 0's count, on every rank
+
+
+# --- step points timed by CUDA events (torch.cuda.Event faked at the edge) ---
+
+class StreamEvent:
+    """A CUDA event on a fake GPU whose queued work has reached ``now_ms``; it keeps the stream it
+    was recorded on (``torch.cuda.current_stream`` is faked to name its device's stream)."""
+
+    now_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False):
+        self.at_ms, self.stream = None, None
+
+    def record(self, stream=None):
+        self.at_ms, self.stream = StreamEvent.now_ms, stream
+
+    def synchronize(self):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "StreamEvent") -> float:
+        return end.at_ms - self.at_ms
+
+
+class QueuesGpuWork(nn.Linear):
+    """Each training forward queues ``step_ms`` of GPU work (cuDNN's search makes step 1 longer) and,
+    from step 2 on, holds the host long enough to close a step point's window."""
+
+    def __init__(self, first_ms: float, step_ms: float, host_s: float):
+        super().__init__(4, 3)
+        self.first_ms, self.step_ms, self.host_s, self.steps = first_ms, step_ms, host_s, 0
+
+    def forward(self, x):
+        if self.training:
+            self.steps += 1
+            StreamEvent.now_ms += self.first_ms if self.steps == 1 else self.step_ms
+            if self.steps > 1:
+                time.sleep(self.host_s)
+        return super().forward(x)
+
+
+@pytest.fixture
+def fake_streams(monkeypatch):
+    recorded: list = []
+
+    class Recorded(StreamEvent):
+        def record(self, stream=None):
+            super().record(stream)
+            recorded.append(stream)
+
+    monkeypatch.setattr(torch.cuda, "Event", Recorded)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: f"stream of {torch.device(device)}" if device is not None else None)
+    return recorded
+
+
+def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_device(db_url, fake_streams):
+    """Step 1 (30 ms on the GPU) must be inside the first point's window: begun when the first loss is
+    seen, after step 1 is queued, the window held step 1's images without its time. Under mp the losses
+    live on the last stage's GPU (cuda:1 here, the process's current device being cuda:0): the events
+    that time the points and guard the losses' host copy must be on that GPU's stream."""
+    from sqlalchemy import select
+
+    from db import make_engine, store
+    from db.models import StepMetric
+    from trainer_backend.loop import train_one_epoch
+    from trainer_backend.steps import StepHooks, StepRecorder
+
+    engine = make_engine(db_url)
+    run_id = store.create_run(engine, RunConfig().to_dict(), status="running")
+    steps, batch, first_ms, step_ms = 6, 4, 30.0, 10.0
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(steps * batch, 4),
+                                                                        torch.randint(0, 3, (steps * batch,))),
+                                         batch_size=batch)
+    strategy = Strategy(RunConfig(strategy="single", devices="cpu"))
+    model = QueuesGpuWork(first_ms, step_ms, host_s=0.06)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder = StepRecorder(engine, run_id, time.time(), min_interval_s=0.05, device=torch.device("cuda:1"))
+    hooks = StepHooks(recorder=recorder)
+    hooks.start_epoch(1, loader, optimizer)
+    train_one_epoch(model, loader, optimizer, strategy, on_start=hooks.begin_training, on_step=hooks,
+                    on_loss=hooks.loss)
+    hooks.end_epoch(images=steps * batch)
+    with engine.connect() as connection:
+        rows = connection.execute(select(StepMetric).where(StepMetric.run_id == run_id)
+                                  .order_by(StepMetric.step)).mappings().all()
+    epoch_images_per_s = steps * batch / ((first_ms + (steps - 1) * step_ms) / 1000)  # 300
+    assert rows and rows[-1]["step"] == steps
+    assert all(0 < row["images_per_s"] <= 2 * epoch_images_per_s for row in rows), [dict(r) for r in rows]
+    first_window_s = (first_ms + (rows[0]["step"] - 1) * step_ms) / 1000  # step 1 is in it
+    assert rows[0]["images_per_s"] == pytest.approx(rows[0]["step"] * batch / first_window_s)
+    assert fake_streams and set(fake_streams) == {"stream of cuda:1"}
+
+
+def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work(monkeypatch):
+    """A pipeline's first stage meters energy but records no step points, whose last read waits for the
+    GPU elsewhere: without a sync its meter stopped with the epoch's work still queued."""
+    from trainer_backend.steps import StepHooks
+
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(f"synchronize {device}"))
+    meter = SimpleNamespace(start=lambda: None, tick=lambda: None, stop=lambda: order.append("stop") or {},
+                            epoch_fields=lambda joules, images: {})
+    hooks = StepHooks(energy=meter, devices=[torch.device("cuda:1")])
+    hooks.start_epoch(1, None, None)
+    hooks(1, 2)
+    assert order == []
+    hooks(2, 2)
+    assert order == ["synchronize cuda:1", "stop"]
+
+
+# --- process groups bound to each rank's GPU ---
+
+@pytest.mark.parametrize("strategy_name, devices, rank, expected", [
+    ("fsdp", "1", 0, 1), ("fsdp", "1,0", 0, 1), ("pp", "1,0", 0, 1), ("pp", "2,3", 1, 3), ("ddp", "3,2", 1, 2)])
+def test_every_process_group_is_bound_to_its_ranks_gpu(monkeypatch, strategy_name, devices, rank, expected):
+    """Unbound, NCCL's first collective that names no device (the loop's barrier: FSDP and the pipeline
+    run no collective before it) runs on GPU rank % count: another rank's GPU, or one not given to the run."""
+    from trainer_backend.trainer import make_strategy
+
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    calls = {}
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: calls.setdefault("init", kwargs))
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: calls.setdefault("barrier", kwargs))
+    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)  # what the runner serves
+    config = RunConfig(strategy=strategy_name, devices=devices)
+    strategy = make_strategy(config, rank, store_host="127.0.0.1", store_port=store.port if "," in devices else 0)
+    strategy.setup()
+    strategy.barrier()
+    assert calls["init"]["device_id"] == torch.device("cuda", expected)
+    assert calls["barrier"].get("device_ids") == [expected]
+
+
+@pytest.mark.parametrize("devices, batch, dropped", [
+    (("cuda:0", "cuda:1"), 6, True),  # 1437 = 239 x 6 + 3: DataParallel's chunks of the last batch are 2 and 1
+    (("cuda:0", "cuda:1"), 8, False),  # ... + 5: 3 and 2
+    (("cuda:0", "cuda:1"), 4, True),  # ... + 1
+    (("cuda:1", "cuda:0", "cuda:2", "cuda:3"), 8, True),  # ... + 5: 2, 2 and 1
+    (("cuda:0", "cuda:1", "cuda:2"), 8, True),  # ... + 5: 2, 2 and 1
+    (("cuda:0", "cuda:1", "cuda:2"), 12, False),  # 1437 = 119 x 12 + 9: 3, 3 and 3
+])
+def test_dataparallel_drops_a_last_batch_that_would_give_a_replica_one_image(monkeypatch, parallax_home, devices, batch,
+                                                                             dropped):
+    """Train-mode BatchNorm raises on one value per channel ("Expected more than 1 value per channel")."""
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
+    config = RunConfig(strategy="dp", devices=devices, image_size=8, batch_size=batch)
+    strategy = DataParallelStrategy(config)
+    last = 1437 % batch
+    sizes = [len(part) for part in torch.arange(last).chunk(len(devices))]  # what DataParallel's scatter makes
+    assert (1 in sizes) == dropped
+    train, _ = build_loaders(load_data(config), config, strategy)
+    assert train.drop_last is dropped
+    # On CPU DataParallel is a pass-through: one replica, so only a last batch of one is dropped.
+    cpu = RunConfig(strategy="dp", devices="cpu", image_size=8, batch_size=batch)
+    assert build_loaders(load_data(cpu), cpu, DataParallelStrategy(cpu))[0].drop_last is (last == 1)
+
+
+# --- the pipeline under autocast ---
+
+def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
+    """Two CPU stages train one epoch in bf16 (CPU autocast: what a GPU run does in its dtype), noting
+    whether autocast was on in each forward of the stage's module and in each microbatch's backward."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    from conftest import leave_as_a_rank
+    from trainer_backend.models import create_model
+    from trainer_backend.trainer import build_optimizer, make_strategy
+
+    seen = {"forward": [], "backward": []}
+    backward_one_chunk = _PipelineStageBase.backward_one_chunk
+
+    def noting(self, *args, **kwargs):
+        seen["backward"].append(torch.is_autocast_enabled("cpu"))
+        return backward_one_chunk(self, *args, **kwargs)
+
+    _PipelineStageBase.backward_one_chunk = noting
+    torch.set_num_threads(1)
+    config = RunConfig(model="test_resnet", strategy="pp", devices=("cpu", "cpu"), image_size=8, batch_size=8,
+                       microbatches=2)
+    strategy = make_strategy(config, rank, in_chans=3, store_host="127.0.0.1", store_port=port)
+    strategy.setup()
+    try:
+        torch.manual_seed(0)
+        model = strategy.wrap(create_model("test_resnet", num_classes=10, in_chans=3))
+        model.register_forward_pre_hook(lambda module, args: seen["forward"].append(torch.is_autocast_enabled("cpu")))
+        optimizer = build_optimizer(config, model.parameters())
+        generator = torch.Generator().manual_seed(1)
+        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8, generator=generator),
+                                              torch.randint(0, 10, (16,), generator=generator))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        totals, _ = strategy.train_epoch(model, loader, optimizer, amp_dtype=torch.bfloat16)
+        val = strategy.evaluate(model, loader, amp_dtype=torch.bfloat16)
+        with open(f"{out_path}.{rank}", "w") as handle:
+            json.dump({**seen, "totals": totals.tolist(), "val": val[:3].tolist()}, handle)
+    finally:
+        strategy.teardown()
+    leave_as_a_rank()
+
+
+def test_a_pipeline_runs_its_forwards_under_autocast_and_its_backwards_outside(tmp_path):
+    """PyTorch's AMP notes: backward passes under autocast are not recommended (its ops run in the
+    dtypes the forward chose). The schedule's step runs both: autocast must cover the forwards only."""
+    from conftest import run_world
+
+    run_world(_pipeline_under_autocast, 2, str(tmp_path / "seen"), timeout_s=120)
+    first, last = (json.loads((tmp_path / f"seen.{rank}").read_text()) for rank in (0, 1))
+    for stage in (first, last):
+        assert stage["forward"] and all(stage["forward"]), stage
+        assert stage["backward"] and not any(stage["backward"]), stage
+    assert last["totals"][2] == 16 and math.isfinite(last["totals"][0])  # the last stage's loss, of 16 images
+    assert last["val"][2] == 16 and math.isfinite(last["val"][0])

@@ -18,8 +18,9 @@ one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
 
 
-def train(home, *flags):
-    result = run_cli("run", "--dataset", "digits", "--model", "resnet18", "--epochs", "1", *flags, home=home)
+def train(home, *flags, env_extra: dict | None = None):
+    result = run_cli("run", "--dataset", "digits", "--model", "resnet18", "--epochs", "1", *flags, home=home,
+                     env_extra=env_extra)
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
     run = json.loads(run_cli("export", run_id, home=home).stdout)
@@ -392,7 +393,7 @@ def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
         assert extra["mfu"] is None and measured["peak_tflops"] is None
         assert any(name in note for note in run["notes"])
     else:
-        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == found[1]
+        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == f"{found[1]}: autocast bf16"
         assert 0 < extra["mfu"] <= 1
     (rank,) = extra["ranks"]
     assert rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
@@ -431,3 +432,266 @@ def test_two_gpus_record_comm_wait_from_cuda_events_and_each_devices_memory(para
     for entry in breakdown.values():
         assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB * params_share, rel=0.15)
         assert entry["activations_other_mb"] > 0
+
+
+# --- devices, batches, precision and recipe flags as only GPUs run them ---
+
+def nvml_gpus_by_torch_index() -> dict[int, object]:
+    """NVML's handle for each cuda:N (by UUID, so CUDA_VISIBLE_DEVICES and PCI bus order cannot mislead)."""
+    import pynvml
+
+    from trainer_backend import devices
+
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
+        pytest.skip("needs NVML and whole GPUs")
+    return {s.index: pynvml.nvmlDeviceGetHandleByUUID(s.uuid) for s in statuses}
+
+
+def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | None = None,
+                        timeout_s: float = 600) -> tuple[dict, dict[int, set[int]]]:
+    """Run ``command`` (a ``trainer_backend run`` or a torchrun of one) to its end while NVML is asked
+    every 0.2 s which processes hold a context on which GPU. Returns the run and, per rank, the
+    cuda indices its process appeared on."""
+    import os
+    import subprocess
+    import time
+
+    import pynvml
+
+    from conftest import ROOT, run_dir
+
+    handles = nvml_gpus_by_torch_index()
+    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env.pop("PARALLAX_DB_URL", None)
+    seen: dict[int, set[int]] = {}
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the run did not end in time"
+                for index, handle in handles.items():
+                    try:
+                        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                            seen.setdefault(process.pid, set()).add(index)
+                    except pynvml.NVMLError:
+                        pass
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    output = (tmp_path / "out.txt").read_text() + (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 0, output[-6000:]
+    listed = run_cli("list", home=home).stdout.strip().splitlines()
+    run = json.loads(run_cli("export", listed[0].split()[0].split("=")[1], home=home).stdout)
+    assert run["status"] == "completed", run["error"]
+    folder = run_dir(home, run["run_id"])
+    pids = {int(p.name[len("rank"):-len(".pid")]): int(p.read_text()) for p in folder.glob("rank*.pid")}
+    if not any(pid in seen for pid in pids.values()):
+        pytest.skip("NVML names none of the run's processes (a PID namespace hides them)")
+    return run, {rank: seen.get(pid, set()) for rank, pid in pids.items()}
+
+
+def engine_command(*flags: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "trainer_backend", "run", "--dataset", "digits", "--model", "resnet18",
+            "--epochs", "2", *flags]
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, devices", [("fsdp", "1,0"), ("pp", "1,0"), ("fsdp", "1"), ("ddp", "1,0")])
+def test_each_rank_makes_a_context_on_its_own_gpu_only(parallax_home, tmp_path, strategy, devices):
+    """Bound process groups: NCCL's communicators and the first barrier live on the rank's GPU, not
+    on GPU rank % count (cuda:0 for rank 0 of --devices 1,0)."""
+    run, gpus = train_watching_gpus(parallax_home, engine_command("--strategy", strategy, "--devices", devices,
+                                                                  "--batch-size", "128"), tmp_path)
+    wanted = [int(d) for d in devices.split(",")]
+    assert gpus == {rank: {index} for rank, index in enumerate(wanted)}, gpus
+
+
+@two_gpus
+@pytest.mark.parametrize("batch_size", ["6", "7", "130"])
+def test_dataparallel_batches_that_do_not_split_evenly(parallax_home, batch_size):
+    """1437 images: a last batch of 3 (batch 6) would be 2 and 1 on two GPUs, and train-mode BatchNorm
+    refuses a replica of one; batch 7 splits 4 and 3 every step; 130 leaves a last batch of 7."""
+    run = train(parallax_home, "--strategy", "dp", "--devices", "0,1", "--batch-size", batch_size)
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+
+
+@one_gpu
+@pytest.mark.parametrize("amp, arithmetic", [("off", "convolutions in TF32, matrix multiplies in fp32"),
+                                             ("fp16", "autocast fp16")])
+def test_mfu_of_amp_off_and_fp16_divides_by_the_peak_of_what_ran(parallax_home, amp, arithmetic):
+    from trainer_backend.flops import gpu_peak
+
+    if torch.cuda.get_device_capability(0) < (8, 0) and amp == "off":
+        arithmetic = "fp32 (no TF32 before Ampere)"
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp)
+    measured, extra = run["measurements"], run["epochs"][0]["extra"]
+    dtype = "fp16" if amp == "fp16" else ("tf32" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp32")
+    found = gpu_peak(torch.cuda.get_device_name(0), dtype)
+    if found is None:
+        assert extra["mfu"] is None and arithmetic in " ".join(run["notes"])
+        return
+    assert measured["peak_source"] == f"{found[1]}: {arithmetic}" and measured["peak_tflops"] == found[0]
+    assert 0 < extra["mfu"] <= 1
+    assert not any("CPU peak" in note for note in run["notes"])
+
+
+@one_gpu
+def test_step_points_never_outrun_the_training_on_a_gpu(parallax_home):
+    """The first window begins before step 1 is queued: no point above twice the best epoch's images/s
+    (epoch 1's own figure is held down by cuDNN's algorithm search in its first step), and epoch 2's
+    first point, which has no search in it, within twice its own epoch's."""
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "3",
+                env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
+    steps, _ = series_of(parallax_home, run)
+    by_epoch = {e["epoch"]: e["images_per_s"] for e in run["epochs"]}
+    assert len(steps) >= 6
+    for step in steps:
+        assert 0 < step["images_per_s"] <= 2 * max(by_epoch.values()), (step["step"], step["images_per_s"], by_epoch)
+    first_of_2 = min((s for s in steps if s["epoch"] == 2), key=lambda s: s["step"])
+    assert first_of_2["images_per_s"] <= 2 * by_epoch[2], (first_of_2, by_epoch)
+
+
+@two_gpus
+def test_model_parallel_step_losses_are_read_after_their_copy_lands(parallax_home):
+    """mp: the losses and their host copy are on the last stage's GPU, and so is the event guarding it:
+    a point read before its copy landed would hold pinned memory's stale values."""
+    run = train(parallax_home, "--strategy", "mp", "--devices", "0,1", "--epochs", "2",
+                env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
+    steps, _ = series_of(parallax_home, run)
+    assert steps and all(math.isfinite(s["train_loss"]) and s["train_loss"] > 0 for s in steps)
+    for epoch in run["epochs"]:
+        losses = [s["train_loss"] for s in steps if s["epoch"] == epoch["epoch"]]
+        assert min(losses) <= epoch["train_loss"] <= max(losses)
+
+
+SPEED_SWITCHES = ("--compile", "--channels-last")
+
+
+@one_gpu
+@pytest.mark.parametrize("switches", [("--compile",), ("--channels-last",), SPEED_SWITCHES])
+def test_speed_switches_on_a_single_gpu(parallax_home, switches):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "2", *switches)
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+    if "--compile" in switches:
+        assert run["measurements"]["compile_time_s"] > 0
+        assert any(note.startswith("torch.compile:") for note in run["notes"])
+
+
+@two_gpus
+@pytest.mark.parametrize("switches", [("--compile",), ("--channels-last",), SPEED_SWITCHES])
+def test_speed_switches_under_ddp_over_two_gpus(parallax_home, switches):
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128", *switches)
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+    if "--compile" in switches:
+        assert run["measurements"]["compile_time_s"] > 0
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "dp"])
+def test_fp16_with_a_gradient_scaler_over_two_gpus(parallax_home, strategy):
+    """The scaler's skipped steps must be the same on every rank (the gradients it checks are reduced,
+    or sharded DTensors): a rank that stepped while another skipped would leave them apart."""
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128", "--amp", "fp16",
+                "--image-size", "64", "--epochs", "2", "--grad-clip", "1.0")
+    for epoch in run["epochs"]:
+        assert epoch["extra"]["forward_dtype"] == "float16"
+        assert 0 < epoch["extra"]["grad_scale"] <= 2.0**16
+    assert run["epochs"][-1]["train_loss"] < run["epochs"][0]["train_loss"]  # it learns
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_accumulation_and_clipping_over_nccl(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "64",
+                "--accumulate-steps", "2", "--grad-clip", "0.5", "--epochs", "2")
+    assert run["measurements"]["effective_batch"] == 128
+    assert run["epochs"][-1]["train_loss"] < run["epochs"][0]["train_loss"]
+
+
+@one_gpu
+def test_augmentation_draws_from_a_cuda_generator(parallax_home):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--augment", "flip,crop", "--epochs", "2")
+    assert run["config"]["augment"] == "flip,crop"
+    assert all(0 < e["train_acc"] <= 1 for e in run["epochs"])
+
+
+@two_gpus
+def test_batchnorm_reestimation_with_buffers_broadcast_over_nccl(parallax_home):
+    """Every rank re-estimates over the same images and rank 0's buffers are broadcast: the saved
+    checkpoint, evaluated in one process, scores what the run recorded for its best epoch."""
+    from conftest import evaluate_checkpoint
+
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128",
+                "--bn-stats-images", "512", "--epochs", "2")
+    best = max(run["epochs"], key=lambda e: e["val_acc"])
+    _, accuracy, _, images = evaluate_checkpoint(parallax_home, run)
+    assert images == 360
+    assert accuracy == pytest.approx(best["val_acc"], abs=3 / 360)  # GPU and CPU kernels differ in rounding
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, ranks", [("dp", [0]), ("pp", [0, 1]), ("fsdp", [0, 1])])
+def test_profiler_under_dp_pp_and_fsdp_on_two_gpus(parallax_home, strategy, ranks):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128", "--profile",
+                "--profile-active", "2")
+    ops, steps = profiled_steps(parallax_home, run)
+    assert any(op["self_device_us"] > 0 for op in ops), "no kernel with device time"
+    assert sorted({s["rank"] for s in steps}) == ranks
+    for step in steps:
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+
+
+@one_gpu
+def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subset(parallax_home):
+    """cuda:0 of a process started with CUDA_VISIBLE_DEVICES=<the last GPU> is that GPU: the picker,
+    the samples and the energy counter read it, not NVML's GPU 0."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from trainer_backend import devices
+
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")
+    last = statuses[-1]
+    probe = ("import json, torch\nfrom trainer_backend import devices\n"
+             "print(json.dumps([[s.index, s.uuid] for s in devices.gpu_statuses()] + "
+             "[str(torch.cuda.get_device_properties(0).uuid)]))")
+    for visible in (last.uuid, str(last.index)):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+        *seen, torch_uuid = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen == [[0, last.uuid]], (visible, seen)
+        assert torch_uuid.lower().removeprefix("gpu-") == last.uuid.lower().removeprefix("gpu-")
+        run = train(parallax_home, "--strategy", "single", "--devices", "0",
+                    env_extra={"CUDA_VISIBLE_DEVICES": visible, "PARALLAX_SAMPLE_S": "0.2"})
+        _, samples = series_of(parallax_home, run)
+        gpus = [g for s in samples for g in s["gpus"]]
+        assert gpus and {g["index"] for g in gpus} == {0}
+        assert max(g["memory_used_mb"] or 0 for g in gpus) > 0
+        assert run["epochs"][0]["extra"]["energy_j"]["gpu0"] > 0
+
+
+@two_gpus
+def test_torchrun_maps_local_ranks_to_gpus_and_a_restart_resumes(parallax_home, tmp_path):
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "1", "-m", "trainer_backend", "run", "--dataset", "digits",
+               "--model", "parallax_fails_in_epoch2_once", "--image-size", "32", "--epochs", "3",
+               "--strategy", "ddp", "--devices", "cuda"]
+    run, gpus = train_watching_gpus(parallax_home, command, tmp_path,
+                                    env_extra={"PARALLAX_PLUGINS": "tests.plugins.failing_model"})
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
+    assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
+    assert set(run["epochs"][-1]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+    assert gpus == {0: {0}, 1: {1}}, gpus  # LOCAL_RANK r on cuda:r, and nowhere else

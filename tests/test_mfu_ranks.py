@@ -86,16 +86,53 @@ def test_gpu_peak_comes_from_the_datasheet_table_by_name_and_dtype(monkeypatch):
     assert device_peak(two, torch.float16).tflops == 2 * 989.5  # peak per device × devices
     assert device_peak(one, torch.bfloat16, processes=4).tflops == 4 * 989.5  # one device per process
 
-    allowed = torch.backends.cuda.matmul.allow_tf32  # a property of torch's, not for monkeypatch
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        assert device_peak(one, None).tflops == 67.0  # fp32 unless TF32 was allowed
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert device_peak(one, None).tflops == 494.5
-        fake_gpus(monkeypatch, ["Tesla V100-SXM2-16GB"], capability=(7, 0))
-        assert device_peak(one, None).tflops == 15.7  # no TF32 before Ampere, whatever the flag says
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = allowed
+    fake_gpus(monkeypatch, ["Tesla V100-SXM2-16GB"], capability=(7, 0))
+    assert device_peak(one, None).tflops == 15.7  # no TF32 before Ampere, whatever the flags say
+
+
+@pytest.fixture
+def tf32_flags():
+    """PyTorch's TF32 switches (process-wide C++ state, not for monkeypatch), restored afterwards."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    yield
+    torch.backends.cudnn.conv.fp32_precision = "tf32"  # the new API's switches back to their defaults first
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_amp_off_takes_the_peak_of_the_arithmetic_convolutions_and_matmuls_run_in(monkeypatch, tf32_flags):
+    """PyTorch's defaults: cuDNN convolutions in TF32, matrix multiplies in fp32. A vision model's
+    FLOPs are mostly convolutions: dividing by the fp32 peak would make an H100's MFU seven times too high."""
+    fake_gpus(monkeypatch, ["NVIDIA H100 80GB HBM3"])
+    one = [torch.device("cuda:0")]
+    assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32  # the defaults
+    peak = device_peak(one, None)
+    assert peak.tflops == 494.5 and peak.source == ("H100 tf32 (NVIDIA datasheet): convolutions in TF32, "
+                                                    "matrix multiplies in fp32")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert device_peak(one, None).source.endswith("convolutions and matrix multiplies in TF32")
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    peak = device_peak(one, None)
+    assert peak.tflops == 67.0 and peak.source.endswith("convolutions and matrix multiplies in fp32")
+    # The per-operator API (PyTorch 2.9 on), where reading the legacy flag raises once the two are mixed.
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    assert device_peak(one, None).source.endswith("matrix multiplies in TF32, convolutions in fp32")
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    assert device_peak(one, None).tflops == 67.0
+    # Under autocast both run in its dtype, whatever the fp32 switches say.
+    peak = device_peak(one, torch.float16)
+    assert peak.tflops == 989.5 and peak.source == "H100 fp16 (NVIDIA datasheet): autocast fp16"
+
+
+@pytest.mark.parametrize("name", ["NVIDIA T400", "NVIDIA T400 4GB", "NVIDIA RTX A1000",
+                                  "NVIDIA RTX A1000 6GB Laptop GPU",
+                                  "NVIDIA RTX A4000", "NVIDIA RTX A4000H", "NVIDIA A10G", "NVIDIA L40G",
+                                  "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D",
+                                  "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GH200 480GB", "NVIDIA T4000"])
+def test_a_gpu_whose_name_holds_a_table_rows_name_inside_another_model_gets_no_peak(name):
+    """"T4" is inside "T400", "A100" inside "A1000", "A40" inside "A4000": whole model tokens only."""
+    assert all(gpu_peak(name, dtype) is None for dtype in ("fp32", "tf32", "bf16", "fp16")), name
 
 
 @pytest.mark.parametrize("name, dtype, expected", [
@@ -103,6 +140,8 @@ def test_gpu_peak_comes_from_the_datasheet_table_by_name_and_dtype(monkeypatch):
     ("NVIDIA H100 PCIe", "bf16", 756.5), ("NVIDIA H200", "fp16", 989.5), ("NVIDIA L4", "fp16", 121.0),
     ("NVIDIA L40S", "bf16", 362.05), ("NVIDIA A10", "fp32", 31.2), ("Tesla T4", "fp16", 65.0),
     ("NVIDIA GeForce RTX 4090", "bf16", 165.2), ("Tesla V100-PCIE-32GB", "fp16", 112.0),
+    ("NVIDIA H100 NVL", "bf16", 835.5), ("Tesla V100-SXM2-32GB", "fp16", 125.0), ("NVIDIA L40", "tf32", 90.5),
+    ("NVIDIA A100 80GB PCIe", "tf32", 156.0), ("NVIDIA GeForce RTX 3090", "fp16", 71.0),
 ])
 def test_peak_table_rows(name, dtype, expected):
     assert gpu_peak(name, dtype)[0] == expected
@@ -453,3 +492,24 @@ def test_on_cuda_fsdp_waits_are_read_from_events_around_fsdps_hooks(monkeypatch)
     with torch.no_grad():
         layer.eval()(torch.ones(2, 4))  # evaluation: not training time
     assert clock.epoch_times(train_time_s=1.0)["comm_wait_s"] == pytest.approx((2 + 3 + 5 + 11) / 1000)
+
+
+def test_an_mfu_above_one_against_a_gpu_peak_is_not_blamed_on_a_cpu_peak(tmp_path, monkeypatch):
+    """A datasheet peak cannot be measured again: the note names that peak and its source, never a CPU's."""
+    from trainer_backend.flops import Peak
+    from trainer_backend.measures import RunMeasures
+    from trainer_backend.trainer import make_strategy
+
+    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
+    config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)
+    strategy = make_strategy(config)
+    model = strategy.wrap(create_model("test_resnet", num_classes=10, in_chans=3))
+    measures = RunMeasures(strategy, model, torch.optim.SGD(model.parameters(), lr=0.1), None, 1e9)
+    measures.take_notes()
+    source = "H100 fp32 (NVIDIA datasheet): convolutions and matrix multiplies in fp32"
+    measures.peak = Peak(67.0, source)  # as on a GPU whose convolutions really ran in TF32
+    extra = measures.epoch_extra(1, 1.0, images=100_000, slowest_train_time_s=1.0)  # 100 TFLOPS achieved
+    assert extra["achieved_tflops"] == 100.0 and extra["mfu"] is None
+    (note,) = measures.take_notes()
+    assert "CPU" not in note and "datasheet peak" in note and source in note, note
+    assert measures.take_remeasured() == {}

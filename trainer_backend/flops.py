@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -73,8 +74,9 @@ def mfu(achieved: float, peak_tflops: float | None) -> float | None:
 
 
 # Dense peak TFLOPS per GPU (Tensor Core figures without sparsity: datasheets print the sparse figure
-# with an asterisk, twice the dense one). Matched by substring of torch.cuda.get_device_name(), first
-# match wins, so the more specific names come first. fp16/bf16 are with fp32 accumulate (autocast's).
+# with an asterisk, twice the dense one). Matched as whole model tokens of torch.cuda.get_device_name()
+# (``gpu_peak``), first match wins, so the more specific names come first. fp16/bf16 are with fp32
+# accumulate (autocast's).
 GPU_PEAKS_TFLOPS: list[tuple[str, dict[str, float]]] = [
     # NVIDIA H200 Tensor Core GPU datasheet (2024), H200 SXM column: FP32 67, TF32 989*, BF16/FP16 1,979*.
     ("H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),  # same datasheet, NVL column
@@ -119,22 +121,66 @@ class Peak:
     source: str
 
 
+def conv_in_tf32() -> bool:
+    """Whether cuDNN convolutions of fp32 tensors run in TF32 (on by default: ``cudnn.allow_tf32``, or
+    ``torch.backends.cudnn.conv.fp32_precision``). Reading the legacy flag raises where the two APIs
+    were mixed; the per-operator setting answers then."""
+    if not torch.backends.cudnn.enabled:
+        return False  # PyTorch's own convolution kernels: plain fp32
+    precision = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)  # PyTorch 2.9 on
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    with contextlib.suppress(RuntimeError):
+        return bool(torch.backends.cudnn.allow_tf32)
+    return False
+
+
+def matmul_in_tf32() -> bool:
+    """Whether cuBLAS matrix multiplies of fp32 tensors run in TF32 (off by default:
+    ``torch.backends.cuda.matmul.allow_tf32``, ``fp32_precision`` or ``set_float32_matmul_precision``)."""
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)  # PyTorch 2.9 on
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    with contextlib.suppress(RuntimeError):
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    return False
+
+
+def gpu_arithmetic(device: torch.device, amp_dtype: torch.dtype | None) -> tuple[str, str]:
+    """(the peak table's dtype, in words what the convolutions and matrix multiplies run in).
+    Under autocast both run in its dtype. Without it each follows its own TF32 switch (Ampere and
+    later only); where they differ the TF32 peak is taken, the higher one: a vision model's
+    arithmetic is mostly convolutions, and an MFU is never overstated by a higher peak."""
+    if amp_dtype in (torch.bfloat16, torch.float16):
+        dtype = "bf16" if amp_dtype == torch.bfloat16 else "fp16"
+        return dtype, f"autocast {dtype}"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "fp32", "fp32 (no TF32 before Ampere)"
+    conv, matmul = conv_in_tf32(), matmul_in_tf32()
+    if conv == matmul:
+        return ("tf32", "convolutions and matrix multiplies in TF32") if conv else (
+            "fp32", "convolutions and matrix multiplies in fp32")
+    return "tf32", ("convolutions in TF32, matrix multiplies in fp32" if conv else
+                    "matrix multiplies in TF32, convolutions in fp32")
+
+
 def gpu_dtype(device: torch.device, amp_dtype: torch.dtype | None) -> str:
-    """The arithmetic the run's matrix multiplies use: autocast's dtype, else fp32, or TF32 where
-    PyTorch was allowed to use it (Ampere and later, ``torch.backends.cuda.matmul.allow_tf32``)."""
-    if amp_dtype == torch.bfloat16:
-        return "bf16"
-    if amp_dtype == torch.float16:
-        return "fp16"
-    if torch.backends.cuda.matmul.allow_tf32 and torch.cuda.get_device_capability(device) >= (8, 0):
-        return "tf32"
-    return "fp32"
+    """The peak table's dtype for the run's arithmetic (see ``gpu_arithmetic``)."""
+    return gpu_arithmetic(device, amp_dtype)[0]
+
+
+# Words after a model number that make it another board: an "RTX 3090 Ti" or "RTX 4090 Laptop GPU"
+# is not an RTX 3090 or 4090.
+VARIANT_WORDS = r"(?:Ti|SUPER|D|Laptop|Mobile|Max-Q)"
 
 
 def gpu_peak(name: str, dtype: str) -> tuple[float, str] | None:
-    """(dense TFLOPS, the table row) for a GPU named ``name`` in ``dtype``; None when not in the table."""
+    """(dense TFLOPS, the table row) for a GPU named ``name`` in ``dtype``; None when not in the table.
+    A row matches whole model tokens only: "NVIDIA T400" is no T4, "RTX A1000" no A100, "RTX A4000"
+    no A40 (a substring match would give each the other board's peak)."""
     for key, peaks in GPU_PEAKS_TFLOPS:
-        if key.lower() in name.lower() and dtype in peaks:
+        pattern = rf"(?<![\w-]){re.escape(key)}(?!\w)(?!\s+{VARIANT_WORDS}\b)"
+        if re.search(pattern, name, flags=re.IGNORECASE) and dtype in peaks:
             return peaks[dtype], f"{key} {dtype} (NVIDIA datasheet)"
     return None
 
@@ -149,12 +195,12 @@ def device_peak(devices: list[torch.device], amp_dtype: torch.dtype | None, *, p
         return Peak(None, f"no peak for a run that mixes devices ({', '.join(sorted(kinds))})")
     total, sources = 0.0, []
     for device in devices:
-        name, dtype = torch.cuda.get_device_name(device), gpu_dtype(device, amp_dtype)
+        name, (dtype, arithmetic) = torch.cuda.get_device_name(device), gpu_arithmetic(device, amp_dtype)
         found = gpu_peak(name, dtype)
         if found is None:
-            return Peak(None, f"no datasheet peak for GPU {name!r} in {dtype}: MFU not computed")
+            return Peak(None, f"no datasheet peak for GPU {name!r} in {dtype} ({arithmetic}): MFU not computed")
         total += found[0]
-        sources.append(found[1])
+        sources.append(f"{found[1]}: {arithmetic}")
     return Peak(total * processes, ", ".join(dict.fromkeys(sources)))
 
 

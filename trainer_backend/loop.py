@@ -26,6 +26,7 @@ from .profiling import StepProfiler, phase_ranges
 from .strategies import Strategy, autocast, synchronize
 
 StepCallback = Callable[[int, int], None]
+StartCallback = Callable[[], None]  # the epoch's first step is about to run
 LossCallback = Callable[[torch.Tensor], None]  # the step's loss, still on the device
 
 
@@ -102,6 +103,7 @@ def train_one_epoch(
     on_step: StepCallback | None = None,
     profiler: StepProfiler | None = None,
     on_loss: LossCallback | None = None,
+    on_start: StartCallback | None = None,
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
     model.train()
@@ -114,6 +116,8 @@ def train_one_epoch(
     strategy.barrier()  # ranks start the clock together: a late starter's wait is not its peers' work
     synchronize(strategy.devices)
     start = time.perf_counter()
+    if on_start is not None:
+        on_start()
     accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
     for step in range(1, total_steps + 1):
         # Batches group into optimizer steps; the epoch's last group may be shorter.

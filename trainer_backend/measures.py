@@ -71,11 +71,19 @@ class RunMeasures:
             utilisation = mfu(achieved, None if self.peak is None else self.peak.tflops)
             if utilisation is not None and utilisation > 1:
                 utilisation = None
-                self._notes.append(f"MFU of epoch {epoch} is not shown: training reached {achieved:.3g} TFLOPS, "
-                                   f"above the CPU peak measured ({self.peak.tflops:.3g}) even after measuring "
-                                   "it again; other work held the cores while it was measured.")
+                self._notes.append(self._above_peak_note(epoch, achieved))
             extra["mfu"] = None if utilisation is None else significant(utilisation)
         return extra
+
+    def _above_peak_note(self, epoch: int, achieved: float) -> str:
+        if self.peak.source == MEASURED_ON_CPU:
+            return (f"MFU of epoch {epoch} is not shown: training reached {achieved:.3g} TFLOPS, above the CPU peak "
+                    f"measured ({self.peak.tflops:.3g}) even after measuring it again; other work held the cores "
+                    "while it was measured.")
+        # A datasheet peak cannot be beaten: the arithmetic the peak assumes is not what ran.
+        return (f"MFU of epoch {epoch} is not shown: training reached {achieved:.3g} TFLOPS, above the datasheet "
+                f"peak taken ({self.peak.tflops:.3g} TFLOPS, {self.peak.source}); the GPUs ran faster arithmetic "
+                "than that peak assumes.")
 
     def _check_cpu_peak(self, achieved: float) -> None:
         """Training faster than the CPU's cached peak means the peak was measured while other work

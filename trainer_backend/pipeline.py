@@ -77,6 +77,27 @@ class StageClock:
         self._pending = still_running
 
 
+class _AutocastForward(nn.Module):
+    """A stage's module whose forward runs under the run's autocast dtype (read when it runs). The
+    schedule runs forwards and backwards in one call; autocast around that call would cover the
+    backwards too, which PyTorch's AMP notes advise against. Wrapping the module also covers the
+    forwards the stage runs to infer its activations' shapes and dtypes, so the dtypes stages send
+    each other are the ones they infer."""
+
+    def __init__(self, module: nn.Module, device: torch.device, amp_dtype):
+        super().__init__()
+        self.module, self.device, self.amp_dtype = module, device, amp_dtype
+
+    def forward(self, *args, **kwargs):
+        with autocast(self.device, self.amp_dtype()):
+            return self.module(*args, **kwargs)
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float) -> torch.Tensor:
+    # Outside autocast (see _AutocastForward): in fp32, as autocast itself runs cross_entropy.
+    return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+
+
 class PipelineStrategy(DistributedStrategy):
     name = "pp"
     runs_own_loop = True  # the schedule runs each step's forward and backward, microbatch by microbatch
@@ -90,6 +111,7 @@ class PipelineStrategy(DistributedStrategy):
         self._clock = StageClock(self.input_device)
         self._optimizer_clock = StageClock(self.input_device)
         self._wall_s = self._busy_s = 0.0
+        self._amp_dtype = None  # the autocast dtype of the schedule's forwards, set by each loop
 
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
@@ -97,11 +119,12 @@ class PipelineStrategy(DistributedStrategy):
         stage_module = stages[self.rank].to(self.input_device)
         names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         self._state_names = [(names[id(t)], t) for t in [*stage_module.parameters(), *stage_module.buffers()]]
-        self._stage = PipelineStage(stage_module, self.rank, self.world_size, self.input_device)
+        forward = _AutocastForward(stage_module, self.input_device, lambda: self._amp_dtype)
+        self._stage = PipelineStage(forward, self.rank, self.world_size, self.input_device)
         self._time_compute(self._stage)
         self._schedule = SCHEDULES[self.config.pipeline_schedule](
             self._stage, n_microbatches=self.config.microbatches,
-            loss_fn=functools.partial(F.cross_entropy, label_smoothing=self.config.label_smoothing),
+            loss_fn=functools.partial(_loss, label_smoothing=self.config.label_smoothing),
         )
         return stage_module
 
@@ -131,8 +154,9 @@ class PipelineStrategy(DistributedStrategy):
         return method()
 
     def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None,
-                    on_loss=None):
+                    on_loss=None, on_start=None):
         model.train()
+        self._amp_dtype = amp_dtype
         phase = phase_ranges(profiler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
         self._clock.reset()
@@ -144,13 +168,15 @@ class PipelineStrategy(DistributedStrategy):
         self.barrier()  # stages start the clock together, as in loop.train_one_epoch
         synchronize([self.input_device])
         start = time.perf_counter()
+        if on_start is not None:
+            on_start()
         for step in range(1, total_steps + 1):
             with phase("data_loading"), rank_clock.data():
                 images, labels = self.to_device(*next(batches), train=True)
             losses: list[torch.Tensor] = []
-            # Forward and backward interleave inside the schedule (they show as "other").
-            with autocast(self.input_device, amp_dtype):
-                logits = self._run_schedule(self._schedule.step, images, labels, losses)
+            # Forward and backward interleave inside the schedule (they show as "other"); the
+            # forwards alone run under autocast (_AutocastForward).
+            logits = self._run_schedule(self._schedule.step, images, labels, losses)
             with phase("optimizer_step"):
                 # Clip (when asked), step (the lr schedule with it, schedule.py), clear: as every loop does.
                 self._optimizer_clock.timed(optimizer_step)(model, optimizer, self, None)
@@ -180,6 +206,7 @@ class PipelineStrategy(DistributedStrategy):
     @torch.no_grad()
     def evaluate(self, model, loader, *, amp_dtype=None) -> torch.Tensor:
         model.eval()
+        self._amp_dtype = amp_dtype
         totals = val_totals(getattr(loader.dataset, "num_classes", 0), self.output_device)
         batch = self.config.batch_size
         for images, labels in loader:
@@ -188,8 +215,7 @@ class PipelineStrategy(DistributedStrategy):
                 images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
                 labels = torch.cat([labels, labels.new_zeros(batch - real)])
             images, labels = self.to_device(images, labels)
-            with autocast(self.input_device, amp_dtype):
-                logits = self._run_schedule(self._schedule.eval, images, labels, None)
+            logits = self._run_schedule(self._schedule.eval, images, labels, None)
             if self.is_last:
                 logits, labels = logits[:real].float(), labels[:real]
                 totals[0] += F.cross_entropy(logits, labels, reduction="sum").double()
@@ -202,9 +228,10 @@ class PipelineStrategy(DistributedStrategy):
         """Each stage recomputes its own layers' statistics from the activations the forward-only
         schedule hands it; every rank takes part, BatchNorm or not, since the schedule is a collective."""
 
+        self._amp_dtype = amp_dtype
+
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
-            with autocast(self.input_device, amp_dtype):
-                self._run_schedule(self._schedule.eval, *self.to_device(images, labels), None)
+            self._run_schedule(self._schedule.eval, *self.to_device(images, labels), None)
 
         found = reestimate(model, loader, forward)
         if not found:  # this stage has none, its neighbours may: run the same schedule steps

@@ -5,7 +5,7 @@ the run.
     hooks = StepHooks(progress=progress, recorder=StepRecorder(engine, run_id, started_at_s, images_factor=2),
                       energy=EnergyMeter.open([]), started_at_s=started_at_s)
     hooks.start_epoch(epoch, train_loader, optimizer)
-    train_one_epoch(..., on_step=hooks, on_loss=hooks.loss)
+    train_one_epoch(..., on_start=hooks.begin_training, on_step=hooks, on_loss=hooks.loss)
     metrics.extra.update(hooks.end_epoch(images))
 
 A point is recorded every step, or, when steps are faster than ``PARALLAX_STEP_POINT_S`` (0.5 s),
@@ -13,8 +13,9 @@ one per that much time, holding the mean loss of the steps since the previous po
 on the device: each step's loss is copied into a device buffer, and the buffer is read every few
 seconds (a non-blocking copy, read once it has landed) and at the epoch's end, so training never
 waits for the host to see a loss. On CUDA the points' images/s come from CUDA events on the
-stream, so they time the device's work, not the host running ahead of it. Rows are written a
-few seconds' worth at a time.
+stream of the losses' device, so they time the device's work, not the host running ahead of it;
+the first window begins when the loop starts training (``begin_training``), before step 1 is queued.
+Rows are written a few seconds' worth at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, LockBackoff, 
 from .energy import EnergyMeter
 from .job_energy import JobEnergy
 from .sampler import step_point_s
+from .strategies import synchronize
 
 FLUSH_S = 5.0
 MAX_UNWRITTEN_ROWS = 20_000  # step points kept while the database is locked (hours of points)
@@ -46,12 +48,15 @@ def step_images(loader) -> list[int]:
 
 class StepRecorder:
     """Step points of one run, written by one process. ``images_factor`` turns this process's
-    batch into the global one (the data-parallel ranks, each with its own batch)."""
+    batch into the global one (the data-parallel ranks, each with its own batch). ``device``: where
+    the step losses live (the strategy's output device; taken from the first loss when not given);
+    on CUDA every event is recorded on its stream, the one the losses and their host copy are on."""
 
     def __init__(self, engine, run_id: int, started_at_s: float, *, images_factor: int = 1,
-                 min_interval_s: float | None = None, flush_s: float = FLUSH_S):
+                 min_interval_s: float | None = None, flush_s: float = FLUSH_S, device: torch.device | None = None):
         self.engine, self.run_id, self.started_at_s = engine, run_id, started_at_s
         self.images_factor = images_factor
+        self.device = device
         self.min_interval_s = step_point_s() if min_interval_s is None else min_interval_s
         self.flush_s = flush_s
         self.cost_s = 0.0  # seconds the training thread spent in the recorder
@@ -70,16 +75,28 @@ class StepRecorder:
         self._window_images = 0
         self._window_start = self._last_flush = time.perf_counter()
         self._window_event = None
-        self._cuda = False
+        self._cuda = self.device is not None and self.device.type == "cuda"
+
+    def begin_training(self) -> None:
+        """The epoch's training starts now: the first point's window begins here. On CUDA a begin
+        event recorded later (with the first loss) would come after step 1's queued work, whose
+        images the window still counts: the first point's images/s would be far too high."""
+        started = time.perf_counter()
+        self._window_start = started
+        if self._cuda:
+            self._window_event = _event(self.device)
+        self.cost_s += time.perf_counter() - started
 
     def loss(self, loss: torch.Tensor) -> None:
         """This step's loss (a device tensor); kept on the device."""
         started = time.perf_counter()
         if self._losses is None:
             self._losses = torch.zeros(len(self.images), dtype=torch.float32, device=loss.device)
-            self._cuda = loss.device.type == "cuda"
-            if self._cuda:
-                self._window_event = _event()
+            if self.device is None:
+                self.device = loss.device
+                self._cuda = loss.device.type == "cuda"
+            if self._cuda and self._window_event is None:  # the loop did not say when training began
+                self._window_event = _event(self.device)
         self._step_loss = loss
         self.cost_s += time.perf_counter() - started
 
@@ -124,7 +141,7 @@ class StepRecorder:
                  "first": self._points[-1]["local_step"] if self._points else self._read_upto,
                  "host_s": now - self._window_start}
         if self._cuda:
-            point["begin"], point["end"] = self._window_event, _event()
+            point["begin"], point["end"] = self._window_event, _event(self.device)
             self._window_event = point["end"]
         self._points.append(point)
         self._window_images, self._window_start = 0, now
@@ -139,7 +156,7 @@ class StepRecorder:
             host, event = None, None
         elif self._cuda:
             host = self._losses[self._read_upto:upto].to("cpu", non_blocking=True)
-            event = _event()
+            event = _event(self.device)  # after the copy, on the stream of the losses' device: it guards the copy
         else:
             host, event = self._losses[self._read_upto:upto].clone(), None
         self._pending = (host, event, points, self._read_upto)
@@ -199,21 +216,26 @@ class StepRecorder:
             self._unwritten = []
 
 
-def _event() -> torch.cuda.Event:
+def _event(device: torch.device) -> torch.cuda.Event:
+    """An event on ``device``'s current stream. Not the current device's: under mp that is the first
+    stage's GPU, while the losses, their host copy and the end of each step are on the last stage's."""
     event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return event
 
 
 class StepHooks:
     """What runs after each training step on this process: the progress bar, the step recorder
     (where this process records steps) and the energy meter (on the process that writes epochs; in a
-    torchrun job across machines, on every process, metering where it is its machine's local rank 0)."""
+    torchrun job across machines, on every process, metering where it is its machine's local rank 0).
+    ``devices``: this process's devices, synchronised before the energy meter stops, so that the
+    epoch's energy covers its queued GPU work."""
 
     def __init__(self, *, progress=None, recorder: StepRecorder | None = None,
                  energy: EnergyMeter | JobEnergy | None = None,
-                 started_at_s: float = 0.0):
+                 started_at_s: float = 0.0, devices: list[torch.device] = ()):
         self.progress, self.recorder, self.energy = progress, recorder, energy
+        self.devices = list(devices)
         self.started_at_s = started_at_s
         self.loss = recorder.loss if recorder is not None else None
         self._energy_tick = 0.0
@@ -227,6 +249,11 @@ class StepHooks:
         if self.energy is not None:
             self.energy.start()
             self._energy_tick = time.monotonic()
+
+    def begin_training(self) -> None:
+        """Called by the training loop when the epoch's first step is about to run."""
+        if self.recorder is not None:
+            self.recorder.begin_training()
 
     def __call__(self, step: int, total_steps: int) -> None:
         if self.progress is not None:
@@ -242,6 +269,9 @@ class StepHooks:
     def _end_training(self) -> None:
         self._t_end_s = round(time.time() - self.started_at_s, 3)
         if self.energy is not None:
+            # The step recorder's last read waits for the losses' stream; a process without one
+            # (a pipeline's first stage meters, its last records) would stop with work still queued.
+            synchronize(self.devices)
             self._joules = self.energy.stop()
 
     def end_epoch(self, images: int) -> dict:

@@ -161,6 +161,10 @@ class Strategy:
         """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before."""
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
+    def replica_batches(self, images: int) -> list[int]:
+        """The batches a batch of ``images`` becomes on the model's replicas (one here)."""
+        return [images] if images else []
+
     def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
         return None  # the loader shuffles with a seeded generator
 
@@ -240,6 +244,12 @@ class DataParallelStrategy(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module
 
+    def replica_batches(self, images: int) -> list[int]:
+        # DataParallel scatters with Tensor.chunk: 3 images over 2 GPUs are 2 and 1, 5 over 4 are 2, 2 and 1.
+        if self.input_device.type != "cuda" or not images:
+            return super().replica_batches(images)
+        return [len(part) for part in torch.arange(images).chunk(len(self.config.devices))]
+
     @property
     def comm_measure(self) -> str:
         # Over several GPUs the scatter, replication and gather happen inside the forward call.
@@ -277,7 +287,11 @@ class DistributedStrategy(Strategy):
         else:
             self._store = dist.TCPStore(self.store_host, self.store_port, None, False,
                                         timeout=max(timeout, RENDEZVOUS_TIMEOUT))
-        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        # Bound to the rank's GPU: NCCL then makes its context and communicator there, and a collective
+        # that names no device (a barrier, FSDP's and the pipeline's first) runs there too, not on
+        # GPU rank % count, which under --devices 1,0 or 2,3 belongs to another rank or another user.
+        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout,
+                                device_id=self.input_device if self.input_device.type == "cuda" else None)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
@@ -311,7 +325,10 @@ class DistributedStrategy(Strategy):
         return tensor
 
     def barrier(self) -> None:
-        dist.barrier()
+        if self.input_device.type == "cuda":
+            dist.barrier(device_ids=[self.input_device.index])  # NCCL's barrier is an all-reduce on a device
+        else:
+            dist.barrier()
 
     def sync_buffers(self, model: nn.Module) -> None:
         # Each rank updated BatchNorm statistics with its own last batch; take rank 0's, which is

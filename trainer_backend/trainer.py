@@ -109,10 +109,10 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         sampler=sampler,
         shuffle=sampler is None,
         generator=torch.Generator().manual_seed(config.seed) if sampler is None else None,
-        # A last batch of one image breaks BatchNorm in train mode; drop it only in that case
-        # (pipelines drop every short batch: their microbatch shapes are fixed at the first step).
-        # A compiled model drops them all: another shape would compile another graph (speed.py).
-        drop_last=strategy.drop_last_train or config.compile or shard_len % batch == 1,
+        # A last batch that gives a replica one image breaks BatchNorm in train mode; drop it only in
+        # that case (pipelines drop every short batch: their microbatch shapes are fixed at the first
+        # step). A compiled model drops them all: another shape would compile another graph (speed.py).
+        drop_last=strategy.drop_last_train or config.compile or 1 in strategy.replica_batches(shard_len % batch),
         **common,
     )
     val_indices = strategy.val_indices(len(data.val))
@@ -174,7 +174,8 @@ class ProgressWriter:
 
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
-              bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None) -> EpochMetrics:
+              bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
+              on_start=None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -182,7 +183,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        on_loss=on_loss,
+        on_loss=on_loss, on_start=on_start,
     )
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
@@ -190,10 +191,12 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         strategy.reestimate_batchnorm(model, bn_loader, amp_dtype=amp_dtype)
     strategy.sync_buffers(model)
     val_totals = validate(model, val_loader, strategy, amp_dtype=amp_dtype)
-    if strategy.sum_val_across_ranks:
-        totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
-    else:
-        totals = torch.cat([strategy.all_reduce(train_totals), val_totals])
+    if not strategy.sum_val_across_ranks and not strategy.is_main:
+        # Every rank evaluated the whole set: rank 0's numbers are the answer, on every rank. A rank's
+        # own may differ (cudnn.benchmark picks kernels per process), and the checkpoint verdict taken
+        # from them could differ on a near-tie, leaving one rank alone in the state dict's gather.
+        val_totals = torch.zeros_like(val_totals)
+    totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
     # The epoch lasts as long as its slowest rank.
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
     memory = _gather_memory(strategy, peak_memory_mb(strategy.devices))
@@ -325,14 +328,14 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             hooks.start_epoch(epoch, loaders[0], optimizer)
             metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
                                 on_step=hooks, profiler=profiler, precision=precision, bn_loader=bn_loader,
-                                on_loss=hooks.loss, measures=measures)
+                                on_loss=hooks.loss, measures=measures, on_start=hooks.begin_training)
             metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
             if profiler is not None:
                 strategy.barrier()  # every rank has written its profile
                 if engine is not None:
                     store_profiles(engine, run_id, profiler.out_dir, config)
-            # Every rank reaches the same verdict (the metrics are reduced), and assembling a
-            # sharded or pipelined state dict needs every rank.
+            # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
+            # assembling a sharded or pipelined state dict needs every rank.
             improved = metrics.val_acc > best_acc
             best_acc = max(best_acc, metrics.val_acc)
             state = strategy.checkpoint_state(model) if improved else None
@@ -390,7 +393,8 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
     started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
     # ddp and fsdp ranks each train on their own part of the global batch.
     images_factor = strategy.world_size if config.strategy in ("ddp", "fsdp") else 1
-    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor) if records else None
+    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor,
+                            device=strategy.output_device) if records else None
     energy, notes = None, [series_note(config, strategy.world_size)]
     if energy_part is not None:  # every process of the job, at this same point: a collective
         energy = JobEnergy.open(energy_part)
@@ -400,7 +404,8 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
         notes.append(energy.note())
     if engine is not None:
         retry_when_locked(lambda: store.add_notes(engine, run_id, [n for n in notes if n]), what="record the series notes")
-    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s)
+    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s,
+                     devices=strategy.devices)
 
 
 def run_started_at_s(engine, run_id: int) -> float:
