@@ -1,4 +1,6 @@
-# make run   - create .venv, install, start the dashboard on http://127.0.0.1:8501
+# make run   - create .venv (installing Debian's python3-venv first if missing), install, start the dashboard
+#              on http://127.0.0.1:8501, served as .streamlit/config.toml says (no reload on save)
+# make dev   - the same, reloading the app when a source file is saved
 # make test  - install what the suite needs (Debian's chromium and postgresql too, scripts/system-deps)
 #              and run the whole suite
 VENV ?= .venv
@@ -9,9 +11,11 @@ TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test bench-check install clean system-deps
+.PHONY: run dev test bench-check install clean system-deps
 
+# python3-venv first: a fresh Debian has python3 without it, and `python3 -m venv` fails there.
 $(VENV)/.installed: requirements.txt
+	bash scripts/system-deps --venv-only
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -23,8 +27,15 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 
 install: $(VENV)/.installed
 
+# Every other serving setting is in .streamlit/config.toml, read because streamlit starts from this folder.
 run: $(VENV)/.installed
-	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) --server.headless true
+	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT)
+
+# Reload on save, with the poll watcher: it checks the app's own modules, where the default inotify watcher
+# walks the whole folder (.venv included) and costs a core.
+dev: $(VENV)/.installed
+	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) \
+		--server.fileWatcherType poll --server.runOnSave true
 
 # First, so that a machine without python3-venv gets it before the venv is made.
 test: system-deps $(VENV)/.installed-test
