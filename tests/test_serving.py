@@ -136,16 +136,34 @@ def test_a_login_lasts_across_reloads_and_tabs_until_logged_out(served):
     from playwright.sync_api import expect
 
     server, browser, _ = served
+
+    def log_in(context):
+        page = context.new_page()
+        page.goto(server.url)
+        page.get_by_label("Password", exact=True).fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name="Launch a run")).to_be_visible(timeout=UI_MS)
+        deadline = time.monotonic() + 15
+        while (cookie := login_cookie_of(context)) is None:
+            assert time.monotonic() < deadline, "the page never got its login cookie"
+            page.wait_for_timeout(200)
+        return page, cookie
+
+    def log_out(context, page) -> None:
+        page.get_by_role("button", name="Log out").click()
+        expect(page.get_by_label("Password", exact=True)).to_be_visible(timeout=UI_MS)
+        deadline = time.monotonic() + 15
+        while login_cookie_of(context) is not None:
+            assert time.monotonic() < deadline, "logging out left the cookie in the browser"
+            page.wait_for_timeout(200)
+
+    # Logged out in the very session that logged in (its websocket never saw the cookie).
+    brief = browser.new_context()
+    log_out(brief, log_in(brief)[0])
+    brief.close()
+
     context = browser.new_context()
-    page = context.new_page()
-    page.goto(server.url)
-    page.get_by_label("Password", exact=True).fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Launch a run")).to_be_visible(timeout=UI_MS)
-    deadline = time.monotonic() + 15
-    while (cookie := login_cookie_of(context)) is None:
-        assert time.monotonic() < deadline, "the page never got its login cookie"
-        page.wait_for_timeout(200)
+    page, cookie = log_in(context)
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
     assert abs(cookie["expires"] - (time.time() + LOGIN_DAYS * 86400)) < 120
     assert page.evaluate("document.cookie").find(login_cookie.COOKIE_NAME) == -1  # no script can read it
@@ -173,12 +191,7 @@ def test_a_login_lasts_across_reloads_and_tabs_until_logged_out(served):
     expect(tab.get_by_role("heading", name="Launch a run")).to_be_visible(timeout=UI_MS)
     accepted.close()
 
-    page.get_by_role("button", name="Log out").click()
-    expect(page.get_by_label("Password", exact=True)).to_be_visible(timeout=UI_MS)
-    deadline = time.monotonic() + 15
-    while login_cookie_of(context) is not None:
-        assert time.monotonic() < deadline, "logging out left the cookie in the browser"
-        page.wait_for_timeout(200)
+    log_out(context, page)
     fresh = context.new_page()
     fresh.goto(server.url)
     expect(fresh.get_by_label("Password", exact=True)).to_be_visible(timeout=UI_MS)
@@ -210,7 +223,10 @@ def test_the_checkpoint_is_streamed_from_disk(served):
     process = psutil.Process(server.process.pid)
     before_mb = process.memory_info().rss / 2**20
     received, peak_mb = 0, before_mb
-    with urllib.request.urlopen(url, timeout=60) as response:
+    # As a browser asks: gzip accepted. A checkpoint is sent as it is, not compressed on the fly.
+    as_a_browser = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(as_a_browser, timeout=60) as response:
+        assert response.headers.get("Content-Encoding") is None
         assert response.headers["Content-Disposition"] == f'attachment; filename="parallax-run-{run_id}-best.pt"'
         assert int(response.headers["Content-Length"]) == CHECKPOINT_BYTES
         while chunk := response.read(4 * 2**20):

@@ -419,11 +419,12 @@ def _log_out(secrets: Mapping[str, Any] | None = None) -> None:
 
     st.session_state.pop(LOGGED_IN_KEY, None)
     st.session_state.pop(COOKIE_TICKET_KEY, None)
-    if secrets is not None:
-        found = _cookie_login(secrets, login_cookie.MAX_LOGIN_DAYS * 86400)
-        if found is not None:
-            login_cookie.BOOK.revoke(found)  # this tab's and every other tab's cookie is void from now
-            st.session_state[FORGET_COOKIE_KEY] = True  # the login page then deletes it in the browser
+    # The cookie this session connected with is void at once, in every tab; the login page then posts to
+    # the logout route, which voids the cookie the browser holds now (one set after this session
+    # connected too) and deletes it.
+    if secrets is not None and (found := _cookie_login(secrets, login_cookie.MAX_LOGIN_DAYS * 86400)) is not None:
+        login_cookie.BOOK.revoke(found)
+    st.session_state[FORGET_COOKIE_KEY] = True
     # A page opened without app.py (see ui.state.enter_through_app) then goes back through the login.
     st.session_state.pop(APP_RAN_KEY, None)
 

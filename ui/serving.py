@@ -8,7 +8,8 @@ uvicorn: Streamlit's routes and websocket, plus what is here:
   dashboard would take clicks meant for that page (Launch, Cancel, Delete) with the user's login,
   and the Host and websocket-origin checks would pass: the frame's requests are the dashboard's own.
 - ``/_parallax/login`` and ``/_parallax/logout``: set and clear the login cookie (ui/login_cookie.py).
-- ``/_parallax/download/<ticket>``: a run's file, streamed from disk in chunks (ui/downloads.py).
+- ``/_parallax/download/<run>/<file>?expires=...&sig=...``: a run's file, for a link a page signed,
+  streamed from disk in 64 KiB chunks (ui/downloads.py).
 """
 
 from __future__ import annotations
@@ -41,10 +42,24 @@ class NoFraming:
         await self.app(scope, receive, send_with_headers)
 
 
+class DownloadsUncompressed:
+    """ASGI middleware: a download's request reaches Streamlit's gzip middleware without ``Accept-Encoding``,
+    so a checkpoint (hardly compressible) is sent as it is on disk, not gzipped on the fly at a core's cost."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith(f"{downloads.base_path()}{downloads.ROUTE}/"):
+            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
 def middleware() -> list:
     from starlette.middleware import Middleware
 
-    return [Middleware(NoFraming)]
+    return [Middleware(NoFraming), Middleware(DownloadsUncompressed)]
 
 
 def routes() -> list:
