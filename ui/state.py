@@ -128,8 +128,8 @@ def url_run_ids(param: str, known_ids: Iterable[int]) -> tuple[list[int], list[s
     for part in url_list(param) or []:
         wanted = parse_id(part)
         if wanted is None:
-            problems.append(f"'{escape_markdown(part[:40])}' in ?{param}= in the address is not a run number: each must "
-                            f"be a whole number from 1 to {MAX_ID}, e.g. ?{param}=3,5,8.")
+            problems.append(f"'{escape_markdown(part[:40])}' in ?{param}= in the address is not a run number: "
+                            f"each must be a whole number from 1 to {MAX_ID}, e.g. ?{param}=3,5,8.")
         elif wanted not in known:
             problems.append(f"Run #{wanted} in the address does not exist (it may have been deleted): it is left out.")
         elif wanted not in found:
