@@ -296,11 +296,11 @@ def add_figures(report: Report, windows: dict[str, list[dict]], epochs: dict[int
                    cores(kind, "others_cores"), unit=" cores", headline=False)
     report.note(where_the_time_goes(windows))
     report.note("Where the server's share goes (sampled once per second on 2026-11-25, on the 2-core machine shared "
-                "with other work, load average about 8): a progress tick cost the server 0.10-0.13 s of CPU every 5 s "
-                "and a whole-page redraw for new epochs 0.33-0.45 s every 20 s, 0.038 of a core in all with epochs of about "
-                "2 s; the tick's database reads take about 1 ms of it (cProfile), the rest is Streamlit's rerun. With "
-                "epochs longer than 20 s the step and system charts' own 10 s timer comes on top (0.083 of a core "
-                "then).")
+                "with other work, load average about 8): a progress tick cost the server 0.10-0.13 s of CPU every "
+                "5 s and a whole-page redraw for new epochs 0.33-0.45 s every 20 s, 0.038 of a core in all with "
+                "epochs of about 2 s; the tick's database reads take about 1 ms of it (cProfile), the rest is "
+                "Streamlit's rerun. With epochs longer than 20 s the step and system charts' own 10 s timer comes on "
+                "top (0.083 of a core then).")
     report.note("Before the dashboard's own config turned the file watcher off, `make run` served it with "
                 "Streamlit's default watcher, which re-walked the project folder (.venv included): one tab on "
                 "Launch or on a finished run cost the server a whole core, 0.62-0.92 watching a running run.")
