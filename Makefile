@@ -1,5 +1,7 @@
-# make run   - create .venv, install Parallax into it (editable, with the PostgreSQL driver), start the
-#              dashboard on http://127.0.0.1:8501 (`parallax ui`)
+# make run   - create .venv (installing Debian's python3-venv first if missing), install Parallax into it
+#              (editable, with the PostgreSQL driver), start the dashboard on http://127.0.0.1:8501 (`parallax ui`),
+#              served as .streamlit/config.toml says (no reload on save)
+# make dev   - the same, reloading the app when a source file is saved
 # make test  - install what the suite needs (Debian's chromium and postgresql too, scripts/system-deps)
 #              and run the whole suite
 # make test-fast - the tests that start no process (about a minute)
@@ -12,10 +14,12 @@ TEST_WORKERS ?= 2
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run test test-fast lint bench-check install clean system-deps
+.PHONY: run dev test test-fast lint bench-check install clean system-deps
 
-# The package, editable: the checkout is what runs, and `parallax` is on the venv's PATH.
+# The package, editable: the checkout is what runs, and `parallax` is on the venv's PATH. python3-venv first: a
+# fresh Debian has python3 without it, and `python3 -m venv` fails there.
 $(VENV)/.installed: pyproject.toml requirements.txt requirements-postgres.txt
+	bash scripts/system-deps --venv-only
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[postgres]'
@@ -27,9 +31,15 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 
 install: $(VENV)/.installed
 
-# Served as every documented start serves it: how (headless, no file watcher) is in .streamlit/config.toml.
+# Every serving setting is in .streamlit/config.toml beside app.py, which Streamlit reads whatever the folder.
 run: $(VENV)/.installed
 	$(VENV)/bin/parallax ui --address $(ADDRESS) --port $(PORT)
+
+# Reload on save, with the poll watcher: it checks the app's own modules, where the default inotify watcher
+# walks the whole folder (.venv included) and costs a core.
+dev: $(VENV)/.installed
+	$(VENV)/bin/streamlit run app.py --server.address $(ADDRESS) --server.port $(PORT) \
+		--server.fileWatcherType poll --server.runOnSave true
 
 lint: system-deps $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

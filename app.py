@@ -1,8 +1,12 @@
-"""Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py``).
+"""Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py`` from this folder).
 
 Six pages: Launch a run (or a sweep of strategies), watch one Run live, browse all Runs, Compare runs
 and strategies, read a strategy Sweep's scaling report, and dig into a run's Profiler output.
 Runs started here are detached processes: they go on when the browser tab or the dashboard closes.
+
+This file has two lives. ``streamlit run app.py`` imports it as a module, finds ``app`` below and serves it
+(Streamlit's server with the headers and routes of ui/serving.py); then Streamlit runs it as the page
+script (``__main__``) for every rerun of every session, which draws the dashboard.
 """
 
 from __future__ import annotations
@@ -10,41 +14,52 @@ from __future__ import annotations
 import os
 
 import streamlit as st
+from streamlit.starlette import App
 
 from db.access import open_database
 from db.engine import masked_url
 from db.settings import database_url, parallax_home
-from ui import auth
+from ui import auth, serving
 from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
 
-st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
-# A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
-st.set_option("client.toolbarMode", "viewer")
 
-# Before any page: only requests for this dashboard's own host names, and only after a login where one is
-# configured or the address is reachable from other machines (ui/auth.py).
-auth.require_access()
-try:
-    open_database()
-except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
-    auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
+def show_dashboard() -> None:
+    """One run of the page script: the checks every page is behind, the navigation, the page asked for."""
+    st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
+    # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
+    st.set_option("client.toolbarMode", "viewer")
 
-navigation = st.navigation([
-    st.Page(LAUNCH_PAGE, title="Launch", icon=":material/rocket_launch:", default=True),
-    st.Page(RUN_PAGE, title="Run", icon=":material/monitoring:"),
-    st.Page(RUNS_PAGE, title="Runs", icon=":material/table_rows:"),
-    st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
-    st.Page(SWEEP_PAGE, title="Sweeps", icon=":material/stacked_bar_chart:"),
-    st.Page(PROFILER_PAGE, title="Profiler", icon=":material/speed:"),
-])
+    # Before any page: only requests for this dashboard's own host names, and only after a login where one is
+    # configured or the address is reachable from other machines (ui/auth.py).
+    auth.require_access()
+    try:
+        open_database()
+    except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
+        auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
 
-with st.sidebar:
-    st.caption("Parallax trains image classifiers under different parallel strategies and compares what each buys.")
-    kept = f"Runs, logs and checkpoints are kept in `{parallax_home()}`"
-    if os.environ.get("PARALLAX_DB_URL"):
-        kept += f"; the database is `{masked_url(database_url())}`"
-    st.caption(kept + ".")
+    navigation = st.navigation([
+        st.Page(LAUNCH_PAGE, title="Launch", icon=":material/rocket_launch:", default=True),
+        st.Page(RUN_PAGE, title="Run", icon=":material/monitoring:"),
+        st.Page(RUNS_PAGE, title="Runs", icon=":material/table_rows:"),
+        st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
+        st.Page(SWEEP_PAGE, title="Sweeps", icon=":material/stacked_bar_chart:"),
+        st.Page(PROFILER_PAGE, title="Profiler", icon=":material/speed:"),
+    ])
 
-return_to_requested_page()
-navigation.run()
+    with st.sidebar:
+        st.caption("Parallax trains image classifiers under different parallel strategies and compares what "
+                   "each buys.")
+        kept = f"Runs, logs and checkpoints are kept in `{parallax_home()}`"
+        if os.environ.get("PARALLAX_DB_URL"):
+            kept += f"; the database is `{masked_url(database_url())}`"
+        st.caption(kept + ".")
+
+    return_to_requested_page()
+    navigation.run()
+
+
+if __name__ == "__main__":
+    show_dashboard()
+else:
+    app = App(__file__, routes=serving.routes(), middleware=serving.middleware())

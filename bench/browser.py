@@ -60,20 +60,25 @@ class DashboardServer:
             self.process.wait(timeout=grace_s)
 
 
+def make_run_command(address: str, port: int) -> list[str]:
+    """What ``make run ADDRESS=address PORT=port`` runs (``parallax ui``), with this interpreter."""
+    return [sys.executable, "-m", "trainer_backend.command", "ui", "--address", address, "--port", str(port)]
+
+
 def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60, address: str = "127.0.0.1",
                     extra_args: tuple[str, ...] | list[str] = ()) -> DashboardServer:
-    """Start ``streamlit run app.py`` with ``env`` on a free port, bound to ``address`` (reached
-    through 127.0.0.1) with ``extra_args`` for streamlit, and wait until it answers its health
-    check; RuntimeError with the log's tail if it exits or stays silent for ``timeout_s``."""
+    """Start the dashboard as ``make run`` does (``parallax ui``: ``streamlit run app.py``, with the
+    .streamlit/config.toml beside it, and only the address and port given) with ``env`` on a free port,
+    bound to ``address`` (reached through 127.0.0.1) with ``extra_args`` for streamlit (a test's
+    secrets file; never a serving setting, or the server measured is not the one users get), and wait
+    until it answers its health check; RuntimeError with the log's tail if it exits or stays silent
+    for ``timeout_s``."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-             "--server.address", address, "--browser.gatherUsageStats", "false",
-             "--server.fileWatcherType", "none",  # edits to the sources meanwhile must not rerun the app
-             *extra_args],
+            [*make_run_command(address, port), *extra_args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = DashboardServer(process, url, log, 0.0)
     try:

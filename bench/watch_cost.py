@@ -1,14 +1,22 @@
-"""Watch cost: what one browser tab on a running run's page costs the dashboard and the run.
+"""Watch cost: what the dashboard costs with a tab left open, and what one tab watching a running run
+costs the run.
 
-A real run trains in the background (resnet18 on digits, 32 px, batch 128, launched with
-``python -m trainer_backend launch``, cancelled at the end) while a real Streamlit server serves the
-dashboard. After the run's first epoch, windows of ``--window`` seconds alternate: unwatched (no
-tab open) and watched (one headless chromium tab on the run's page, opened and settled for 3 s
-before the window starts). In each window this measures the Streamlit server's CPU time (its
-process tree, from /proc) per second of wall time, i.e. cores, and the browser's (chromium and the
-playwright driver); and the run's training throughput: the engine's images/s of every epoch that
-began and ended inside the window. At the end of each watched window the page must still show its
-five charts, and must have redrawn them for an epoch that landed while it was watched.
+The dashboard is started as ``make run`` starts it (bench/browser.py: ``parallax ui``, i.e. ``streamlit run app.py`` from the
+project folder, its .streamlit/config.toml, nothing added). Phases, each a window of ``--window``
+seconds in which the Streamlit server's CPU time (its process tree, from /proc) per second of wall
+time is measured, i.e. cores, with the browser's (chromium and the playwright driver), the run's
+(its worker and ranks), and everything else on the machine (/proc/stat's busy time less all of
+these and this process):
+
+1. no tab open; 2. one tab settled on the Launch page (3 s after its heading shows, then until a second
+   in which the server used under 0.05 of a core, at most 60 s: the first page load imports torch);
+3. a real run trains (resnet18 on digits, 32 px, batch 128, ``python -m trainer_backend launch``);
+   after its first epoch, windows alternate: unwatched (no tab) and watched (one headless chromium
+   tab on the run's page, opened and settled for 3 s before the window starts); the run's training
+   throughput is the engine's images/s of every epoch that began and ended inside the window. At the
+   end of each watched window the page must still show its five charts, redrawn for an epoch that
+   landed while it was watched;
+4. the run is cancelled, and one tab settles (as in 2.) on its finished page.
 
     python bench/watch_cost.py                  # 5 pairs of 40 s windows
     python bench/watch_cost.py --repeats 3 --window 30
@@ -26,16 +34,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.browser import (CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, browser_missing,  # noqa: E402
-                           dashboard_server)
+                           dashboard_server, make_run_command)
 from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
-from bench.machine import process_tree_cpu_s  # noqa: E402
+from bench.machine import CpuShare, process_tree_cpu_s  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
 from ui import live  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SETTLE_S = 3.0
+SETTLED_CORES, SETTLE_MAX_S = 0.05, 60.0
 PAGE_MS = 120_000
+
+
+KINDS = ("no tab", "Launch tab", "unwatched", "watched", "finished run tab")
 
 
 def add_window(parser) -> None:
@@ -49,16 +61,20 @@ def run_flags(quick: bool) -> list[str]:
 
 
 class Watch:
-    """The run, the server and the browser; one window at a time."""
+    """The server, the browser and (once launched) the run; one window at a time."""
 
-    def __init__(self, engine, run_id: int, server_pid: int, url: str, browser):
-        self.engine, self.run_id, self.server_pid, self.url, self.browser = engine, run_id, server_pid, url, browser
-        self.windows: dict[str, list[dict]] = {"unwatched": [], "watched": []}
+    def __init__(self, server_pid: int, url: str, browser):
+        self.server_pid, self.url, self.browser = server_pid, url, browser
+        self.engine, self.run_id = None, None
+        self.windows: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+
+    def follow(self, engine, run_id: int) -> None:
+        self.engine, self.run_id = engine, run_id
 
     def last_epoch(self) -> int:
         from db import store
 
-        return store.last_epochs(self.engine, [self.run_id])[self.run_id]
+        return store.last_epochs(self.engine, [self.run_id])[self.run_id] if self.run_id else 0
 
     def wait_for_epoch(self, epoch: int, timeout_s: float = 600) -> None:
         deadline = time.monotonic() + timeout_s
@@ -67,24 +83,72 @@ class Watch:
                 raise RuntimeError(f"run {self.run_id} did not record epoch {epoch} in {timeout_s:.0f} s")
             time.sleep(0.5)
 
+    def _run_cpu_s(self) -> float:
+        """CPU seconds of the run's worker and its ranks (0 before a run, or once it has ended)."""
+        from db import store
+
+        run = store.get_run(self.engine, self.run_id) if self.run_id else None
+        return process_tree_cpu_s(run.pid) if run is not None and run.pid else 0.0
+
+    def _own_cpu_s(self) -> float:
+        times = os.times()
+        return times.user + times.system
+
     def measure(self, kind: str, window_s: float, page=None) -> None:
         first = self.last_epoch()
-        start, server0, browser0 = time.perf_counter(), process_tree_cpu_s(self.server_pid), self._browser_cpu_s()
+        machine = CpuShare()
+        start = time.perf_counter()
+        server0, browser0, run0, own0 = (process_tree_cpu_s(self.server_pid), self._browser_cpu_s(),
+                                         self._run_cpu_s(), self._own_cpu_s())
         if page is None:
             time.sleep(window_s)
         else:
             page.wait_for_timeout(window_s * 1000)  # playwright serves the page's events meanwhile
         elapsed = time.perf_counter() - start
-        server1, browser1, last = process_tree_cpu_s(self.server_pid), self._browser_cpu_s(), self.last_epoch()
+        server1, browser1, run1, own1 = (process_tree_cpu_s(self.server_pid), self._browser_cpu_s(),
+                                         self._run_cpu_s(), self._own_cpu_s())
+        last = self.last_epoch()
+        # A child that exits within the window (the launch command) takes its CPU time out of the tree: never
+        # below 0.
+        cores = {"server_cores": (server1 - server0) / elapsed,
+                 "browser_cores": max(0.0, browser1 - browser0) / elapsed,
+                 "run_cores": max(0.0, run1 - run0) / elapsed, "own_cores": (own1 - own0) / elapsed}
+        # CpuShare counts this process and its reaped children as its own; the server and the browser are
+        # live children, the run a detached process: take them out too.
+        others = machine.others_cores() - cores["server_cores"] - cores["browser_cores"] - cores["run_cores"]
         # Epochs first+2 .. last began and ended inside the window.
-        self.windows[kind].append({"server_cores": (server1 - server0) / elapsed,
-                                   "browser_cores": (browser1 - browser0) / elapsed,
-                                   "epochs": list(range(first + 2, last + 1))})
+        self.windows[kind].append({**cores, "others_cores": max(0.0, others),
+                                   "epochs": list(range(first + 2, last + 1)) if self.run_id else []})
 
-    @staticmethod
-    def _browser_cpu_s() -> float:
-        """CPU seconds of this process's children (playwright's driver and chromium), not its own."""
-        return process_tree_cpu_s(os.getpid()) - sum(os.times()[:2])
+    def _browser_cpu_s(self) -> float:
+        """CPU seconds of this process's children but the server (playwright's driver and chromium)."""
+        return process_tree_cpu_s(os.getpid()) - self._own_cpu_s() - process_tree_cpu_s(self.server_pid)
+
+    def settle(self, page) -> None:
+        """Wait until a page's first load is over (the server's first page imports torch, timm and the
+        datasets): a second in which the server used under SETTLED_CORES, or SETTLE_MAX_S. A page that keeps
+        the server busy never settles, and its window measures that."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < deadline:
+            before = process_tree_cpu_s(self.server_pid)
+            page.wait_for_timeout(1000)
+            if process_tree_cpu_s(self.server_pid) - before < SETTLED_CORES:
+                return
+
+    def settled_tab(self, kind: str, path: str, heading: str, window_s: float) -> None:
+        """One tab opened on ``path``, left ``SETTLE_S`` after ``heading`` shows, then a window."""
+        from playwright.sync_api import expect
+
+        page = self.browser.new_page(viewport={"width": 1400, "height": 1600})
+        try:
+            page.set_default_timeout(PAGE_MS)
+            page.goto(f"{self.url}{path}")
+            expect(page.get_by_role("heading", name=heading)).to_be_visible(timeout=PAGE_MS)
+            page.wait_for_timeout(SETTLE_S * 1000)
+            self.settle(page)
+            self.measure(kind, window_s, page)
+        finally:
+            page.close()
 
     def watched(self, window_s: float) -> None:
         from playwright.sync_api import expect
@@ -121,13 +185,29 @@ class Watch:
         finally:
             page.close()
 
+    def print_last(self, kind: str, label: str) -> None:
+        w = self.windows[kind][-1]
+        print(f"  {label}: server {w['server_cores']:.3f} cores, browser {w['browser_cores']:.2f}, run "
+              f"{w['run_cores']:.2f}, others {w['others_cores']:.2f}, epochs {w['epochs']}", flush=True)
+
+
+def wait_until_finished(engine, run_id: int, timeout_s: float = 120) -> None:
+    from db import store
+    from db.lifecycle import ACTIVE_STATUSES
+
+    deadline = time.monotonic() + timeout_s
+    while store.get_run(engine, run_id).status in ACTIVE_STATUSES:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run_id} was still active {timeout_s:.0f} s after it was cancelled")
+        time.sleep(0.5)
+
 
 def main() -> None:
     args = parse_args(__doc__, add_window)
     window_s = args.window or (3.0 if args.quick else 40.0)
     report = Report("watch_cost", "Watch cost", method=METHOD)
     report.settings = {"pairs of windows": args.repeats, "window_s": window_s,
-                       "run": " ".join(run_flags(args.quick))}
+                       "run": " ".join(run_flags(args.quick)), "server": " ".join(make_run_command("127.0.0.1", 0)[1:])}
     if missing := browser_missing():
         report.skip(missing)
         report.finish(args)
@@ -139,39 +219,65 @@ def main() -> None:
 
     with parallax_home("parallax-bench-watch-") as home, dashboard_server(home) as (server, url, _):
         db_url = f"sqlite:///{home / 'parallax.db'}"
-        launched = run_timed(engine_command("launch", "--dataset", "digits", "--batch-size", "128",
-                                            *run_flags(args.quick), "--tags", "bench"))
-        run_id = run_id_from(launched.stdout)
-        engine = make_engine(db_url)
+        engine, run_id = make_engine(db_url), None
         try:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 try:
-                    watch = Watch(engine, run_id, server.pid, url, browser)
+                    watch = Watch(server.pid, url, browser)
+                    for repeat in range(1, args.repeats + 1):
+                        watch.measure("no tab", window_s)
+                        watch.print_last("no tab", f"no tab #{repeat}")
+                        watch.settled_tab("Launch tab", "/", "Launch a run", window_s)
+                        watch.print_last("Launch tab", f"Launch tab #{repeat}")
+                    launched = run_timed(engine_command("launch", "--dataset", "digits", "--batch-size", "128",
+                                                        *run_flags(args.quick), "--tags", "bench"))
+                    run_id = run_id_from(launched.stdout)
+                    watch.follow(engine, run_id)
                     watch.wait_for_epoch(1)  # the first epoch carries start-up costs
                     for repeat in range(1, args.repeats + 1):
                         watch.measure("unwatched", window_s)
+                        watch.print_last("unwatched", f"unwatched #{repeat}")
                         watch.watched(window_s)
-                        for kind in watch.windows:
-                            w = watch.windows[kind][-1]
-                            print(f"  {kind} #{repeat}: server {w['server_cores']:.3f} cores, browser "
-                                  f"{w['browser_cores']:.2f} cores, epochs {w['epochs']}", flush=True)
+                        watch.print_last("watched", f"watched #{repeat}")
+                    report.cpu.count_as_own(watch._run_cpu_s())  # a detached run: not this process's child
+                    cancel(run_id, db_url=db_url)
+                    wait_until_finished(engine, run_id)
+                    for repeat in range(1, args.repeats + 1):
+                        watch.settled_tab("finished run tab", f"/run?run={run_id}", f"Run #{run_id}", window_s)
+                        watch.print_last("finished run tab", f"finished run's page #{repeat}")
                 finally:
                     browser.close()
-            epochs = {e["epoch"]: e["images_per_s"] for e in store.export_run(engine, run_id)["epochs"]}
+            recorded = store.export_run(engine, run_id)["epochs"]
+            epochs = {e["epoch"]: e["images_per_s"] for e in recorded}
+            epoch_times_s = [e["epoch_time_s"] for e in recorded if e.get("epoch_time_s")]
         finally:
-            if store.get_run(engine, run_id).status in ("queued", "running"):
+            if run_id is not None and store.get_run(engine, run_id).status in ("queued", "running"):
                 cancel(run_id, db_url=db_url)
             engine.dispose()
+    add_figures(report, watch.windows, epochs, epoch_times_s)
+    report.finish(args)
 
-    throughput = {kind: [[epochs[n] for n in w["epochs"] if epochs.get(n)] for w in windows]
-                  for kind, windows in watch.windows.items()}
-    server = {kind: [w["server_cores"] for w in windows] for kind, windows in watch.windows.items()}
-    report.add("server CPU while one tab watches a running run", server["watched"], unit=" cores",
+
+def add_figures(report: Report, windows: dict[str, list[dict]], epochs: dict[int, float],
+                epoch_times_s: list[float]) -> None:
+    def cores(kind: str, what: str) -> list[float]:
+        return [w[what] for w in windows[kind]]
+
+    report.add("server CPU, one tab settled on Launch", cores("Launch tab", "server_cores"), unit=" cores",
+               target=at_most(0.02))
+    report.add("server CPU while one tab watches a running run", cores("watched", "server_cores"), unit=" cores",
                target=at_most(0.05))
-    report.add("server CPU, no tab open", server["unwatched"], unit=" cores", headline=False)
-    report.add("browser CPU while watching (chromium)", [w["browser_cores"] for w in watch.windows["watched"]],
-               unit=" cores", headline=False)
+    report.add("server CPU, one tab on a finished run's page", cores("finished run tab", "server_cores"),
+               unit=" cores")
+    report.add("server CPU, no tab open", cores("no tab", "server_cores"), unit=" cores", headline=False)
+    report.add("server CPU, no tab open, a run training", cores("unwatched", "server_cores"), unit=" cores",
+               headline=False)
+    for kind, label in (("Launch tab", "a tab on Launch"), ("watched", "watching a running run"),
+                        ("finished run tab", "a tab on a finished run's page")):
+        report.add(f"browser CPU, {label} (chromium)", cores(kind, "browser_cores"), unit=" cores", headline=False)
+    throughput = {kind: [[epochs[n] for n in w["epochs"] if epochs.get(n)] for w in windows[kind]]
+                  for kind in ("watched", "unwatched")}
     # Each watched window against the unwatched one just before it: the pair shares the machine's state.
     pairs = [(statistics.median(w), statistics.median(u))
              for w, u in zip(throughput["watched"], throughput["unwatched"]) if w and u]
@@ -184,14 +290,45 @@ def main() -> None:
                    headline=False)
     else:
         report.note("No epoch began and ended inside a window: use a longer --window.")
-    report.note("For comparison: when the Run page rebuilt and resent its five charts on every 2 s tick, one tab cost "
-                "the server 0.23–0.80 of a core and the run trained at 71–109 images/s against 164 unwatched.")
+    for kind in ("unwatched", "watched"):
+        report.add(f"the run's own CPU, {kind}", cores(kind, "run_cores"), unit=" cores", headline=False)
+        report.add(f"other processes' CPU, {kind} (neither run, server, browser nor this script)",
+                   cores(kind, "others_cores"), unit=" cores", headline=False)
+    report.note(where_the_time_goes(windows))
+    report.note("Where the server's share goes (sampled once per second on 2026-11-25, on the 2-core machine shared "
+                "with other work, load average about 8): a progress tick cost the server 0.10-0.13 s of CPU every "
+                "5 s and a whole-page redraw for new epochs 0.33-0.45 s every 20 s, 0.038 of a core in all with "
+                "epochs of about 2 s; the tick's database reads take about 1 ms of it (cProfile), the rest is "
+                "Streamlit's rerun. With epochs longer than 20 s the step and system charts' own 10 s timer comes on "
+                "top (0.083 of a core then).")
+    report.note("Before the dashboard's own config turned the file watcher off, `make run` served it with "
+                "Streamlit's default watcher, which re-walked the project folder (.venv included): one tab on "
+                "Launch or on a finished run cost the server a whole core, 0.62-0.92 watching a running run.")
     report.note(f"The progress ticks every {live.REFRESH_S} s: Streamlit spends tens of ms of CPU on each rerun "
                 "whatever it draws (a fragment with one progress bar every 2 s costs its server about 0.03 of a core "
                 f"here). New epochs redraw the page at most every {live.EPOCH_REDRAW_S} s; the step and system charts "
-                f"tick every {live.SERIES_REFRESH_S} s of their own only while epochs last longer than that (these "
-                "epochs last about 3 s: the page's redraws draw them).")
-    report.finish(args)
+                f"tick every {live.SERIES_REFRESH_S} s of their own only while epochs last longer than that "
+                f"(this run's epochs lasted {statistics.median(epoch_times_s or [float('nan')]):.1f} s: "
+                "where that is less, the page's redraws draw them).")
+
+
+def where_the_time_goes(windows: dict[str, list[dict]]) -> str:
+    """What the watched windows spent beside the run, against the unwatched ones, in cores (medians)."""
+    def median(kind: str, what: str) -> float:
+        values = [w[what] for w in windows[kind]]
+        return statistics.median(values) if values else float("nan")
+
+    beside = {what: (median("watched", what), median("unwatched", what))
+              for what in ("run_cores", "browser_cores", "server_cores", "others_cores")}
+
+    def pair(what: str) -> str:
+        return f"{beside[what][0]:.2f} (unwatched {beside[what][1]:.2f})"
+
+    return ("Where a watched run's time goes: on a machine of few cores the run trains on all of them, so any CPU "
+            "used beside it is taken from it. In cores, watched against unwatched: the run itself "
+            f"{pair('run_cores')}; "
+            f"the browser {pair('browser_cores')}; the server {pair('server_cores')}, every database read the page "
+            f"makes included; other processes {pair('others_cores')}.")
 
 
 if __name__ == "__main__":

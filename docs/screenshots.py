@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.browser import CHROMIUM, EPOCH_CHART_KEYS, EPOCH_CHARTS  # noqa: E402
+from bench.browser import CHROMIUM, EPOCH_CHART_KEYS, EPOCH_CHARTS, make_run_command  # noqa: E402
 
 IMAGES = ROOT / "docs" / "img"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
@@ -58,8 +58,7 @@ def start_dashboard(home: Path) -> tuple[subprocess.Popen, str]:
     env.pop("PARALLAX_DB_URL", None)
     log = open(home / "streamlit.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        make_run_command("127.0.0.1", port),  # as make run starts it: the project's config, nothing added
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     for _ in range(120):
         try:

@@ -18,19 +18,30 @@ state.enter_through_app("pages/compare.py")
 
 PICKER_KEY = "compare_picker"
 COMPARE_REQUEST = state.COMPARE_IDS_KEY  # runs sent here from the Runs page
+URL_PARAM = "runs"  # ?runs=3,5,8
 SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanation
 METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
 SERIES_MAX_POINTS = 1000  # per run: a chart is at most a screen wide
 
 
 def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
+    """The picked runs, kept in the address (?runs=3,5,8) so that a comparison can be bookmarked and sent."""
     ids = [run.id for run in summaries]
     labels = {run.id: widgets.summary_label(run) for run in summaries}
-    if PICKER_KEY not in st.session_state or COMPARE_REQUEST in st.session_state:
+    if COMPARE_REQUEST in st.session_state:
         # Runs sent from the Runs page replace the picker's content once.
         st.session_state[PICKER_KEY] = [i for i in st.session_state.pop(COMPARE_REQUEST, []) if i in labels]
-    return st.multiselect("Runs to compare", ids, key=PICKER_KEY, format_func=labels.__getitem__,
-                          placeholder="Pick runs (type a run number, model or strategy)")
+    elif state.url_list_changed(URL_PARAM):
+        # An address opened or edited: it decides, and what in it names no run here is said, not replaced.
+        st.session_state[PICKER_KEY], problems = state.url_run_ids(URL_PARAM, labels)
+        for problem in problems:
+            st.error(problem, icon=":material/error:")
+    elif PICKER_KEY not in st.session_state:
+        st.session_state[PICKER_KEY] = []
+    picked = st.multiselect("Runs to compare", ids, key=PICKER_KEY, format_func=labels.__getitem__,
+                            placeholder="Pick runs (type a run number, model or strategy)")
+    state.put_url_list(URL_PARAM, picked)
+    return picked
 
 
 def show_speedups(table: pd.DataFrame) -> None:

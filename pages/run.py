@@ -14,7 +14,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, confusion, efficiency_views, live, series_charts, state, widgets
+from ui import charts, confusion, downloads, efficiency_views, live, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -225,12 +225,9 @@ def show_static(run: store.RunRecord) -> None:
         checkpoint = None
     if checkpoint is not None and checkpoint.exists() and run.status not in ACTIVE_STATUSES:
         size_mb = checkpoint.stat().st_size / 2**20
-        st.download_button(
-            f"Download the best checkpoint ({size_mb:.1f} MB)",
-            data=checkpoint.read_bytes,  # a callable: read on click, not on every rerun
-            file_name=f"parallax-run-{run.id}-best.pt", mime="application/octet-stream",
-            on_click="ignore", icon=":material/download:",
-        )
+        # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
+        st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),
+                       icon=":material/download:")
     show_profile(run.id)
     with st.expander("Config"):
         st.dataframe(

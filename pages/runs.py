@@ -10,11 +10,15 @@ from db import dashboard
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import RunActiveError, delete_run_and_files
 from ui import state
+from ui.text import escape_markdown
 
 state.enter_through_app("pages/runs.py")
 
 PENDING_DELETE_KEY = "runs_pending_delete"
 TABLE_VERSION_KEY = "runs_table_version"
+# Each filter: (its name in the address, its label).
+FILTERS = {"statuses": ("status", "Status"), "strategies": ("strategy", "Strategy"), "models": ("model", "Model"),
+           "datasets": ("dataset", "Dataset"), "tags": ("tag", "Tag")}
 SORTS = {
     "Newest first": ("run", False),
     "Oldest first": ("run", True),
@@ -44,13 +48,30 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
     })
 
 
+def filters_from_url(choices: dict[str, list[str]]) -> None:
+    """An address opened or edited (?status=failed&model=resnet18,vit_tiny) sets the filters; a value no run
+    has is left out and said so."""
+    for name, (param, label) in FILTERS.items():
+        if not state.url_list_changed(param):
+            continue
+        wanted, key = state.url_list(param), f"filter_{name}"
+        st.session_state[key] = [value for value in wanted if value in choices[name]]
+        unknown = [value for value in wanted if value not in choices[name]]
+        if unknown:
+            shown = ", ".join(f"'{escape_markdown(value[:60])}'" for value in unknown)
+            st.warning(f"No run has {label.lower()} {shown} (from ?{param}= in the address): that filter value is "
+                       "left out.", icon=":material/filter_alt_off:")
+
+
 def read_filters(choices: dict[str, list[str]]) -> dashboard.RunFilters:
-    columns = st.columns(5)
+    """The filters, kept in the address so that a filtered table can be bookmarked and sent."""
+    filters_from_url(choices)
     picked = {
         name: tuple(column.multiselect(label, choices[name], key=f"filter_{name}", placeholder="all"))
-        for column, name, label in zip(columns, ("statuses", "strategies", "models", "datasets", "tags"),
-                                       ("Status", "Strategy", "Model", "Dataset", "Tag"))
+        for column, (name, (_, label)) in zip(st.columns(len(FILTERS)), FILTERS.items())
     }
+    for name, (param, _) in FILTERS.items():
+        state.put_url_list(param, picked[name])
     return dashboard.RunFilters(**picked)
 
 

@@ -73,8 +73,9 @@ def test_hash_password_command_prints_a_usable_secrets_line():
     result = subprocess.run([sys.executable, "-m", "ui.auth", "hash-password"], cwd=ROOT, input="correct horse\n",
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    section, line = result.stdout.strip().splitlines()
+    section, line, secret = result.stdout.strip().splitlines()
     assert section == "[parallax]" and line.startswith('password_hash = "scrypt$')
+    assert secret.startswith('cookie_secret = "') and len(secret.split('"')[1]) == 64
     assert auth.verify_password("correct horse", line.split('"')[1])
     short = subprocess.run([sys.executable, "-m", "ui.auth", "hash-password"], cwd=ROOT, input="short\n",
                            capture_output=True, text=True, timeout=30)
@@ -304,7 +305,9 @@ def open_run_page(**query) -> AppTest:
 
 
 def download_labels(at: AppTest) -> list[str]:
-    return [d.proto.label for d in at.get("download_button")]
+    """Every download offered: buttons, and links the server streams (the checkpoint)."""
+    return [d.proto.label for d in at.get("download_button")] + [
+        b.proto.label for b in at.get("link_button") if b.proto.label.startswith("Download")]
 
 
 @pytest.mark.parametrize("page, raw, words", [

@@ -124,7 +124,7 @@ class Visitor:
         expect(badge).to_have_text(re.compile(r"completed$"), timeout=RUN_DONE_MS)
         expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS), timeout=UI_MS)
         expect(page.get_by_text(f"Epoch {epochs} of {epochs} done")).to_be_visible()
-        expect(page.get_by_test_id("stDownloadButton").filter(has_text="best checkpoint")).to_be_visible()
+        expect(page.get_by_role("link", name=re.compile("Download the best checkpoint"))).to_be_visible()
         self.wait_idle()
         self.shoot(shot)
 
@@ -166,10 +166,22 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             engine_note = page.get_by_test_id("stAlert").filter(has_text="DDP on CPU: 2 processes on gloo")
             expect(engine_note).to_be_visible(timeout=RUN_DONE_MS)
             user.watch_until_completed(ddp_id, 2, "02-ddp-run-completed")
-            with page.expect_download() as download:
-                page.get_by_test_id("stDownloadButton").filter(has_text="best checkpoint").click()
+            # The checkpoint is a link the server streams (it may open a tab of its own for the download).
+            downloads = []
+
+            def keep(download) -> None:
+                downloads.append(download)
+
+            page.on("download", keep)
+            page.context.on("page", lambda popup: popup.on("download", keep))
+            page.get_by_role("link", name=re.compile("Download the best checkpoint")).click()
+            deadline = time.monotonic() + 30
+            while not downloads:
+                assert time.monotonic() < deadline, "clicking the checkpoint link downloaded nothing"
+                page.wait_for_timeout(200)
             saved = run_dir(dashboard_home, ddp_id) / "best.pt"
-            assert Path(download.value.path()).read_bytes() == saved.read_bytes()
+            assert downloads[0].suggested_filename == f"parallax-run-{ddp_id}-best.pt"
+            assert Path(downloads[0].path()).read_bytes() == saved.read_bytes()
 
             # Two epochs: throughput leaves out the first, which carries the start-up costs.
             single_id = user.launch_from_form(strategy="single", epochs=2, shot="03-launch-single-form")

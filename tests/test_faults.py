@@ -19,7 +19,7 @@ import urllib.request
 from streamlit.testing.v1 import AppTest
 
 from conftest import ROOT, run_dir
-from bench.browser import free_port, wait_healthy
+from bench.browser import free_port, make_run_command, wait_healthy
 from test_lifecycle import assert_group_gone, export, launch, wait_for
 
 # timm's tiny test ResNet on 16x16 digits: these tests are about faults, not learning.
@@ -60,12 +60,11 @@ def hold_write_lock(db_path, seconds: float | None) -> subprocess.Popen:
 
 
 def start_dashboard(home, port: int) -> subprocess.Popen:
-    """A real ``streamlit run app.py`` server, in its own process group (as from a terminal)."""
+    """A real ``streamlit run app.py`` server, started as ``make run`` starts it, in its own process group
+    (as from a terminal)."""
     log = open(home / f"streamlit-{port}.log", "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
+        make_run_command("127.0.0.1", port),
         cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )

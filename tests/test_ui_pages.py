@@ -271,7 +271,9 @@ def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax
     assert [p.text for p in at.get("progress")] == ["Epoch 3 of 3 done", "All steps done"]
     assert "DDP on CPU: 2 processes on gloo" in texts(at.info)
     assert {m.label: m.value for m in at.metric}["Best validation accuracy"] == "95.0%"
-    assert [b.label for b in at.get("download_button")] == ["Download the best checkpoint (0.0 MB)"]
+    [checkpoint] = at.get("link_button")
+    assert checkpoint.proto.label == "Download the best checkpoint (0.0 MB)"
+    assert checkpoint.proto.url.startswith(f"/_parallax/download/{run_id}/best.pt?expires=")
     log = at.code[0].value.splitlines()
     assert log[0] == "line 60" and log[-1] == "line 99"  # the last 40 lines
 

@@ -35,24 +35,28 @@ USAGE = """usage: parallax COMMAND ...
 
 
 def app_folder() -> Path:
-    """The folder holding the dashboard's ``app.py``, ``pages/`` and ``.streamlit/config.toml``: the installed
-    ``parallax_app`` package, or the checkout this module lives in."""
+    """The folder holding the dashboard's ``app.py``, ``pages/`` and ``.streamlit/config.toml``: the checkout this
+    module lives in, else (installed from a wheel) the ``parallax_app`` package beside it."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "app.py").is_file():
+        return checkout
     spec = importlib.util.find_spec("parallax_app")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            if (Path(location) / "app.py").is_file():
-                return Path(location)
-    return Path(__file__).resolve().parents[1]
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "app.py").is_file():
+            return Path(location)
+    raise SystemExit("error: the dashboard's app.py is not installed beside trainer_backend: reinstall Parallax")
 
 
 def serve_ui(argv: list[str]) -> int:
     """Replace this process with Streamlit serving ``app.py``. Everything about how it serves (headless, no file
     watcher, XSRF) is in the ``.streamlit/config.toml`` beside ``app.py``, which Streamlit reads whatever the
-    working directory: ``make run``, ``parallax ui`` and ``streamlit run app.py`` serve the same program."""
-    parser = argparse.ArgumentParser(prog="parallax ui", description="serve the Parallax dashboard")
+    working directory: ``make run``, ``parallax ui`` and ``streamlit run app.py`` serve the same program. Other
+    Streamlit options (``--secrets.files F``) are passed on as they are."""
+    parser = argparse.ArgumentParser(prog="parallax ui", description="serve the Parallax dashboard",
+                                     epilog="Other options are Streamlit's, passed on (e.g. --secrets.files F).")
     parser.add_argument("--address", default=None, help="address to listen on (default 127.0.0.1, from the config)")
     parser.add_argument("--port", type=int, default=None, help="port to listen on (default 8501)")
-    args = parser.parse_args(argv)
+    args, streamlit_options = parser.parse_known_args(argv)
     app = app_folder() / "app.py"
     command = [sys.executable, "-m", "streamlit", "run", str(app)]
     if args.address:
@@ -60,7 +64,7 @@ def serve_ui(argv: list[str]) -> int:
     if args.port is not None:
         command += ["--server.port", str(args.port)]
     sys.stdout.flush()
-    os.execv(sys.executable, command)
+    os.execv(sys.executable, [*command, *streamlit_options])
     return 0  # not reached
 
 

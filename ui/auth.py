@@ -15,12 +15,15 @@ Two ways to log in, set in ``.streamlit/secrets.toml``:
 
 - a password, stored hashed (scrypt with a random salt)::
 
-      python -m ui.auth hash-password        # asks twice, prints the line to paste
+      python -m ui.auth hash-password        # asks twice, prints the lines to paste
       [parallax]
       password_hash = "scrypt$16384$8$1$<salt>$<hash>"
+      cookie_secret = "<64 hex digits>"      # signs the login cookie; login_days = 7 by default
 
   Wrong passwords are throttled per session and per client address (``ui.throttle``) and logged
-  (logger ``parallax.auth``, naming the client, never the password).
+  (logger ``parallax.auth``, naming the client, never the password). A right one also gives the
+  browser a signed, expiring, HttpOnly cookie (ui/login_cookie.py), so a reload or a new tab stays
+  logged in for ``login_days`` (default 7); Log out ends it.
 
 - Streamlit's own OIDC login (``st.login``), with an ``[auth]`` section as Streamlit documents it
   (``redirect_uri``, ``cookie_secret``, ``client_id``, ``client_secret``, ``server_metadata_url``),
@@ -45,6 +48,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ui import login_cookie
 from ui.throttle import LoginThrottle
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # about 50 ms and 16 MB per check: cheap to log in, dear to guess
@@ -56,6 +60,7 @@ ALLOWED_HOSTS_ENV = "PARALLAX_ALLOWED_HOSTS"
 # Headers a reverse proxy adds: loopback without a login is for this machine's users only.
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-Ip")
 SESSION_TOKEN_KEY = "parallax_login_session"
+COOKIE_TICKET_KEY, FORGET_COOKIE_KEY = "parallax_cookie_ticket", "parallax_forget_cookie"
 HOST_PATTERN = re.compile(r"^(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?$")
 LOG = logging.getLogger("parallax.auth")
 # Process-wide: one count per session and one per client address, so a new session does not
@@ -272,10 +277,16 @@ def require_access() -> None:
             st.caption(f"Logged in as {_escape(st.user.get('email') or st.user.get('name') or 'you')}.")
             st.button("Log out", on_click=st.logout, icon=":material/logout:", key="logout")
     else:
-        if not st.session_state.get(LOGGED_IN_KEY):
-            stop_with_page(lambda: _password_login(secrets["parallax"]["password_hash"]))
+        stored_hash = secrets["parallax"]["password_hash"]
+        try:
+            lifetime_s = login_cookie.login_days(secrets) * 86400
+        except ValueError as exc:
+            stop_with_page(lambda message=str(exc): st.error(_escape(message), icon=":material/settings:"))
+        if not st.session_state.get(LOGGED_IN_KEY) and _cookie_login(secrets, lifetime_s) is None:
+            stop_with_page(lambda: _password_login(stored_hash))
         with st.sidebar:
-            st.button("Log out", on_click=_log_out, icon=":material/logout:", key="logout")
+            _hand_cookie_to_browser()
+            st.button("Log out", on_click=_log_out, args=(secrets,), icon=":material/logout:", key="logout")
 
 
 def _escape(text: Any) -> str:
@@ -344,12 +355,76 @@ def _oidc_login() -> None:
     st.button("Log in", on_click=st.login, type="primary", icon=":material/login:", key="login")
 
 
-def _log_out() -> None:
+# --- the login cookie (ui/login_cookie.py): a browser logs in once for login_days --------------------
+
+
+def _cookie_key(secrets: Mapping[str, Any]) -> bytes:
+    return login_cookie.signing_key(login_cookie.cookie_secret(secrets), str(secrets["parallax"]["password_hash"]))
+
+
+def _cookie_login(secrets: Mapping[str, Any], lifetime_s: float) -> login_cookie.Login | None:
+    """The login the browser's cookie (as sent when this session connected) holds, if it is good."""
+    import streamlit as st
+
+    cookies = st.context.cookies
+    found = login_cookie.read_token(cookies.get(login_cookie.COOKIE_NAME) if len(cookies) else None,
+                                    _cookie_key(secrets), lifetime_s)
+    return None if found is None or login_cookie.BOOK.revoked(found) else found
+
+
+def revoke_login_cookie(token: Any) -> None:
+    """Refuse this cookie from now on (logged out), whatever the browser still sends."""
+    secrets = _secrets()
+    if auth_mode(secrets) != "password":
+        return
+    found = login_cookie.read_token(token, _cookie_key(secrets), login_cookie.MAX_LOGIN_DAYS * 86400)
+    if found is not None:
+        login_cookie.BOOK.revoke(found)
+
+
+def _remember_login(secrets: Mapping[str, Any]) -> None:
+    """After a right password: a ticket the page trades for the cookie on its next run."""
+    import streamlit as st
+
+    lifetime_s = login_cookie.login_days(secrets) * 86400
+    token = login_cookie.make_token(_cookie_key(secrets), lifetime_s)
+    st.session_state[COOKIE_TICKET_KEY] = login_cookie.BOOK.issue_ticket(token, lifetime_s)
+
+
+def _post_from_page(route: str, headers: dict[str, str]) -> None:
+    """A script that posts to one of the server's own routes (ui/serving.py), whose response sets or
+    clears the cookie: the page's websocket cannot."""
+    import json
+
+    import streamlit as st
+
+    from ui.downloads import base_path
+
+    url = f"{base_path()}/_parallax/{route}"
+    options = {"method": "POST", "credentials": "same-origin", "headers": {"X-Parallax-Page": "1", **headers}}
+    st.html(f"<script>fetch({json.dumps(url)}, {json.dumps(options)});</script>", unsafe_allow_javascript=True)
+
+
+def _hand_cookie_to_browser() -> None:
+    import streamlit as st
+
+    if ticket := st.session_state.pop(COOKIE_TICKET_KEY, None):
+        _post_from_page("login", {"X-Parallax-Ticket": ticket})
+
+
+def _log_out(secrets: Mapping[str, Any] | None = None) -> None:
     import streamlit as st
 
     from ui.state import APP_RAN_KEY
 
     st.session_state.pop(LOGGED_IN_KEY, None)
+    st.session_state.pop(COOKIE_TICKET_KEY, None)
+    # The cookie this session connected with is void at once, in every tab; the login page then posts to
+    # the logout route, which voids the cookie the browser holds now (one set after this session
+    # connected too) and deletes it.
+    if secrets is not None and (found := _cookie_login(secrets, login_cookie.MAX_LOGIN_DAYS * 86400)) is not None:
+        login_cookie.BOOK.revoke(found)
+    st.session_state[FORGET_COOKIE_KEY] = True
     # A page opened without app.py (see ui.state.enter_through_app) then goes back through the login.
     st.session_state.pop(APP_RAN_KEY, None)
 
@@ -357,6 +432,8 @@ def _log_out() -> None:
 def _password_login(stored_hash: str) -> None:
     import streamlit as st
 
+    if st.session_state.pop(FORGET_COOKIE_KEY, False):
+        _post_from_page("logout", {})
     st.title("Parallax")
     with st.form("login"):
         st.text_input("Password", type="password", key=PASSWORD_KEY)
@@ -394,6 +471,7 @@ def _check_password(stored_hash: str) -> None:
         for key in keys:
             THROTTLE.succeeded(key)
         st.session_state.pop(FAILED_KEY, None)
+        _remember_login(_secrets())
         return
     wait_s = max(THROTTLE.failed(key) for key in keys)
     failures = max(THROTTLE.failures(key) for key in keys)
@@ -404,7 +482,7 @@ def _check_password(stored_hash: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ui.auth hash-password``: prints the secrets.toml lines for a password."""
+    """``python -m ui.auth hash-password``: prints the secrets.toml lines for a password (and a cookie secret)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv != ["hash-password"]:
         print("usage: python -m ui.auth hash-password", file=sys.stderr)
@@ -419,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(password) < 8:
         print("error: the password is shorter than 8 characters: choose a longer one", file=sys.stderr)
         return 1
-    print(f'[parallax]\npassword_hash = "{hash_password(password)}"')
+    # The key the login cookie is signed with: logins then outlast a restart of the dashboard.
+    print(f'[parallax]\npassword_hash = "{hash_password(password)}"\ncookie_secret = "{random_tokens.token_hex(32)}"')
     return 0
 
 

@@ -31,17 +31,18 @@ RETURN_TO_KEY = "return_to_page"  # (page, query params) to reopen once app.py h
 RUN_ID_KEY = "run_id"  # the run the Run page shows
 COMPARE_IDS_KEY = "compare_ids"  # the runs the Compare page starts with
 SWEEP_ID_KEY = "sweep_id"  # the sweep the Sweep page shows
+URL_SYNCED_KEY = "url_synced"  # {param: what this session last put in the address for it}
 
 
 @st.cache_resource(show_spinner=False)
-def _engine_for(url: str) -> Engine:
+def engine_for(url: str) -> Engine:
     return make_engine(url)
 
 
 def engine() -> Engine:
     """The engine; a database that cannot be opened stops the page with one line saying why."""
     try:
-        return _engine_for(database_url())
+        return engine_for(database_url())
     except DatabaseUnavailable as exc:  # not cached: the next rerun tries again
         st.error(str(exc))
         st.stop()
@@ -83,8 +84,57 @@ def open_run(run_id: int) -> None:
 
 
 def open_compare(run_ids: Iterable[int]) -> None:
-    st.session_state[COMPARE_IDS_KEY] = [int(i) for i in run_ids]
-    st.switch_page(COMPARE_PAGE)
+    """Go to the Compare page with ``run_ids`` picked (?runs=3,5,8)."""
+    ids = [int(i) for i in run_ids]
+    st.session_state[COMPARE_IDS_KEY] = ids
+    st.switch_page(COMPARE_PAGE, query_params={"runs": ",".join(map(str, ids))})
+
+
+MAX_URL_ITEMS = 100  # a list in the address longer than this is cut: no page picks more
+
+
+def url_list(param: str) -> list[str] | None:
+    """The values of ``?param=a,b,c`` in the address, in order; None when the address has no ``param``."""
+    raw = st.query_params.get(param)
+    if raw is None:
+        return None
+    return [value.strip() for value in str(raw).split(",") if value.strip()][:MAX_URL_ITEMS]
+
+
+def url_list_changed(param: str) -> bool:
+    """Whether the address holds a ``?param=`` this session did not put there: a bookmark or link opened,
+    or an address edited. Then the address decides; otherwise the page's widgets do (a rerun after a
+    widget changed still carries the address as it was)."""
+    raw = st.query_params.get(param)
+    return raw is not None and raw != st.session_state.get(URL_SYNCED_KEY, {}).get(param)
+
+
+def put_url_list(param: str, values: Iterable) -> None:
+    """Show ``values`` in the address as ``?param=a,b,c`` (none: no ``param``), so the page's state can be
+    bookmarked and sent."""
+    encoded = ",".join(str(value) for value in values)
+    st.session_state.setdefault(URL_SYNCED_KEY, {})[param] = encoded or None
+    if not encoded:
+        if param in st.query_params:
+            del st.query_params[param]
+    elif st.query_params.get(param) != encoded:
+        st.query_params[param] = encoded
+
+
+def url_run_ids(param: str, known_ids: Iterable[int]) -> tuple[list[int], list[str]]:
+    """The runs ``?param=3,5,8`` names that exist here, and one message for each part that names none:
+    a wrong or foreign id is left out and said so, never replaced by another run."""
+    known, found, problems = set(known_ids), [], []
+    for part in url_list(param) or []:
+        wanted = parse_id(part)
+        if wanted is None:
+            problems.append(f"'{escape_markdown(part[:40])}' in ?{param}= in the address is not a run number: "
+                            f"each must be a whole number from 1 to {MAX_ID}, e.g. ?{param}=3,5,8.")
+        elif wanted not in known:
+            problems.append(f"Run #{wanted} in the address does not exist (it may have been deleted): it is left out.")
+        elif wanted not in found:
+            found.append(wanted)
+    return found, problems
 
 
 def open_sweep(sweep_id: int) -> None:
