@@ -13,7 +13,7 @@ import streamlit as st
 
 from db.access import open_database
 from db.engine import masked_url
-from db.settings import database_url, parallax_home
+from db.settings import database_url, keep_files_private, parallax_home
 from ui import auth
 from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
@@ -26,6 +26,7 @@ st.set_option("client.toolbarMode", "viewer")
 # configured or the address is reachable from other machines (ui/auth.py).
 auth.require_access()
 try:
+    keep_files_private()  # what the dashboard and the runs it launches write is private (db/settings.py)
     open_database()
 except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
     auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))
