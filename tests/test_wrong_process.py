@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,7 +52,7 @@ def test_cancelling_a_dead_run_whose_pid_another_runs_worker_took_leaves_that_ru
             run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "single",
                                                "devices": ["cpu"]}, status="running")
             with subprocess.Popen(["sleep", "60"]) as process:  # the run's own process, which then dies
-                store.set_process(engine, run_id, pid=process.pid, host=os.uname().nodename)
+                store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
                 process.kill()
             assert store.get_run(engine, run_id).measurements.get(state.PROCESS_START_KEY) or not recorded_start
             with session_scope(engine) as session:  # the system gives its pid to the other run's worker
@@ -78,7 +79,7 @@ def test_a_dead_runs_pid_held_by_another_process_marks_it_lost_at_once(parallax_
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "single",
                                        "devices": ["cpu"]}, status="running")
     with subprocess.Popen(["sleep", "60"]) as process:
-        store.set_process(engine, run_id, pid=process.pid, host=os.uname().nodename)
+        store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
         process.kill()
     with session_scope(engine) as session:  # its pid now another live process's (this one)
         session.execute(update(Run).where(Run.id == run_id).values(pid=os.getpid()))
