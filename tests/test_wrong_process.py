@@ -22,6 +22,7 @@ from db import lifecycle as state
 from db import store
 from db.engine import session_scope
 from db.models import Run
+from nvml_machines import fake_nvml  # noqa: F401
 from sqlalchemy import update
 from test_checked_input import own_session_processes
 from test_bad_input import assert_nothing_left
@@ -171,3 +172,21 @@ def test_a_second_worker_that_loses_the_claim_leaves_the_run_to_the_winner(paral
     lost = f"run {run_id} is already running in process {run['pid']}"
     assert (lost in out) != (lost in log), out + log
     assert ("status=completed" in out) == (lost in log)
+
+
+def test_the_launch_form_names_too_many_loader_workers_under_their_field(parallax_home, fake_nvml, monkeypatch):  # noqa: F811
+    from nvml_machines import pin_cuda_count
+    from test_ui_pages import column_with, launch_button, open_page, texts
+
+    fake_nvml(None)  # a CPU machine, whatever this one has
+    pin_cuda_count(monkeypatch, 0)
+    monkeypatch.setenv("PARALLAX_MAX_CPU_PROCESSES", "9")
+    at = open_page("pages/launch.py")
+    at.number_input(key="num_workers").set_value(5).run()
+    assert texts(column_with(at, "Data-loader workers per process").error) == [
+        "num_workers 5 is not allowed here: 1 training process with 5 loader workers for training and 5 for "
+        "validation make 11 processes on one machine, more than the 9 allowed (set by PARALLAX_MAX_CPU_PROCESSES): "
+        "use at most 4 loader workers per process"]
+    assert launch_button(at).disabled
+    at.number_input(key="num_workers").set_value(4).run()
+    assert not at.error and not launch_button(at).disabled
