@@ -88,6 +88,23 @@ def test_a_dead_runs_pid_held_by_another_process_marks_it_lost_at_once(parallax_
     assert "is gone without recording how the run ended" in store.get_run(engine, run_id).error
 
 
+def test_a_resumed_torchrun_job_records_its_new_process_with_its_pid(parallax_home):
+    from db import elastic
+
+    engine = engine_of(parallax_home)
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
+                                       "devices": ["cpu", "cpu"]}, status="running")
+    with subprocess.Popen(["sleep", "60"]) as process:  # the first attempt's rank 0, which then dies
+        store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
+        process.kill()
+    # The restarted attempt's rank 0 (this process) takes the still running run over, its start
+    # with its pid: a reader between two writes would have taken the new pid for a reused one.
+    assert elastic.resume_job_run(engine, run_id, pid=os.getpid(), host=socket.gethostname(), nodes=1,
+                                  hosts=[socket.gethostname()])
+    assert store.get_run(engine, run_id).measurements[state.PROCESS_START_KEY] == state.process_start(os.getpid())
+    assert state.mark_lost_runs(engine) == []
+
+
 def test_a_rank_stopped_by_sigstop_fails_the_run_as_the_collective_timeout(parallax_home):
     timeout = {"PARALLAX_COLLECTIVE_TIMEOUT_S": "5"}
     run_id = launch(parallax_home, *MODEL, "--image-size", "16", *DDP, "--epochs", "100", env_extra=timeout)

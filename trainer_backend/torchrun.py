@@ -218,7 +218,6 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
         run_id, status = found
         statuses = elastic.RESUMABLE_STATUSES if restarted else elastic.TAKEOVER_STATUSES
         if elastic.resume_job_run(engine, run_id, pid=pid, host=host, nodes=len(hosts), hosts=hosts, statuses=statuses):
-            store.set_process(engine, run_id, pid=pid, host=host)  # the new rank 0's start, for cancel
             store.add_notes(engine, run_id, notes)
             _forget_failures(engine, run_id)
             return run_id, "running"
