@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, select, update
 
 from db.engine import session_scope
+from db.lifecycle import PROCESS_START_KEY, process_start
 from db.models import Run, utcnow
 
 # A run left running by a failed attempt, or marked lost while torchrun restarted the job (its
@@ -48,9 +49,13 @@ def resume_job_run(engine: Engine, run_id: int, *, pid: int, host: str, nodes: i
     meanwhile (a cancel, say), so a restart never reopens a run that was finished on purpose.
     ``statuses``: those it may be taken over from (``TAKEOVER_STATUSES`` for ``--resume-job``)."""
     with session_scope(engine) as session:
+        # The new process's start goes with its pid, in one write: a reader seeing the pid with
+        # the old process's start would take the pid for reused and mark the run lost.
+        measurements = session.scalar(select(Run.measurements).where(Run.id == run_id)) or {}
         result = session.execute(
             update(Run).where(Run.id == run_id, Run.status.in_(statuses))
             .values(status="running", finished_at=None, error=None, heartbeat_at=utcnow(),
-                    pid=pid, host=host, nodes=nodes, hosts=list(hosts))
+                    pid=pid, host=host, nodes=nodes, hosts=list(hosts),
+                    measurements={**measurements, PROCESS_START_KEY: process_start(pid)})
         )
         return result.rowcount == 1

@@ -11,9 +11,12 @@ upgraded to keyed folders keep ``runs/run-N``.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import weakref
 from pathlib import Path
+from typing import BinaryIO
 
 from sqlalchemy import Engine, select
 
@@ -69,3 +72,36 @@ def named_run_folder(name: str, *, create: bool = False) -> Path:
 def run_folder(engine: Engine, run_id: int, *, create: bool = False) -> Path:
     """The folder of run ``run_id`` of the database behind ``engine``."""
     return named_run_folder(run_folder_name(engine, run_id), create=create)
+
+
+class NotARegularFile(OSError):
+    """A run's file that is a named pipe, a device, a socket or a folder: it is not read."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def open_regular_file(path: Path | str) -> BinaryIO:
+    """``path`` opened for reading, refused (NotARegularFile) unless it is a regular file.
+
+    Opened without blocking and checked on the opened descriptor: a run's folder is writable by
+    whoever runs training, and a named pipe put there in place of ``run.log`` would otherwise make
+    the reader (a page, on every refresh) wait for a writer forever; checking before opening would
+    leave a moment in which the file could be swapped."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise NotARegularFile(f"{os.fspath(path)} is {kind}, not a regular file: it is not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path: Path | str) -> bytes:
+    """The whole of ``path``, a regular file (``open_regular_file``)."""
+    with open_regular_file(path) as handle:
+        return handle.read()

@@ -30,8 +30,10 @@ HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_back
 STALE_AFTER = timedelta(seconds=6 * HEARTBEAT_INTERVAL_S)
 # On this host a live pid outweighs a late heartbeat: beats are skipped while another process
 # holds SQLite locked (up to PARALLAX_DB_LOCK_WAIT_S, 300 s by default). Only a live pid silent
-# for this long is taken for a reused pid.
+# for this long is taken for a reused pid (where the process's start was not recorded).
 PID_REUSED_AFTER = timedelta(minutes=10)
+# Where a run keeps the start of its process (``process_start``), in ``Run.measurements``.
+PROCESS_START_KEY = "process_start"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ActiveRun:
     host: str | None
     heartbeat_at: datetime | None
     created_at: datetime
+    process_start: str | None = None
 
     @property
     def uses_cpu(self) -> bool:
@@ -115,11 +118,13 @@ def active_runs(engine: Engine) -> list[ActiveRun]:
     """Queued and running runs in launch order, with the devices each holds or wants."""
     with session_scope(engine) as session:
         rows = session.execute(
-            select(Run.id, Run.status, Run.config, Run.pid, Run.host, Run.heartbeat_at, Run.created_at)
+            select(Run.id, Run.status, Run.config, Run.pid, Run.host, Run.heartbeat_at, Run.created_at,
+                   Run.measurements)
             .where(Run.status.in_(ACTIVE_STATUSES)).order_by(Run.id)
         ).all()
     return [
-        ActiveRun(r.id, r.status, tuple((r.config or {}).get("devices") or ()), r.pid, r.host, r.heartbeat_at, r.created_at)
+        ActiveRun(r.id, r.status, tuple((r.config or {}).get("devices") or ()), r.pid, r.host, r.heartbeat_at, r.created_at,
+                  (r.measurements or {}).get(PROCESS_START_KEY))
         for r in rows
     ]
 
@@ -140,6 +145,26 @@ def process_alive(pid: int) -> bool:
         return True  # no /proc (not Linux): kill(0) succeeding is the best we know
 
 
+def process_start(pid: int) -> str | None:
+    """Which process ``pid`` is on this host, as "<boot id>:<start time in clock ticks since boot>":
+    a pid is reused once its process has ended, but no two processes of one boot start at the same
+    tick with the same pid. None where /proc cannot tell (the process is gone, or not Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot, open(f"/proc/{pid}/stat") as stat:
+            return f"{boot.read().strip()}:{int(stat.read().rsplit(')', 1)[1].split()[19])}"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_same_process(pid: int, recorded_start: str | None) -> bool | None:
+    """Whether ``pid`` is still the process whose start was recorded (``process_start``); None
+    when that cannot be told (nothing recorded, or no /proc)."""
+    if not recorded_start:
+        return None
+    now = process_start(pid)
+    return None if now is None and process_alive(pid) else now == recorded_start
+
+
 def mark_lost_runs(engine: Engine) -> list[int]:
     """Mark active runs whose process is gone as ``lost``; returns their ids.
 
@@ -158,7 +183,9 @@ def mark_lost_runs(engine: Engine) -> list[int]:
         stale = now - last_sign > STALE_AFTER
         last = f"last heartbeat {last_sign.isoformat(timespec='seconds')}"
         if run.pid is not None and run.host == here:
-            gone = not process_alive(run.pid) or now - last_sign > PID_REUSED_AFTER
+            # A pid now held by another process (a later run's, say) is the run's no longer.
+            gone = (not process_alive(run.pid) or is_same_process(run.pid, run.process_start) is False
+                    or now - last_sign > PID_REUSED_AFTER)
             error = (f"process {run.pid} on {here} is gone without recording how the run ended (killed from "
                      f"outside, e.g. kill -9 or the out-of-memory killer; {last})")
         else:

@@ -9,6 +9,7 @@ raise ``LookupError``, except ``get_run``, which returns None.
 from __future__ import annotations
 
 import operator
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from db import series
 from db.engine import session_scope
+from db.lifecycle import PROCESS_START_KEY, process_start
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 
 MAX_ID = 2**63 - 1  # ids are 64-bit signed integers in SQLite and PostgreSQL (BIGINT) alike
@@ -193,9 +195,16 @@ def set_status(engine: Engine, run_id: int, status: str, *, error: str | None = 
 
 
 def set_process(engine: Engine, run_id: int, *, pid: int, host: str) -> None:
-    """Record which process (pid on host) executes the run, so it can be found and cancelled."""
+    """Record which process (pid on host) executes the run, so it can be found and cancelled,
+    and when that process started (``db.lifecycle.process_start``, called on ``host``): a pid is
+    reused after its process ends, and a cancel must signal the run's own process, no other."""
+    start = process_start(pid) if host == socket.gethostname() else None
     with session_scope(engine) as session:
-        _update_run(session, run_id, pid=pid, host=host)
+        measurements = session.scalar(select(Run.measurements).where(Run.id == run_id))
+        values: dict[str, Any] = {"pid": pid, "host": host}
+        if measurements is not None:
+            values["measurements"] = {**measurements, PROCESS_START_KEY: start}
+        _update_run(session, run_id, **values)
 
 
 def add_notes(engine: Engine, run_id: int, notes: Iterable[str]) -> None:

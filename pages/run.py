@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from db import profiles, series, store
+from db.folders import NotARegularFile, read_regular_file
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel
@@ -197,6 +198,9 @@ def show_log(run_id: int, expanded: bool) -> None:
     except OutsideRunFolder as exc:
         st.error(str(exc), icon=":material/block:")
         return
+    except NotARegularFile as exc:
+        st.warning(escape_markdown(str(exc)), icon=":material/block:")
+        return
     if tail is not None:
         with st.expander(f"Log (last {widgets.LOG_TAIL_LINES} lines)", expanded=expanded):
             st.code(tail or "(empty so far)", language="text")
@@ -223,7 +227,8 @@ def show_static(run: store.RunRecord) -> None:
     except OutsideRunFolder as exc:
         st.error(str(exc), icon=":material/block:")
         checkpoint = None
-    if checkpoint is not None and checkpoint.exists() and run.status not in ACTIVE_STATUSES:
+    # is_file: only a regular file is offered (a named pipe there would block the download forever).
+    if checkpoint is not None and checkpoint.is_file() and run.status not in ACTIVE_STATUSES:
         size_mb = checkpoint.stat().st_size / 2**20
         # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
         st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),

@@ -119,7 +119,11 @@ def edit_labels(row: dict) -> None:
         note = st.text_area("Note", value=row["user_note"], height=68)
         if st.form_submit_button("Save"):
             engine = state.engine()
-            dashboard.set_tags(engine, row["id"], tags_text.split(","))
+            try:
+                dashboard.set_tags(engine, row["id"], tags_text.split(","))
+            except ValueError as exc:  # more tags, or longer ones, than a launch allows: nothing is saved
+                st.error(escape_markdown(str(exc)), icon=":material/error:")
+                return
             dashboard.set_user_note(engine, row["id"], note)
             st.toast(f"Saved tags and note of run #{row['id']}", icon=":material/check:")
             st.rerun()

@@ -344,6 +344,8 @@ def test_cancelling_a_run_whose_process_is_gone_or_reused_signals_nothing(cli, p
     with subprocess.Popen(["sleep", "60"], start_new_session=True) as stranger:
         try:
             reused_run = active_run(engine, stranger.pid)
+            # The run's own process started before (another boot, here): the pid has been reused since.
+            store.set_measurements(engine, reused_run, {"process_start": "another-boot:1"})
             for run_id in (dead_run, reused_run):
                 result = cli("cancel", str(run_id), timeout=60)
                 assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -33,10 +33,11 @@ def command(config: RunConfig, **changes) -> str:
 
 @pytest.mark.parametrize("config", [
     RunConfig(strategy="ddp", devices=("cpu", "cpu")),
-    RunConfig(dataset="/data/my set", model="resnet50", strategy="fsdp", devices=("cpu",) * 4, batch_size=64,
+    # Two processes with one loader worker each: within the process limit of a 2-core machine.
+    RunConfig(dataset="/data/my set", model="resnet50", strategy="fsdp", devices=("cpu",) * 2, batch_size=64,
               epochs=7, lr=3e-4, optimizer="sgd", weight_decay=1e-4, pretrained=True, profile=True,
               profile_active=5, tags=("a", "b c"), bands=(3, 2, 1), band_scale=4000.0, val_fraction=0.25, seed=7,
-              num_workers=2, amp="off", image_size=64),
+              num_workers=1, amp="off", image_size=64),
     RunConfig(strategy="pp", devices=("cpu", "cpu"), microbatches=8, pipeline_schedule="1f1b", batch_size=64),
 ], ids=["ddp-defaults", "fsdp-every-field", "pp"])
 def test_the_commands_flags_parse_back_into_the_same_config(config):

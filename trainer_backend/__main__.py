@@ -16,6 +16,13 @@ pin_cuda_device_order()
 from .cli import main  # noqa: E402
 
 if __name__ == "__main__":
+    from db.settings import keep_files_private
+
+    try:  # before anything is written: what this process and the ones it starts write is private
+        keep_files_private()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     status = main()
     # Shutting the interpreter down would garbage-collect torch's and timm's objects one by one
     # (over a second after every run); the OS frees that memory at once. Files are still flushed

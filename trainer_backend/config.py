@@ -337,6 +337,7 @@ def _validate(cfg: RunConfig) -> None:
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
     _validate_devices(cfg)
+    _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
 
 
@@ -393,8 +394,7 @@ def _validate_devices(cfg: RunConfig) -> None:
         here = -(-n // cfg.nodes)  # the most any one machine of the job runs
         limit = max_cpu_processes()
         if here > limit:
-            why = (f"{CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} cores; {MAX_CPU_PROCESSES_ENV} sets another limit"
-                   if limit == CPU_PROCESSES_PER_CORE * cpu_cores() else f"set by {MAX_CPU_PROCESSES_ENV}")
+            why = _process_limit_why(limit)
             raise ConfigError(
                 "devices", f"devices ask for {here} CPU {'processes' if cfg.strategy in DISTRIBUTED else 'devices'} "
                 f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
@@ -451,6 +451,31 @@ def _validate_devices(cfg: RunConfig) -> None:
         if missing:
             have = f"GPUs 0..{available - 1}" if available else "no CUDA GPUs"
             raise ConfigError("devices", f"device {missing[0]} does not exist: this machine has {have}")
+
+
+def _process_limit_why(limit: int) -> str:
+    return (f"{CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} cores; {MAX_CPU_PROCESSES_ENV} sets another limit"
+            if limit == CPU_PROCESSES_PER_CORE * cpu_cores() else f"set by {MAX_CPU_PROCESSES_ENV}")
+
+
+def _validate_loader_workers(cfg: RunConfig) -> None:
+    """Data-loader workers are processes on the machine too: each training process keeps
+    ``num_workers`` for its training loader and as many for its validation loader (both persistent),
+    whether it computes on the CPU or feeds a GPU."""
+    if not cfg.num_workers:
+        return
+    ranks = -(-cfg.world_size // cfg.nodes)  # training processes on the busiest machine of the job
+    total = ranks * (1 + 2 * cfg.num_workers)
+    limit = max_cpu_processes()
+    if total > limit:
+        most = max(0, (limit // ranks - 1) // 2)
+        who = "1 training process" if ranks == 1 else f"{ranks} training processes, each"
+        raise ConfigError(
+            "num_workers", f"num_workers {cfg.num_workers} is not allowed here: {who} with {cfg.num_workers} "
+            f"loader workers for training and {cfg.num_workers} for validation make {total} processes on one "
+            f"machine, more than the {limit} allowed ({_process_limit_why(limit)}): use at most {most} loader "
+            f"worker{'s' if most != 1 else ''} per process"
+        )
 
 
 def cuda_device_count() -> int:

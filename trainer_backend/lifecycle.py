@@ -216,17 +216,31 @@ def _queue_lock():
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+class ClaimedElsewhere(Exception):
+    """Another process claimed the run (a second ``worker N`` for one queued run): this one leaves
+    the run to it, untouched."""
+
+
 def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
-    """Block until the run may start and claim it (queued -> running). False if it was cancelled."""
+    """Block until the run may start and claim it (queued -> running). False if it was cancelled;
+    ClaimedElsewhere if another process claimed it first."""
     announced = False
     while True:
         with _queue_lock():
             state.mark_lost_runs(engine)  # a dead run must not hold its devices forever
             active = state.active_runs(engine)
-            if not any(r.id == run_id for r in active):
+            me = next((r for r in active if r.id == run_id), None)
+            if me is None:
                 return False
+            if me.status != "queued":
+                raise ClaimedElsewhere(f"run {run_id} is already {me.status} in process {me.pid} on {me.host}: "
+                                       "this worker leaves it to that one")
             if can_start(run_id, active, cpu_run_slots()):
-                return state.claim(engine, run_id)
+                if state.claim(engine, run_id):
+                    # The claimer is the run's process, whoever started it (a second worker may win).
+                    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+                    return True
+                continue  # claimed or cancelled meanwhile: the next look says which
         if echo and not announced:
             ahead = [r.id for r in active if r.id < run_id]
             print(f"run_id={run_id} queued: waiting for devices held by run(s) {ahead}", flush=True)
@@ -299,7 +313,7 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
 
     SIGTERM first (the worker records 'cancelled' and stops its ranks), SIGKILL to whatever is
     left after ``grace_s``, so a run hung in a collective still ends within seconds. A process that
-    is gone, or whose pid now belongs to another program, is not signalled; one of another user
+    is gone, or whose pid now belongs to another process (``is_run_process``), is not signalled; one of another user
     raises CancelNotDelivered (the run is marked cancelled all the same, and stops itself at its
     next heartbeat)."""
     engine = make_engine(db_url)
@@ -312,7 +326,8 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
     if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():
         try:
-            _signal_run(run.pid, grace_s)
+            if is_run_process(run.pid, run_id, run.measurements.get(state.PROCESS_START_KEY)):
+                _signal_run(run.pid, grace_s)
         except PermissionError:
             raise CancelNotDelivered(
                 f"run {run_id} is marked cancelled, but its process {run.pid} belongs to another user and cannot be "
@@ -322,24 +337,33 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     return store.get_run(engine, run_id).status
 
 
-def is_parallax_process(pid: int) -> bool:
-    """Whether ``pid`` still runs Parallax's trainer: a pid a run recorded may have been reused by
-    another program since, which a cancel must not signal. True where /proc cannot tell."""
+def is_run_process(pid: int, run_id: int, recorded_start: str | None) -> bool:
+    """Whether ``pid`` is still run ``run_id``'s own process. A pid a run recorded is reused once
+    that process ends, possibly by another run's worker, which a cancel must not signal: the
+    process must be the one that started when the pid was recorded (``state.process_start``).
+    For a run recorded without that, its command line must run Parallax's trainer and, for a
+    launched worker, this very run. True where /proc cannot tell."""
+    same = state.is_same_process(pid, recorded_start)
+    if same is not None:
+        return same
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except FileNotFoundError:
         return False
     except OSError:
         return True
-    return any(part.startswith(b"trainer_backend") or b"trainer_backend/" in part for part in command)
+    if not any(part.startswith(b"trainer_backend") or b"trainer_backend/" in part for part in command):
+        return False
+    if b"worker" in command:  # python -m trainer_backend worker N ...
+        after = command[command.index(b"worker") + 1:]
+        return bool(after) and after[0] == str(run_id).encode()
+    return True
 
 
 def _signal_run(pid: int, grace_s: float) -> None:
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
-        return
-    if not is_parallax_process(pid):
         return
     # A launched worker leads its own group; a foreground `run` shares its shell's group, so
     # only its own pid is signalled and it stops its ranks itself.

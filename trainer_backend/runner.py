@@ -16,15 +16,17 @@ import datetime
 import gc
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import signal
 import socket
 import sys
+import time
 import traceback
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from db import lifecycle as state
 from db import make_engine, store
@@ -35,7 +37,7 @@ from db.settings import database_url
 from .config import ConfigError, RunConfig
 from .data_roots import check_under_roots
 from .devices import cuda_indices
-from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
+from .lifecycle import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from .sampler import SystemSampler
@@ -47,6 +49,8 @@ PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
+# How long the other ranks of a failed run get to end on SIGTERM before SIGKILL.
+RANK_STOP_GRACE_S = 3.0
 
 
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
@@ -102,6 +106,10 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
                     if echo:
                         announce(run_id, config, info, notes)
                 status, error = train_to_end(config, run_id, url, echo=echo, data_roots=data_roots)
+    except ClaimedElsewhere as exc:
+        # The run is another process's: its status and its end are that one's to record.
+        status, error = None, str(exc)
+        print(f"run_id={run_id}: {error}", file=sys.stderr, flush=True)
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
     except PLAIN_ERRORS as exc:
@@ -109,12 +117,13 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
     finally:
-        if log_why and status != "completed":
+        if status is not None and log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
         # locked for good, the process ends and readers mark the run lost.
-        retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
-                          what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
+        if status is not None:
+            retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
+                              what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
     return store.get_run(engine, run_id).status
 
 
@@ -169,12 +178,13 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
     if watch is not None:  # the system sampler follows each rank (and its DataLoader workers)
         watch({rank: process.pid for rank, process in enumerate(context.processes)})
     try:
-        while not context.join():
-            pass
-    except ProcessException as exc:
-        # join() reports the first rank it sees end, which is often a rank that failed only
-        # because its peer vanished mid-collective; find the one that failed first.
-        raise RankFailure(_root_cause(context, named_run_folder(folder_name), exc)) from None
+        first = _first_failed_rank(context.processes)
+        if first is not None:
+            # Stopped here rather than by torch's join(), which waits 30 s for a rank that does
+            # not act on SIGTERM (one stopped by SIGSTOP) and then SIGKILLs it: the run would end
+            # late, and that SIGKILL would read as the cause. What this process ends is known.
+            stopped = _stop_ranks(context.processes)
+            raise RankFailure(_root_cause(context, named_run_folder(folder_name), first, stopped))
     finally:
         del store_server
 
@@ -204,36 +214,81 @@ def _rank_main(rank: int, environ: dict, *args) -> None:
     os._exit(0)
 
 
-def _root_cause(context, folder, exc: ProcessException) -> str:
-    for process in context.processes:
-        process.join(5)  # join() has already sent SIGTERM to the ranks still running
-    if isinstance(exc, ProcessExitedException) and exc.signal_name:
-        return f"rank {exc.error_index} was killed by signal {exc.signal_name}; the other ranks were stopped"
+def _first_failed_rank(processes) -> int | None:
+    """Wait for the ranks to end; the first one seen ending badly, or None if every rank exits 0."""
+    waiting = {process.sentinel: rank for rank, process in enumerate(processes)}
+    while waiting:
+        for sentinel in multiprocessing.connection.wait(list(waiting)):
+            rank = waiting.pop(sentinel)
+            processes[rank].join()
+            if processes[rank].exitcode != 0:
+                return rank
+    return None
+
+
+def _stop_ranks(processes, grace_s: float = RANK_STOP_GRACE_S) -> set[int]:
+    """End the ranks still alive (SIGTERM, then SIGKILL after ``grace_s``); returns their ranks.
+    SIGCONT goes with SIGTERM: a stopped process acts on no signal but SIGKILL until continued."""
+    alive = {rank for rank, process in enumerate(processes) if process.is_alive()}
+    for rank in alive:
+        for signum in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.kill(processes[rank].pid, signum)
+            except ProcessLookupError:
+                break
+    deadline = time.monotonic() + grace_s
+    for rank in alive:
+        processes[rank].join(max(0.0, deadline - time.monotonic()))
+    for rank in alive:
+        if processes[rank].is_alive():
+            processes[rank].kill()
+        processes[rank].join()
+    return alive
+
+
+def _killed_by(rank: int, signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    message = f"rank {rank} was killed by signal {name}; the other ranks were stopped"
+    if signum == signal.SIGABRT:
+        # NCCL's watchdog tears down a rank whose collective outlived the timeout
+        # (TORCH_NCCL_ASYNC_ERROR_HANDLING); its log line names the collective.
+        message += (f" (on GPUs this is how NCCL ends a rank whose collective waited longer than "
+                    f"{COLLECTIVE_TIMEOUT_ENV}; see the log)")
+    return message
+
+
+def _root_cause(context, folder, first: int, stopped: set[int]) -> str:
+    """Why the run failed. ``first`` is the first rank seen ending badly, often one that failed only
+    because its peer vanished mid-collective; ``stopped``: the ranks this process ended after it,
+    whose signals say nothing about the cause."""
+    first_code = context.processes[first].exitcode
+    if first_code < 0:
+        return _killed_by(first, -first_code)
     failures = read_rank_failures(folder)
     failed = {f["rank"] for f in failures}
     # A rank killed from outside (SIGKILL from the OOM killer, a crash) leaves no traceback;
-    # its peers then raise mid-collective. SIGTERM is what join() itself sent to the others.
+    # its peers then raise mid-collective.
     for rank, process in enumerate(context.processes):
         code = process.exitcode
-        if code is not None and code < 0 and -code != signal.SIGTERM and rank not in failed:
-            message = f"rank {rank} was killed by signal {signal.Signals(-code).name}; the other ranks were stopped"
-            if -code == signal.SIGABRT:
-                # NCCL's watchdog tears down a rank whose collective outlived the timeout
-                # (TORCH_NCCL_ASYNC_ERROR_HANDLING); its log line names the collective.
-                message += (f" (on GPUs this is how NCCL ends a rank whose collective waited longer than "
-                            f"{COLLECTIVE_TIMEOUT_ENV}; see the log)")
-            return message
+        if code is not None and code < 0 and rank not in stopped and rank not in failed:
+            return _killed_by(rank, -code)
     if failures:
-        first = min(failures, key=lambda f: f["time"])
-        if _is_collective_timeout(first):
-            return _collective_timeout_message(first, failed, len(context.processes))
-        if first.get("type") == DatabaseLockedError.__name__:
-            return f"rank {first['rank']}: {first['message']}"
-        return f"rank {first['rank']} raised an exception: {_last_line(first['traceback'])}\n{first['traceback']}"
-    if isinstance(exc, ProcessExitedException):
-        return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
-    details = _strip_spawn_banner(str(exc))
-    return f"rank {exc.error_index} raised an exception: {_last_line(details)}\n{details}"
+        first_failure = min(failures, key=lambda f: f["time"])
+        if _is_collective_timeout(first_failure):
+            return _collective_timeout_message(first_failure, failed, len(context.processes))
+        if first_failure.get("type") == DatabaseLockedError.__name__:
+            return f"rank {first_failure['rank']}: {first_failure['message']}"
+        return (f"rank {first_failure['rank']} raised an exception: {_last_line(first_failure['traceback'])}\n"
+                f"{first_failure['traceback']}")
+    error_file = context.error_files[first]  # torch's note of the exception that ended the rank
+    if not os.access(error_file, os.R_OK):
+        return f"rank {first} exited with code {first_code}; the other ranks were stopped"
+    with open(error_file, "rb") as handle:
+        details = _strip_spawn_banner(pickle.load(handle))
+    return f"rank {first} raised an exception: {_last_line(details)}\n{details}"
 
 
 def _last_line(traceback_text: str) -> str:
@@ -243,10 +298,12 @@ def _last_line(traceback_text: str) -> str:
 
 
 def _is_collective_timeout(failure: dict) -> bool:
-    # gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL with blocking wait:
-    # "... Watchdog caught collective operation timeout".
-    text = failure.get("message") or failure["traceback"]
-    return "timed out waiting" in text.lower() or "collective operation timeout" in text.lower()
+    # gloo: "Timed out waiting 5000ms for recv operation to complete", or, towards a peer that is
+    # stopped (SIGSTOP) rather than gone, "Application timeout caused pair closure"; NCCL with
+    # blocking wait: "... Watchdog caught collective operation timeout".
+    text = (failure.get("message") or failure["traceback"]).lower()
+    return any(words in text for words in ("timed out waiting", "application timeout caused pair closure",
+                                           "collective operation timeout"))
 
 
 def _collective_timeout_message(first: dict, failed: set[int], world_size: int) -> str:

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from db import lifecycle as state
 from db import make_engine, profiles, store
 from db.engine import LockBackoff, retry_when_locked
-from db.folders import named_run_folder, run_folder_name
+from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
@@ -267,7 +267,7 @@ def read_rank_failures(folder) -> list[dict]:
     failures = []
     for path in folder.glob("rank*.failure.json"):
         with contextlib.suppress(OSError, ValueError):  # a note cut short must not hide the failure itself
-            failures.append(json.loads(path.read_text()))
+            failures.append(json.loads(read_regular_file(path)))  # a pipe there must not hold up the report
     return failures
 
 

@@ -20,10 +20,11 @@ Two ways to log in, set in ``.streamlit/secrets.toml``:
       password_hash = "scrypt$16384$8$1$<salt>$<hash>"
       cookie_secret = "<64 hex digits>"      # signs the login cookie; login_days = 7 by default
 
-  Wrong passwords are throttled per session and per client address (``ui.throttle``) and logged
-  (logger ``parallax.auth``, naming the client, never the password). A right one also gives the
-  browser a signed, expiring, HttpOnly cookie (ui/login_cookie.py), so a reload or a new tab stays
-  logged in for ``login_days`` (default 7); Log out ends it.
+  Wrong passwords are throttled per session, per client (an IPv6 client by its /64) and over all
+  clients together (``ui.throttle``), and logged (logger ``parallax.auth``, naming the client,
+  never the password). A right one also gives the browser a signed, expiring, HttpOnly cookie
+  (ui/login_cookie.py), so a reload or a new tab stays logged in for ``login_days`` (default 7);
+  Log out ends it.
 
 - Streamlit's own OIDC login (``st.login``), with an ``[auth]`` section as Streamlit documents it
   (``redirect_uri``, ``cookie_secret``, ``client_id``, ``client_secret``, ``server_metadata_url``),
@@ -49,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ui import login_cookie
-from ui.throttle import LoginThrottle
+from ui.throttle import FailureBudget, LoginThrottle, client_key
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # about 50 ms and 16 MB per check: cheap to log in, dear to guess
 SALT_BYTES, HASH_BYTES = 16, 32
@@ -66,6 +67,7 @@ LOG = logging.getLogger("parallax.auth")
 # Process-wide: one count per session and one per client address, so a new session does not
 # reset a client's count. At most two scrypt checks (16 MiB each) run at once, whoever asks.
 THROTTLE = LoginThrottle()
+FAILURE_BUDGET = FailureBudget()  # every client together
 SCRYPT_SLOTS = threading.BoundedSemaphore(2)
 HOW_TO_CONFIGURE = (
     "Either bind to this machine only (`make run`, or `--server.address 127.0.0.1`), or set a password: run "
@@ -445,8 +447,9 @@ def _password_login(stored_hash: str) -> None:
 
 
 def throttle_keys(session_token: str, client: str | None) -> list[str]:
-    """The counts a login try is charged to: its session's, and its client address's if known."""
-    return [f"session:{session_token}"] + ([f"client:{client}"] if client else [])
+    """The counts a login try is charged to: its session's, and its client's if known (an IPv6
+    client by its /64 prefix, ``client_key``)."""
+    return [f"session:{session_token}"] + ([f"client:{client_key(client)}"] if client else [])
 
 
 def _check_password(stored_hash: str) -> None:
@@ -458,6 +461,14 @@ def _check_password(stored_hash: str) -> None:
     client = _client_address() or ("127.0.0.1" if len(st.context.headers) else None)
     keys = throttle_keys(token, client)
     wait_s = max(THROTTLE.wait_s(key) for key in keys)
+    budget_wait_s = FAILURE_BUDGET.wait_s()
+    if budget_wait_s > wait_s:  # guesses from many clients: everyone waits
+        LOG.warning("login refused for client %s: %d wrong passwords from all clients within %d s, next try in %d s",
+                    client or "unknown", FAILURE_BUDGET.limit, FAILURE_BUDGET.window_s, math.ceil(budget_wait_s))
+        st.session_state[LOGGED_IN_KEY] = False
+        st.session_state[FAILED_KEY] = (f"Too many wrong passwords on this dashboard from all clients: try again in "
+                                        f"{math.ceil(budget_wait_s)} s.")
+        return
     if wait_s > 0:  # refused before scrypt runs: a guess costs nothing until the wait is over
         LOG.warning("login refused for client %s: %d wrong passwords in a row, next try in %d s",
                     client or "unknown", max(THROTTLE.failures(key) for key in keys), math.ceil(wait_s))
@@ -473,6 +484,7 @@ def _check_password(stored_hash: str) -> None:
         st.session_state.pop(FAILED_KEY, None)
         _remember_login(_secrets())
         return
+    FAILURE_BUDGET.failed()
     wait_s = max(THROTTLE.failed(key) for key in keys)
     failures = max(THROTTLE.failures(key) for key in keys)
     LOG.warning("wrong password from client %s (%d in a row)", client or "unknown", failures)

@@ -14,10 +14,13 @@ uvicorn: Streamlit's routes and websocket, plus what is here:
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 from ui import auth, downloads, login_cookie
 
+CHUNK_BYTES = 64 * 1024  # a download is read and sent this much at a time, never held whole
 FRAME_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
 
 
@@ -124,8 +127,9 @@ def log_out(request) -> Any:
 
 def download(request) -> Any:
     """A run's file, streamed from disk, for a link a page made (ui/downloads.py)."""
-    from starlette.responses import FileResponse, PlainTextResponse
+    from starlette.responses import PlainTextResponse, StreamingResponse
 
+    from db.folders import NotARegularFile, open_regular_file
     from db.settings import database_url
     from trainer_backend.housekeeping import OutsideRunFolder, run_file
     from ui.state import engine_for
@@ -141,8 +145,18 @@ def download(request) -> Any:
         path = run_file(engine_for(database_url()), run_id, name)
     except (OutsideRunFolder, ValueError) as exc:
         return PlainTextResponse(str(exc), status_code=403)
-    if not path.is_file():  # gone since, or not a regular file (a FIFO would hang the reader)
+    try:
+        # Opened without blocking and checked on the descriptor: a named pipe put in its place would hang the
+        # reader, and a check before opening would leave a moment to swap the file (db/folders.py).
+        handle = open_regular_file(path)
+    except (OSError, NotARegularFile):  # gone since, or not a regular file
         return PlainTextResponse(f"Run #{run_id} has no file {name} (any more).", status_code=404)
-    return FileResponse(path, media_type="application/octet-stream",
-                        filename=downloads.attachment_name(run_id, name),
-                        headers={"Cache-Control": "no-store"})
+
+    def chunks():
+        with handle:
+            while block := handle.read(CHUNK_BYTES):
+                yield block
+
+    return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
+        "Content-Length": str(os.fstat(handle.fileno()).st_size), "Cache-Control": "no-store",
+        "Content-Disposition": f'attachment; filename="{re.sub(r"[^\w.-]", "_", downloads.attachment_name(run_id, name))}"'})

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from db.folders import open_regular_file
 from db.store import RunRecord, RunSummary
 
 STATUS_COLORS = {
@@ -54,13 +55,14 @@ def progress_bars(run: RunRecord, epochs_done: int, epochs_total: int) -> None:
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
-    """The last ``lines`` lines of a log file (reading at most its last 64 KiB); None if absent."""
+    """The last ``lines`` lines of a log file (reading at most its last 64 KiB); None if absent.
+    Raises NotARegularFile for a named pipe, a device or a folder (``open_regular_file``)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular_file(path) as handle:
             handle.seek(0, 2)
             size = handle.tell()
             handle.seek(max(0, size - LOG_TAIL_BYTES))
-            # Bounded: a log that is a device (or grows fast) must not be read without end.
+            # Bounded: a log that grows fast must not be read without end.
             text = handle.read(LOG_TAIL_BYTES).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
