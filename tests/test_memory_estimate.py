@@ -78,6 +78,7 @@ def test_verdicts_say_what_is_to_spare_or_missing():
     assert verdict(10 * 1024, 41 * 1024) == "fits, 31 GB to spare"
     assert verdict(52 * 1024, 39 * 1024) == "needs about 52 GB, 39 GB free"
     assert verdict(1.5 * 1024, 1 * 1024) == "needs about 1.5 GB, 1.0 GB free"
+    assert verdict(21.4 * 1024, 21.1 * 1024) == "needs about 21.4 GB, 21.1 GB free"
     estimate = MemoryEstimate("ddp", [DeviceMemory("rank0:cpu", activations=3 * MB),
                                       DeviceMemory("rank1:cpu", activations=3 * MB)], None)
     (fit,) = fits(estimate, {"cpu": 5.0})  # CPU processes share the host's memory
@@ -96,6 +97,34 @@ def test_suggestions_are_estimated_and_fit():
     larger = estimate_memory(config.replace(batch_size=batch + batch // 16), num_classes=CLASSES, in_chans=CHANNELS)
     assert larger.largest.total_mb > free["cpu"]  # close to the largest that fits
     assert "fits, " in format_table(smaller, free)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def test_the_cli_prints_every_strategys_table_and_json(cli):
+    flags = ("--model", MODEL, "--image-size", str(SIZE), "--batch-size", "8", "--devices", "cpu,cpu")
+    result = cli("estimate", *flags, "--strategies", "single,ddp,fsdp,pp")
+    assert result.returncode == 0, result.stderr
+    for label in ("cpu ", "rank0:cpu", "rank1:cpu"):
+        assert label in result.stdout
+    assert result.stdout.count("strategy ") == 4 and result.stdout.count("On CPU the run measures") == 1
+    result = cli("estimate", *flags, "--strategy", "fsdp", "--json")
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["strategy"] == "fsdp" and set(report["devices"]) == {"rank0:cpu", "rank1:cpu"}
+    expected = estimate_memory(world_config("fsdp").replace(optimizer="adam"), num_classes=10, in_chans=1)
+    assert report["devices"] == {d.label: d.to_dict() for d in expected.devices}  # digits: 10 classes, 1 channel
+    (fit,) = report["fits"]
+    assert fit["device"] == "cpu" and fit["fits"] and fit["verdict"].startswith("fits, ")
+
+
+def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
+    result = cli("estimate", "--model", MODEL, "--image-size", "16", "--batch-size", "2", "--strategy", "ddp",
+                 "--devices", "cpu,cpu")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "on 1 image(s) per device fails" in result.stderr
+    result = cli("estimate", "--model", "resnet5O")
+    assert result.returncode == 2 and "unknown model 'resnet5O'" in result.stderr
 
 
 # --- parameters, gradients and optimizer state against what the strategies hold ------------

@@ -519,16 +519,19 @@ def host_available_mb() -> float | None:
     return None
 
 
-def gb(mb: float) -> str:
+def gb(mb: float, digits: int | None = None) -> str:
     value = mb / 1024
-    return f"{value:.0f} GB" if value >= 10 else f"{value:.1f} GB"
+    if digits is None:
+        digits = 0 if value >= 10 else 1
+    return f"{value:.{digits}f} GB"
 
 
 def verdict(needed_mb: float, free_mb: float) -> str:
     """'fits, 31 GB to spare' / 'needs about 52 GB, 39 GB free'."""
     if needed_mb <= free_mb:
         return f"fits, {gb(free_mb - needed_mb)} to spare"
-    return f"needs about {gb(needed_mb)}, {gb(free_mb)} free"
+    digits = None if gb(needed_mb) != gb(free_mb) else 1  # "needs about 21 GB, 21 GB free" would say nothing
+    return f"needs about {gb(needed_mb, digits)}, {gb(free_mb, digits)} free"
 
 
 @dataclass(frozen=True)
@@ -651,7 +654,7 @@ def table_rows(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None
     return rows
 
 
-def format_table(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None) -> str:
+def format_table(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None, *, notes: bool = True) -> str:
     """The estimate as a text table (the CLI's output)."""
     headers = ("device", "parameters", "gradients", "optimizer", "activations", "comm", "total")
     lines = [f"{headers[0]:<14}" + "".join(f"{h:>13}" for h in headers[1:])]
@@ -662,6 +665,7 @@ def format_table(estimate: MemoryEstimate, free_mb: dict[str, float] | None = No
         lines.append(f"{fit.device}: {fit.verdict}")
     precision = estimate.amp_dtype or "float32"
     lines.append(f"strategy {estimate.strategy}, activations in {precision}")
-    lines.extend(estimate.notes)
+    if notes:
+        lines.extend(estimate.notes)
     return "\n".join(lines)
 
