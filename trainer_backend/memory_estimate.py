@@ -496,15 +496,15 @@ def estimate_for_config(config: RunConfig) -> MemoryEstimate:
 # --- does it fit ----------------------------------------------------------------------------
 
 def available_memory_mb(config: RunConfig) -> dict[str, float]:
-    """Free memory where the run would train: each chosen GPU's (NVML: total less used), or for
-    CPU runs the machine's available memory under the one label "cpu" (all processes share it)."""
+    """Free memory where the run would train: every GPU's (NVML: total less used; the others too,
+    for the changes ``suggestions`` tries), or for CPU runs the machine's available memory under
+    the one label "cpu" (all processes share it)."""
     if not config.uses_cuda:
         available = host_available_mb()
         return {} if available is None else {"cpu": available}
     from .devices import gpu_statuses
 
-    gpus = {f"cuda:{g.index}": g.memory_total_mb - g.memory_used_mb for g in gpu_statuses()}
-    return {d: gpus[d] for d in config.devices if d in gpus}
+    return {f"cuda:{g.index}": g.memory_total_mb - g.memory_used_mb for g in gpu_statuses()}
 
 
 def host_available_mb() -> float | None:
@@ -549,12 +549,13 @@ class Fit:
         return verdict(self.needed_mb, self.free_mb)
 
 
-def fits(estimate: MemoryEstimate, free_mb: dict[str, float]) -> list[Fit]:
-    """Each device's estimate against its free memory; CPU processes share the host's memory, so
-    a CPU run's devices are summed against it."""
-    if "cpu" in free_mb and all(d.label.endswith("cpu") for d in estimate.devices):
-        return [Fit("cpu", sum(d.total_mb for d in estimate.devices), free_mb["cpu"])]
-    return [Fit(d.label, d.total_mb, free_mb[d.label]) for d in estimate.devices if d.label in free_mb]
+def fits(estimate: MemoryEstimate | dict[str, float], free_mb: dict[str, float]) -> list[Fit]:
+    """Each device's estimate (or {device: total MB}) against its free memory; CPU processes
+    share the host's memory, so a CPU run's devices are summed against it."""
+    totals = estimate if isinstance(estimate, dict) else {d.label: d.total_mb for d in estimate.devices}
+    if "cpu" in free_mb and all(label.endswith("cpu") for label in totals):
+        return [Fit("cpu", sum(totals.values()), free_mb["cpu"])]
+    return [Fit(label, total, free_mb[label]) for label, total in totals.items() if label in free_mb]
 
 
 def all_fit(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float]) -> bool:
