@@ -210,3 +210,20 @@ def world_of_two(tmp_path_factory) -> dict:
 def test_each_rank_holds_what_the_estimate_says(world_of_two, name):
     estimate = estimate_memory(world_config(name), num_classes=CLASSES, in_chans=CHANNELS)
     _assert_state_matches(estimate, world_of_two[name])
+
+
+def test_a_run_stores_its_estimate_and_it_matches_what_the_run_measured(shared_runs):
+    """ddp on two CPU processes, through the CLI: the estimate made before training is in the
+    run's measurements, and its parameters, gradients and optimizer state are what each rank held."""
+    import pandas as pd
+
+    from reports.memory_check import STATE, estimate_check_frame
+
+    run = shared_runs["ddp_tiny"]
+    assert run["status"] == "completed", run["error"]
+    estimate = run["measurements"]["memory_estimate"]
+    assert estimate["strategy"] == "ddp" and set(estimate["devices"]) == {"rank0:cpu", "rank1:cpu"}
+    epochs = pd.DataFrame(run["epochs"]).assign(run_id=run["run_id"])
+    frame = estimate_check_frame([{"id": run["run_id"], "measurements": run["measurements"]}], epochs)
+    assert frame["device"].tolist() == ["rank0:cpu", "rank1:cpu"] and set(frame["compared"]) == {STATE}
+    assert frame["error"].abs().max() < 0.01, frame

@@ -493,6 +493,15 @@ def estimate_for_config(config: RunConfig) -> MemoryEstimate:
     return estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
 
 
+def stored_estimate(config: RunConfig, num_classes: int, in_chans: int) -> dict:
+    """``{"memory_estimate": ...}`` for the run's measurements, so that what it measures can be
+    set against it; an estimate that cannot be made is stored as its reason, never failing the run."""
+    try:
+        return {"memory_estimate": estimate_memory(config, num_classes=num_classes, in_chans=in_chans).to_dict()}
+    except Exception as exc:  # the run trains whether or not its memory could be estimated
+        return {"memory_estimate": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
+
+
 # --- does it fit ----------------------------------------------------------------------------
 
 def available_memory_mb(config: RunConfig) -> dict[str, float]:
