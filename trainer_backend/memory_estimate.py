@@ -34,6 +34,7 @@ which casts convolutions and matrix products as CUDA's does.
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -165,6 +166,7 @@ class StepTrace:
     optimizer_peak: int     # most alive in the optimizer step (its state, created then, included)
     input_bytes: int
     output_bytes: int
+    optimizer_extra: int    # of which the step's own: its state and temporaries (the same at any batch)
 
 
 def tensor_bytes(tensors) -> int:
@@ -186,95 +188,96 @@ def step_count_bytes(params, optimizer: str, device_type: str) -> int:
 # --- the fake model and its stages ----------------------------------------------------------
 
 class FakeModel:
-    """The run's model built under fake tensors: shapes and dtypes without memory or weights."""
+    """A model built under fake tensors: shapes and dtypes without memory or weights. One per
+    (model, classes, channels), shared by every estimate (``fake_model``); its traces run one at
+    a time (``TRACE_LOCK``), since each hooks the shared parameters."""
 
-    def __init__(self, config: RunConfig, num_classes: int, in_chans: int):
+    def __init__(self, name: str, num_classes: int, in_chans: int):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from .models import create_model
 
-        self.config, self.num_classes, self.in_chans = config, num_classes, in_chans
+        self.name, self.num_classes, self.in_chans = name, num_classes, in_chans
         self.mode = FakeTensorMode()
         with self.mode:
             try:
-                self.model = create_model(config.model, num_classes=num_classes, in_chans=in_chans)
+                self.model = create_model(name, num_classes=num_classes, in_chans=in_chans)
             except (ValueError, LookupError):
                 raise
             except Exception as exc:  # an architecture that computes values from tensors in __init__
-                raise EstimateError(f"model {config.model!r} cannot be built without its weights to estimate "
+                raise EstimateError(f"model {name!r} cannot be built without its weights to estimate "
                                     f"its memory: {type(exc).__name__}: {exc}") from None
         self.model.train()
+        self._stages: dict[tuple[int, int], tuple[list[nn.Sequential], list[tuple[int, ...]]]] = {}
 
-    def input_shape(self, batch: int) -> tuple[int, ...]:
-        size = self.config.image_size
-        return (batch, self.in_chans, size, size)
-
-    @functools.cached_property
-    def stages(self) -> list[nn.Sequential]:
-        """The stages mp and pp cut the model into: the same layers, balanced the same way."""
+    def stages(self, n: int, image_size: int, strategy: str) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
+        """The stages mp and pp cut the model into (the same layers, balanced the same way), and
+        each stage's input shape per image."""
         from .models import ModelError, _balanced_bounds, count_parameters, flatten_sequential
 
-        n = len(self.config.devices)
-        layers = flatten_sequential(self.model)
-        if len(layers) < n:
-            raise ModelError(f"model {self.config.model!r} has {len(layers)} layers in sequence, too few for {n} stages")
-        if not self._runs_in_sequence(layers):
-            raise ModelError(f"model {self.config.model!r} cannot be split into stages for {self.config.strategy}: "
-                             "its layers do not run in sequence")
-        bounds = _balanced_bounds([count_parameters(layer) for layer in layers], n)
-        return [nn.Sequential(*layers[start:end]) for start, end in bounds]
+        if (n, image_size) not in self._stages:
+            layers = flatten_sequential(self.model)
+            if len(layers) < n:
+                raise ModelError(f"model {self.name!r} has {len(layers)} layers in sequence, too few for {n} stages")
+            shapes = self._shapes_in_sequence(layers, image_size)
+            if shapes is None:
+                raise ModelError(f"model {self.name!r} cannot be split into stages for {strategy}: "
+                                 "its layers do not run in sequence")
+            bounds = _balanced_bounds([count_parameters(layer) for layer in layers], n)
+            self._stages[(n, image_size)] = ([nn.Sequential(*layers[start:end]) for start, end in bounds],
+                                             [shapes[start] for start, _ in bounds])
+        return self._stages[(n, image_size)]
 
-    def _runs_in_sequence(self, layers: list[nn.Module]) -> bool:
+    def _shapes_in_sequence(self, layers: list[nn.Module], image_size: int) -> list[tuple[int, ...]] | None:
+        """Each layer's input shape per image when run one after another, if that gives the
+        model's output shape (the check split_into_stages makes, by shape); else None."""
         with self.mode, torch.no_grad():
             self.model.eval()
             try:
-                probe = torch.empty(self.input_shape(2))
+                probe = torch.empty(2, self.in_chans, image_size, image_size)
                 expected = self.model(probe)
-                got = probe
+                shapes, got = [], probe
                 for layer in layers:
+                    shapes.append(tuple(got.shape[1:]))
                     got = layer(got)
-                return got.shape == expected.shape
+                return shapes if got.shape == expected.shape else None
             except Exception:
-                return False
+                return None
             finally:
                 self.model.train()
 
-    @functools.cached_property
-    def stage_input_shapes(self) -> list[tuple[int, ...]]:
-        """Each stage's input shape per image (the batch dimension left out)."""
-        shapes = []
-        with self.mode, torch.no_grad():
-            self.model.eval()
-            x = torch.empty(self.input_shape(2))
-            for stage in self.stages:
-                shapes.append(tuple(x.shape[1:]))
-                x = stage(x)
-            self.model.train()
-        return shapes
-
-    def trace(self, module: nn.Module, batch: int, amp_dtype: torch.dtype | None, *, input_shape=None,
-              first: bool = True, last: bool = True) -> StepTrace:
-        """One training step of ``module`` at ``batch`` images with the run's optimizer."""
+    def trace(self, module: nn.Module, config: RunConfig, shape: tuple[int, ...], amp_dtype: torch.dtype | None, *,
+              first: bool = True, last: bool = True, optimizer_extra: int | None = None) -> StepTrace:
+        """One training step of ``module`` on an input of ``shape`` with the run's optimizer."""
         from .trainer import build_optimizer
 
-        shape = (batch, *(input_shape or self.input_shape(1)[1:]))
-        with self.mode:
-            optimizer = build_optimizer(self.config, [p for p in module.parameters() if p.requires_grad])
+        with TRACE_LOCK, self.mode:
+            optimizer = build_optimizer(config, [p for p in module.parameters() if p.requires_grad])
             try:
                 return trace_step(module, optimizer, shape, amp_dtype, first=first, last=last,
-                                  label_smoothing=self.config.label_smoothing)
+                                  label_smoothing=config.label_smoothing, optimizer_extra=optimizer_extra)
             except ValueError as exc:  # e.g. BatchNorm in training on one image
-                raise EstimateError(f"one training step of {self.config.model!r} on {batch} image(s) per device "
+                raise EstimateError(f"one training step of {self.name!r} on {shape[0]} image(s) per device "
                                     f"fails: {exc}") from None
+
+
+TRACE_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4)
+def fake_model(name: str, num_classes: int, in_chans: int) -> FakeModel:
+    return FakeModel(name, num_classes, in_chans)
 
 
 def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple[int, ...],
                amp_dtype: torch.dtype | None = None, *, first: bool = True, last: bool = True,
-               label_smoothing: float = 0.0) -> StepTrace:
+               label_smoothing: float = 0.0, optimizer_extra: int | None = None) -> StepTrace:
     """Count one training step of ``module`` (built under the active FakeTensorMode) on an input
     of ``shape``: as the training loop runs it, with the logits kept until the step ends. The
     first stage's input needs no gradient; a stage before the last is given its output's
-    gradient as a pipeline's next stage sends it back."""
+    gradient as a pipeline's next stage sends it back. What the optimizer step adds does not
+    depend on the batch: given as ``optimizer_extra`` (from a trace at another batch), the
+    step is not run."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for group in optimizer.param_groups:
         # CUDA's default, whose temporaries are the larger (the host steps one tensor at a time),
@@ -300,13 +303,16 @@ def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple
                 out.backward(torch.ones_like(out))
             del out, images
             backward_peak, grads_at_peak = tracker.peak, tracker.grads_at_peak
-            tracker.restart_peak()
-            optimizer.step()
-            optimizer_peak = tracker.peak
+            after_backward = tracker.live
+            if optimizer_extra is None:
+                tracker.restart_peak()
+                optimizer.step()
+                optimizer_extra = tracker.peak - after_backward
             optimizer.zero_grad()
     finally:
         tracker.close()
-    return StepTrace(backward_peak, grads_at_peak, forward_kept, optimizer_peak, input_bytes, output_bytes)
+    return StepTrace(backward_peak, grads_at_peak, forward_kept, after_backward + optimizer_extra, input_bytes,
+                     output_bytes, optimizer_extra)
 
 
 # --- what a strategy places ------------------------------------------------------------------
@@ -323,7 +329,7 @@ class MemoryPlan:
 
     @functools.cached_property
     def fake(self) -> FakeModel:
-        return FakeModel(self.config, self.num_classes, self.in_chans)
+        return fake_model(self.config.model, self.num_classes, self.in_chans)
 
     @property
     def model(self) -> nn.Module:
@@ -372,8 +378,14 @@ class MemoryPlan:
         held.activations += self.step_activations(self.trace(batch), held)
         return held
 
+    def stages(self) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
+        return self.fake.stages(len(self.config.devices), self.config.image_size, self.config.strategy)
+
     def stage(self, index: int) -> nn.Module:
-        return self.fake.stages[index]
+        return self.stages()[0][index]
+
+    def input_bytes_per_image(self) -> int:
+        return self.in_chans * self.config.image_size ** 2 * 4
 
     def stage_memory(self, label: str, index: int, batch: int) -> tuple[DeviceMemory, StepTrace]:
         """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch)."""
@@ -417,18 +429,23 @@ MAX_CACHED_TRACES = 256
 
 def _cached_trace(key, plan: MemoryPlan, batch: int, stage: int | None) -> StepTrace:
     """Traces depend only on the model, the batch and the precision: kept for the next estimate
-    (the Launch page's suggestions re-estimate the same model many times)."""
+    (the Launch page's suggestions re-estimate the same model many times). The optimizer step is
+    traced once per module; at other batches its share is taken from there."""
     if key not in _TRACES:
-        fake = plan.fake
+        fake, config = plan.fake, plan.config
+        step_key = (*key[:-1], "optimizer step")
+        extra = _TRACES.get(step_key)
         if stage is None:
-            trace = fake.trace(fake.model, batch, plan.amp_dtype)
+            shape = (batch, plan.in_chans, config.image_size, config.image_size)
+            trace = fake.trace(fake.model, config, shape, plan.amp_dtype, optimizer_extra=extra)
         else:
-            last = stage == len(fake.stages) - 1
-            trace = fake.trace(fake.stages[stage], batch, plan.amp_dtype, input_shape=fake.stage_input_shapes[stage],
-                               first=stage == 0, last=last)
+            stages, shapes = plan.stages()
+            trace = fake.trace(stages[stage], config, (batch, *shapes[stage]), plan.amp_dtype,
+                               first=stage == 0, last=stage == len(stages) - 1, optimizer_extra=extra)
         if len(_TRACES) >= MAX_CACHED_TRACES:
             _TRACES.pop(next(iter(_TRACES)))
         _TRACES[key] = trace
+        _TRACES.setdefault(step_key, trace.optimizer_extra)
     return _TRACES[key]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import math
 from typing import Iterable
 
 import torch
@@ -242,7 +241,7 @@ class DataParallelStrategy(Strategy):
         share = config.per_device_batch
         first = plan.whole(config.devices[0], share)
         rest_of_batch = config.batch_size - share
-        first.activations += (rest_of_batch * math.prod(plan.fake.input_shape(1)[1:]) * 4
+        first.activations += (rest_of_batch * plan.input_bytes_per_image()
                               + config.batch_size * plan.num_classes * 4)
         trace = plan.trace(share)
         replicas = []
