@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader
 from conftest import leave_as_a_rank, run_world
 from trainer_backend.config import RunConfig
 from trainer_backend.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
-from trainer_backend.memory_estimate import (EstimateError, MemoryEstimate, DeviceMemory, estimate_memory, fits,
-                                             format_table, suggestions, trace_step, verdict)
+from trainer_backend.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
+from trainer_backend.memory_fit import fits, format_table, suggestions, verdict
+from trainer_backend.memory_trace import trace_step
 from trainer_backend.models import create_model
 
 MB = 2**20

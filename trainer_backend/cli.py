@@ -385,7 +385,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_estimate(args: argparse.Namespace) -> int:
     """Peak memory per device, for one strategy or several, with each device's free memory."""
     config = config_from_args(args, sweep=bool(args.strategies))
-    from .memory_estimate import available_memory_mb, dataset_shape, estimate_memory, fits, format_table, table_rows
+    from .memory_estimate import dataset_shape, estimate_memory
+    from .memory_fit import available_memory_mb, fits, format_table, table_rows
 
     if args.strategies:
         from .lifecycle import sweep_configs

@@ -21,7 +21,7 @@ from ui.text import escape_markdown
 FREE_MB_STEP = 256
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
+@st.cache_data(show_spinner="Estimating the memory per device…", max_entries=128)
 def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
     """The estimate of a config as a dict (``MemoryEstimate.to_dict``), or {"error": why}."""
     from trainer_backend.memory_estimate import estimate_memory
@@ -33,9 +33,9 @@ def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
         return {"error": str(exc)}
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+@st.cache_data(show_spinner="Estimating what would fit…", max_entries=64)
 def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_steps: tuple, gpus: tuple) -> list[str]:
-    from trainer_backend.memory_estimate import suggestions
+    from trainer_backend.memory_fit import suggestions
 
     config = RunConfig.from_dict(json.loads(config_json))
     free_mb = {label: steps * FREE_MB_STEP for label, steps in free_steps}
@@ -43,14 +43,14 @@ def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_s
 
 
 def device_fits(estimate: dict, free_mb: dict[str, float]) -> list:
-    from trainer_backend.memory_estimate import fits
+    from trainer_backend.memory_fit import fits
 
     return fits({label: d["total_mb"] for label, d in estimate["devices"].items()}, free_mb)
 
 
 def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
     """The estimate of ``config`` per device against its free memory, with a verdict each."""
-    from trainer_backend.memory_estimate import available_memory_mb
+    from trainer_backend.memory_fit import available_memory_mb
 
     estimate = cached_estimate(json.dumps(config.to_dict(), sort_keys=True), num_classes, in_chans)
     st.markdown("**Will it fit?** Estimated peak memory per device")
@@ -96,7 +96,7 @@ def estimate_table(estimate: dict) -> list[dict]:
 
 def compare_table(configs: list[RunConfig], num_classes: int, in_chans: int) -> None:
     """Every strategy's estimate side by side: its fullest device, and whether every device fits."""
-    from trainer_backend.memory_estimate import available_memory_mb
+    from trainer_backend.memory_fit import available_memory_mb
 
     rows = []
     for config in configs:
