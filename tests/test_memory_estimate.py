@@ -228,3 +228,68 @@ def test_a_run_stores_its_estimate_and_it_matches_what_the_run_measured(shared_r
     frame = estimate_check_frame([{"id": run["run_id"], "measurements": run["measurements"]}], epochs)
     assert frame["device"].tolist() == ["rank0:cpu", "rank1:cpu"] and set(frame["compared"]) == {STATE}
     assert frame["error"].abs().max() < 0.01, frame
+
+
+# --- how each strategy places memory on GPUs (estimated here without one) -------------------
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    from nvml_machines import pin_cuda_count
+
+    pin_cuda_count(monkeypatch, 2)
+
+
+def gpu_estimate(strategy: str, **changes) -> dict[str, DeviceMemory]:
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy=strategy,
+                       devices=("cuda:0",) if strategy == "single" else ("cuda:0", "cuda:1"), **changes)
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    return {d.label: d for d in estimate.devices}
+
+
+def test_each_strategy_places_its_parts_on_the_gpus_as_it_runs(two_gpus):
+    single = gpu_estimate("single", amp="bf16")["cuda:0"]
+    whole = single.parameters
+    ddp = gpu_estimate("ddp", amp="bf16")
+    assert set(ddp) == {"cuda:0", "cuda:1"}
+    for device in ddp.values():  # a full replica, its buckets, half the batch
+        assert (device.parameters, device.comm) == (whole, device.gradients)
+        assert device.activations < single.activations
+    dp = gpu_estimate("dp", amp="bf16")
+    assert dp["cuda:0"].parameters == whole and dp["cuda:1"].parameters == dp["cuda:1"].optimizer == 0
+    assert dp["cuda:1"].activations > whole  # the replica made each step, with its gradients
+    mp = gpu_estimate("mp", amp="bf16")
+    assert mp["cuda:0"].parameters + mp["cuda:1"].parameters == whole
+    fsdp = gpu_estimate("fsdp", amp="bf16")
+    assert all(d.parameters == pytest.approx(whole / 2, rel=0.01) for d in fsdp.values())
+    from trainer_backend.strategies import _blocks
+
+    with torch.device("meta"):
+        units = [sum(p.numel() * 4 for p in block.parameters())
+                 for block in _blocks(create_model(MODEL, num_classes=CLASSES, in_chans=CHANNELS))]
+    # The unit computing, the next one gathered ahead and the unsharded gradients: the largest unit thrice.
+    assert all(d.comm == 3 * max(units) for d in fsdp.values())
+    pp = gpu_estimate("pp", amp="bf16", microbatches=4)
+    assert pp["cuda:0"].comm == pp["cuda:1"].comm > 0  # 4 activations coming in, 4 gradients going back
+
+
+def test_gpipe_keeps_every_microbatch_and_1f1b_fewer(two_gpus):
+    """GPipe runs all 8 forwards before any backward; 1F1B keeps 2 in flight on the first of 2
+    stages and 1 on the last."""
+    from trainer_backend.memory_estimate import MemoryPlan
+
+    gpipe = gpu_estimate("pp", amp="off", microbatches=8)
+    one_f_one_b = gpu_estimate("pp", amp="off", microbatches=8, pipeline_schedule="1f1b")
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="pp", devices=("cuda:0", "cuda:1"),
+                       amp="off", microbatches=8)
+    last = MemoryPlan(config, CLASSES, CHANNELS, None).trace(16, 1)
+    kept = last.forward_kept - last.input_bytes
+    assert gpipe["cuda:1"].activations - one_f_one_b["cuda:1"].activations == 7 * kept
+    assert one_f_one_b["cuda:0"].activations < gpipe["cuda:0"].activations
+
+
+def test_amp_auto_without_cuda_is_estimated_as_bf16_and_says_so(two_gpus):
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",))
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    assert estimate.amp_dtype == "bfloat16" and estimate.notes[0].startswith("AMP auto is estimated as bf16")
+    fp32 = estimate_memory(config.replace(amp="off"), num_classes=CLASSES, in_chans=CHANNELS)
+    assert fp32.devices[0].activations > estimate.devices[0].activations

@@ -109,7 +109,9 @@ class PipelineStrategy(DistributedStrategy):
             device.activations += (in_flight - 1) * kept
             if i == 0:
                 device.activations += (m - 1) * trace.input_bytes
-            device.comm = m * ((trace.input_bytes if i > 0 else 0) + (trace.output_bytes if i < stages - 1 else 0))
+            # What comes in is what the stage before sends: its output, in autocast's dtype.
+            incoming = plan.trace(micro, i - 1).output_bytes if i > 0 else 0
+            device.comm = m * (incoming + (trace.output_bytes if i < stages - 1 else 0))
             devices.append(device)
         return devices
 
