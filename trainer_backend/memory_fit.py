@@ -88,17 +88,15 @@ def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dic
                 gpus: list[str] | None = None) -> list[str]:
     """Changes that would fit, each checked by estimating it: a smaller batch (the largest that
     fits, of the ones the strategy allows), bf16, fsdp on the same devices, more devices."""
-    from .config import ConfigError
-
     found: list[str] = []
 
     def check(label: str, **changes) -> bool:
         try:
             changed = config.replace(**changes)
-        except ConfigError:
-            return False
-        wanted = available_for(changed)
-        if wanted is None or not all_fit(changed, num_classes, in_chans, wanted):
+            wanted = available_for(changed)
+            if wanted is None or not all_fit(changed, num_classes, in_chans, wanted):
+                return False
+        except ValueError:  # a change the config refuses, or one step that cannot run (ConfigError is one)
             return False
         found.append(label)
         return True

@@ -29,8 +29,10 @@ def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
     config = RunConfig.from_dict(json.loads(config_json))
     try:
         return estimate_memory(config, num_classes=num_classes, in_chans=in_chans).to_dict()
-    except ValueError as exc:
+    except ValueError as exc:  # a model, batch or split the estimate names
         return {"error": str(exc)}
+    except Exception as exc:  # an architecture fake tensors cannot step: the form stays usable
+        return {"error": f"{config.model} could not be stepped under fake tensors ({type(exc).__name__}: {exc})"[:400]}
 
 
 @st.cache_data(show_spinner="Estimating what would fit…", max_entries=64)
@@ -39,7 +41,10 @@ def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_s
 
     config = RunConfig.from_dict(json.loads(config_json))
     free_mb = {label: steps * FREE_MB_STEP for label, steps in free_steps}
-    return suggestions(config, num_classes, in_chans, free_mb, list(gpus))
+    try:
+        return suggestions(config, num_classes, in_chans, free_mb, list(gpus))
+    except Exception:  # the estimate itself was made; a change that cannot be estimated is not offered
+        return []
 
 
 def device_fits(estimate: dict, free_mb: dict[str, float]) -> list:
