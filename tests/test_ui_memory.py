@@ -29,8 +29,8 @@ def test_the_default_run_fits_in_the_hosts_memory_and_says_by_how_much(parallax_
     assert not at.exception, at.exception
     verdicts = [m for m in texts(at.markdown) if "to spare" in m or "needs about" in m]
     assert len(verdicts) == 1 and re.search(r"cpu: fits, [\d.]+ GB to spare", verdicts[0]), verdicts
-    (table,) = [d.value for d in at.dataframe if "total (GB)" in d.value.columns]
-    assert table["device"].tolist() == ["cpu"] and table["total (GB)"].iloc[0] > 0
+    (table,) = [d.value for d in at.dataframe if "total GB" in d.value.columns]
+    assert table["device"].tolist() == ["cpu"] and table["total GB"].iloc[0] > 0
     assert any(text.startswith("On CPU the run measures") for text in texts(at.caption))
 
 
@@ -38,10 +38,10 @@ def test_compare_strategies_shows_every_strategys_estimate(parallax_home):
     at = open_page("pages/launch.py")
     at.radio(key="launch_mode").set_value("Compare strategies").run()
     assert not at.exception, at.exception
-    (table,) = [d.value for d in at.dataframe if "per device (GB)" in d.value.columns]
+    (table,) = [d.value for d in at.dataframe if "fullest device GB" in d.value.columns]
     assert table["strategy"].tolist() == ["single", "ddp", "mp", "pp"]
     assert all(v.startswith("cpu: fits, ") for v in table["verdict"])
-    single, ddp = table.set_index("strategy").loc[["single", "ddp"], "activations (GB)"]
+    single, ddp = table.set_index("strategy").loc[["single", "ddp"], "activations GB"]
     assert ddp < single  # each ddp process takes half the batch
 
 

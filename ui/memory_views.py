@@ -73,6 +73,8 @@ def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
     if not rows:
         st.caption("Free memory could not be read here: the estimate is shown without a verdict.")
     st.dataframe(estimate_table(estimate), hide_index=True)
+    st.caption("State: parameters, gradients and optimizer state; comm: DDP's buckets, FSDP's gathered units, "
+               "a pipeline's receive buffers.")
     if any(not fit.fits for fit in rows):
         gpus = tuple(f"cuda:{g.index}" for g in device_info.gpu_statuses()) if config.uses_cuda else ()
         steps = tuple(sorted((label, int(mb // FREE_MB_STEP)) for label, mb in free_mb.items()))
@@ -92,10 +94,9 @@ def estimate_table(estimate: dict) -> list[dict]:
         return round(mb / 1024, 2)
 
     return [{"device": label,
-             "params + grads + optimizer (GB)": gb(parts["parameters_mb"] + parts["gradients_mb"]
-                                                    + parts["optimizer_mb"]),
-             "activations (GB)": gb(parts["activations_mb"]), "comm (GB)": gb(parts["comm_mb"]),
-             "total (GB)": gb(parts["total_mb"])}
+             "state GB": gb(parts["parameters_mb"] + parts["gradients_mb"] + parts["optimizer_mb"]),
+             "activations GB": gb(parts["activations_mb"]), "comm GB": gb(parts["comm_mb"]),
+             "total GB": gb(parts["total_mb"])}
             for label, parts in estimate["devices"].items()]
 
 
@@ -113,10 +114,10 @@ def compare_table(configs: list[RunConfig], num_classes: int, in_chans: int) -> 
         fullest = max(estimate["devices"].values(), key=lambda d: d["total_mb"])
         worst = max(device_fits(estimate, available_memory_mb(config)), key=lambda f: f.needed_mb - f.free_mb,
                     default=None)
-        rows.append({**row, "per device (GB)": round(fullest["total_mb"] / 1024, 2),
-                     "parameters + gradients + optimizer (GB)": round(
+        rows.append({**row, "fullest device GB": round(fullest["total_mb"] / 1024, 2),
+                     "state GB": round(
                          (fullest["parameters_mb"] + fullest["gradients_mb"] + fullest["optimizer_mb"]) / 1024, 2),
-                     "activations (GB)": round(fullest["activations_mb"] / 1024, 2),
+                     "activations GB": round(fullest["activations_mb"] / 1024, 2),
                      "verdict": "" if worst is None else f"{worst.device}: {worst.verdict}"})
     st.markdown("**Will it fit?** Estimated peak memory of each strategy's fullest device")
     st.dataframe(rows, hide_index=True)
