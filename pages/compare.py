@@ -116,6 +116,8 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     left.plotly_chart(charts.speedup_figure(table), key="speedup")
     right.plotly_chart(charts.efficiency_figure(table), key="efficiency")
     efficiency_views.memory_breakdown(epochs, dict(zip(table["run_id"], table["label"])), key="compare_memory")
+    efficiency_views.estimate_check(runs, epochs, dict(zip(table["run_id"], table["label"])),
+                                    key="compare_memory_estimate")
 
 
 def show_curves(epochs: pd.DataFrame, labels: dict[int, str]) -> None:

@@ -20,7 +20,7 @@ from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_
                                     OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from ui import options, state
+from ui import memory_views, options, state
 from ui import torchrun as torchrun_ui
 from ui.text import escape_markdown
 from ui.validation import validate_form
@@ -208,6 +208,7 @@ with devices_col:
     st.subheader("Devices")
     values["devices"] = choose_devices("sweep" if sweeping else values["strategy"])
     field_slot("devices")
+    memory_slot = st.container()  # the memory estimate, filled in once the rest of the page is drawn
     if sweeping:
         counts_text = st.text_input(
             "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts",
@@ -418,3 +419,12 @@ if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
                                                  job_id=job_id, max_restarts=restarts), language="bash")
         except ConfigError as exc:
             st.error(str(exc), icon=":material/error:")
+
+# Last, so that every field and the Launch button are drawn before the estimate runs (cached per config).
+if full and config is not None and not errors:
+    with memory_slot:
+        num_classes, in_chans = int(info.get("num_classes") or 10), options.input_channels(info, config.bands)
+        if sweeping:
+            memory_views.compare_table(sweep_configs(config, sweep_strategies, device_counts), num_classes, in_chans)
+        else:
+            memory_views.memory_panel(config, num_classes, in_chans)

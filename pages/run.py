@@ -125,6 +125,8 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
         efficiency_views.rank_times(epochs, key="rank_times")
         label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)
         efficiency_views.memory_breakdown(epochs, {run.id: label}, key="memory_breakdown")
+        efficiency_views.estimate_check([{"id": run.id, "measurements": run.measurements}], epochs, {run.id: label},
+                                        key="memory_estimate_check")
 
 
 def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:

@@ -18,7 +18,7 @@ from db import store
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
 from reports.forecast import forecast_display, sweep_forecast
-from reports.sweep import mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
+from reports.sweep import ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
 from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
@@ -47,6 +47,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),
         "efficiency": numbers(table["efficiency"], "{:.0%}"),
         "peak memory per device (MB)": numbers(table["peak_memory_mb"], "{:,.0f}"),
+        "memory estimate error": numbers(table["memory_estimate_error"], "{:+.1%}"),
         f"time to {target_acc:.0%} val acc": table["time_to_target_s"].map(
             lambda s: widgets.format_duration(s) if pd.notna(s) else "not reached"),
         "mean utilisation": [f"{value:.0f}% {of}" if pd.notna(value) else "—"
@@ -117,6 +118,7 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     st.table(report_display(table, target_acc).set_index("run"))
     st.caption("Mean utilisation: of the run's GPUs (the mean over them) over its samples, or of the host's CPU "
                "where it had no GPU samples.")
+    st.caption(ESTIMATE_ERROR_NOTE)
     if gaps := energy_gaps(table):
         st.caption(escape_markdown(gaps))
     if table["speedup"].notna().any():

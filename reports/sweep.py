@@ -18,12 +18,16 @@ from db import profiles, series, store
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
 from .forecast import forecast_display, sweep_forecast
+from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
-                  "speedup", "efficiency", "peak_memory_mb", "time_to_target_s", "utilisation_pct",
-                  "energy_j_per_image")
+                  "speedup", "efficiency", "peak_memory_mb", "memory_estimate_error", "time_to_target_s",
+                  "utilisation_pct", "energy_j_per_image")
+ESTIMATE_ERROR_NOTE = ("Memory estimate error: at the device furthest from the estimate made before the run "
+                       "(estimated / measured - 1): on GPUs the peak allocated, on CPU the parameters, gradients and "
+                       "optimizer state.")
 # The mean utilisation is taken over this many samples at most, evenly spread over the run (every
 # sample up to 5.5 hours at one a second): reading a 100-hour run's every sample would stall the page.
 UTILISATION_SAMPLES = 20_000
@@ -34,7 +38,8 @@ def _run_dicts(engine, run_ids: list[int]) -> list[dict[str, Any]]:
     for run_id in run_ids:
         record = store.get_run(engine, run_id)
         runs.append({"id": record.id, "strategy": record.strategy, "model": record.model,
-                     "status": record.status, "config": record.config, "notes": record.notes})
+                     "status": record.status, "config": record.config, "notes": record.notes,
+                     "measurements": record.measurements})
     return runs
 
 
@@ -49,6 +54,9 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
     memory = memory_frame(epochs)
     peaks = memory.groupby("run_id")["peak_memory_mb"].max() if not memory.empty else pd.Series(dtype=float)
     table["peak_memory_mb"] = table["run_id"].map(peaks)
+    # The device furthest from the estimate made before the run (see reports/memory_check.py).
+    errors = estimate_error_by_run(estimate_check_frame(runs, epochs))
+    table["memory_estimate_error"] = table["run_id"].map(errors)
     mfu = mfu_by_run(epochs).set_index("run_id")
     table.insert(table.columns.get_loc("throughput_images_per_s") + 1, "mfu", table["run_id"].map(mfu["mfu"]))
     steps = pd.DataFrame(profiles.read_steps(engine, run_ids))
@@ -125,12 +133,14 @@ def format_table(table: pd.DataFrame) -> str:
     shown["speedup"] = shown["speedup"].map(lambda v: _num(v, "{:.2f}x"))
     shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
     shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
+    shown["memory_estimate_error"] = shown["memory_estimate_error"].map(lambda v: _num(v, "{:+.1%}"))
     shown["time_to_target_s"] = shown["time_to_target_s"].map(lambda v: _num(v, "{:.1f}", "not reached"))
     shown["utilisation_pct"] = [_num(value, "{:.0f}% " + str(of)) for value, of in
                                 zip(table["utilisation_pct"], table["utilisation_of"])]
     shown["energy_j_per_image"] = shown["energy_j_per_image"].map(lambda v: _num(v, "{:.3g}"))
     shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "MFU", "speedup",
-                     "efficiency", "peak MB/device", "time to target s", "mean util", "J/image"]
+                     "efficiency", "peak MB/device", "memory estimate error", "time to target s", "mean util",
+                     "J/image"]
     text = shown.to_string(index=False)
     reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
                if pd.isna(row.energy_j_per_image) and row.energy_note]
@@ -213,6 +223,7 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
 <p><b>{html.escape(strategy_advice(table))}</b></p>
 <pre>{html.escape(format_table(table))}</pre>
 <p>Time to target: wall time until validation accuracy first reached {target_acc:.0%}.</p>
+<p>{html.escape(ESTIMATE_ERROR_NOTE)}</p>
 {"".join(f"<p>{html.escape(line)}</p>" for line in filter(None, [mfu_note(table), no_breakdown]))}
 <h2>Scaling forecast</h2>
 {forecast_display(forecast.table).to_html(index=False) if not forecast.table.empty else ""}

@@ -695,3 +695,22 @@ def test_torchrun_maps_local_ranks_to_gpus_and_a_restart_resumes(parallax_home, 
     assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
     assert set(run["epochs"][-1]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
     assert gpus == {0: {0}, 1: {1}}, gpus  # LOCAL_RANK r on cuda:r, and nowhere else
+
+
+# --- the memory estimate against the allocator's peak ---
+
+@pytest.mark.parametrize("model", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("strategy, devices", [("single", "0"), ("ddp", "0,1"), ("fsdp", "0,1")])
+def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, model, strategy, devices):
+    if GPUS < len(devices.split(",")):
+        pytest.skip(f"needs {len(devices.split(','))} CUDA GPU(s)")
+    result = run_cli("run", "--dataset", "digits", "--model", model, "--epochs", "1", "--image-size", "128",
+                     "--batch-size", "128", "--strategy", strategy, "--devices", devices, "--amp", "bf16",
+                     "--bn-stats-images", "0", home=parallax_home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = run_of(parallax_home, result)
+    estimate = run["measurements"]["memory_estimate"]["devices"]
+    peaks = run["epochs"][0]["peak_memory_mb"]
+    assert set(estimate) == set(peaks)
+    for device, parts in estimate.items():
+        assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks)

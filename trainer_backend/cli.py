@@ -7,6 +7,7 @@
     python -m trainer_backend list
     python -m trainer_backend export 7
     python -m trainer_backend export 7 --csv out/     # epochs.csv, steps.csv, system.csv
+    python -m trainer_backend estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
 
 Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
 the database are loaded.
@@ -157,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "--devices); single runs once, on one device")
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
     sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
+    estimate = sub.add_parser("estimate", help="peak memory per device of a run's flags, before launching: "
+                              "parameters, gradients, optimizer state, activations, communication buffers; "
+                              "no GPU touched, no weights read")
+    _add_config_flags(estimate)
+    estimate.add_argument("--strategies", help="estimate each of these strategies on the devices a sweep gives "
+                          "it, e.g. single,ddp,fsdp,mp,pp")
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
     cancel.add_argument("run_id", type=run_id_arg)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
@@ -177,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
-                "export": _cmd_export, "list": _cmd_list}
+                "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate}
     try:
         load_plugins()
         if args.command in ("run", "launch", "sweep"):
@@ -371,6 +379,41 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
         for path in write_profile_dir(engine, args.run_id, args.profile_dir):
             print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    """Peak memory per device, for one strategy or several, with each device's free memory."""
+    config = config_from_args(args, sweep=bool(args.strategies))
+    from .memory_estimate import dataset_shape, estimate_memory
+    from .memory_fit import available_memory_mb, fits, format_table, table_rows
+
+    if args.strategies:
+        from .lifecycle import sweep_configs
+
+        configs = sweep_configs(config, [s.strip() for s in args.strategies.split(",") if s.strip()])
+    else:
+        configs = [config]
+    num_classes, in_chans = dataset_shape(config)
+    reports = []
+    for each in configs:
+        estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans)
+        free = available_memory_mb(each)
+        reports.append((each, estimate, free))
+    if args.json:
+        print(json.dumps([{**estimate.to_dict(), "devices_asked": list(each.devices), "batch_size": each.batch_size,
+                           "table": table_rows(estimate, free),
+                           "fits": [{"device": f.device, "needed_mb": round(f.needed_mb, 1),
+                                     "free_mb": round(f.free_mb, 1), "fits": f.fits, "verdict": f.verdict}
+                                    for f in fits(estimate, free)]}
+                          for each, estimate, free in reports], indent=2))
+        return 0
+    for index, (each, estimate, free) in enumerate(reports):
+        if index:
+            print()
+        print(format_table(estimate, free, notes=False))
+    for note in dict.fromkeys(note for _, estimate, _ in reports for note in estimate.notes):
+        print(note)
     return 0
 
 

@@ -113,6 +113,30 @@ class PipelineStrategy(DistributedStrategy):
         self._wall_s = self._busy_s = 0.0
         self._amp_dtype = None  # the autocast dtype of the schedule's forwards, set by each loop
 
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """Stage i on process i, training on microbatches: GPipe runs every microbatch's forward
+        before any backward, so a stage keeps m microbatches' activations; 1F1B keeps at most
+        p - i. Receive buffers are made up front, one per microbatch: the activations coming in
+        (after the first stage) and their gradients coming back (before the last). The first
+        stage also holds the whole batch it cuts up."""
+        config = plan.config
+        stages, m = config.world_size, config.microbatches
+        micro = config.batch_size // m
+        devices = []
+        for i, label in enumerate(plan.labels()):
+            device, trace = plan.stage_memory(label, i, micro)
+            in_flight = m if config.pipeline_schedule == "gpipe" else min(m, stages - i)
+            kept = max(0, trace.forward_kept - trace.input_bytes)
+            device.activations += (in_flight - 1) * kept
+            if i == 0:
+                device.activations += (m - 1) * trace.input_bytes
+            # What comes in is what the stage before sends: its output, in autocast's dtype.
+            incoming = plan.trace(micro, i - 1).output_bytes if i > 0 else 0
+            device.comm = m * (incoming + (trace.output_bytes if i < stages - 1 else 0))
+            devices.append(device)
+        return devices
+
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
                                    image_size=self.config.image_size, name=self.config.model)

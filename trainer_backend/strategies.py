@@ -98,6 +98,12 @@ class Strategy:
             # convolution algorithms pays for itself within the first epoch.
             torch.backends.cudnn.benchmark = True
 
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """The model whole on its device, training on the whole batch (see memory_estimate.py)."""
+        (label,) = plan.labels()
+        return [plan.whole(label, plan.config.batch_size)]
+
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
 
@@ -228,6 +234,27 @@ class AutocastDataParallel(nn.DataParallel):
 class DataParallelStrategy(Strategy):
     name = "dp"
 
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """On GPUs, the first holds the model, its gradients and optimizer state, the whole input
+        batch and the gathered outputs; every other GPU a replica of the parameters (made anew each
+        step) with their gradients, for its share of the batch. On CPU a pass-through: single's."""
+        config = plan.config
+        if not config.uses_cuda:
+            return [plan.whole("cpu", config.batch_size)]
+        share = config.per_device_batch
+        first = plan.whole(config.devices[0], share)
+        rest_of_batch = config.batch_size - share
+        first.activations += (rest_of_batch * plan.input_bytes_per_image()
+                              + config.batch_size * plan.num_classes * 4)
+        trace = plan.trace(share)
+        replicas = []
+        for label in config.devices[1:]:
+            replica = plan.held(label, plan.model)
+            parameters = replica.parameters + replica.activations  # broadcast weights and buffers
+            replicas.append(type(replica)(label, activations=parameters + trace.backward_peak))
+        return [first, *replicas]
+
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
         if self.input_device.type != "cuda":
@@ -293,6 +320,17 @@ class DistributedStrategy(Strategy):
         dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=timeout,
                                 device_id=self.input_device if self.input_device.type == "cuda" else None)
 
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """A full replica per process on its share of the batch, and DDP's gradient buckets
+        (bucket_cap_mb 25, together as large as the gradients) for the all-reduce."""
+        devices = []
+        for label in plan.labels():
+            device = plan.whole(label, plan.config.per_device_batch)
+            device.comm = device.gradients
+            devices.append(device)
+        return devices
+
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
         ids = [self.input_device.index] if self.input_device.type == "cuda" else None
@@ -355,6 +393,15 @@ class ModelParallelStrategy(Strategy):
     def devices(self) -> list[torch.device]:
         return list(dict.fromkeys(self.stage_devices))
 
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """Stage i (its layers' parameters, gradients, optimizer state) on device i, each training
+        on the whole batch; stages sharing one device (CPU) are one step of the whole model."""
+        config = plan.config
+        if len(set(config.devices)) == 1:
+            return [plan.whole(config.devices[0], config.batch_size)]
+        return [plan.stage_memory(label, i, config.batch_size)[0] for i, label in enumerate(config.devices)]
+
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(
             model, len(self.stage_devices), in_chans=self.in_chans,
@@ -374,6 +421,23 @@ class FullyShardedStrategy(DistributedStrategy):
 
     name = "fsdp"
     sum_val_across_ranks = False  # a sharded forward is a collective: every rank runs the same batches
+
+    @staticmethod
+    def memory_placement(plan) -> list:
+        """Each process holds 1/N of every parameter, gradient and optimizer state (padded shards),
+        the activations of its share of the batch, and gathered units: in backward the unit being
+        computed, the next one prefetched and the first's unsharded gradients (three times the
+        largest unit), plus the root's own parameters, which stay gathered."""
+        world, batch = plan.config.world_size, plan.config.per_device_batch
+        trace = plan.trace(batch)
+        units = plan.fsdp_units()
+        devices = []
+        for rank, label in enumerate(plan.labels()):
+            device = plan.shard(label, rank, world)
+            device.activations += trace.backward_peak - trace.grads_at_peak
+            device.comm = 3 * max(units[:-1], default=0) + units[-1]
+            devices.append(device)
+        return devices
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -439,3 +503,13 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     """The units FSDP shards one by one: the model's sequential layers that hold parameters."""
     return [layer for layer in flatten_sequential(model) if any(True for _ in layer.parameters())]
 
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class that runs strategy ``name`` (pp's imports torch.distributed.pipelining)."""
+    if name == "pp":
+        from .pipeline import PipelineStrategy
+
+        return PipelineStrategy
+    return {"single": Strategy, "dp": DataParallelStrategy, "ddp": DistributedStrategy,
+            "mp": ModelParallelStrategy, "fsdp": FullyShardedStrategy}[name]

@@ -42,6 +42,7 @@ from .loop import (PrecisionRecord, make_grad_scaler, peak_memory_mb, peak_memor
                    resolve_amp, train_epoch, validate)
 from .measures import RunMeasures
 from .memory_breakdown import rank_device_label
+from .memory_estimate import stored_estimate
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
@@ -313,7 +314,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress, energy_part)
         if engine is not None:
-            once = {**measures.once_per_run(), "effective_batch": config.effective_batch}
+            once = {**measures.once_per_run(), "effective_batch": config.effective_batch,
+                    **stored_estimate(config, data.info.num_classes, data.info.in_chans)}
             retry_when_locked(lambda: store.set_measurements(engine, run_id, once), what="record the run's measurements")
         checkpoint = folder / "best.pt"
         start_epoch, best_acc = 1, -1.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from reports import efficiency
+from reports import efficiency, memory_check
 
 
 def mfu_metric(column, run_epochs: pd.DataFrame, measurements: dict) -> None:
@@ -53,4 +53,17 @@ def memory_breakdown(epochs: pd.DataFrame, labels: dict[int, str], key: str) -> 
     if not frame.empty:
         st.plotly_chart(efficiency.breakdown_figure(frame), key=key)
     if reason := efficiency.breakdown_missing(frame, list(labels), labels):
+        st.caption(reason)
+
+
+def estimate_check(runs: list[dict], epochs: pd.DataFrame, labels: dict[int, str], key: str) -> None:
+    """Each run's memory estimate against what it measured, per device; a line for runs without one."""
+    frame = memory_check.estimate_check_frame(runs, epochs, labels)
+    if not frame.empty:
+        st.markdown("**Memory: estimated before launch against measured**")
+        st.dataframe(memory_check.estimate_check_display(frame), hide_index=True, key=key)
+        st.caption("On GPUs the estimated peak against the allocator's peak (max_memory_allocated); on CPU, which "
+                   "keeps no peak of live tensors, the parameters, gradients and optimizer state the run measured "
+                   "exactly after its first step. Error: estimated / measured - 1.")
+    if reason := memory_check.estimate_missing(runs, frame, labels):
         st.caption(reason)
