@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from db import profiles, series, store
-from db.folders import NotARegularFile, read_regular_file
+from db.folders import NotARegularFile
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.lifecycle import CancelNotDelivered, cancel

@@ -207,10 +207,10 @@ class MemoryPlan:
 
     def fsdp_units(self) -> list[int]:
         """Unsharded bytes of each unit ``fully_shard`` gathers at once, as FSDP wraps the model
-        (strategies._blocks), and of the root's own parameters, which stay gathered."""
-        from .strategies import _blocks
+        (strategies.sharded_blocks), and of the root's own parameters, which stay gathered."""
+        from .strategies import sharded_blocks
 
-        blocks = _blocks(self.model)
+        blocks = sharded_blocks(self.model)
         in_blocks = {id(p) for block in blocks for p in block.parameters()}
         root = sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in in_blocks)
         return [tensor_bytes(block.parameters()) for block in blocks] + [root]
@@ -264,7 +264,7 @@ def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | Non
 
 def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int) -> MemoryEstimate:
     """Peak memory per device of ``config``'s training step, without a GPU and without weights."""
-    from .strategies import strategy_class
+    from .registry import strategy_class
 
     amp_dtype, note = estimate_amp_dtype(config)
     plan = MemoryPlan(config, num_classes, in_chans, amp_dtype)

@@ -126,7 +126,7 @@ class FakeModel:
     def stages(self, n: int, image_size: int, strategy: str) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
         """The stages mp and pp cut the model into (the same layers, balanced the same way), and
         each stage's input shape per image."""
-        from .models import ModelError, _balanced_bounds, count_parameters, flatten_sequential
+        from .models import ModelError, balanced_bounds, count_parameters, flatten_sequential
 
         if (n, image_size) not in self._stages:
             layers = flatten_sequential(self.model)
@@ -136,7 +136,7 @@ class FakeModel:
             if shapes is None:
                 raise ModelError(f"model {self.name!r} cannot be split into stages for {strategy}: "
                                  "its layers do not run in sequence")
-            bounds = _balanced_bounds([count_parameters(layer) for layer in layers], n)
+            bounds = balanced_bounds([count_parameters(layer) for layer in layers], n)
             self._stages[(n, image_size)] = ([nn.Sequential(*layers[start:end]) for start, end in bounds],
                                              [shapes[start] for start, _ in bounds])
         return self._stages[(n, image_size)]
@@ -162,7 +162,7 @@ class FakeModel:
     def trace(self, module: nn.Module, config: RunConfig, shape: tuple[int, ...], amp_dtype: torch.dtype | None, *,
               first: bool = True, last: bool = True, optimizer_extra: int | None = None) -> StepTrace:
         """One training step of ``module`` on an input of ``shape`` with the run's optimizer."""
-        from .trainer import build_optimizer
+        from .schedule import build_optimizer
 
         with TRACE_LOCK, self.mode:
             optimizer = build_optimizer(config, [p for p in module.parameters() if p.requires_grad])

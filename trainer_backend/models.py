@@ -135,7 +135,7 @@ def split_into_stages(model: nn.Module, n_stages: int, *, in_chans: int, image_s
             "MobileNet or ConvNeXt"
         )
     sizes = [count_parameters(layer) for layer in layers]
-    bounds = _balanced_bounds(sizes, n_stages)
+    bounds = balanced_bounds(sizes, n_stages)
     return [nn.Sequential(*layers[start:end]) for start, end in bounds]
 
 
@@ -156,7 +156,7 @@ def _sequential_matches(model: nn.Module, layers: list[nn.Module], in_chans: int
         model.train(was_training)
 
 
-def _balanced_bounds(sizes: list[int], parts: int) -> list[tuple[int, int]]:
+def balanced_bounds(sizes: list[int], parts: int) -> list[tuple[int, int]]:
     """Split ``sizes`` into ``parts`` non-empty consecutive runs minimising the largest sum
     (the classic linear-partition dynamic programme; a few dozen layers, so O(parts * n^2) is nothing)."""
     n = len(sizes)

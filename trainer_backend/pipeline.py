@@ -104,6 +104,11 @@ class PipelineStrategy(DistributedStrategy):
     drop_last_train = True  # microbatch shapes are fixed by the first step
     comm_measure = "stages"  # a stage's time not computing or loading is spent waiting for its neighbours
 
+    @classmethod
+    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+               store_port: int = 0) -> PipelineStrategy:
+        return cls(config, rank, store_host, store_port, in_chans=in_chans)
+
     def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0, *, in_chans: int = 3):
         super().__init__(config, rank, store_host, store_port)
         self.in_chans = in_chans

@@ -1,4 +1,4 @@
-"""Learning-rate schedules, stepped once per optimizer step.
+"""The optimizer at the run's peak lr, and its learning-rate schedule, stepped once per optimizer step.
 
     schedule = attach_schedule(optimizer, config, batches_per_epoch=len(train_loader))
 
@@ -101,3 +101,14 @@ def attach_schedule(optimizer: torch.optim.Optimizer, config: RunConfig, *, batc
     total = per_epoch * config.epochs
     return LrSchedule(optimizer, config.lr_schedule, total_steps=total,
                       warmup=warmup_steps(config.lr_schedule, config.warmup_epochs, per_epoch, total))
+
+
+def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
+    """The optimizer at the run's peak lr (``base_lr``: scaled by the linear rule with --scale-lr);
+    ``attach_schedule`` then sets each step's lr from it."""
+    lr = config.base_lr
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=config.weight_decay)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)

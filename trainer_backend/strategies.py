@@ -67,6 +67,12 @@ class Strategy:
     # How this strategy's time in collectives is measured (see rank_times.RankClock): "none" has none.
     comm_measure = "none"
 
+    @classmethod
+    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+               store_port: int = 0) -> Strategy:
+        """The strategy for ``rank``, given everything any strategy needs; each takes what it uses."""
+        return cls(config, rank)
+
     def __init__(self, config: RunConfig, rank: int = 0):
         self.config = config
         self.rank = rank
@@ -289,6 +295,11 @@ class DistributedStrategy(Strategy):
     name = "ddp"
     comm_measure = "hook"
 
+    @classmethod
+    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+               store_port: int = 0) -> Strategy:
+        return cls(config, rank, store_host, store_port)
+
     def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0):
         super().__init__(config, rank)
         self.world_size = len(config.devices)
@@ -383,6 +394,11 @@ class DistributedStrategy(Strategy):
 class ModelParallelStrategy(Strategy):
     name = "mp"
 
+    @classmethod
+    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+               store_port: int = 0) -> Strategy:
+        return cls(config, rank, in_chans=in_chans)
+
     def __init__(self, config: RunConfig, rank: int = 0, *, in_chans: int = 3):
         super().__init__(config, rank)
         self.stage_devices = [torch.device(d) for d in config.devices]
@@ -445,7 +461,7 @@ class FullyShardedStrategy(DistributedStrategy):
 
         model = model.to(self.input_device)
         mesh = init_device_mesh(self.input_device.type, (self.world_size,))
-        blocks = _blocks(model)
+        blocks = sharded_blocks(model)
         for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -499,17 +515,6 @@ class FullyShardedStrategy(DistributedStrategy):
                        options=StateDictOptions(full_state_dict=True))
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
+def sharded_blocks(model: nn.Module) -> list[nn.Module]:
     """The units FSDP shards one by one: the model's sequential layers that hold parameters."""
     return [layer for layer in flatten_sequential(model) if any(True for _ in layer.parameters())]
-
-
-
-def strategy_class(name: str) -> type[Strategy]:
-    """The class that runs strategy ``name`` (pp's imports torch.distributed.pipelining)."""
-    if name == "pp":
-        from .pipeline import PipelineStrategy
-
-        return PipelineStrategy
-    return {"single": Strategy, "dp": DataParallelStrategy, "ddp": DistributedStrategy,
-            "mp": ModelParallelStrategy, "fsdp": FullyShardedStrategy}[name]

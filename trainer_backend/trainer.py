@@ -46,12 +46,12 @@ from .memory_estimate import stored_estimate
 from .models import create_model
 from .plugins import load_plugins
 from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
-from .schedule import attach_schedule
+from .schedule import attach_schedule, build_optimizer
 from .steps import StepHooks, StepRecorder
 from .speed import compile_model, compile_note, compile_warmup, to_memory_format
 from .storage import writing
-from .strategies import (DataParallelStrategy, DistributedStrategy, FullyShardedStrategy, ModelParallelStrategy,
-                         Strategy, synchronize)
+from .registry import make_strategy
+from .strategies import Strategy, synchronize
 
 EpochPrinter = Callable[[str], None]
 
@@ -68,33 +68,6 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
         seed=config.seed,
         data_roots=data_roots,
     )
-
-
-def build_optimizer(config: RunConfig, params) -> torch.optim.Optimizer:
-    """The optimizer at the run's peak lr (``base_lr``: scaled by the linear rule with --scale-lr);
-    ``attach_schedule`` then sets each step's lr from it."""
-    lr = config.base_lr
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=config.weight_decay)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay)
-    return torch.optim.Adam(params, lr=lr, weight_decay=config.weight_decay)
-
-
-def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "", store_port: int = 0) -> Strategy:
-    if config.strategy == "ddp":
-        return DistributedStrategy(config, rank, store_host, store_port)
-    if config.strategy == "fsdp":
-        return FullyShardedStrategy(config, rank, store_host, store_port)
-    if config.strategy == "pp":
-        from .pipeline import PipelineStrategy  # torch.distributed.pipelining: imported by pipelines only
-
-        return PipelineStrategy(config, rank, store_host, store_port, in_chans=in_chans)
-    if config.strategy == "dp":
-        return DataParallelStrategy(config, rank)
-    if config.strategy == "mp":
-        return ModelParallelStrategy(config, rank, in_chans=in_chans)
-    return Strategy(config, rank)
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:

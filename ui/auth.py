@@ -228,7 +228,7 @@ def secrets_problem(secrets: Mapping[str, Any]) -> str | None:
 # --- Streamlit ---------------------------------------------------------------------------------
 
 
-def _secrets() -> dict[str, Any]:
+def configured_secrets() -> dict[str, Any]:
     import streamlit as st
 
     try:
@@ -250,7 +250,7 @@ def require_access() -> None:
     """In app.py, before any page: refuse, ask to log in (then stop), or return and let the page render."""
     import streamlit as st
 
-    secrets = _secrets()
+    secrets = configured_secrets()
     address = st.get_option("server.address")
     headers = st.context.headers
     # No headers at all: no browser connection (AppTest). A browser always sends Host.
@@ -376,7 +376,7 @@ def _cookie_login(secrets: Mapping[str, Any], lifetime_s: float) -> login_cookie
 
 def revoke_login_cookie(token: Any) -> None:
     """Refuse this cookie from now on (logged out), whatever the browser still sends."""
-    secrets = _secrets()
+    secrets = configured_secrets()
     if auth_mode(secrets) != "password":
         return
     found = login_cookie.read_token(token, _cookie_key(secrets), login_cookie.MAX_LOGIN_DAYS * 86400)
@@ -482,7 +482,7 @@ def _check_password(stored_hash: str) -> None:
         for key in keys:
             THROTTLE.succeeded(key)
         st.session_state.pop(FAILED_KEY, None)
-        _remember_login(_secrets())
+        _remember_login(configured_secrets())
         return
     FAILURE_BUDGET.failed()
     wait_s = max(THROTTLE.failed(key) for key in keys)

@@ -83,7 +83,7 @@ def _host_refusal(request) -> Any:
     from starlette.responses import PlainTextResponse
     from streamlit import config
 
-    if auth.host_allowed(request.headers.get("host"), auth.allowed_hosts(auth._secrets()),
+    if auth.host_allowed(request.headers.get("host"), auth.allowed_hosts(auth.configured_secrets()),
                          config.get_option("server.address")):
         return None
     return PlainTextResponse("This dashboard does not answer to that host name.", status_code=403)
@@ -157,6 +157,7 @@ def download(request) -> Any:
             while block := handle.read(CHUNK_BYTES):
                 yield block
 
+    filename = re.sub(r"[^\w.-]", "_", downloads.attachment_name(run_id, name))  # nothing that ends the header value
     return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
         "Content-Length": str(os.fstat(handle.fileno()).st_size), "Cache-Control": "no-store",
-        "Content-Disposition": f'attachment; filename="{re.sub(r"[^\w.-]", "_", downloads.attachment_name(run_id, name))}"'})
+        "Content-Disposition": f'attachment; filename="{filename}"'})
