@@ -261,11 +261,11 @@ def test_each_strategy_places_its_parts_on_the_gpus_as_it_runs(two_gpus):
     assert mp["cuda:0"].parameters + mp["cuda:1"].parameters == whole
     fsdp = gpu_estimate("fsdp", amp="bf16")
     assert all(d.parameters == pytest.approx(whole / 2, rel=0.01) for d in fsdp.values())
-    from trainer_backend.strategies import _blocks
+    from trainer_backend.strategies import sharded_blocks
 
     with torch.device("meta"):
         units = [sum(p.numel() * 4 for p in block.parameters())
-                 for block in _blocks(create_model(MODEL, num_classes=CLASSES, in_chans=CHANNELS))]
+                 for block in sharded_blocks(create_model(MODEL, num_classes=CLASSES, in_chans=CHANNELS))]
     # The unit computing, the next one gathered ahead and the unsharded gradients: the largest unit thrice.
     assert all(d.comm == 3 * max(units) for d in fsdp.values())
     pp = gpu_estimate("pp", amp="bf16", microbatches=4)

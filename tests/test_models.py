@@ -10,7 +10,7 @@ import torch
 from trainer_backend.models import (
     ModelError,
     StagedModel,
-    _balanced_bounds,
+    balanced_bounds,
     create_model,
     split_into_stages,
 )
@@ -42,9 +42,9 @@ def test_pretrained_offline_fails_fast_naming_the_model(monkeypatch, tmp_path):
 
 
 def test_balanced_bounds_minimise_the_largest_stage():
-    assert _balanced_bounds([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
-    assert _balanced_bounds([8, 1, 1, 1, 1], 2) == [(0, 1), (1, 5)]
-    assert _balanced_bounds([1, 2, 3], 3) == [(0, 1), (1, 2), (2, 3)]
+    assert balanced_bounds([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert balanced_bounds([8, 1, 1, 1, 1], 2) == [(0, 1), (1, 5)]
+    assert balanced_bounds([1, 2, 3], 3) == [(0, 1), (1, 2), (2, 3)]
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenetv3_small_100", "efficientnet_b0"])
@@ -87,3 +87,12 @@ def test_pretrained_weights_in_the_local_cache_load_offline(monkeypatch, tmp_pat
     model = create_model("resnet18", num_classes=10, in_chans=3, pretrained=True)
     assert torch.all(model.conv1.weight == 0.125)
     assert model.fc.out_features == 10  # the 1000-class head is replaced for the dataset
+
+
+def test_an_unknown_strategy_name_fails_naming_the_strategies_there_are():
+    from trainer_backend.config import STRATEGIES
+    from trainer_backend.registry import strategy_class
+
+    assert {name: strategy_class(name).name for name in STRATEGIES} == {name: name for name in STRATEGIES}
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero3': use one of single, dp, ddp, mp, pp, fsdp"):
+        strategy_class("zero3")
