@@ -153,12 +153,28 @@ def absolute_database_url(text: str) -> str:
 
 def _parse_url(text: str) -> URL:
     try:
-        return make_url(text)
+        url = make_url(text)
     except ArgumentError:
         raise DatabaseUnavailable(
             f"database URL {masked_url(text)!r} is not a database URL; use sqlite:///path/to/parallax.db "
             "or postgresql+psycopg://user:password@host/database"
         ) from None
+    if is_in_memory_sqlite(url):
+        raise DatabaseUnavailable(
+            f"database URL {text} is an in-memory SQLite database, which lives inside one connection: "
+            "the schema, the run's processes and the dashboard would each see an empty one of their own; give a "
+            "file, e.g. sqlite:////path/to/parallax.db"
+        )
+    return url
+
+
+def is_in_memory_sqlite(url: URL) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:`` and ``file:…?mode=memory`` URIs."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    database = url.database or ""
+    return database in ("", ":memory:") or (database.startswith("file:") and "mode=memory" in database) or \
+        url.query.get("mode") == "memory"
 
 
 def _create_engine(url: URL) -> Engine:

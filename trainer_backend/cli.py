@@ -17,20 +17,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     ConfigError, RunConfig, parse_devices)
+                     ConfigError, RunConfig, parse_devices, shown, shown_length)
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
+MAX_CONFIG_FILE_BYTES = 2**20
+# Longer than any flag needs (a list of 4,096 devices is under 50,000 characters), far shorter than
+# what would cost memory or time to echo or search.
+MAX_ARGUMENT_LENGTH = 65_536
+_BYTE_ORDER_MARKS = {"UTF-32": b"\xff\xfe\x00\x00", "UTF-16": b"\xff\xfe", "UTF-16 (big-endian)": b"\xfe\xff"}
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Bad flags end in one line naming the flag and what is allowed, not the whole usage text."""
 
     def error(self, message: str):
+        # argparse quotes the value it refuses: a long one is shortened, as every message here is
+        message = re.sub(r"'([^']{61,})'", lambda m: shown(m.group(1)), message)
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
@@ -112,12 +120,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
     one per process of torchrun's world, of the kind --devices names."""
     values: dict = {}
     if args.config is not None:
-        try:
-            values = json.loads(args.config.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError("config", f"cannot read config file {str(args.config)!r}: {exc}") from None
-        if not isinstance(values, dict):
-            raise ConfigError("config", f"config file {str(args.config)!r} must hold a JSON object")
+        values = read_config_file(args.config)
     for name in RunConfig.__dataclass_fields__:
         given = getattr(args, name, None)
         if given is not None:
@@ -132,6 +135,47 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
 
         values = values_for_world(values, world)
     return RunConfig.from_dict(values)
+
+
+def read_config_file(path: Path) -> dict:
+    """The fields a --config file holds; anything else (too big, not UTF-8, not JSON, nested past
+    reason, not an object) is one ConfigError naming the file."""
+    name = shown(str(path), 240)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read config file {name}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError("config", f"config file {name} is larger than {MAX_CONFIG_FILE_BYTES // 2**20} MiB: a "
+                          "config is a small JSON object of fields")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        saved_as = next((f" (it starts with a {bom} byte-order mark)" for bom, mark in _BYTE_ORDER_MARKS.items()
+                         if raw.startswith(mark)), "")
+        raise ConfigError("config", f"config file {name} is not UTF-8 text{saved_as}: byte {exc.start} cannot be "
+                          "decoded; save it as UTF-8") from None
+    try:
+        values = json.loads(text)
+    except RecursionError:
+        raise ConfigError("config", f"config file {name} nests its values too deeply to read: a config is a flat "
+                          "JSON object of fields") from None
+    except ValueError as exc:  # JSONDecodeError, and Python's limit on the digits of a whole number
+        why = str(exc) if len(str(exc)) <= 120 else str(exc)[:119] + "…"
+        raise ConfigError("config", f"config file {name} is not valid JSON: {why}") from None
+    if not isinstance(values, dict):
+        raise ConfigError("config", f"config file {name} must hold a JSON object")
+    return values
+
+
+def _refuse_outsized_arguments(argv: list[str]) -> None:
+    """A value longer than any flag can need is refused before argparse echoes it whole."""
+    for index, value in enumerate(argv):
+        if len(value) > MAX_ARGUMENT_LENGTH:
+            flag = argv[index - 1] if index and argv[index - 1].startswith("--") else "an argument"
+            raise ConfigError("argv", f"{flag} {shown_length(value)} is not allowed: a value on the command line "
+                              f"has at most {MAX_ARGUMENT_LENGTH:,} characters")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _refuse_outsized_arguments(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
                 "export": _cmd_export, "list": _cmd_list}
