@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _database_problem(exc: Exception, url: str | None) -> str | None:
-    """One line for a database that cannot be opened or written (e.g. it became read-only or
-    unreachable mid-command); None for any other error."""
+    """One line for a database that cannot be opened, or that failed a command after it opened (it
+    became read-only or unreachable, refused a value); None for any other error."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.access import DatabaseUnavailable, describe_failure
@@ -260,7 +260,7 @@ def _database_problem(exc: Exception, url: str | None) -> str | None:
     if isinstance(exc, DatabaseUnavailable):
         return str(exc)
     if isinstance(exc, SQLAlchemyError):
-        return describe_failure(database_url(url), exc)
+        return describe_failure(database_url(url), exc, opened=True)  # open_database raises DatabaseUnavailable
     return None
 
 
