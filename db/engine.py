@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -220,6 +221,43 @@ class DatabaseLockedError(RuntimeError):
     """A write kept finding the database locked by another process for the whole retry window."""
 
 
+class DatabaseFullError(DatabaseLockedError):
+    """A write found no space left for the database (SQLite's "database or disk is full", PostgreSQL's
+    disk_full). A kind of DatabaseLockedError on purpose: every writer that gives up on a locked
+    database (step points skipped, samples noted missing, the run failed with the reason) gives up
+    on a full one the same way, and a retry cannot help either."""
+
+
+def full_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` means the database's disk is full, in the driver's words; None if it does not."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig if exc.orig is not None else exc
+    text = str(orig)
+    if getattr(orig, "sqlite_errorcode", None) == 13 or "database or disk is full" in text:  # SQLITE_FULL
+        return "database or disk is full"
+    if getattr(orig, "sqlstate", None) == "53100" or "No space left on device" in text:  # PostgreSQL's disk_full
+        return " ".join(text.split())[:200]
+    return None
+
+
+def database_full_error(what: str, reason: str) -> DatabaseFullError:
+    """The one line for a write that found the database's disk full, naming the database and its folder."""
+    with _engines_lock:
+        urls = {engine.url for engine in _engines.values()}
+    place = ""
+    if len(urls) == 1:  # a run's processes record into one database
+        (url,) = urls
+        place = f" {masked_url(url)}"
+        path = sqlite_file(url)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                reason += f"; {shutil.disk_usage(path.parent).free // 1024} KiB left in {path.parent}"
+    return DatabaseFullError(f"disk full while writing to the database{place}: could not {what} ({reason}): the "
+                             "metrics recorded so far are kept; free some space (or use a database with room) and "
+                             "run again")
+
+
 def lock_wait_s() -> float:
     """How long a write that must not be lost (an epoch's metrics, how a run ended) keeps trying
     while another process holds the database's write lock: ``PARALLAX_DB_LOCK_WAIT_S``, default 300."""
@@ -249,7 +287,10 @@ def retry_when_locked(action, *, what: str, window_s: float | None = None):
     while True:
         try:
             return action()
-        except OperationalError as exc:
+        except DBAPIError as exc:
+            reason = full_reason(exc)
+            if reason is not None:  # waiting does not make room
+                raise database_full_error(what, reason) from exc
             remaining = deadline - time.monotonic()
             if not is_locked_error(exc):
                 raise
@@ -274,8 +315,9 @@ def try_write(engine: Engine, statement) -> bool:
             matched = connection.execute(statement).rowcount
             connection.commit()
             return matched != 0
-        except OperationalError as exc:
-            if not is_locked_error(exc):
+        except DBAPIError as exc:
+            # A full disk skips the beat too: the next write that must land says why the run ends.
+            if not is_locked_error(exc) and full_reason(exc) is None:
                 raise
             connection.rollback()
             return False

@@ -28,8 +28,9 @@ from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
+from db.engine import DatabaseFullError, DatabaseLockedError, lock_wait_s, retry_when_locked
 from db.folders import named_run_folder, run_folder_name
+from db.reserve import SpaceReserve
 from db.settings import database_url
 
 from .config import ConfigError, RunConfig
@@ -44,6 +45,7 @@ from .trainer import note_log_incomplete, read_rank_failures, run_started_at_s, 
 
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
+PLAIN_FAILURE_TYPES = {DatabaseLockedError.__name__, DatabaseFullError.__name__, "DiskFullError"}
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
@@ -90,6 +92,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     kept if the database stays locked past the last write)."""
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
+    reserve = SpaceReserve(url, run_id).__enter__()  # room for the last write if the disk fills
     try:
         with Heartbeat(engine, run_id):
             if not wait_for_turn(engine, run_id, echo=echo):
@@ -113,6 +116,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
         # locked for good, the process ends and readers mark the run lost.
+        reserve.release()
         retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
                           what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
     return store.get_run(engine, run_id).status
@@ -227,7 +231,7 @@ def _root_cause(context, folder, exc: ProcessException) -> str:
         first = min(failures, key=lambda f: f["time"])
         if _is_collective_timeout(first):
             return _collective_timeout_message(first, failed, len(context.processes))
-        if first.get("type") == DatabaseLockedError.__name__:
+        if first.get("type") in PLAIN_FAILURE_TYPES:  # its message says all: no traceback
             return f"rank {first['rank']}: {first['message']}"
         return f"rank {first['rank']} raised an exception: {_last_line(first['traceback'])}\n{first['traceback']}"
     if isinstance(exc, ProcessExitedException):

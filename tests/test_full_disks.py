@@ -1,0 +1,88 @@
+"""Full disks outside the dataset cache: a database that fills up mid-run ends the run with that
+reason in one line and keeps every epoch already recorded. The disk is a real tmpfs mounted as
+root (skipped with the reason where mounting is not allowed), always unmounted afterwards.
+
+    .venv/bin/python -m pytest tests/test_full_disks.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from db.reserve import RESERVE_BYTES
+
+# Room left on the database's disk when the run starts, besides the run's reserve: a few dozen
+# commits (each a 4 KiB page or more in the WAL), so the disk fills within the first epochs.
+ROOM_BYTES = 160 * 1024
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, *options: str):
+    """A tmpfs on ``path``; skips the test with the reason where mounting is not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here to make a full disk: {result.stderr.strip() or result.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(folder: Path, leave_bytes: int) -> Path:
+    """A file that takes all but ``leave_bytes`` of ``folder``'s disk."""
+    filler = folder / "filler"
+    size = shutil.disk_usage(folder).free - leave_bytes
+    with open(filler, "wb") as handle:
+        handle.write(bytes(max(0, size)))
+    return filler
+
+
+def run_args(url: str, *flags: str) -> list[str]:
+    return ["--db", url, "run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
+            "--epochs", "40", *flags]
+
+
+@pytest.mark.parametrize("flags", [(), ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")],
+                         ids=["single", "ddp"])
+def test_a_database_that_fills_mid_run_ends_it_with_the_reason_and_keeps_every_epoch(flags, tmp_path, parallax_home):
+    with mounted_tmpfs(tmp_path / "db-disk", "size=4m") as disk:
+        url = f"sqlite:///{disk / 'parallax.db'}"
+        created = run_cli("--db", url, "list", home=parallax_home, timeout=120)
+        assert created.returncode == 0, created.stderr
+        filler = fill(disk, RESERVE_BYTES + ROOM_BYTES)
+        env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"}
+        result = subprocess.run([sys.executable, "-m", "trainer_backend", *run_args(url, *flags)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+        assert result.stdout.strip().splitlines()[-1] == "run_id=1 status=failed"
+        error_line = result.stderr.strip().splitlines()[-1]
+        rank = "rank 0: " if flags else ""  # a DDP run names the rank that recorded into the database
+        assert error_line.startswith(f"error: {rank}disk full while writing to the database {url}: could not "), \
+            error_line
+        assert f"left in {disk})" in error_line and "the metrics recorded so far are kept" in error_line, error_line
+        assert "Traceback" not in result.stderr and "OperationalError" not in error_line
+
+        listed = run_cli("--db", url, "list", home=parallax_home, timeout=120)  # readable while still full
+        assert listed.returncode == 0 and "run_id=1 status=failed" in listed.stdout, listed.stderr
+        filler.unlink()
+        exported = json.loads(run_cli("--db", url, "export", "1", home=parallax_home, timeout=120).stdout)
+        assert exported["status"] == "failed" and exported["error"] == error_line.removeprefix("error: ")
+        epochs = [epoch["epoch"] for epoch in exported["epochs"]]
+        printed = [int(n) for n in re.findall(r"^epoch (\d+)/40 ", result.stdout, flags=re.M)]
+        # Every epoch printed is recorded; the last one recorded may not be printed yet (a write that
+        # follows it in the same epoch found the disk full).
+        assert epochs == list(range(1, len(epochs) + 1)) and epochs[:len(printed)] == printed, (epochs, printed)
+        assert len(epochs) - len(printed) <= 1, (epochs, printed)
+        assert not list(disk.glob("*.reserve")), list(disk.iterdir())
