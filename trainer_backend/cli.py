@@ -24,6 +24,7 @@ from pathlib import Path
 from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
                      ConfigError, RunConfig, parse_devices, shown, shown_length)
 from .plugins import load_plugins
+from .printable import one_line, printable_lines, shown_name
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
 MAX_CONFIG_FILE_BYTES = 2**20
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _refuse_outsized_arguments(argv)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
@@ -239,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                              "'run', which joins torchrun's world")
         return commands[args.command](args)
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)  # names from the outside world cannot forge a line
         return 2
     except Exception as exc:
         problem = _database_problem(exc, args.db)
         if problem is None:
             raise
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {one_line(problem)}", file=sys.stderr)
         return 2
 
 
@@ -303,7 +304,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from db import make_engine, store
 
         error = store.get_run(make_engine(args.db), run_id).error or ""
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable_lines(error)}", file=sys.stderr)
     print(f"run_id={run_id} status={status}", flush=True)
     return 0 if status == "completed" else 1
 
@@ -347,7 +348,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 if run.status not in lifecycle.ACTIVE_STATUSES:
                     print(f"run_id={run_id} status={run.status}", flush=True)
                     if run.error:
-                        print(f"  {run.strategy}: {run.error.splitlines()[0]}", flush=True)
+                        print(f"  {run.strategy}: {one_line(run.error.splitlines()[0])}", flush=True)
                     pending.remove(run_id)
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -428,5 +429,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from db import store
 
     for run in store.list_runs(_engine_with_fresh_states(args.db)):
-        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={run.model} dataset={run.dataset}")
+        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={shown_name(run.model)} "
+              f"dataset={shown_name(run.dataset)}")
     return 0

@@ -15,6 +15,7 @@ import torch
 from .config import ConfigError, RunConfig, strategy_notes
 from .datasets import DatasetInfo
 from .models import ModelError, create_model, split_into_stages
+from .printable import one_line, shown_name
 from .storage import DiskFullError
 from .trainer import load_data, make_strategy
 
@@ -103,9 +104,9 @@ def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
 def announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
     """The lines a run starts with in its log and on the terminal."""
     print(f"run_id={run_id} {config.strategy} on {','.join(config.devices)}: {config.model} on "
-          f"{config.dataset} ({info.num_train} train / {info.num_val} val images)", flush=True)
+          f"{shown_name(config.dataset)} ({info.num_train} train / {info.num_val} val images)", flush=True)
     for note in notes:
-        print(f"note: {note}", flush=True)
+        print(f"note: {one_line(note)}", flush=True)
 
 
 def with_oom_hint(error: str) -> str:

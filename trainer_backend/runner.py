@@ -39,6 +39,7 @@ from .devices import cuda_indices
 from .lifecycle import Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from .printable import one_line, printable_lines
 from .sampler import SystemSampler
 from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from .trainer import note_log_incomplete, read_rank_failures, run_started_at_s, train_process
@@ -108,9 +109,9 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
     except PLAIN_ERRORS as exc:
-        status, error = "failed", str(exc)
+        status, error = "failed", one_line(exc)  # one line by contract: a forged newline is escaped
     except Exception as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        status, error = "failed", printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
     finally:
         if log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
@@ -139,11 +140,11 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
         _stop_children()
         return "cancelled", "cancelled by the user"
     except RankFailure as exc:
-        return "failed", with_oom_hint(str(exc))
+        return "failed", with_oom_hint(printable_lines(exc))
     except PLAIN_ERRORS as exc:
-        return "failed", str(exc)
+        return "failed", one_line(exc)
     except Exception as exc:
-        return "failed", with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+        return "failed", with_oom_hint(printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
 
 
 class RankFailure(Exception):
@@ -232,7 +233,7 @@ def _root_cause(context, folder, exc: ProcessException) -> str:
         if _is_collective_timeout(first):
             return _collective_timeout_message(first, failed, len(context.processes))
         if first.get("type") in PLAIN_FAILURE_TYPES:  # its message says all: no traceback
-            return f"rank {first['rank']}: {first['message']}"
+            return f"rank {first['rank']}: {one_line(first['message'])}"
         return f"rank {first['rank']} raised an exception: {_last_line(first['traceback'])}\n{first['traceback']}"
     if isinstance(exc, ProcessExitedException):
         return f"rank {exc.error_index} exited with code {exc.exit_code}; the other ranks were stopped"
