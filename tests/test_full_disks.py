@@ -86,3 +86,49 @@ def test_a_database_that_fills_mid_run_ends_it_with_the_reason_and_keeps_every_e
         assert epochs == list(range(1, len(epochs) + 1)) and epochs[:len(printed)] == printed, (epochs, printed)
         assert len(epochs) - len(printed) <= 1, (epochs, printed)
         assert not list(disk.glob("*.reserve")), list(disk.iterdir())
+
+
+def test_exports_onto_a_full_or_read_only_disk_are_one_line_and_leave_no_half_file(tmp_path, parallax_home):
+    trained = run_cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
+                      "--profile", "--profile-wait", "0", "--profile-warmup", "0", "--profile-active", "1", "--quiet",
+                      home=parallax_home, timeout=180)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    for flag, first in (("--csv", "CSV file"), ("--profile-dir", "profile trace")):
+        with mounted_tmpfs(tmp_path / f"full{flag}", "size=4k") as disk:
+            fill(disk, 0)
+            result = run_cli("export", "1", flag, str(disk / "out"), home=parallax_home, timeout=120)
+            assert result.returncode == 2, result.stdout[-500:] + result.stderr[-2000:]
+            (line,) = result.stderr.strip().splitlines()
+            assert line.startswith(f"error: disk full while writing {first} {disk}/out/"), line
+            assert "No space left on device" in line and "no half-written file is left" in line, line
+            assert not [p for p in disk.rglob("*") if p.name.endswith(".part")]
+        with mounted_tmpfs(tmp_path / f"read-only{flag}", "ro", "size=64k") as disk:
+            result = run_cli("export", "1", flag, str(disk / "out"), home=parallax_home, timeout=120)
+            assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+            (line,) = result.stderr.strip().splitlines()
+            assert line.startswith("error: cannot write ") and f"{flag} {disk}/out" in line, line
+            assert "Read-only file system" in line, line
+
+
+@pytest.mark.parametrize("command, disk, words", [
+    ("run", "read-only", "cannot write the run's folder {runs}/"),
+    ("launch", "read-only", "cannot write the run's log {runs}/"),
+    ("run", "full", "disk full while writing the rank's pid file {runs}/"),
+])
+def test_a_read_only_or_full_runs_folder_ends_the_run_in_one_line(command, disk, words, parallax_home):
+    runs = parallax_home / "runs"
+    options = ("ro", "size=64k") if disk == "read-only" else ("size=4k",)
+    with mounted_tmpfs(runs, *options):
+        if disk == "full":
+            fill(runs, 0)
+        result = run_cli(command, "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
+                         home=parallax_home, timeout=180)
+        assert result.returncode in (1, 2) and "Traceback" not in result.stderr, result.stderr[-3000:]
+        line = result.stderr.strip().splitlines()[-1]
+        assert line.startswith("error: " + words.format(runs=runs)), line
+        assert ("Read-only file system: give PARALLAX_HOME a folder this user can write" in line
+                if disk == "read-only" else "(No space left on device)" in line), line
+        listed = run_cli("list", home=parallax_home, timeout=60).stdout
+        assert listed.startswith("run_id=1 status=failed"), listed  # recorded with its reason, not left queued
+        exported = json.loads(run_cli("export", "1", home=parallax_home, timeout=60).stdout)
+        assert exported["error"] == line.removeprefix("error: ")

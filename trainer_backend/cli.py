@@ -25,8 +25,9 @@ from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SC
                      ConfigError, RunConfig, parse_devices, shown, shown_length)
 from .plugins import load_plugins
 from .printable import one_line, printable_lines, shown_name
+from .storage import DiskFullError
 
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
 MAX_CONFIG_FILE_BYTES = 2**20
 # Longer than any flag needs (a list of 4,096 devices is under 50,000 characters), far shorter than
 # what would cost memory or time to echo or search.
@@ -369,7 +370,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(format_forecast(sweep_forecast(engine, sweep_id)))
     print(strategy_advice(table))
     if args.report is not None:
-        args.report.write_text(sweep_html(engine, sweep_id, target_acc=args.target_acc), encoding="utf-8")
+        from .storage import write_export
+
+        write_export(args.report, sweep_html(engine, sweep_id, target_acc=args.target_acc).encode(), "sweep report")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0 if (table["status"] == "completed").all() else 1
 
