@@ -228,27 +228,54 @@ class DatabaseFullError(DatabaseLockedError):
     on a full one the same way, and a retry cannot help either."""
 
 
+class DatabaseReadOnlyError(DatabaseLockedError):
+    """A write found the database read-only (its file system remounted read-only, its file's
+    permissions changed, a PostgreSQL server in read-only mode): waiting does not help either."""
+
+
+def read_only_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` means the database cannot be written any more, in the driver's words; else None."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig if exc.orig is not None else exc
+    text = " ".join(str(orig).split())
+    code = getattr(orig, "sqlite_errorcode", None)
+    if (code is not None and code & 0xFF == 8) or "readonly database" in text:  # SQLITE_READONLY and its kinds
+        return text[:200]
+    if getattr(orig, "sqlstate", None) == "25006":  # PostgreSQL's read_only_sql_transaction
+        return text[:200]
+    return None
+
+
 def full_reason(exc: BaseException) -> str | None:
     """Why ``exc`` means the database's disk is full, in the driver's words; None if it does not."""
     if not isinstance(exc, DBAPIError):
         return None
     orig = exc.orig if exc.orig is not None else exc
     text = str(orig)
-    if getattr(orig, "sqlite_errorcode", None) == 13 or "database or disk is full" in text:  # SQLITE_FULL
+    if (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF == 13 or "database or disk is full" in text:  # SQLITE_FULL
         return "database or disk is full"
     if getattr(orig, "sqlstate", None) == "53100" or "No space left on device" in text:  # PostgreSQL's disk_full
         return " ".join(text.split())[:200]
     return None
 
 
-def database_full_error(what: str, reason: str) -> DatabaseFullError:
-    """The one line for a write that found the database's disk full, naming the database and its folder."""
+def _only_url() -> URL | None:
+    """The URL of the one database this process records into (a run's processes use one), else None."""
     with _engines_lock:
         urls = {engine.url for engine in _engines.values()}
-    place = ""
-    if len(urls) == 1:  # a run's processes record into one database
-        (url,) = urls
-        place = f" {masked_url(url)}"
+    return next(iter(urls)) if len(urls) == 1 else None
+
+
+def _the_database() -> str:
+    url = _only_url()
+    return f" {masked_url(url)}" if url is not None else ""
+
+
+def database_full_error(what: str, reason: str) -> DatabaseFullError:
+    """The one line for a write that found the database's disk full, naming the database and its folder."""
+    place, url = _the_database(), _only_url()
+    if url is not None:
         path = sqlite_file(url)
         if path is not None:
             with contextlib.suppress(OSError):
@@ -291,6 +318,12 @@ def retry_when_locked(action, *, what: str, window_s: float | None = None):
             reason = full_reason(exc)
             if reason is not None:  # waiting does not make room
                 raise database_full_error(what, reason) from exc
+            reason = read_only_reason(exc)
+            if reason is not None:
+                raise DatabaseReadOnlyError(
+                    f"the database{_the_database()} became read-only: could not {what} ({reason}): the metrics "
+                    "recorded so far are kept; make it writable again (then `list` marks the run lost) and run again"
+                ) from exc
             remaining = deadline - time.monotonic()
             if not is_locked_error(exc):
                 raise
@@ -317,7 +350,7 @@ def try_write(engine: Engine, statement) -> bool:
             return matched != 0
         except DBAPIError as exc:
             # A full disk skips the beat too: the next write that must land says why the run ends.
-            if not is_locked_error(exc) and full_reason(exc) is None:
+            if not is_locked_error(exc) and full_reason(exc) is None and read_only_reason(exc) is None:
                 raise
             connection.rollback()
             return False

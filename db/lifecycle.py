@@ -20,7 +20,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from db.engine import full_reason, session_scope, try_write
+from db.engine import full_reason, read_only_reason, session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
@@ -171,7 +171,7 @@ def mark_lost_runs(engine: Engine) -> list[int]:
             if gone and finish(engine, run.id, "lost", error=error):
                 lost.append(run.id)
         except DBAPIError as exc:
-            if full_reason(exc) is None:
+            if full_reason(exc) is None and read_only_reason(exc) is None:
                 raise
-            break  # a full disk: the runs are read as they are; the next read with room marks them
+            break  # a full disk or a read-only database: the runs are read as they are; the next read with room marks them
     return lost

@@ -132,3 +132,29 @@ def test_a_read_only_or_full_runs_folder_ends_the_run_in_one_line(command, disk,
         assert listed.startswith("run_id=1 status=failed"), listed  # recorded with its reason, not left queued
         exported = json.loads(run_cli("export", "1", home=parallax_home, timeout=60).stdout)
         assert exported["error"] == line.removeprefix("error: ")
+
+
+def test_a_database_that_cannot_be_written_any_more_is_one_line_and_heartbeats_skip(parallax_home):
+    """A file system cannot be remounted read-only under an open SQLite writer, so the read-only
+    database is SQLite's own: the same file opened with ``mode=ro``, every write refused by SQLite."""
+    import db
+    from db import lifecycle, store
+    from db.engine import DatabaseReadOnlyError, retry_when_locked
+
+    writable = db.make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
+    run_id = store.create_run(writable, {"strategy": "single", "model": "test_resnet", "dataset": "digits"},
+                              status="running")
+    store.set_process(writable, run_id, pid=2**22 + 12345, host=__import__("socket").gethostname())  # no such process
+    db.dispose_engines()
+    read_only = db.make_engine(f"sqlite:///file:{parallax_home / 'parallax.db'}?mode=ro&uri=true")
+    try:
+        with pytest.raises(DatabaseReadOnlyError) as refused:
+            retry_when_locked(lambda: store.log_epoch(read_only, run_id, {"epoch": 1}), what="record epoch 1")
+        message = str(refused.value)
+        assert "became read-only: could not record epoch 1 (attempt to write a readonly database)" in message
+        assert "the metrics recorded so far are kept" in message and "\n" not in message
+        assert lifecycle.heartbeat(read_only, run_id) is False  # skipped, as under a lock
+        assert lifecycle.mark_lost_runs(read_only) == []  # reads go on; marking waits for a writable database
+        assert [run.status for run in store.list_runs(read_only)] == ["running"]
+    finally:
+        db.dispose_engines()

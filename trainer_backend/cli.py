@@ -257,9 +257,10 @@ def _database_problem(exc: Exception, url: str | None) -> str | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.access import DatabaseUnavailable, describe_failure
+    from db.engine import DatabaseLockedError
     from db.settings import database_url
 
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, (DatabaseUnavailable, DatabaseLockedError)):  # locked, full or read-only: it says why
         return str(exc)
     if isinstance(exc, SQLAlchemyError):
         return describe_failure(database_url(url), exc, opened=True)  # open_database raises DatabaseUnavailable

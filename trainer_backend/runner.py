@@ -118,8 +118,13 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
         # A cancel that already ended the run stands. If even this write finds the database
         # locked for good, the process ends and readers mark the run lost.
         reserve.release()
-        retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
-                          what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
+        try:
+            retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
+                              what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
+        except DatabaseLockedError as exc:
+            # The run's own reason (e.g. the database became read-only at epoch 3) says more than
+            # this last write's failure; the caller prints it, and readers mark the run lost.
+            raise type(exc)(error if status == "failed" and error else str(exc)) from exc
     return store.get_run(engine, run_id).status
 
 
