@@ -41,6 +41,7 @@ CASES = [
      ["dataset '/tmp/a/a/", "(6,005 characters) is not allowed: a path has at most 4096 characters"]),
     ("dataset-name-too-long", None, ["--dataset", "/tmp/" + "a" * 300],
      ["dataset path has a part 'aaaa", "(300 characters) longer than the 255 bytes"]),
+    ("bands-too-many", None, ["--bands", ",".join(["1"] * 5000)], ["bands lists 5000 indices, more than the 4096"]),
     ("device-long", None, ["--devices", "cuda:" + "9" * 5000], ["device 'cuda:9999", "'cpu', 'cuda:N'"]),
     ("pretrained-tag-unknown", None, ["--model", "resnet18.no_such_tag"],
      ["model 'resnet18.no_such_tag': 'resnet18' has no pretrained tag 'no_such_tag' (its tags are a1_in1k",

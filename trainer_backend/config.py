@@ -279,6 +279,8 @@ def _parse_bands(bands: Any) -> tuple[int, ...]:
         parsed = tuple(bands)
     else:
         raise malformed
+    if len(parsed) > MAX_BAND_INDEX + 1:
+        raise ConfigError("bands", f"bands lists {len(parsed)} indices, more than the {MAX_BAND_INDEX + 1} allowed")
     if not parsed or not all(0 <= b <= MAX_BAND_INDEX for b in parsed):
         raise ConfigError("bands", f"bands {_shown(bands)} must be one or more indices from 0 to {MAX_BAND_INDEX}, "
                           "e.g. 3,2,1")
