@@ -1,15 +1,15 @@
 """Room for a run's last write when the database's disk fills up mid-run.
 
-    with SpaceReserve(url, run_id) as reserve:
-        ...                     # train; an epoch's write may find the disk full
-        reserve.release()       # now the write that records how the run ended has room
-        finish(engine, run_id, "failed", error=...)
+    reserve = SpaceReserve(url, run_id).keep()
+    ...                         # train; an epoch's write may find the disk full
+    reserve.release()           # now the write that records how the run ended has room
+    finish(engine, run_id, "failed", error=...)
 
 A SQLite database in WAL mode cannot even update a row once its disk is full: the update is a new
 frame in the WAL. A run therefore keeps a small file of its own beside the database while it runs
 and deletes it just before its last write, so that "disk full while writing ..." is recorded as
-the run's reason instead of the run being left active (and later marked lost). PostgreSQL keeps
-its own reserve (the server's), so nothing is kept for it.
+the run's reason instead of the run being left active (and later marked lost). A PostgreSQL
+database's disk is the server's, out of this process's reach: nothing is kept for it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class SpaceReserve:
             database = None
         self.path: Path | None = database.with_name(f"{database.name}.run-{run_id}.reserve") if database else None
 
-    def __enter__(self) -> SpaceReserve:
+    def keep(self) -> SpaceReserve:
+        """Take the room now, while there is some; a run without it still runs."""
         if self.path is not None:
             try:
                 with open(self.path, "wb") as handle:
@@ -54,5 +55,3 @@ class SpaceReserve:
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
-    def __exit__(self, *exc_info) -> None:
-        self.release()

@@ -28,7 +28,7 @@ from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import DatabaseFullError, DatabaseLockedError, lock_wait_s, retry_when_locked
+from db.engine import DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, lock_wait_s, retry_when_locked
 from db.folders import named_run_folder, run_folder_name
 from db.reserve import SpaceReserve
 from db.settings import database_url
@@ -46,7 +46,8 @@ from .trainer import note_log_incomplete, read_rank_failures, run_started_at_s, 
 
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
-PLAIN_FAILURE_TYPES = {DatabaseLockedError.__name__, DatabaseFullError.__name__, "DiskFullError"}
+PLAIN_FAILURE_TYPES = {DatabaseLockedError.__name__, DatabaseFullError.__name__, DatabaseReadOnlyError.__name__,
+                       "DiskFullError", "UnwritableError"}
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
@@ -93,7 +94,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     kept if the database stays locked past the last write)."""
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
-    reserve = SpaceReserve(url, run_id).__enter__()  # room for the last write if the disk fills
+    reserve = SpaceReserve(url, run_id).keep()  # room for the last write if the disk fills
     try:
         with Heartbeat(engine, run_id):
             if not wait_for_turn(engine, run_id, echo=echo):
