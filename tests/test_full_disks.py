@@ -114,7 +114,7 @@ def test_exports_onto_a_full_or_read_only_disk_are_one_line_and_leave_no_half_fi
     ("run", "read-only", "cannot write the run's folder {runs}/"),
     ("launch", "read-only", "cannot write the run's log {runs}/"),
     ("run", "full", "disk full while writing the rank's pid file {runs}/"),
-])
+], ids=["run-read-only", "launch-read-only", "run-full"])
 def test_a_read_only_or_full_runs_folder_ends_the_run_in_one_line(command, disk, words, parallax_home):
     runs = parallax_home / "runs"
     options = ("ro", "size=64k") if disk == "read-only" else ("size=4k",)
