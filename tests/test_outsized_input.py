@@ -17,7 +17,7 @@ from test_bad_input import BASE, assert_nothing_left
 from trainer_backend.cli import main
 from trainer_backend.config import ConfigError, RunConfig
 
-LONGEST_LINE = 400  # characters: one readable line, whatever was given
+LONGEST_LINE = 800  # characters: one line (the allowed values included), whatever was given
 
 NESTED = b"[" * 100_000 + b"]" * 100_000
 HUGE_WHOLE_NUMBER = b'{"seed": ' + b"9" * 5000 + b"}"
@@ -32,6 +32,7 @@ CASES = [
     ("config-whole-number-of-5000-digits", HUGE_WHOLE_NUMBER, [], ["config file '{config}' is not valid JSON"]),
     ("config-model-900000-characters", b'{"model": "' + b"m" * 900_000 + b'"}', ["--model", None],
      ["model 'mmmm", "(900,000 characters) is not allowed", "at most 128 characters"]),
+    ("config-field-name-huge", b'{"' + b"f" * 500_000 + b'": 1}', [], ["unknown config field(s) ['ffff", "…]; allowed: "]),
     ("config-strategy-huge", b'{"strategy": "' + b"s" * 100_000 + b'"}', [], ["strategy 'ssss", "choose one of"]),
     ("model-50-million-characters", None, ["--model", "r" * 50_000_000],
      ["--model 'rrrr", "(50,000,000 characters) is not allowed", "at most 65,536"]),
@@ -79,7 +80,7 @@ def test_outsized_or_odd_input_is_one_short_line_and_records_nothing(case, confi
     assert len(lines[0]) <= LONGEST_LINE, lines[0][:2000]
     for word in words:
         assert word.replace("{config}", str(path)) in lines[0], lines[0]
-    assert elapsed < 15, f"refusing {case} took {elapsed:.1f} s"
+    assert elapsed < 60, f"refusing {case} took {elapsed:.1f} s"  # the first case imports torch and timm
     assert_nothing_left(parallax_home)
 
 

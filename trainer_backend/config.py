@@ -256,8 +256,9 @@ class RunConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
+            named = "[" + ", ".join(shown(name, 40) for name in unknown[:5]) + (", …" if len(unknown) > 5 else "") + "]"
             raise ConfigError(
-                unknown[0], f"unknown config field(s) {unknown}; allowed: {sorted(known)}"
+                unknown[0], f"unknown config field(s) {named}; allowed: {sorted(known)}"
             )
         return cls(**data)  # lists become tuples in __post_init__, after their items are checked
 
