@@ -18,20 +18,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     ConfigError, RunConfig, parse_devices)
+                     ConfigError, RunConfig, parse_devices, shown, shown_length)
 from .plugins import load_plugins
+from .printable import one_line, printable_lines, shown_name
+from .storage import DiskFullError
 
-USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
+MAX_CONFIG_FILE_BYTES = 2**20
+# Longer than any flag needs (a list of 4,096 devices is under 50,000 characters), far shorter than
+# what would cost memory or time to echo or search.
+MAX_ARGUMENT_LENGTH = 65_536
+_BYTE_ORDER_MARKS = {"UTF-32": b"\xff\xfe\x00\x00", "UTF-16": b"\xff\xfe", "UTF-16 (big-endian)": b"\xfe\xff"}
 
 
 class OneLineParser(argparse.ArgumentParser):
     """Bad flags end in one line naming the flag and what is allowed, not the whole usage text."""
 
     def error(self, message: str):
+        # argparse quotes the value it refuses: a long one is shortened, as every message here is
+        message = re.sub(r"'([^']{61,})'", lambda m: shown(m.group(1)), message)
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
@@ -113,12 +123,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
     one per process of torchrun's world, of the kind --devices names."""
     values: dict = {}
     if args.config is not None:
-        try:
-            values = json.loads(args.config.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError("config", f"cannot read config file {str(args.config)!r}: {exc}") from None
-        if not isinstance(values, dict):
-            raise ConfigError("config", f"config file {str(args.config)!r} must hold a JSON object")
+        values = read_config_file(args.config)
     for name in RunConfig.__dataclass_fields__:
         given = getattr(args, name, None)
         if given is not None:
@@ -133,6 +138,47 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
 
         values = values_for_world(values, world)
     return RunConfig.from_dict(values)
+
+
+def read_config_file(path: Path) -> dict:
+    """The fields a --config file holds; anything else (too big, not UTF-8, not JSON, nested past
+    reason, not an object) is one ConfigError naming the file."""
+    name = shown(str(path), 240)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read config file {name}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError("config", f"config file {name} is larger than {MAX_CONFIG_FILE_BYTES // 2**20} MiB: a "
+                          "config is a small JSON object of fields")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        saved_as = next((f" (it starts with a {bom} byte-order mark)" for bom, mark in _BYTE_ORDER_MARKS.items()
+                         if raw.startswith(mark)), "")
+        raise ConfigError("config", f"config file {name} is not UTF-8 text{saved_as}: byte {exc.start} cannot be "
+                          "decoded; save it as UTF-8") from None
+    try:
+        values = json.loads(text)
+    except RecursionError:
+        raise ConfigError("config", f"config file {name} nests its values too deeply to read: a config is a flat "
+                          "JSON object of fields") from None
+    except ValueError as exc:  # JSONDecodeError, and Python's limit on the digits of a whole number
+        why = str(exc) if len(str(exc)) <= 120 else str(exc)[:119] + "…"
+        raise ConfigError("config", f"config file {name} is not valid JSON: {why}") from None
+    if not isinstance(values, dict):
+        raise ConfigError("config", f"config file {name} must hold a JSON object")
+    return values
+
+
+def _refuse_outsized_arguments(argv: list[str]) -> None:
+    """A value longer than any flag can need is refused before argparse echoes it whole."""
+    for index, value in enumerate(argv):
+        if len(value) > MAX_ARGUMENT_LENGTH:
+            flag = argv[index - 1] if index and argv[index - 1].startswith("--") else "an argument"
+            raise ConfigError("argv", f"{flag} {shown_length(value)} is not allowed: a value on the command line "
+                              f"has at most {MAX_ARGUMENT_LENGTH:,} characters")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _refuse_outsized_arguments(argv)
+    except ConfigError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
                 "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate}
@@ -197,28 +249,29 @@ def main(argv: list[str] | None = None) -> int:
                              "'run', which joins torchrun's world")
         return commands[args.command](args)
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)  # names from the outside world cannot forge a line
         return 2
     except Exception as exc:
         problem = _database_problem(exc, args.db)
         if problem is None:
             raise
-        print(f"error: {problem}", file=sys.stderr)
+        print(f"error: {one_line(problem)}", file=sys.stderr)
         return 2
 
 
 def _database_problem(exc: Exception, url: str | None) -> str | None:
-    """One line for a database that cannot be opened or written (e.g. it became read-only or
-    unreachable mid-command); None for any other error."""
+    """One line for a database that cannot be opened, or that failed a command after it opened (it
+    became read-only or unreachable, refused a value); None for any other error."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.access import DatabaseUnavailable, describe_failure
+    from db.engine import DatabaseLockedError
     from db.settings import database_url
 
-    if isinstance(exc, DatabaseUnavailable):
+    if isinstance(exc, (DatabaseUnavailable, DatabaseLockedError)):  # locked, full or read-only: it says why
         return str(exc)
     if isinstance(exc, SQLAlchemyError):
-        return describe_failure(database_url(url), exc)
+        return describe_failure(database_url(url), exc, opened=True)  # open_database raises DatabaseUnavailable
     return None
 
 
@@ -261,7 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from db import make_engine, store
 
         error = store.get_run(make_engine(args.db), run_id).error or ""
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable_lines(error)}", file=sys.stderr)
     print(f"run_id={run_id} status={status}", flush=True)
     return 0 if status == "completed" else 1
 
@@ -305,7 +358,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 if run.status not in lifecycle.ACTIVE_STATUSES:
                     print(f"run_id={run_id} status={run.status}", flush=True)
                     if run.error:
-                        print(f"  {run.strategy}: {run.error.splitlines()[0]}", flush=True)
+                        print(f"  {run.strategy}: {one_line(run.error.splitlines()[0])}", flush=True)
                     pending.remove(run_id)
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -326,7 +379,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(format_forecast(sweep_forecast(engine, sweep_id)))
     print(strategy_advice(table))
     if args.report is not None:
-        args.report.write_text(sweep_html(engine, sweep_id, target_acc=args.target_acc), encoding="utf-8")
+        from .storage import write_export
+
+        write_export(args.report, sweep_html(engine, sweep_id, target_acc=args.target_acc).encode(), "sweep report")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0 if (table["status"] == "completed").all() else 1
 
@@ -421,5 +476,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from db import store
 
     for run in store.list_runs(_engine_with_fresh_states(args.db)):
-        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={run.model} dataset={run.dataset}")
+        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={shown_name(run.model)} "
+              f"dataset={shown_name(run.dataset)}")
     return 0

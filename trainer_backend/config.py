@@ -44,6 +44,12 @@ MAX_NODES = 4096
 MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
 MAX_BAND_INDEX = 4095
 MAX_TAGS, MAX_TAG_LENGTH = 64, 200
+# Text fields are bounded before anything reads them: a 50-million-character model name must not
+# reach the closest-name search, nor a path longer than the OS allows reach the file system.
+MAX_MODEL_NAME_LENGTH = 128  # timm's longest name with its pretrained tag is under 60
+MAX_PATH_LENGTH = 4096  # Linux's PATH_MAX; the folder must also exist, which the OS checks past this
+MAX_PATH_PART_LENGTH = 255  # NAME_MAX: one folder or file name
+MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
 # CPU processes (or model stages) on one machine, per core: a few more processes than cores still
 # runs (slowly, each with one thread); thousands start until the machine stops answering.
 CPU_PROCESSES_PER_CORE = 4
@@ -78,10 +84,10 @@ def parse_devices(devices: str | list[str] | tuple[str, ...]) -> tuple[str, ...]
             item = f"cuda:{int(item)}"
         elif item == "cuda":
             item = "cuda:0"
-        if item != "cpu" and not (item.startswith("cuda:") and item[5:].isdigit()):
+        if item != "cpu" and not (item.startswith("cuda:") and item[5:].isdigit() and len(item) <= 12):
             raise ConfigError(
                 "devices",
-                f"device {raw!r} is not allowed: use 'cpu', 'cuda:N' or a bare GPU index N "
+                f"device {_shown(raw)} is not allowed: use 'cpu', 'cuda:N' or a bare GPU index N "
                 "(e.g. --devices cpu,cpu or --devices 0,1)",
             )
         parsed.append(item)
@@ -94,10 +100,25 @@ def _is_device_item(item: Any) -> bool:
     return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters, so a message stays one readable line."""
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a message stays one readable line; a long
+    text or list is cut before ``repr`` sees it, so a huge value costs nothing to show."""
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]
+    elif isinstance(value, (list, tuple)) and len(value) > limit:
+        value = value[:limit]
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"(a whole number of about {int(value.bit_length() * 0.30103)} digits)"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_shown = shown
+
+
+def shown_length(text: str) -> str:
+    """How long ``text`` is and how it starts, for a message about a text that is too long."""
+    return f"{shown(text, 40)} ({len(text):,} characters)"
 
 
 def parse_tags(tags: Any) -> tuple[str, ...]:
@@ -235,8 +256,9 @@ class RunConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
+            named = "[" + ", ".join(shown(name, 40) for name in unknown[:5]) + (", …" if len(unknown) > 5 else "") + "]"
             raise ConfigError(
-                unknown[0], f"unknown config field(s) {unknown}; allowed: {sorted(known)}"
+                unknown[0], f"unknown config field(s) {named}; allowed: {sorted(known)}"
             )
         return cls(**data)  # lists become tuples in __post_init__, after their items are checked
 
@@ -258,6 +280,8 @@ def _parse_bands(bands: Any) -> tuple[int, ...]:
         parsed = tuple(bands)
     else:
         raise malformed
+    if len(parsed) > MAX_BAND_INDEX + 1:
+        raise ConfigError("bands", f"bands lists {len(parsed)} indices, more than the {MAX_BAND_INDEX + 1} allowed")
     if not parsed or not all(0 <= b <= MAX_BAND_INDEX for b in parsed):
         raise ConfigError("bands", f"bands {_shown(bands)} must be one or more indices from 0 to {MAX_BAND_INDEX}, "
                           "e.g. 3,2,1")
@@ -268,7 +292,7 @@ def parse_augment(augment: Any) -> str:
     """'crop, flip' -> 'flip,crop'; 'none' or '' -> 'none'. A list of names is accepted too."""
     if isinstance(augment, (list, tuple)) and all(isinstance(a, str) for a in augment):
         augment = ",".join(augment)
-    if not isinstance(augment, str):
+    if not isinstance(augment, str) or len(augment) > MAX_CHOICE_LENGTH:
         raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
                           f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
     items = [a.strip().lower() for a in augment.split(",") if a.strip()]
@@ -276,15 +300,28 @@ def parse_augment(augment: Any) -> str:
         return "none"
     unknown = [a for a in items if a not in AUGMENTATIONS]
     if unknown:
-        raise ConfigError("augment", f"augment {augment!r} is not allowed: use none or a comma list of "
+        raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
                           f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
     return ",".join(a for a in AUGMENTATIONS if a in items)
+
+
+def _check_path_length(dataset: str) -> None:
+    """Refuse a dataset path the OS would refuse (ENAMETOOLONG) before anything looks it up."""
+    if "\x00" in dataset:
+        raise ConfigError("dataset", f"dataset {_shown(dataset)} holds a NUL character, which no path can hold")
+    if len(dataset) > MAX_PATH_LENGTH:
+        raise ConfigError("dataset", f"dataset {shown_length(dataset)} is not allowed: a path has at most "
+                          f"{MAX_PATH_LENGTH} characters")
+    longest = max(dataset.split(os.sep), key=len)
+    if len(longest.encode("utf-8", "surrogateescape")) > MAX_PATH_PART_LENGTH:
+        raise ConfigError("dataset", f"dataset path has a part {shown_length(longest)} longer than the "
+                          f"{MAX_PATH_PART_LENGTH} bytes one folder or file name may have: give an existing folder")
 
 
 def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
     value = getattr(cfg, name)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(name, f"{name} {value!r} is not allowed: use a whole number from {low} to {high}")
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a whole number from {low} to {high}")
 
 
 def _require_float(cfg: RunConfig, name: str, low: float, high: float, *, low_open: bool) -> None:
@@ -298,20 +335,24 @@ def _require_float(cfg: RunConfig, name: str, low: float, high: float, *, low_op
     )
     if not ok:
         bracket = "(" if low_open else "["
-        raise ConfigError(name, f"{name} {value!r} is not allowed: use a number in {bracket}{low}, {high}]")
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a number in {bracket}{low}, {high}]")
 
 
 def _require_choice(cfg: RunConfig, name: str, allowed: tuple[str, ...] | list[str]) -> None:
     value = getattr(cfg, name)
-    if value not in allowed:
-        raise ConfigError(name, f"{name} {value!r} is not allowed: choose one of {', '.join(allowed)}")
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: choose one of {', '.join(allowed)}")
 
 
 def _validate(cfg: RunConfig) -> None:
     if not isinstance(cfg.dataset, str) or not cfg.dataset.strip():
         raise ConfigError("dataset", "dataset is empty: give a built-in name (e.g. digits) or a folder path")
+    _check_path_length(cfg.dataset)
     if not isinstance(cfg.model, str) or not cfg.model.strip():
         raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
+    if len(cfg.model) > MAX_MODEL_NAME_LENGTH:
+        raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a timm model name has at most "
+                          f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
     _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
     _require_int(cfg, "epochs", 1, MAX_EPOCHS)
     _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
@@ -335,7 +376,7 @@ def _validate(cfg: RunConfig) -> None:
     _validate_recipe(cfg)
     for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(name, f"{name} {getattr(cfg, name)!r} is not allowed: use true or false")
+            raise ConfigError(name, f"{name} {_shown(getattr(cfg, name))} is not allowed: use true or false")
     _validate_devices(cfg)
     _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
@@ -362,16 +403,16 @@ def _validate_recipe(cfg: RunConfig) -> None:
     warmup = cfg.warmup_epochs
     if (isinstance(warmup, bool) or not isinstance(warmup, (int, float))
             or not 0 <= warmup <= cfg.epochs):  # also refuses nan
-        raise ConfigError("warmup_epochs", f"warmup_epochs {warmup!r} is not allowed: use a number from 0 to the "
+        raise ConfigError("warmup_epochs", f"warmup_epochs {_shown(warmup)} is not allowed: use a number from 0 to the "
                           f"run's epochs ({cfg.epochs}); fractions are allowed, e.g. 0.5")
     label_smoothing = cfg.label_smoothing
     if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float))
             or not 0 <= label_smoothing < 1):  # also refuses nan
-        raise ConfigError("label_smoothing", f"label_smoothing {label_smoothing!r} is not allowed: use a number "
+        raise ConfigError("label_smoothing", f"label_smoothing {_shown(label_smoothing)} is not allowed: use a number "
                           "in [0, 1), e.g. 0.1 (0 = plain cross-entropy)")
     clip = cfg.grad_clip
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
-        raise ConfigError("grad_clip", f"grad_clip {clip!r} is not allowed: give the largest gradient norm, a number "
+        raise ConfigError("grad_clip", f"grad_clip {_shown(clip)} is not allowed: give the largest gradient norm, a number "
                           f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
     _require_int(cfg, "accumulate_steps", 1, MAX_ACCUMULATE_STEPS)
     if cfg.strategy == "pp" and cfg.accumulate_steps > 1:

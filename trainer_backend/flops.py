@@ -235,9 +235,14 @@ def cpu_peak_tflops(threads: int, cache_dir: Path | None = None, *, at_least: fl
     with contextlib.suppress(OSError):  # a read-only folder only costs a measurement next time
         # A file of its own to rename into place: processes sharing the folder may write at once.
         handle, part = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".part")
-        with os.fdopen(handle, "w") as out:
-            out.write(json.dumps(cache, indent=1))
-        os.replace(part, path)
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(json.dumps(cache, indent=1))
+            os.replace(part, path)
+        except OSError:  # a full disk: no part file is left behind to fill it further
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
     return cache[key]
 
 

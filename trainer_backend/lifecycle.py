@@ -32,6 +32,7 @@ from db.settings import database_url, parallax_home, whole_number_from_env
 
 from .config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
 from .data_roots import check_under_roots
+from .storage import write_problem
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 QUEUE_POLL_S = 1.0
@@ -101,7 +102,13 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     # spinning is 10-15 % faster. So launched runs sleep and foreground `run` keeps PyTorch's
     # default, like a hand-written script. A value the user set wins; ranks inherit it.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    with open(log_path(engine, run_id), "ab") as log:
+    try:
+        log = open(log_path(engine, run_id), "ab")
+    except OSError as exc:  # a read-only or full PARALLAX_HOME: the run ends with the reason, in one line
+        problem = write_problem(exc, "the run's log", run_folder(engine, run_id) / "run.log")
+        state.finish(engine, run_id, "failed", error=str(problem))
+        raise problem from None
+    with log:
         process = subprocess.Popen(
             [sys.executable, "-m", "trainer_backend", "worker", str(run_id),
              *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])],

@@ -15,7 +15,10 @@ from urllib.parse import urlparse
 
 import timm
 import torch
+from timm.models import split_model_name_tag
 from torch import nn
+
+from .config import MAX_MODEL_NAME_LENGTH, shown, shown_length
 
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -25,12 +28,22 @@ class ModelError(ValueError):
 
 
 def check_model_name(name: str) -> None:
-    """Raise ModelError naming ``name`` and the closest timm names when timm does not know it."""
+    """Raise ModelError naming ``name`` and the closest timm names when timm does not know it, or
+    does not know the pretrained tag after its dot (``resnet18.a1_in1k``)."""
+    if len(name) > MAX_MODEL_NAME_LENGTH:  # before the closest-name search, whose cost grows with the name
+        raise ModelError(f"model {shown_length(name)} is not allowed: a timm model name has at most "
+                         f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
     if timm.is_model(name):
-        return
+        arch, tag = split_model_name_tag(name)
+        if not tag or name in timm.list_pretrained(f"{arch}.*"):
+            return
+        tags = [known.split(".", 1)[1] for known in timm.list_pretrained(f"{arch}.*")]
+        known = f"its tags are {', '.join(tags[:8])}{', …' if len(tags) > 8 else ''}" if tags else "it has none"
+        raise ModelError(f"model {shown(name)}: {shown(arch)} has no pretrained tag {shown(tag)} ({known}); "
+                         f"give a known tag or the bare name {arch}")
     close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models() for the names"
-    raise ModelError(f"unknown model {name!r}: not a timm architecture{hint}")
+    raise ModelError(f"unknown model {shown(name)}: not a timm architecture{hint}")
 
 
 def create_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool = False) -> nn.Module:

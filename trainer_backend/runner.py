@@ -30,8 +30,9 @@ import torch.multiprocessing as mp
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import DatabaseLockedError, lock_wait_s, retry_when_locked
+from db.engine import DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, lock_wait_s, retry_when_locked
 from db.folders import named_run_folder, run_folder_name
+from db.reserve import SpaceReserve
 from db.settings import database_url
 
 from .config import ConfigError, RunConfig
@@ -40,12 +41,15 @@ from .devices import cuda_indices
 from .lifecycle import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from .logguard import guard_output
 from .preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from .printable import one_line, printable_lines
 from .sampler import SystemSampler
 from .strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from .trainer import note_log_incomplete, read_rank_failures, run_started_at_s, train_process
 
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
+PLAIN_FAILURE_TYPES = {DatabaseLockedError.__name__, DatabaseFullError.__name__, DatabaseReadOnlyError.__name__,
+                       "DiskFullError", "UnwritableError"}
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0
@@ -94,6 +98,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     kept if the database stays locked past the last write)."""
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
+    reserve = SpaceReserve(url, run_id).keep()  # room for the last write if the disk fills
     try:
         with Heartbeat(engine, run_id):
             if not wait_for_turn(engine, run_id, echo=echo):
@@ -113,17 +118,23 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except (RunCancelled, KeyboardInterrupt):
         status, error = "cancelled", "cancelled by the user"
     except PLAIN_ERRORS as exc:
-        status, error = "failed", str(exc)
+        status, error = "failed", one_line(exc)  # one line by contract: a forged newline is escaped
     except Exception as exc:
-        status, error = "failed", f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        status, error = "failed", printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
     finally:
         if status is not None and log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
         # locked for good, the process ends and readers mark the run lost.
+        reserve.release()
         if status is not None:
-            retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
-                              what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
+            try:
+                retry_when_locked(lambda: state.finish(engine, run_id, status, error=error),
+                                  what=f"record that the run {status}", window_s=max(FINAL_WRITE_WAIT_S, lock_wait_s()))
+            except DatabaseLockedError as exc:
+                # The run's own reason (e.g. the database became read-only at epoch 3) says more than
+                # this last write's failure; the caller prints it, and readers mark the run lost.
+                raise type(exc)(error if status == "failed" and error else str(exc)) from exc
     return store.get_run(engine, run_id).status
 
 
@@ -144,11 +155,11 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
         _stop_children()
         return "cancelled", "cancelled by the user"
     except RankFailure as exc:
-        return "failed", with_oom_hint(str(exc))
+        return "failed", with_oom_hint(printable_lines(exc))
     except PLAIN_ERRORS as exc:
-        return "failed", str(exc)
+        return "failed", one_line(exc)
     except Exception as exc:
-        return "failed", with_oom_hint(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
+        return "failed", with_oom_hint(printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
 
 
 class RankFailure(Exception):
@@ -279,8 +290,8 @@ def _root_cause(context, folder, first: int, stopped: set[int]) -> str:
         first_failure = min(failures, key=lambda f: f["time"])
         if _is_collective_timeout(first_failure):
             return _collective_timeout_message(first_failure, failed, len(context.processes))
-        if first_failure.get("type") == DatabaseLockedError.__name__:
-            return f"rank {first_failure['rank']}: {first_failure['message']}"
+        if first_failure.get("type") in PLAIN_FAILURE_TYPES:  # its message says all: no traceback
+            return f"rank {first_failure['rank']}: {one_line(first_failure['message'])}"
         return (f"rank {first_failure['rank']} raised an exception: {_last_line(first_failure['traceback'])}\n"
                 f"{first_failure['traceback']}")
     error_file = context.error_files[first]  # torch's note of the exception that ended the rank

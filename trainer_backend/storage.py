@@ -53,13 +53,43 @@ def no_space_reason(exc: BaseException, folder: Path) -> str | None:
     return None
 
 
-def disk_full_error(what: str, path: Path, reason: str) -> DiskFullError:
-    return DiskFullError(f"disk full while writing {what} {path} ({reason}): the metrics recorded so far are "
-                         "kept; free some space (or use a PARALLAX_HOME with room) and run again")
+RUN_ADVICE = "the metrics recorded so far are kept; free some space (or use a PARALLAX_HOME with room) and run again"
+EXPORT_ADVICE = "no half-written file is left; free some space (or give a folder with room) and export again"
+
+
+def disk_full_error(what: str, path: Path, reason: str, advice: str = RUN_ADVICE) -> DiskFullError:
+    return DiskFullError(f"disk full while writing {what} {path} ({reason}): {advice}")
+
+
+class UnwritableError(ValueError):
+    """A file or folder Parallax must write cannot be written for a reason other than space (a
+    read-only file system, no permission): one line naming it."""
+
+
+def write_problem(exc: OSError, what: str, path: Path, advice: str = RUN_ADVICE) -> OSError | ValueError:
+    """The one-line error for ``exc``, raised while writing ``what`` at ``path``: DiskFullError when
+    the disk is full, else UnwritableError naming the path and the reason."""
+    reason = no_space_reason(exc, path.parent if path.parent.exists() else Path("/"))
+    if isinstance(exc, DiskFullError) or reason is not None:
+        return exc if isinstance(exc, DiskFullError) else disk_full_error(what, path, reason, advice)
+    return UnwritableError(f"cannot write {what} {path}: {exc.strerror or exc}: give PARALLAX_HOME a folder this "
+                           "user can write")
+
+
+def write_export(path: Path, data: bytes, what: str) -> None:
+    """Write an exported file whole or not at all: DiskFullError on a full disk, a ValueError naming
+    the file for any other failure (a read-only folder, no permission), never half a file."""
+    try:
+        with writing(path, what, advice=EXPORT_ADVICE) as handle:
+            handle.write(data)
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
 @contextlib.contextmanager
-def writing(path: Path, what: str) -> Iterator[BinaryIO]:
+def writing(path: Path, what: str, *, advice: str = RUN_ADVICE) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through; renamed into place only if the block succeeds."""
     part = path.with_name(path.name + ".part")
     try:
@@ -71,7 +101,7 @@ def writing(path: Path, what: str) -> Iterator[BinaryIO]:
             part.unlink()
         reason = no_space_reason(exc, path.parent)
         if reason is not None:
-            raise disk_full_error(what, path, reason) from exc
+            raise disk_full_error(what, path, reason, advice) from exc
         raise
     except BaseException:  # a cancel mid-write leaves no part behind either
         with contextlib.suppress(OSError):

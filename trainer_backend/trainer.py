@@ -49,8 +49,8 @@ from .profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
 from .schedule import attach_schedule, build_optimizer
 from .steps import StepHooks, StepRecorder
 from .speed import compile_model, compile_note, compile_warmup, to_memory_format
-from .storage import writing
 from .registry import make_strategy
+from .storage import write_problem, writing
 from .strategies import Strategy, synchronize
 
 EpochPrinter = Callable[[str], None]
@@ -221,7 +221,10 @@ def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_
     this process's part in metering the job's energy (``job_energy``)."""
     if folder_name is None:
         folder_name = run_folder_name(make_engine(db_url), run_id)
-    folder = named_run_folder(folder_name, create=True)
+    try:
+        folder = named_run_folder(folder_name, create=True)
+    except OSError as exc:  # a read-only or full PARALLAX_HOME: one line, not a traceback
+        raise write_problem(exc, "the run's folder", named_run_folder(folder_name)) from None
     try:
         _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable, folder, data_roots,
                        energy_part)
@@ -252,7 +255,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
         guard_output(on_failure=(lambda exc: note_log_incomplete(make_engine(db_url), run_id, exc)) if rank == 0 else None)
     # Lets an operator (or a test) find and signal one rank of a run.
-    (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
+    try:
+        with writing(folder / f"rank{rank}.pid", "the rank's pid file") as handle:
+            handle.write(str(os.getpid()).encode())
+    except OSError as exc:
+        raise write_problem(exc, "the rank's pid file", folder / f"rank{rank}.pid") from None
     load_plugins()
     config = RunConfig.from_dict(config_dict)
     torch.manual_seed(config.seed)  # identical initial weights on every rank

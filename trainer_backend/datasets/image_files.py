@@ -16,6 +16,7 @@ import tifffile
 import torch
 from PIL import Image
 
+from ..printable import shown_name
 from .base import DatasetError, resize_unit_images, to_uint8
 from .limits import too_large_image
 from .paths import open_checked
@@ -47,9 +48,9 @@ def read_band_last(path: Path, roots: list[Path] | None = None) -> np.ndarray:
         except DatasetError:
             raise
         except Exception as exc:  # decoders raise many types; the user needs the file and the reason
-            raise DatasetError(f"cannot read image {path}: {exc}") from exc
+            raise DatasetError(f"cannot read image {shown_name(path)}: {exc}") from exc
     if pixels.ndim != 3 or min(pixels.shape) == 0:
-        raise DatasetError(f"cannot read image {path}: expected a 2-D image with bands, got shape {pixels.shape}")
+        raise DatasetError(f"cannot read image {shown_name(path)}: expected a 2-D image with bands, got shape {pixels.shape}")
     return pixels
 
 
