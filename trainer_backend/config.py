@@ -473,6 +473,13 @@ def _validate_devices(cfg: RunConfig) -> None:
             "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
             "splits it over: use at least one image per GPU"
         )
+    if cfg.strategy == "dp" and gpus and 1 in (shares := chunk_sizes(cfg.batch_size, n)):
+        fits = next(b for b in range(cfg.batch_size + 1, cfg.batch_size + 2 * n + 2) if 1 not in chunk_sizes(b, n))
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} over {n} GPUs gives DataParallel's replicas "
+            f"{', '.join(map(str, shares))} images (it splits as Tensor.chunk does), and BatchNorm cannot train on "
+            f"one image: use a batch that leaves every replica two or more, e.g. {fits}"
+        )
     if cfg.strategy == "pp" and n > cfg.microbatches:
         raise ConfigError(
             "microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
@@ -535,6 +542,12 @@ def threads_per_process(config: RunConfig) -> int:
     processes compute on the CPU or feed GPUs (N processes each taking every core fight for them)."""
     return max(1, cpu_cores() // config.processes_per_node)
 
+
+def chunk_sizes(images: int, parts: int) -> list[int]:
+    """How ``Tensor.chunk`` splits ``images`` into at most ``parts`` pieces, as DataParallel scatters a batch:
+    pieces of ceil(images / parts), the last one smaller (3 over 2: 2 and 1; 9 over 8: 2, 2, 2, 2, 1)."""
+    size = -(-images // parts)
+    return [size] * (images // size) + ([images % size] if images % size else [])
 
 def max_cpu_processes() -> int:
     """CPU devices one machine may run for a run: PARALLAX_MAX_CPU_PROCESSES, default 4 per core."""
