@@ -24,7 +24,7 @@ from db.engine import full_reason, read_only_reason, session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
-HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.lifecycle.Heartbeat)
+HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.control.lifecycle.Heartbeat)
 # Six missed beats: a run whose heartbeat is older is gone. Long enough for a slow write or a
 # worker still starting up (its launcher stamped created_at), short enough that a dead run on
 # another machine frees its place within half a minute.

@@ -15,11 +15,11 @@ import socket
 import streamlit as st
 
 from db import dashboard
-from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
+from trainer_backend.contract import devices as device_info
+from trainer_backend.contract.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
                                     OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
-from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
+from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import memory_views, options, state
 from ui import torchrun as torchrun_ui
 from ui.text import escape_markdown

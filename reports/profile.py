@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from db import profiles, store
-from trainer_backend.storage import DiskFullError, write_export
+from trainer_backend.contract.storage import DiskFullError, write_export
 
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 from .spreadsheet import frame_for_csv

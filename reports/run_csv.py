@@ -24,7 +24,7 @@ import pandas as pd
 
 from db.series import GPU_FIELDS, PROCESS_FIELDS, STEP_FIELDS
 from db.store import EPOCH_FLOAT_FIELDS
-from trainer_backend.storage import write_export
+from trainer_backend.contract.storage import write_export
 
 from .spreadsheet import frame_for_csv
 

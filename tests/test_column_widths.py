@@ -19,8 +19,8 @@ import db
 from db import store
 from db.engine import alembic_config, current_revisions
 from test_bad_input import BASE, write_images
-from trainer_backend.cli import main
-from trainer_backend.config import MAX_PATH_LENGTH, RunConfig
+from trainer_backend.control.cli import main
+from trainer_backend.contract.config import MAX_PATH_LENGTH, RunConfig
 
 
 def longest_path() -> str:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainer_backend.cli import build_parser, config_from_args
-from trainer_backend.config import ConfigError, RunConfig, parse_devices
+from trainer_backend.control.cli import build_parser, config_from_args
+from trainer_backend.contract.config import ConfigError, RunConfig, parse_devices
 
 
 def test_defaults_are_a_quick_cpu_run():

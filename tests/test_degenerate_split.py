@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from test_bad_input import BASE, assert_nothing_left, write_images
-from trainer_backend.cli import main
-from trainer_backend.config import RunConfig
-from trainer_backend.preflight import train_steps
-from trainer_backend.trainer import build_loaders, make_strategy
+from trainer_backend.control.cli import main
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.worker.preflight import train_steps
+from trainer_backend.engine.trainer import build_loaders, make_strategy
 
 
 @pytest.fixture(scope="module")

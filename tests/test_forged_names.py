@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from conftest import run_cli
-from trainer_backend.printable import one_line, printable_lines, shown_name
+from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from ui.confusion import confusion_figure
 from ui.text import escape_markdown, plotly_text
 

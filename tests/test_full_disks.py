@@ -161,7 +161,7 @@ def test_a_database_that_cannot_be_written_any_more_is_one_line_and_heartbeats_s
 
 
 def test_the_cpu_peak_cache_on_a_full_disk_is_measured_and_leaves_no_part_file(tmp_path):
-    from trainer_backend.flops import cpu_peak_tflops
+    from trainer_backend.telemetry.flops import cpu_peak_tflops
 
     with mounted_tmpfs(tmp_path / "data-disk", "size=4k") as disk:
         fill(disk, 0)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from test_bad_input import BASE, assert_nothing_left
-from trainer_backend.cli import main
-from trainer_backend.config import ConfigError, RunConfig
+from trainer_backend.control.cli import main
+from trainer_backend.contract.config import ConfigError, RunConfig
 
 LONGEST_LINE = 800  # characters: one line (the allowed values included), whatever was given
 
@@ -95,7 +95,7 @@ def test_a_fifty_million_character_model_name_is_refused_before_any_search():
 
 
 def test_the_model_check_bounds_the_name_before_the_closest_name_search():
-    from trainer_backend.models import ModelError, check_model_name
+    from trainer_backend.engine.models import ModelError, check_model_name
 
     started = time.monotonic()
     with pytest.raises(ModelError, match=r"\(50,000,000 characters\) is not allowed"):
@@ -106,7 +106,7 @@ def test_the_model_check_bounds_the_name_before_the_closest_name_search():
 
 @pytest.mark.parametrize("value", ["a" * 10_000, ["a"] * 10_000, 10**4000, "x\n\x1b[31m" * 100])
 def test_a_refused_value_is_echoed_short_and_escaped(value):
-    from trainer_backend.config import shown
+    from trainer_backend.contract.config import shown
 
     text = shown(value)
     assert len(text) <= 60 and "\n" not in text and "\x1b" not in text, text

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..printable import shown_name
-from .base import DatasetError, DecodedPool, make_pool
-from .image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
-from .limits import too_large_decoded, too_many_images
-from .paths import check_inside, entry_stat, folder_entries
+from trainer_backend.contract.printable import shown_name
+from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool
+from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
+from trainer_backend.datasets.limits import too_large_decoded, too_many_images
+from trainer_backend.datasets.paths import check_inside, entry_stat, folder_entries
 
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512

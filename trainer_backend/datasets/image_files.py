@@ -16,10 +16,10 @@ import tifffile
 import torch
 from PIL import Image
 
-from ..printable import shown_name
-from .base import DatasetError, resize_unit_images, to_uint8
-from .limits import too_large_image
-from .paths import open_checked
+from trainer_backend.contract.printable import shown_name
+from trainer_backend.datasets.base import DatasetError, resize_unit_images, to_uint8
+from trainer_backend.datasets.limits import too_large_image
+from trainer_backend.datasets.paths import open_checked
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 RGB_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
