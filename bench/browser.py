@@ -62,7 +62,7 @@ class DashboardServer:
 
 def make_run_command(address: str, port: int) -> list[str]:
     """What ``make run ADDRESS=address PORT=port`` runs (``parallax ui``), with this interpreter."""
-    return [sys.executable, "-m", "trainer_backend.command", "ui", "--address", address, "--port", str(port)]
+    return [sys.executable, "-m", "trainer_backend.control.command", "ui", "--address", address, "--port", str(port)]
 
 
 def start_dashboard(env: dict[str, str], *, log: Path, timeout_s: float = 60, address: str = "127.0.0.1",

@@ -44,7 +44,7 @@ def fill_database(url: str, runs: int, epochs: int) -> dict:
     from db import lifecycle, make_engine, store
     from db.engine import session_scope
     from db.models import EpochMetric, Run, utcnow
-    from trainer_backend.config import RunConfig
+    from trainer_backend.contract.config import RunConfig
 
     engine = make_engine(url)
     now = utcnow()

@@ -57,7 +57,7 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
                          cpu: CpuShare) -> dict:
     """Seconds from starting ``launch`` to each mark of the run's timeline."""
     from db import make_engine, store
-    from trainer_backend.lifecycle import cancel
+    from trainer_backend.control.lifecycle import cancel
 
     engine = make_engine(db_url)
     started = time.perf_counter()
@@ -110,7 +110,7 @@ def _read(path: Path) -> str:
 IMPORT_PACKAGES = ("torch", "timm", "torchvision", "sklearn", "scipy", "pandas", "sqlalchemy", "alembic")
 
 
-def import_times(module: str = "trainer_backend.runner") -> dict[str, float]:
+def import_times(module: str = "trainer_backend.worker.runner") -> dict[str, float]:
     """Import seconds of ``module`` (by default what the worker imports): 'total', and for each
     package in IMPORT_PACKAGES the cumulative time where it is first imported, which includes
     what it pulls in first (so these overlap and do not add up)."""
@@ -136,8 +136,8 @@ def probe_rank(rank: int, port: int, world_size: int, settings: dict, out_dir: s
     import torch.distributed as dist
 
     from trainer_backend.datasets import prepare_data
-    from trainer_backend.models import create_model
-    from trainer_backend.trainer import train_process  # noqa: F401  (the rest of a rank's imports)
+    from trainer_backend.engine.models import create_model
+    from trainer_backend.engine.trainer import train_process  # noqa: F401  (the rest of a rank's imports)
 
     imported = time.time()
     torch.set_num_threads(1)
@@ -178,7 +178,7 @@ def rank_start_parts(settings: dict) -> dict[str, float]:
 def single_start_parts(settings: dict) -> dict[str, float]:
     """Seconds to load the dataset cache and build the model in this (warm) process."""
     from trainer_backend.datasets import prepare_data
-    from trainer_backend.models import create_model
+    from trainer_backend.engine.models import create_model
 
     start = time.perf_counter()
     data = prepare_data(settings["dataset"], image_size=settings["image_size"])
@@ -211,7 +211,7 @@ def main() -> None:
             "single": lambda: launch_to_first_step(settings, "single", "cpu", db_url, home, report.cpu),
             "ddp": lambda: launch_to_first_step(settings, "ddp", "cpu,cpu", db_url, home, report.cpu),
         }, args.repeats)
-        imports = import_times("db" if args.quick else "trainer_backend.runner")
+        imports = import_times("db" if args.quick else "trainer_backend.worker.runner")
         singles = single_start_parts(settings)
         ranks = rank_start_parts(settings)
 

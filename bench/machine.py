@@ -54,7 +54,7 @@ def process_tree_cpu_s(pid: int) -> float:
     """User and system CPU seconds used so far by ``pid`` and its live descendants (Linux)."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
-    from trainer_backend.lifecycle import proc_stats
+    from trainer_backend.control.lifecycle import proc_stats
 
     ticks = os.sysconf("SC_CLK_TCK")
     for process, fields in proc_stats():

@@ -42,10 +42,10 @@ def estimate_all(workload: dict) -> dict:
     import timm  # noqa: F401  the imports an estimate needs, outside the timing
     import torch.distributed.pipelining  # noqa: F401
 
-    import trainer_backend.trainer  # noqa: F401
-    from trainer_backend.config import RunConfig
-    from trainer_backend.lifecycle import sweep_configs
-    from trainer_backend.memory_estimate import estimate_memory
+    import trainer_backend.engine.trainer  # noqa: F401
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.control.lifecycle import sweep_configs
+    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
 
     base = RunConfig(model=workload["model"], image_size=workload["image_size"], batch_size=workload["batch_size"],
                      strategy="mp", devices=("cpu", "cpu"))

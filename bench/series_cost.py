@@ -33,11 +33,11 @@ CADENCES = {"defaults": {}, "densest": {"PARALLAX_STEP_POINT_S": "0.000001", "PA
 def instrumented_run(settings: dict, environment: dict[str, str]) -> dict:
     """Train in this process with the series' calls timed; their seconds and the training time."""
     from db import make_engine, store
-    from trainer_backend.config import RunConfig
-    from trainer_backend.energy import EnergyMeter
-    from trainer_backend.runner import execute_run
-    from trainer_backend.sampler import SystemSampler
-    from trainer_backend.steps import StepRecorder
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.telemetry.energy import EnergyMeter
+    from trainer_backend.worker.runner import execute_run
+    from trainer_backend.telemetry.sampler import SystemSampler
+    from trainer_backend.telemetry.steps import StepRecorder
 
     spent = {"recorder_s": 0.0, "energy_s": 0.0, "sampler_cpu_s": 0.0, "samples": 0, "step_rows": 0}
     wrapped = [(StepRecorder, name, "recorder_s") for name in ("start_epoch", "loss", "step", "end_epoch")]

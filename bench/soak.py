@@ -183,7 +183,7 @@ class Soak:
 
     def cancel_active(self) -> None:
         from db import lifecycle, make_engine, store
-        from trainer_backend.lifecycle import cancel
+        from trainer_backend.control.lifecycle import cancel
 
         engine = make_engine(f"sqlite:///{self.home / 'parallax.db'}")
         for ids in self.runs.values():

@@ -215,7 +215,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from db import make_engine, store
-    from trainer_backend.lifecycle import cancel
+    from trainer_backend.control.lifecycle import cancel
 
     with parallax_home("parallax-bench-watch-") as home, dashboard_server(home) as (server, url, _):
         db_url = f"sqlite:///{home / 'parallax.db'}"

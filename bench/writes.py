@@ -43,7 +43,7 @@ def metrics(epoch: int) -> dict:
 
 def new_run(engine) -> int:
     from db import store
-    from trainer_backend.config import RunConfig
+    from trainer_backend.contract.config import RunConfig
 
     return store.create_run(engine, RunConfig().to_dict(), status="running")
 
@@ -98,8 +98,8 @@ def instrumented_run(settings: dict) -> dict:
     belongs to the epoch whose ``log_epoch`` closes it (the heartbeat before training, and the
     queue claim, fall into epoch 1: a little pessimistic)."""
     from db import lifecycle, make_engine, store
-    from trainer_backend.config import RunConfig
-    from trainer_backend.runner import execute_run
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.worker.runner import execute_run
 
     calls: list[tuple[str, float]] = []
     originals = {"log_epoch": (store, store.log_epoch), "set_progress": (lifecycle, lifecycle.set_progress),

@@ -20,10 +20,13 @@ from db.settings import database_url
 __all__ = ["DatabaseUnavailable", "describe_failure", "open_database"]
 
 HINT = "check that it exists, is reachable and writable, or give another with --db or PARALLAX_DB_URL"
+HINT_OPENED = "what was recorded before stays; check that it is still reachable, writable and has room"
 
 
-def describe_failure(url: str, exc: BaseException) -> str:
-    """One line: which database, what went wrong, and what to do."""
+def describe_failure(url: str, exc: BaseException, *, opened: bool = False) -> str:
+    """One line: which database, what went wrong, and what to do. ``opened``: the database opened
+    and a later command failed (a value it refused, a server that went away, a disk that filled),
+    which is not worded as a failure to open it."""
     if isinstance(exc, ArgumentError):
         return (f"database URL {url!r} is not a SQLAlchemy URL: use e.g. sqlite:////path/to/parallax.db "
                 "or postgresql+psycopg://user@host/dbname")
@@ -44,6 +47,8 @@ def describe_failure(url: str, exc: BaseException) -> str:
             folder = folder.parent
         if not os.access(folder, os.W_OK):
             reason += f" (the folder {folder} is read-only)"
+    if opened:
+        return f"the database {masked_url(url)} failed a command after it opened: {reason}; {HINT_OPENED}"
     return f"cannot open the database {masked_url(url)}: {reason}; {HINT}"
 
 

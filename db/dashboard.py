@@ -152,7 +152,7 @@ def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]]) -
 def set_tags(engine: Engine, run_id: int, tags: Iterable[str]) -> list[str]:
     """Replace the run's tags (stripped, empty ones and repeats dropped); returns what was stored.
     Held to the bounds a launch has (``parse_tags``: 64 tags of 200 characters), ValueError otherwise."""
-    from trainer_backend.config import parse_tags  # torch-free; the one place the bounds are kept
+    from trainer_backend.contract.config import parse_tags  # torch-free; the one place the bounds are kept
 
     cleaned = list(parse_tags(list(dict.fromkeys(t.strip() for t in tags if t and t.strip()))))
     _update(engine, run_id, tags=cleaned)

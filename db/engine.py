@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -153,12 +154,28 @@ def absolute_database_url(text: str) -> str:
 
 def _parse_url(text: str) -> URL:
     try:
-        return make_url(text)
+        url = make_url(text)
     except ArgumentError:
         raise DatabaseUnavailable(
             f"database URL {masked_url(text)!r} is not a database URL; use sqlite:///path/to/parallax.db "
             "or postgresql+psycopg://user:password@host/database"
         ) from None
+    if is_in_memory_sqlite(url):
+        raise DatabaseUnavailable(
+            f"database URL {text} is an in-memory SQLite database, which lives inside one connection: "
+            "the schema, the run's processes and the dashboard would each see an empty one of their own; give a "
+            "file, e.g. sqlite:////path/to/parallax.db"
+        )
+    return url
+
+
+def is_in_memory_sqlite(url: URL) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:`` and ``file:…?mode=memory`` URIs."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    database = url.database or ""
+    return database in ("", ":memory:") or (database.startswith("file:") and "mode=memory" in database) or \
+        url.query.get("mode") == "memory"
 
 
 def _create_engine(url: URL) -> Engine:
@@ -205,6 +222,70 @@ class DatabaseLockedError(RuntimeError):
     """A write kept finding the database locked by another process for the whole retry window."""
 
 
+class DatabaseFullError(DatabaseLockedError):
+    """A write found no space left for the database (SQLite's "database or disk is full", PostgreSQL's
+    disk_full). A kind of DatabaseLockedError on purpose: every writer that gives up on a locked
+    database (step points skipped, samples noted missing, the run failed with the reason) gives up
+    on a full one the same way, and a retry cannot help either."""
+
+
+class DatabaseReadOnlyError(DatabaseLockedError):
+    """A write found the database read-only (its file system remounted read-only, its file's
+    permissions changed, a PostgreSQL server in read-only mode): waiting does not help either."""
+
+
+def read_only_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` means the database cannot be written any more, in the driver's words; else None."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig if exc.orig is not None else exc
+    text = " ".join(str(orig).split())
+    code = getattr(orig, "sqlite_errorcode", None)
+    if (code is not None and code & 0xFF == 8) or "readonly database" in text:  # SQLITE_READONLY and its kinds
+        return text[:200]
+    if getattr(orig, "sqlstate", None) == "25006":  # PostgreSQL's read_only_sql_transaction
+        return text[:200]
+    return None
+
+
+def full_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` means the database's disk is full, in the driver's words; None if it does not."""
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig if exc.orig is not None else exc
+    text = str(orig)
+    if (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF == 13 or "database or disk is full" in text:  # SQLITE_FULL
+        return "database or disk is full"
+    if getattr(orig, "sqlstate", None) == "53100" or "No space left on device" in text:  # PostgreSQL's disk_full
+        return " ".join(text.split())[:200]
+    return None
+
+
+def _only_url() -> URL | None:
+    """The URL of the one database this process records into (a run's processes use one), else None."""
+    with _engines_lock:
+        urls = {engine.url for engine in _engines.values()}
+    return next(iter(urls)) if len(urls) == 1 else None
+
+
+def _the_database() -> str:
+    url = _only_url()
+    return f" {masked_url(url)}" if url is not None else ""
+
+
+def database_full_error(what: str, reason: str) -> DatabaseFullError:
+    """The one line for a write that found the database's disk full, naming the database and its folder."""
+    place, url = _the_database(), _only_url()
+    if url is not None:
+        path = sqlite_file(url)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                reason += f"; {shutil.disk_usage(path.parent).free // 1024} KiB left in {path.parent}"
+    return DatabaseFullError(f"disk full while writing to the database{place}: could not {what} ({reason}): the "
+                             "metrics recorded so far are kept; free some space (or use a database with room) and "
+                             "run again")
+
+
 def lock_wait_s() -> float:
     """How long a write that must not be lost (an epoch's metrics, how a run ended) keeps trying
     while another process holds the database's write lock: ``PARALLAX_DB_LOCK_WAIT_S``, default 300."""
@@ -234,7 +315,16 @@ def retry_when_locked(action, *, what: str, window_s: float | None = None):
     while True:
         try:
             return action()
-        except OperationalError as exc:
+        except DBAPIError as exc:
+            reason = full_reason(exc)
+            if reason is not None:  # waiting does not make room
+                raise database_full_error(what, reason) from exc
+            reason = read_only_reason(exc)
+            if reason is not None:
+                raise DatabaseReadOnlyError(
+                    f"the database{_the_database()} became read-only: could not {what} ({reason}): the metrics "
+                    "recorded so far are kept; make it writable again (then `list` marks the run lost) and run again"
+                ) from exc
             remaining = deadline - time.monotonic()
             if not is_locked_error(exc):
                 raise
@@ -259,8 +349,9 @@ def try_write(engine: Engine, statement) -> bool:
             matched = connection.execute(statement).rowcount
             connection.commit()
             return matched != 0
-        except OperationalError as exc:
-            if not is_locked_error(exc):
+        except DBAPIError as exc:
+            # A full disk skips the beat too: the next write that must land says why the run ends.
+            if not is_locked_error(exc) and full_reason(exc) is None and read_only_reason(exc) is None:
                 raise
             connection.rollback()
             return False

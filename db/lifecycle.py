@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from db.engine import session_scope, try_write
+from db.engine import full_reason, read_only_reason, session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
 
 ACTIVE_STATUSES = ("queued", "running")
-HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.lifecycle.Heartbeat)
+HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.control.lifecycle.Heartbeat)
 # Six missed beats: a run whose heartbeat is older is gone. Long enough for a slow write or a
 # worker still starting up (its launcher stamped created_at), short enough that a dead run on
 # another machine frees its place within half a minute.
@@ -193,6 +194,11 @@ def mark_lost_runs(engine: Engine) -> list[int]:
             where = f"process {run.pid} on {run.host}" if run.pid and run.host else "its process"
             error = (f"no heartbeat from {where} for {int((now - last_sign).total_seconds())} s: the process or "
                      f"its machine stopped, or lost its connection to the database ({last})")
-        if gone and finish(engine, run.id, "lost", error=error):
-            lost.append(run.id)
+        try:
+            if gone and finish(engine, run.id, "lost", error=error):
+                lost.append(run.id)
+        except DBAPIError as exc:
+            if full_reason(exc) is None and read_only_reason(exc) is None:
+                raise
+            break  # a full disk or a read-only database: the runs are read as they are; the next read with room marks them
     return lost

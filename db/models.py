@@ -125,7 +125,8 @@ class Run(Base):
     # Copied out of ``config`` so the run list can filter and sort without parsing JSON.
     strategy: Mapped[str] = mapped_column(String(64), index=True)
     model: Mapped[str] = mapped_column(String(128), index=True)
-    dataset: Mapped[str] = mapped_column(String(128), index=True)
+    # Any path the OS allows (config.MAX_PATH_LENGTH); no index: PostgreSQL indexes at most ~2.7 kB a row.
+    dataset: Mapped[str] = mapped_column(Text)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
 
     error: Mapped[str | None] = mapped_column(Text)

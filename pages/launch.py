@@ -15,11 +15,11 @@ import socket
 import streamlit as st
 
 from db import dashboard
-from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
+from trainer_backend.contract import devices as device_info
+from trainer_backend.contract.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
                                     OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
-                                    RunConfig, max_cpu_processes)
-from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
+                                    MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
+from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import memory_views, options, state
 from ui import torchrun as torchrun_ui
 from ui.text import escape_markdown
@@ -211,7 +211,7 @@ with devices_col:
     memory_slot = st.container()  # the memory estimate, filled in once the rest of the page is drawn
     if sweeping:
         counts_text = st.text_input(
-            "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts",
+            "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts", max_chars=200,
             help="Each multi-device strategy runs once per count (on CPU: that many processes), and the report "
             "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
         field_slot("device_counts")
@@ -268,7 +268,8 @@ with st.expander("More options"):
             key="bn_stats_images", help="Re-estimated with the current weights before each validation, so that "
             "short runs validate what they learnt; 0 validates on BatchNorm's running averages.")
         field_slot("bn_stats_images")
-        bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands")
+        bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands",
+                                   max_chars=MAX_CHOICE_LENGTH)
         values["bands"] = bands_text.strip() or None
         field_slot("bands")
 
@@ -332,7 +333,8 @@ with st.expander("Advanced"):
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])
 with tags_col:
-    tags_text = st.text_input("Tags (comma-separated)", key="tags", placeholder="baseline, fp32")
+    tags_text = st.text_input("Tags (comma-separated)", key="tags", placeholder="baseline, fp32",
+                              max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
     values["tags"] = tuple(t.strip() for t in tags_text.split(",") if t.strip())
     field_slot("tags")
 with note_col:
@@ -411,9 +413,10 @@ if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
         restarts = restarts_col.number_input("Restarts on failure", value=0, step=1, key="torchrun_restarts")
         endpoint_col, job_col = st.columns(2)
         endpoint = endpoint_col.text_input("Rendezvous endpoint (HOST:PORT on one of the machines)",
-                                           value=f"{socket.gethostname()}:29400", key="torchrun_endpoint")
+                                           value=f"{socket.gethostname()}:29400", key="torchrun_endpoint",
+                                           max_chars=300)
         st.session_state.setdefault("torchrun_job_id", torchrun_ui.new_job_id())  # one per session, not per rerun
-        job_id = job_col.text_input("Job id (unique per job)", key="torchrun_job_id")
+        job_id = job_col.text_input("Job id (unique per job)", key="torchrun_job_id", max_chars=128)
         try:
             st.code(torchrun_ui.torchrun_command(config, nodes=nodes, procs_per_node=procs, endpoint=endpoint,
                                                  job_id=job_id, max_restarts=restarts), language="bash")

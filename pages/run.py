@@ -12,8 +12,8 @@ import streamlit as st
 from db import profiles, series, store
 from db.folders import NotARegularFile
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.housekeeping import OutsideRunFolder, run_file
-from trainer_backend.lifecycle import CancelNotDelivered, cancel
+from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
+from trainer_backend.control.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
 from ui import charts, confusion, downloads, efficiency_views, live, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart

@@ -8,7 +8,7 @@ import streamlit as st
 
 from db import dashboard
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.housekeeping import RunActiveError, delete_run_and_files
+from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 from ui import state
 from ui.text import escape_markdown
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from db import profiles, store
+from trainer_backend.contract.storage import DiskFullError, write_export
 
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 from .spreadsheet import frame_for_csv
@@ -83,11 +84,13 @@ def write_profile_dir(engine, run_id: int, directory: Path) -> list[Path]:
         directory.mkdir(parents=True, exist_ok=True)
         for trace in profiles.list_traces(engine, run_id):
             path = directory / f"trace-rank{trace['rank']}.json.gz"
-            path.write_bytes(profiles.read_trace(engine, run_id, trace["rank"]))
+            write_export(path, profiles.read_trace(engine, run_id, trace["rank"]), "profile trace")
             written.append(path)
         for name, data in (("ops.csv", ops_csv(ops)), ("report.html", report_html(engine, run_id).encode())):
-            (directory / name).write_bytes(data)
+            write_export(directory / name, data, "profile file")
             written.append(directory / name)
+    except DiskFullError:
+        raise
     except OSError as exc:  # a read-only folder, a full disk, a folder where a file should go
         raise ValueError(f"cannot write the profile into --profile-dir {directory}: {exc.strerror or exc}"
                          f"{f' ({exc.filename})' if exc.filename else ''}") from None

@@ -24,6 +24,7 @@ import pandas as pd
 
 from db.series import GPU_FIELDS, PROCESS_FIELDS, STEP_FIELDS
 from db.store import EPOCH_FLOAT_FIELDS
+from trainer_backend.contract.storage import write_export
 
 from .spreadsheet import frame_for_csv
 
@@ -77,11 +78,15 @@ def system_table(exported: dict[str, Any]) -> pd.DataFrame:
 def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
     """Write ``CSV_FILES`` for the exported run into ``directory`` (made if missing); returns the paths."""
     check_csv_dir(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write into --csv {directory}: {exc.strerror or exc}") from None
     written = []
     for name, table in zip(CSV_FILES, (epochs_table(exported), steps_table(exported), system_table(exported))):
         path = directory / name
-        frame_for_csv(table).to_csv(path, index=False)
+        # whole or not at all: a full disk is one line naming the file, never half a CSV
+        write_export(path, frame_for_csv(table).to_csv(index=False).encode(), "CSV file")
         written.append(path)
     return written
 

@@ -321,7 +321,7 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
 
 
 def leave_as_a_rank() -> None:
-    """End a ``run_world`` process as the engine's ranks end (trainer_backend.runner): without
+    """End a ``run_world`` process as the engine's ranks end (trainer_backend.worker.runner): without
     interpreter shutdown, where gloo's and FSDP's C++ destructors can abort a finished rank."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -333,12 +333,12 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     validation split: (checkpoint, accuracy, mean loss, images)."""
     import torch
 
-    from trainer_backend.config import RunConfig
-    from trainer_backend.inputs import DeviceInputs
-    from trainer_backend.loop import evaluate
-    from trainer_backend.models import create_model
-    from trainer_backend.strategies import Strategy
-    from trainer_backend.trainer import build_loaders, load_data
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.inputs import DeviceInputs
+    from trainer_backend.engine.loop import evaluate
+    from trainer_backend.engine.models import create_model
+    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.engine.trainer import build_loaders, load_data
 
     checkpoint = torch.load(run_dir(home, run["run_id"]) / "best.pt", weights_only=True)
     config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})

@@ -24,8 +24,8 @@ import db
 from conftest import ROOT
 from db import store
 from db.folders import run_folder
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.data_roots import check_under_roots, is_under_roots
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.datasets.roots import check_under_roots, is_under_roots
 from ui import auth
 
 APP = str(ROOT / "app.py")
@@ -223,7 +223,7 @@ def test_dashboard_offers_no_folder_outside_the_roots(roots, monkeypatch):
 
 
 def test_launch_from_the_dashboard_refuses_outside_the_roots_before_any_row(roots, parallax_home, db_url):
-    from trainer_backend.lifecycle import launch
+    from trainer_backend.control.lifecycle import launch
 
     root, outside = roots
     config = RunConfig(dataset=str(root / "escape"), model="test_resnet", image_size=16, epochs=1)
@@ -235,7 +235,7 @@ def test_launch_from_the_dashboard_refuses_outside_the_roots_before_any_row(root
 
 def test_worker_launched_from_the_dashboard_checks_the_roots_again(roots, parallax_home, db_url):
     """A run row whose dataset was changed to a folder outside the roots after launch fails with the reason."""
-    from trainer_backend.runner import work
+    from trainer_backend.worker.runner import work
 
     root, outside = roots
     engine = db.make_engine(db_url)
@@ -269,7 +269,7 @@ def test_no_code_builds_a_shell_command():
 
 def test_shell_syntax_in_a_dataset_path_tag_and_root_is_data_never_run(tmp_path, parallax_home, db_url):
     from db.lifecycle import ACTIVE_STATUSES
-    from trainer_backend.lifecycle import launch
+    from trainer_backend.control.lifecycle import launch
 
     marker = tmp_path / "executed"
     root = tmp_path / f"root $(touch {marker}-root)"

@@ -1,7 +1,7 @@
 """Bad input is refused in seconds with one line naming the value and what is allowed, exit code 2,
 no traceback, and nothing left behind: no run row, no run folder.
 
-Most cases go in-process through ``trainer_backend.cli.main`` (the very code ``python -m
+Most cases go in-process through ``trainer_backend.control.cli.main`` (the very code ``python -m
 trainer_backend run`` runs: argument parsing, RunConfig, the database check, preflight); a few go
 through the real CLI in a subprocess. A full disk while writing a checkpoint or a profiler trace
 is made real with a small tmpfs mounted on ``PARALLAX_HOME/runs`` (or, where mounting is not
@@ -26,7 +26,7 @@ import pytest
 from PIL import Image
 
 from conftest import ROOT, run_cli, run_dir
-from trainer_backend.cli import main
+from trainer_backend.control.cli import main
 
 BASE = ["run", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--quiet"]
 

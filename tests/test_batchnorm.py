@@ -1,4 +1,4 @@
-"""BatchNorm statistics re-estimated before validation (trainer_backend/batchnorm.py), in process,
+"""BatchNorm statistics re-estimated before validation (trainer_backend/engine/batchnorm.py), in process,
 and the rule that notes when validation lags training because they were not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainer_backend.batchnorm import lag_note, reestimate, statistics_loader
+from trainer_backend.engine.batchnorm import lag_note, reestimate, statistics_loader
 from trainer_backend.datasets import collate_batch
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset
 

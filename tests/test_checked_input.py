@@ -30,8 +30,8 @@ import db
 from conftest import ROOT, run_cli
 from db import store
 from test_bad_input import BASE, assert_nothing_left
-from trainer_backend.cli import main
-from trainer_backend.config import ConfigError, RunConfig, cpu_cores
+from trainer_backend.control.cli import main
+from trainer_backend.contract.config import ConfigError, RunConfig, cpu_cores
 from reports.spreadsheet import csv_cell, frame_for_csv
 from ui.text import escape_markdown
 
@@ -271,7 +271,7 @@ def process_of_another_user():
     if os.geteuid() != 0:
         pytest.skip("starting a process as another user needs root")
     reachable = subprocess.run(["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups", sys.executable, "-c",
-                                "import trainer_backend.lifecycle"], cwd=ROOT, capture_output=True, timeout=60)
+                                "import trainer_backend.control.lifecycle"], cwd=ROOT, capture_output=True, timeout=60)
     if reachable.returncode != 0:
         pytest.skip(f"an unprivileged user cannot run this checkout here: {reachable.stderr.decode()[-200:]}")
     process = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
@@ -315,8 +315,7 @@ def test_cancelling_another_users_run_ends_with_a_message():
 
 def test_a_refused_signal_is_a_message_not_a_permission_error(parallax_home, db_url, monkeypatch):
     """The os.kill edge as an unprivileged user meets it, wherever another uid cannot be had."""
-    from trainer_backend import lifecycle
-
+    from trainer_backend.control import lifecycle
     engine = db.make_engine(db_url)
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "trainer_backend"],
                           start_new_session=True) as process:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainer_backend.cli import build_parser, config_from_args
-from trainer_backend.config import ConfigError, RunConfig, parse_devices
+from trainer_backend.control.cli import build_parser, config_from_args
+from trainer_backend.contract.config import ConfigError, RunConfig, parse_devices
 
 
 def test_defaults_are_a_quick_cpu_run():
@@ -59,6 +59,9 @@ def test_round_trip_through_json():
          ["5 stages", "at least 5 microbatches", "got 4"]),
         ({"strategy": "fsdp", "devices": "cpu,cpu", "batch_size": 5}, "batch_size", ["batch_size 5", "FSDP"]),
         ({"pipeline_schedule": "zb"}, "pipeline_schedule", ["'zb'", "1f1b"]),
+        ({"strategy": "dp", "devices": "0,1,2,3,4,5,6,7", "batch_size": 9}, "batch_size",
+         ["batch_size 9 over 8 GPUs", "2, 2, 2, 2, 1 images", "e.g. 10"]),
+        ({"strategy": "dp", "devices": "0,1", "batch_size": 3}, "batch_size", ["2, 1 images", "e.g. 4"]),
         ({"bands": "x,y"}, "bands", ["'x,y'"]),
         ({"epochs": True}, "epochs", ["epochs True"]),
     ],

@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import trainer_backend.config as config_module
-from trainer_backend import resume
-from trainer_backend.config import RunConfig
-from trainer_backend.loop import resolve_amp
-from trainer_backend.preflight import OOM_HINT, with_oom_hint
-from trainer_backend.strategies import DataParallelStrategy, DistributedStrategy, Strategy
-from trainer_backend.trainer import build_loaders, load_data
+import trainer_backend.contract.config as config_module
+from trainer_backend.engine import resume
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.engine.loop import resolve_amp
+from trainer_backend.worker.preflight import OOM_HINT, with_oom_hint
+from trainer_backend.engine.strategies import DataParallelStrategy, DistributedStrategy, Strategy
+from trainer_backend.engine.trainer import build_loaders, load_data
 
 CUDA0 = torch.device("cuda:0")
 
@@ -271,8 +271,8 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
 
     from db import make_engine, store
     from db.models import StepMetric
-    from trainer_backend.loop import train_one_epoch
-    from trainer_backend.steps import StepHooks, StepRecorder
+    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 
     engine = make_engine(db_url)
     run_id = store.create_run(engine, RunConfig().to_dict(), status="running")
@@ -303,7 +303,7 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
 def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work(monkeypatch):
     """A pipeline's first stage meters energy but records no step points, whose last read waits for the
     GPU elsewhere: without a sync its meter stopped with the epoch's work still queued."""
-    from trainer_backend.steps import StepHooks
+    from trainer_backend.telemetry.steps import StepHooks
 
     order = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: order.append(f"synchronize {device}"))
@@ -324,7 +324,7 @@ def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work
 def test_every_process_group_is_bound_to_its_ranks_gpu(monkeypatch, strategy_name, devices, rank, expected):
     """Unbound, NCCL's first collective that names no device (the loop's barrier: FSDP and the pipeline
     run no collective before it) runs on GPU rank % count: another rank's GPU, or one not given to the run."""
-    from trainer_backend.trainer import make_strategy
+    from trainer_backend.engine.trainer import make_strategy
 
     monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
@@ -374,8 +374,8 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     from conftest import leave_as_a_rank
-    from trainer_backend.models import create_model
-    from trainer_backend.trainer import build_optimizer, make_strategy
+    from trainer_backend.engine.models import create_model
+    from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
     seen = {"forward": [], "backward": []}
     backward_one_chunk = _PipelineStageBase.backward_one_chunk

@@ -26,7 +26,7 @@ from PIL import Image
 import db
 from conftest import ROOT, run_cli
 from db import store
-from trainer_backend.config import RunConfig
+from trainer_backend.contract.config import RunConfig
 from trainer_backend.datasets import DatasetError, inspect_dataset, prepare_data
 from trainer_backend.datasets.builtin import load_cifar_pickle
 from trainer_backend.datasets.folder import decode_image_folder, list_image_folder
@@ -97,7 +97,7 @@ def test_a_file_swapped_for_a_link_after_listing_is_refused_when_opened(roots, p
 
 def test_a_run_launched_from_the_dashboard_fails_naming_a_class_link_out_of_the_roots(roots, parallax_home, db_url):
     """The real worker process: the top folder is inside the roots, a class folder in it is not."""
-    from trainer_backend.lifecycle import launch
+    from trainer_backend.control.lifecycle import launch
 
     root, outside = roots
     (root / "set" / "leak").symlink_to(outside / "secret_class")

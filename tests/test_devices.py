@@ -15,8 +15,7 @@ import pytest
 
 from conftest import ROOT
 from nvml_machines import fake_nvml  # noqa: F401
-from trainer_backend import devices
-
+from trainer_backend.contract import devices
 A, B, C = "GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000", \
     "GPU-aaaa3333-0000-0000-0000-000000000000"
 MIG = "MIG-4c5d6e7f-0000-0000-0000-000000000000"

@@ -23,7 +23,7 @@ from conftest import ROOT, run_dir
 from nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.lifecycle import cancel
+from trainer_backend.control.lifecycle import cancel
 
 ARTIFACTS = ROOT / "test-artifacts"
 # Tall enough that each page fits whole: Streamlit scrolls inside its own container, so a

@@ -22,8 +22,8 @@ from reports.forecast import (
     sweep_forecast,
 )
 from reports.sweep import format_table, mfu_note, sweep_html, sweep_table
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.lifecycle import parse_device_counts, sweep_configs
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.control.lifecycle import parse_device_counts, sweep_configs
 
 BATCH = 64
 
@@ -296,7 +296,7 @@ def test_device_counts_run_each_strategy_per_count_and_single_once(monkeypatch):
 
 
 def test_device_counts_on_gpus_take_the_first_n_listed(monkeypatch):
-    monkeypatch.setattr("trainer_backend.config.cuda_device_count", lambda: 2)  # no GPU here: fake the count
+    monkeypatch.setattr("trainer_backend.contract.config.cuda_device_count", lambda: 2)  # no GPU here: fake the count
     base = RunConfig(strategy="mp", devices=("cuda:0", "cuda:1"), batch_size=64)
     assert [c.devices for c in sweep_configs(base, ["ddp"], (1, 2))] == [("cuda:0",), ("cuda:0", "cuda:1")]
     with pytest.raises(ConfigError, match="--device-counts 4 is not allowed for ddp: --devices lists 2 GPU"):

@@ -125,8 +125,7 @@ def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
     import sys
 
     from conftest import ROOT
-    from trainer_backend import devices
-
+    from trainer_backend.contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
         pytest.skip("needs NVML and whole GPUs")
@@ -203,7 +202,7 @@ def test_devices_listed_in_reverse_keep_their_order(parallax_home, strategy):
 
 @one_gpu
 def test_out_of_memory_fails_with_the_hint_and_frees_the_gpu(parallax_home):
-    from trainer_backend.preflight import OOM_HINT
+    from trainer_backend.worker.preflight import OOM_HINT
 
     free_before, _ = torch.cuda.mem_get_info(0)
     # All 1437 training images in one batch of resnet50 at 384 px: hundreds of GB of activations.
@@ -222,8 +221,8 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
     """So that reading it back puts nothing on the GPU of the rank that saved it."""
     from torch import nn
 
-    from trainer_backend.config import RunConfig
-    from trainer_backend.strategies import Strategy
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.strategies import Strategy
 
     strategy = Strategy(RunConfig(strategy="single", devices="0"))
     model = strategy.wrap(nn.Linear(4, 2))
@@ -283,8 +282,8 @@ def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine, s
     import os
     import time
     from db import series, store
-    from trainer_backend.machine_samples import StoreDrain, StorePusher, sample_store
-    from trainer_backend.sampler import SystemSampler
+    from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
+    from trainer_backend.telemetry.sampler import SystemSampler
 
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
                                        "devices": ["cuda:0", "cuda:0"], "epochs": 1}, status="running")
@@ -314,7 +313,7 @@ def test_a_machines_gpu_energy_reaches_the_job_through_an_object_gather_on_nccl(
 
     import torch.distributed as dist
 
-    from trainer_backend.job_energy import EnergyPart, JobEnergy
+    from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
 
     torch.cuda.set_device(0)
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
@@ -349,10 +348,10 @@ def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
     import torch.nn.functional as F
     from torch import nn
 
-    from trainer_backend.config import RunConfig
-    from trainer_backend.loop import make_grad_scaler, train_one_epoch
-    from trainer_backend.strategies import Strategy
-    from trainer_backend.trainer import build_optimizer
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.loop import make_grad_scaler, train_one_epoch
+    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.engine.trainer import build_optimizer
 
     config = RunConfig(strategy="single", devices="0", amp="fp16", grad_clip=0.05, optimizer="sgd", lr=0.1)
     strategy = Strategy(config)
@@ -382,7 +381,7 @@ RESNET18_DIGITS_PARAMS_MB = 42.63  # resnet18, 10 classes, one input channel, fp
 
 @one_gpu
 def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
-    from trainer_backend.flops import gpu_peak
+    from trainer_backend.telemetry.flops import gpu_peak
 
     run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", "bf16")
     measured, extra = run["measurements"], run["epochs"][0]["extra"]
@@ -440,8 +439,7 @@ def nvml_gpus_by_torch_index() -> dict[int, object]:
     """NVML's handle for each cuda:N (by UUID, so CUDA_VISIBLE_DEVICES and PCI bus order cannot mislead)."""
     import pynvml
 
-    from trainer_backend import devices
-
+    from trainer_backend.contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
         pytest.skip("needs NVML and whole GPUs")
@@ -525,7 +523,7 @@ def test_dataparallel_batches_that_do_not_split_evenly(parallax_home, batch_size
 @pytest.mark.parametrize("amp, arithmetic", [("off", "convolutions in TF32, matrix multiplies in fp32"),
                                              ("fp16", "autocast fp16")])
 def test_mfu_of_amp_off_and_fp16_divides_by_the_peak_of_what_ran(parallax_home, amp, arithmetic):
-    from trainer_backend.flops import gpu_peak
+    from trainer_backend.telemetry.flops import gpu_peak
 
     if torch.cuda.get_device_capability(0) < (8, 0) and amp == "off":
         arithmetic = "fp32 (no TF32 before Ampere)"
@@ -656,8 +654,7 @@ def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subs
     import sys
 
     from conftest import ROOT
-    from trainer_backend import devices
-
+    from trainer_backend.contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
         pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")

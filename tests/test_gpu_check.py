@@ -12,7 +12,7 @@ import pytest
 
 from bench import gpu_check
 from conftest import ROOT
-from trainer_backend.flops import MEASURED_ON_CPU
+from trainer_backend.telemetry.flops import MEASURED_ON_CPU
 
 NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU, even on one with
 

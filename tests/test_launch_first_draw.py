@@ -65,7 +65,7 @@ def test_the_checks_before_a_launch_import_no_torch():
     """``launch`` checks every PARALLAX_* value and the dataset limits first; those checks must not
     import torch (about 1.2 s), which only the worker needs."""
     probe = ("import sys\n"
-             "from trainer_backend import lifecycle\n"
+             "from trainer_backend.control import lifecycle\n"
              "lifecycle.check_environment()\n"
              "print(sorted(m for m in ('torch', 'timm') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -183,3 +183,49 @@ def test_pages_and_ui_never_import_torch_distributed():
         if name == "torch.distributed" or name.startswith("torch.distributed.")
     }
     assert not offending, sorted(offending)
+
+
+# The backend's rooms by process role, highest first (trainer_backend/__init__.py draws them): a module imports
+# from its own room or a lower one, never a higher one.
+ROOMS = ("control", "worker", "engine", "telemetry", "datasets", "contract")
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainer_backend" and len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def upward_imports(modules) -> list[str]:
+    found = []
+    for module in modules:
+        room = room_of(module)
+        for source, name, line in imports_of(module) if room else ():
+            target = room_of(source)
+            if target and ROOMS.index(target) < ROOMS.index(room):
+                found.append(f"{module}:{line} ({room}) imports {source} ({target})")
+    return found
+
+
+def test_the_backends_rooms_import_only_downward():
+    assert not upward_imports(MODULES), upward_imports(MODULES)
+
+
+def test_every_backend_module_lives_in_a_room_and_no_room_holds_more_than_15():
+    loose = [m for m in MODULES if m.startswith("trainer_backend.") and room_of(m) is None
+             and m not in ("trainer_backend.__main__",)]
+    assert not loose, f"modules outside the rooms: {loose}"
+    for folder in [p for p in (ROOT / "trainer_backend").rglob("*") if p.is_dir() and p.name != "__pycache__"]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= 15, f"{folder.relative_to(ROOT)} holds {len(modules)} modules"
+        assert (folder / "__init__.py").read_text(encoding="utf-8").startswith('"""'), f"{folder} has no docstring"
+
+
+def test_the_contract_imports_no_torch():
+    """The dashboard and the launcher read the contract without loading torch (a subprocess: this one has it)."""
+    import subprocess
+    import sys
+
+    contract = sorted(m for m in MODULES if room_of(m) == "contract")
+    code = "import sys\n" + "".join(f"import {m}\n" for m in contract) + "print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr

@@ -16,7 +16,8 @@ import pytest
 from conftest import ROOT, run_cli, run_dir
 from db import lifecycle as state
 from db import make_engine, store
-from trainer_backend.lifecycle import can_start, group_members
+from trainer_backend.control.lifecycle import group_members
+from trainer_backend.worker.liveness import can_start
 
 # timm's tiny test ResNet: these tests are about processes, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet")
@@ -153,7 +154,7 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     """A dashboard restart must not take its runs with it: kill the launcher, the run goes on."""
     launcher = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from trainer_backend.config import RunConfig; from trainer_backend.lifecycle import launch;"
+         "import time; from trainer_backend.contract.config import RunConfig; from trainer_backend.control.lifecycle import launch;"
          "print(launch(RunConfig(model='test_resnet', epochs=2)), flush=True); time.sleep(600)"],
         cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(parallax_home)}, stdout=subprocess.PIPE, text=True,
     )
@@ -228,8 +229,8 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
 
 TWO_RUNS_IN_ONE_PROCESS = r"""
 import os, sys
-from trainer_backend.config import RunConfig
-from trainer_backend.runner import execute_run
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.worker.runner import execute_run
 for home in sys.argv[1:]:
     os.environ["PARALLAX_HOME"] = home
     config = RunConfig(dataset="digits", model="test_resnet", image_size=16, strategy="ddp", devices=("cpu", "cpu"),

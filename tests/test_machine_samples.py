@@ -21,8 +21,8 @@ import torch.distributed as dist
 import db
 from db import elastic, series, store
 from reports import run_csv, sweep as sweep_report
-from trainer_backend.machine_samples import StoreDrain, StorePusher, sample_store
-from trainer_backend.sampler import SystemSampler
+from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
+from trainer_backend.telemetry.sampler import SystemSampler
 from ui import series_charts
 
 CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "ddp", "devices": ["cpu", "cpu"], "batch_size": 64,
@@ -217,7 +217,7 @@ def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples():
 
 
 def test_each_machine_samples_its_own_ranks_and_gpus():
-    from trainer_backend.torchrun import Member, Sampling
+    from trainer_backend.worker.torchrun import Member, Sampling
 
     # Two machines of two GPUs each; rank 0 is on node 0.
     members = [Member("a", 0, "cuda:0", 1, 100), Member("a", 0, "cuda:1", 1, 101),

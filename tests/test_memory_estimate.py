@@ -14,12 +14,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from conftest import leave_as_a_rank, run_world
-from trainer_backend.config import RunConfig
-from trainer_backend.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
-from trainer_backend.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
-from trainer_backend.memory_fit import fits, format_table, suggestions, verdict
-from trainer_backend.memory_trace import trace_step
-from trainer_backend.models import create_model
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
+from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
+from trainer_backend.engine.forecast.memory_fit import fits, format_table, suggestions, verdict
+from trainer_backend.engine.forecast.memory_trace import trace_step
+from trainer_backend.engine.models import create_model
 
 MB = 2**20
 SPAWN_TIMEOUT_S = 240
@@ -52,7 +52,7 @@ def test_a_small_nets_step_is_counted_as_counted_by_hand():
 
 
 def test_activations_scale_with_the_batch_and_halve_under_bf16():
-    from trainer_backend.memory_estimate import MemoryPlan
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
 
     config = RunConfig(model=MODEL, image_size=32, batch_size=32)
     small = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices[0]
@@ -131,7 +131,7 @@ def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
 # --- parameters, gradients and optimizer state against what the strategies hold ------------
 
 def _one_step(strategy, model, optimizer, loader):
-    from trainer_backend.loop import train_epoch
+    from trainer_backend.engine.loop import train_epoch
 
     train_epoch(model, loader, optimizer, strategy)
 
@@ -143,7 +143,7 @@ def _loader(batch: int, steps: int) -> DataLoader:
 
 
 def _held(config: RunConfig, rank: int = 0, port: int = 0):
-    from trainer_backend.trainer import build_optimizer, make_strategy
+    from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
     strategy = make_strategy(config, rank, in_chans=CHANNELS, store_host="127.0.0.1", store_port=port)
     strategy.setup()
@@ -261,7 +261,7 @@ def test_each_strategy_places_its_parts_on_the_gpus_as_it_runs(two_gpus):
     assert mp["cuda:0"].parameters + mp["cuda:1"].parameters == whole
     fsdp = gpu_estimate("fsdp", amp="bf16")
     assert all(d.parameters == pytest.approx(whole / 2, rel=0.01) for d in fsdp.values())
-    from trainer_backend.strategies import sharded_blocks
+    from trainer_backend.engine.strategies import sharded_blocks
 
     with torch.device("meta"):
         units = [sum(p.numel() * 4 for p in block.parameters())
@@ -275,7 +275,7 @@ def test_each_strategy_places_its_parts_on_the_gpus_as_it_runs(two_gpus):
 def test_gpipe_keeps_every_microbatch_and_1f1b_fewer(two_gpus):
     """GPipe runs all 8 forwards before any backward; 1F1B keeps 2 in flight on the first of 2
     stages and 1 on the last."""
-    from trainer_backend.memory_estimate import MemoryPlan
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
 
     gpipe = gpu_estimate("pp", amp="off", microbatches=8)
     one_f_one_b = gpu_estimate("pp", amp="off", microbatches=8, pipeline_schedule="1f1b")

@@ -17,12 +17,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import leave_as_a_rank, run_world
-from trainer_backend import flops
-from trainer_backend.config import RunConfig
-from trainer_backend.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
-from trainer_backend.memory_breakdown import MB
-from trainer_backend.models import create_model
-from trainer_backend.rank_times import find_stragglers, slow_ranks, straggler_note
+from trainer_backend.telemetry import flops
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.telemetry.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
+from trainer_backend.telemetry.memory_breakdown import MB
+from trainer_backend.engine.models import create_model
+from trainer_backend.telemetry.rank_times import find_stragglers, slow_ranks, straggler_note
 
 SPAWN_TIMEOUT_S = 120
 
@@ -251,9 +251,9 @@ def _world_of_two(rank: int, port: int, out_path: str) -> None:
     """Both strategies in one world (a process group is made once): DDP for two epochs with rank 1
     slow at loading data, then FSDP for three, rank 1 slow in the third only (the first warms up:
     FSDP's first step sets itself up inside its hooks)."""
-    from trainer_backend.loop import train_one_epoch
-    from trainer_backend.measures import RunMeasures
-    from trainer_backend.trainer import build_optimizer, make_strategy
+    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.telemetry.measures import RunMeasures
+    from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
     results = {}
     strategies = []
@@ -336,9 +336,9 @@ def test_fsdp_records_every_ranks_comm_wait_and_the_fast_rank_waits_for_the_slow
 # --- one process: a single entry ---
 
 def test_a_single_process_run_has_one_rank_entry_without_collectives(tmp_path, monkeypatch):
-    from trainer_backend.loop import train_one_epoch
-    from trainer_backend.measures import RunMeasures
-    from trainer_backend.trainer import build_optimizer, make_strategy
+    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.telemetry.measures import RunMeasures
+    from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
     config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)
@@ -385,7 +385,7 @@ class FakeCudaEvent:
 def test_on_cuda_comm_wait_is_read_from_events_on_the_compute_stream(monkeypatch):
     from torch import nn
 
-    from trainer_backend.rank_times import RankClock
+    from trainer_backend.telemetry.rank_times import RankClock
 
     monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
@@ -418,9 +418,9 @@ def test_on_cuda_comm_wait_is_read_from_events_on_the_compute_stream(monkeypatch
 
 def test_training_above_the_cached_cpu_peak_measures_it_again_and_never_shows_mfu_above_one(tmp_path, monkeypatch):
     """A peak measured while other work held the cores is too low; an epoch that beats it measures again."""
-    from trainer_backend import flops as flops_module
-    from trainer_backend.flops import MEASURED_ON_CPU, Peak
-    from trainer_backend.measures import RunMeasures
+    from trainer_backend.telemetry import flops as flops_module
+    from trainer_backend.telemetry.flops import MEASURED_ON_CPU, Peak
+    from trainer_backend.telemetry.measures import RunMeasures
 
     monkeypatch.setenv("PARALLAX_DATA_DIR", str(tmp_path))
     (tmp_path / flops_module.CPU_PEAK_FILE).write_text(
@@ -457,7 +457,7 @@ def test_on_cuda_fsdp_waits_are_read_from_events_around_fsdps_hooks(monkeypatch)
     from torch import nn
     from torch.autograd import Variable
 
-    from trainer_backend.rank_times import RankClock
+    from trainer_backend.telemetry.rank_times import RankClock
 
     monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
@@ -496,9 +496,9 @@ def test_on_cuda_fsdp_waits_are_read_from_events_around_fsdps_hooks(monkeypatch)
 
 def test_an_mfu_above_one_against_a_gpu_peak_is_not_blamed_on_a_cpu_peak(tmp_path, monkeypatch):
     """A datasheet peak cannot be measured again: the note names that peak and its source, never a CPU's."""
-    from trainer_backend.flops import Peak
-    from trainer_backend.measures import RunMeasures
-    from trainer_backend.trainer import make_strategy
+    from trainer_backend.telemetry.flops import Peak
+    from trainer_backend.telemetry.measures import RunMeasures
+    from trainer_backend.engine.trainer import make_strategy
 
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
     config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from trainer_backend.models import (
+from trainer_backend.engine.models import (
     ModelError,
     StagedModel,
     balanced_bounds,
@@ -90,8 +90,8 @@ def test_pretrained_weights_in_the_local_cache_load_offline(monkeypatch, tmp_pat
 
 
 def test_an_unknown_strategy_name_fails_naming_the_strategies_there_are():
-    from trainer_backend.config import STRATEGIES
-    from trainer_backend.registry import strategy_class
+    from trainer_backend.contract.config import STRATEGIES
+    from trainer_backend.engine.strategies.registry import strategy_class
 
     assert {name: strategy_class(name).name for name in STRATEGIES} == {name: name for name in STRATEGIES}
     with pytest.raises(ValueError, match=r"unknown strategy 'zero3': use one of single, dp, ddp, mp, pp, fsdp"):

@@ -11,9 +11,10 @@ import torch
 
 import db
 from db import store
-from trainer_backend import loop, trainer
-from trainer_backend.config import RunConfig
-from trainer_backend.strategies import Strategy
+from trainer_backend.telemetry import memory_breakdown
+from trainer_backend.engine import trainer
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.engine.strategies import Strategy
 from reports import scaling
 from ui import charts
 
@@ -28,9 +29,9 @@ def fake_cuda_peaks(monkeypatch, allocated: dict[int, int], reserved: dict[int, 
 def test_both_peaks_are_read_per_gpu_and_reserved_is_absent_on_cpu(monkeypatch):
     fake_cuda_peaks(monkeypatch, {0: 300 * MB, 1: 200 * MB}, {0: 512 * MB, 1: 256 * MB})
     gpus = [torch.device("cuda:0"), torch.device("cuda:1")]
-    assert loop.peak_memory_mb(gpus) == {"cuda:0": 300.0, "cuda:1": 200.0}
-    assert loop.peak_memory_reserved_mb(gpus) == {"cuda:0": 512.0, "cuda:1": 256.0}
-    assert loop.peak_memory_reserved_mb([torch.device("cpu")]) == {}
+    assert memory_breakdown.peak_memory_mb(gpus) == {"cuda:0": 300.0, "cuda:1": 200.0}
+    assert memory_breakdown.peak_memory_reserved_mb(gpus) == {"cuda:0": 512.0, "cuda:1": 256.0}
+    assert memory_breakdown.peak_memory_reserved_mb([torch.device("cpu")]) == {}
 
 
 def test_one_process_keeps_every_device_and_an_empty_reading_needs_no_collective():

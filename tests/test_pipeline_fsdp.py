@@ -138,7 +138,7 @@ class FakeCudaEvent:
 def test_a_cuda_stage_is_timed_by_events_on_its_stream_without_a_sync_per_chunk(monkeypatch):
     import torch
 
-    from trainer_backend.pipeline import StageClock
+    from trainer_backend.engine.strategies.pp import StageClock
 
     syncs = []
     monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
@@ -167,7 +167,7 @@ def test_a_cpu_stage_is_timed_by_the_host_clock():
 
     import torch
 
-    from trainer_backend.pipeline import StageClock
+    from trainer_backend.engine.strategies.pp import StageClock
 
     clock = StageClock(torch.device("cpu"))
     clock.timed(lambda: time.sleep(0.05))()

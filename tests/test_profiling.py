@@ -115,7 +115,7 @@ def cuda_step(start: float, *, comm: str | None = "ncclDevKernel_AllReduce_Sum_f
 
 
 def test_cuda_steps_and_phases_are_counted_once_from_the_host_ranges():
-    from trainer_backend.profiling import step_breakdown
+    from trainer_backend.telemetry.profiling import step_breakdown
 
     rows = step_breakdown(cuda_step(1000) + cuda_step(1200), first_step=3)
     assert [r["step"] for r in rows] == [3, 4]  # not 4 rows: the device-side ProfilerStep copies are not steps
@@ -130,14 +130,14 @@ def test_cuda_steps_and_phases_are_counted_once_from_the_host_ranges():
                                     "ncclDevKernel_SendRecv", "ncclDevKernel_Reduce_Sum_f32_RING_LL",
                                     "ncclDevKernel_Broadcast_RING_LL", "Memcpy PtoP (Device -> Device)"])
 def test_collectives_are_read_from_the_gpu_kernels_of_ddp_pp_and_dataparallel(kernel):
-    from trainer_backend.profiling import step_breakdown
+    from trainer_backend.telemetry.profiling import step_breakdown
 
     [row] = step_breakdown(cuda_step(0, comm=kernel))
     assert row["communication_ms"] == pytest.approx(0.018)
 
 
 def test_gather_ops_are_not_communication():
-    from trainer_backend.profiling import step_breakdown
+    from trainer_backend.telemetry.profiling import step_breakdown
 
     [cuda_row] = step_breakdown(cuda_step(0, comm=None))
     host_only = [e for e in cuda_step(0, comm=None) if e.device_type.name == "CPU"]
@@ -146,7 +146,7 @@ def test_gather_ops_are_not_communication():
 
 
 def test_gloo_collectives_are_read_from_the_host_where_no_gpu_ran():
-    from trainer_backend.profiling import step_breakdown
+    from trainer_backend.telemetry.profiling import step_breakdown
 
     host_only = [e for e in cuda_step(0) if e.device_type.name == "CPU"]
     host_only += [event("gloo:all_reduce", 55, 75), event("c10d::allreduce_", 54, 60)]

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import train_and_export
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.loop import evaluate, train_one_epoch
-from trainer_backend.schedule import attach_schedule
-from trainer_backend.strategies import DistributedStrategy, Strategy
-from trainer_backend.trainer import build_optimizer, make_strategy
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.engine.loop import evaluate, train_one_epoch
+from trainer_backend.engine.schedule import attach_schedule
+from trainer_backend.engine.strategies import DistributedStrategy, Strategy
+from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
 PIXELS, CLASSES = 8, 3
 
@@ -64,7 +64,7 @@ def reference_grads(images: torch.Tensor, labels: torch.Tensor) -> dict[str, tor
 # --- the lr schedule, step by step ---
 
 def expected_lr(kind: str, k: int, total: int, warmup: int, peak: float) -> float:
-    """The formulas of the README's training recipe, written out apart from trainer_backend/schedule.py."""
+    """The formulas of the README's training recipe, written out apart from trainer_backend/engine/schedule.py."""
     if k < warmup:
         rise = (k + 1) / warmup
         return peak * (1 / 25 + (24 / 25) * rise if kind == "onecycle" else rise)
@@ -99,8 +99,7 @@ def test_the_lr_of_every_optimizer_step_follows_the_formula(kind, warmup_epochs,
 
 
 def test_the_schedule_resumes_where_it_stopped(tmp_path):
-    from trainer_backend import resume
-
+    from trainer_backend.engine import resume
     config = RunConfig(strategy="ddp", devices=("cpu",), lr_schedule="cosine", epochs=2, optimizer="sgd", lr=0.1)
     strategy = DistributedStrategy(config, 0)
     strategy.setup()  # a world of one: restore's collectives run in-process

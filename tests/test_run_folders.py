@@ -19,8 +19,8 @@ import db
 from conftest import ROOT
 from db import store
 from db.folders import database_key, run_folder
-from trainer_backend.config import RunConfig
-from trainer_backend.housekeeping import delete_run_and_files, run_file
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.control.housekeeping import delete_run_and_files, run_file
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "8", "--epochs", "1")
 TIMEOUT_S = 120
@@ -88,7 +88,7 @@ def png_set(folder: Path) -> Path:
 def test_relative_paths_given_to_launch_mean_the_callers_directory(tmp_path, parallax_home, monkeypatch):
     """The worker runs in the project's folder; a relative database, dataset or data root must
     still mean the folder the caller was in: from the CLI, and from launch() (the dashboard's way)."""
-    from trainer_backend.lifecycle import launch
+    from trainer_backend.control.lifecycle import launch
 
     elsewhere = tmp_path / "elsewhere"
     png_set(elsewhere / "data" / "set")

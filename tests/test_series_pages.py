@@ -23,7 +23,7 @@ from conftest import ROOT
 from db import series, store
 from reports import run_csv, sweep as sweep_report
 from reports.scaling import epochs_frame
-from trainer_backend import cli
+from trainer_backend.control import cli
 from ui import series_charts
 
 APP = str(ROOT / "app.py")

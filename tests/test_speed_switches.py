@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer_backend.augment import random_flip, random_resized_crop
-from trainer_backend.cli import main
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.confusion import add_confusion, confusion_record, val_totals
-from trainer_backend.inputs import DeviceInputs
-from trainer_backend.speed import compile_model, compile_warmup, to_memory_format
-from trainer_backend.strategies import Strategy
-from trainer_backend.trainer import build_loaders, load_data
+from trainer_backend.engine.augment import random_flip, random_resized_crop
+from trainer_backend.control.cli import main
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.engine.confusion import add_confusion, confusion_record, val_totals
+from trainer_backend.engine.inputs import DeviceInputs
+from trainer_backend.engine.speed import compile_model, compile_warmup, to_memory_format
+from trainer_backend.engine.strategies import Strategy
+from trainer_backend.engine.trainer import build_loaders, load_data
 
 HAS_COMPILER = shutil.which("gcc") is not None or shutil.which("cc") is not None
 
@@ -190,7 +190,7 @@ def test_ddp_sums_the_confusion_matrix_over_ranks(shared_runs):
 
 def test_compile_time_is_recorded_apart_and_noted(db_url, parallax_home):
     from db import make_engine, store
-    from trainer_backend.trainer import _record_compile_time
+    from trainer_backend.engine.trainer import _record_compile_time
 
     config = RunConfig(image_size=8, compile=True)
     engine = make_engine(db_url)

@@ -32,12 +32,12 @@ from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import make_engine, store
 from db.engine import LockBackoff
 from db.models import StepMetric, SystemSample
-from trainer_backend.config import RunConfig
-from trainer_backend.energy import EnergyMeter, RaplPackages
-from trainer_backend.job_energy import EnergyPart, JobEnergy, combine
-from trainer_backend.sampler import SystemSampler
-from trainer_backend.steps import StepRecorder, step_images
-from trainer_backend.trainer import ProgressWriter
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.telemetry.energy import EnergyMeter, RaplPackages
+from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy, combine
+from trainer_backend.telemetry.sampler import SystemSampler
+from trainer_backend.telemetry.steps import StepRecorder, step_images
+from trainer_backend.engine.trainer import ProgressWriter
 
 SAMPLE_S = 0.2
 RUN_TIMEOUT_S = 240

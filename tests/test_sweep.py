@@ -9,8 +9,8 @@ import pytest
 
 from conftest import run_cli
 from db import make_engine, store
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.lifecycle import sweep_configs
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.control.lifecycle import sweep_configs
 from reports.sweep import strategy_advice, sweep_table
 
 

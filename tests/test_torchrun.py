@@ -16,9 +16,9 @@ import uuid
 import pytest
 
 from conftest import ROOT, evaluate_checkpoint, run_cli
-from trainer_backend.config import ConfigError, RunConfig
-from trainer_backend.energy import RaplPackages
-from trainer_backend.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.telemetry.energy import RaplPackages
+from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
 DIGITS_TRAIN, DIGITS_VAL = 1437, 360
@@ -277,7 +277,7 @@ def test_a_new_job_under_a_used_job_id_starts_its_own_run_unless_asked_to_resume
 def test_only_a_restarted_attempt_or_resume_job_carries_on_in_an_earlier_run(parallax_home, db_url):
     """The decision itself, on a real database: which earlier run, if any, a job's rank 0 opens."""
     from db import dispose_engines, elastic, make_engine, store
-    from trainer_backend.torchrun import _open_run
+    from trainer_backend.worker.torchrun import _open_run
 
     engine = make_engine(db_url)
     world = torchrun_world({**ENV, "RANK": "0", "TORCHELASTIC_RUN_ID": "job-a", "TORCHELASTIC_RESTART_COUNT": "0"})

@@ -1,6 +1,6 @@
 """What the dashboard reads and changes outside the pages: the run table and its filters
-(``db/dashboard.py``), deleting a run with its files (``trainer_backend/housekeeping.py``) and
-device discovery (``trainer_backend/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
+(``db/dashboard.py``), deleting a run with its files (``trainer_backend/control/housekeeping.py``) and
+device discovery (``trainer_backend/contract/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
 databases: every test that takes ``db_url`` runs on both.
 
     .venv/bin/python -m pytest tests/test_ui_data.py -q
@@ -14,9 +14,9 @@ import socket
 import pytest
 
 from db import dashboard, store
-from trainer_backend import devices
+from trainer_backend.contract import devices
 from db.folders import run_folder
-from trainer_backend.housekeeping import RunActiveError, delete_run_and_files
+from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 
 
 def config(**changes) -> dict:

@@ -25,7 +25,7 @@ from db import store
 from db.engine import session_scope
 from db.models import EpochMetric, Run, utcnow
 from db.folders import run_folder
-from trainer_backend.lifecycle import group_members
+from trainer_backend.control.lifecycle import group_members
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm
@@ -126,7 +126,7 @@ def test_launch_defaults_are_valid_and_quick(parallax_home):
 
 def test_launch_form_starts_from_the_engines_defaults(parallax_home):
     """One source: the form's first values are RunConfig's, which the CLI's defaults are too."""
-    from trainer_backend.config import RunConfig
+    from trainer_backend.contract.config import RunConfig
 
     at = open_page("pages/launch.py")
     defaults = RunConfig()

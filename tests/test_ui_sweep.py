@@ -13,7 +13,7 @@ from conftest import ROOT
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.lifecycle import cancel
+from trainer_backend.control.lifecycle import cancel
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm

@@ -13,8 +13,8 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import ROOT
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
-from trainer_backend.cli import build_parser, config_from_args
-from trainer_backend.config import ConfigError, RunConfig
+from trainer_backend.control.cli import build_parser, config_from_args
+from trainer_backend.contract.config import ConfigError, RunConfig
 from ui.torchrun import torchrun_command
 
 PREFIX = ("torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job-1 "

@@ -29,8 +29,8 @@ def test_one_device_trains_as_a_world_of_one(parallax_home, strategy):
 
 
 def test_a_rank_without_a_store_fails_at_once():
-    code = ("from trainer_backend.config import RunConfig\n"
-            "from trainer_backend.strategies import DistributedStrategy\n"
+    code = ("from trainer_backend.contract.config import RunConfig\n"
+            "from trainer_backend.engine.strategies import DistributedStrategy\n"
             "DistributedStrategy(RunConfig(strategy='ddp', devices='cpu,cpu'), 1).setup()\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0

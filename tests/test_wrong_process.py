@@ -27,8 +27,8 @@ from sqlalchemy import update
 from test_checked_input import own_session_processes
 from test_bad_input import assert_nothing_left
 from test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
-from trainer_backend.config import cpu_cores
-from trainer_backend.lifecycle import group_members
+from trainer_backend.contract.config import cpu_cores
+from trainer_backend.control.lifecycle import group_members
 
 DDP = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 

@@ -1,4 +1,4 @@
-"""``python -m trainer_backend``: see trainer_backend/cli.py."""
+"""``python -m trainer_backend``: see trainer_backend/control/cli.py."""
 
 import gc
 import signal
@@ -9,11 +9,11 @@ signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Before torch is imported: CUDA reads the order once, when it starts. Every process Parallax
 # starts (the CLI, a launched run's worker, its spawned ranks, torchrun's ranks) comes through here.
-from .devices import pin_cuda_device_order  # noqa: E402
+from trainer_backend.contract.devices import pin_cuda_device_order  # noqa: E402
 
 pin_cuda_device_order()
 
-from .cli import main  # noqa: E402
+from trainer_backend.control.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     from db.settings import keep_files_private

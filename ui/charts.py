@@ -11,6 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import DEFAULT_PLOTLY_COLORS
 
+from ui.text import plotly_text
+
 CHART_HEIGHT_PX = 300
 METRIC_TITLES = {
     "val_acc": "Validation accuracy",
@@ -100,7 +102,8 @@ def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, 
                      percent=percent)
     for run_id, rows in epochs.groupby("run_id", sort=False):
         if has_values(rows, metric):
-            figure.add_scatter(x=rows[x], y=rows[metric], name=labels.get(run_id, f"#{run_id}"), mode="lines+markers")
+            figure.add_scatter(x=rows[x], y=rows[metric], name=plotly_text(labels.get(run_id, f"#{run_id}")),
+                               mode="lines+markers")
     if x == "epoch" and epochs["epoch"].nunique() <= 20:
         figure.update_xaxes(dtick=1)
     return figure

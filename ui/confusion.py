@@ -10,6 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ui.text import plotly_text
+
 MAX_DRAWN_CLASSES = 30
 
 
@@ -34,7 +36,7 @@ def confusion_figure(record: dict, max_classes: int = MAX_DRAWN_CLASSES) -> tupl
                     f"{len(names) - max_classes} left out (their accuracy is in the table).")
     counts = [[matrix[r][c] for c in shown] for r in shown]
     shares = [[value / max(1, sum(matrix[r])) for value in row] for r, row in zip(shown, counts)]
-    labels = [str(names[c]) for c in shown]
+    labels = [plotly_text(names[c]) for c in shown]  # class names are folder names: any text at all
     figure = go.Figure(go.Heatmap(
         z=shares, x=labels, y=labels, customdata=counts, colorscale="Blues", zmin=0, zmax=1,
         hovertemplate="true %{y}, predicted %{x}: %{customdata} images (%{z:.0%} of the row)<extra></extra>",

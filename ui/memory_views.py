@@ -13,8 +13,8 @@ import json
 
 import streamlit as st
 
-from trainer_backend import devices as device_info
-from trainer_backend.config import RunConfig
+from trainer_backend.contract import devices as device_info
+from trainer_backend.contract.config import RunConfig
 from ui.text import escape_markdown
 
 # Free memory moves while other work runs; suggestions are cached per 256 MB of it.
@@ -24,7 +24,7 @@ FREE_MB_STEP = 256
 @st.cache_data(show_spinner="Estimating the memory per device…", max_entries=128)
 def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
     """The estimate of a config as a dict (``MemoryEstimate.to_dict``), or {"error": why}."""
-    from trainer_backend.memory_estimate import estimate_memory
+    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
 
     config = RunConfig.from_dict(json.loads(config_json))
     try:
@@ -37,7 +37,7 @@ def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
 
 @st.cache_data(show_spinner="Estimating what would fit…", max_entries=64)
 def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_steps: tuple, gpus: tuple) -> list[str]:
-    from trainer_backend.memory_fit import suggestions
+    from trainer_backend.engine.forecast.memory_fit import suggestions
 
     config = RunConfig.from_dict(json.loads(config_json))
     free_mb = {label: steps * FREE_MB_STEP for label, steps in free_steps}
@@ -48,14 +48,14 @@ def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_s
 
 
 def device_fits(estimate: dict, free_mb: dict[str, float]) -> list:
-    from trainer_backend.memory_fit import fits
+    from trainer_backend.engine.forecast.memory_fit import fits
 
     return fits({label: d["total_mb"] for label, d in estimate["devices"].items()}, free_mb)
 
 
 def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
     """The estimate of ``config`` per device against its free memory, with a verdict each."""
-    from trainer_backend.memory_fit import available_memory_mb
+    from trainer_backend.engine.forecast.memory_fit import available_memory_mb
 
     estimate = cached_estimate(json.dumps(config.to_dict(), sort_keys=True), num_classes, in_chans)
     st.markdown("**Will it fit?** Estimated peak memory per device")
@@ -102,7 +102,7 @@ def estimate_table(estimate: dict) -> list[dict]:
 
 def compare_table(configs: list[RunConfig], num_classes: int, in_chans: int) -> None:
     """Every strategy's estimate side by side: its fullest device, and whether every device fits."""
-    from trainer_backend.memory_fit import available_memory_mb
+    from trainer_backend.engine.forecast.memory_fit import available_memory_mb
 
     rows = []
     for config in configs:

@@ -17,8 +17,8 @@ from typing import Any
 
 import streamlit as st
 
-from trainer_backend.config import RunConfig
-from trainer_backend.data_roots import data_roots, is_under_roots
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.datasets.roots import data_roots, is_under_roots
 
 # The default run's model first, so the form opens on it.
 DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
@@ -26,7 +26,7 @@ DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficie
 # trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
 BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 # Imported by the full form; the last two import torch.
-TRAINING_STACK = ("timm", "trainer_backend.datasets.prepare", "trainer_backend.models")
+TRAINING_STACK = ("timm", "trainer_backend.datasets.prepare", "trainer_backend.engine.models")
 
 
 def training_stack_loaded() -> bool:
@@ -42,7 +42,7 @@ def load_training_stack() -> None:
     import timm  # noqa: F401
 
     import trainer_backend.datasets.prepare  # noqa: F401  (the package itself imports its modules on first use)
-    import trainer_backend.models  # noqa: F401
+    import trainer_backend.engine.models  # noqa: F401
 
 
 def dataset_folders() -> list[str]:
@@ -62,8 +62,8 @@ def dataset_folders() -> list[str]:
 
 def outside_roots(choice: str) -> str | None:
     """Why the dashboard may not use ``choice`` (a folder outside the data roots), or None."""
-    from trainer_backend.config import ConfigError
-    from trainer_backend.data_roots import check_under_roots
+    from trainer_backend.contract.config import ConfigError
+    from trainer_backend.datasets.roots import check_under_roots
 
     if choice in BUILTIN_DATASETS:  # decided here: the check would import torch to learn these names
         return None
@@ -148,7 +148,7 @@ def parameter_count(model: str, num_classes: int, in_chans: int) -> int | None:
     import timm
     import torch
 
-    from trainer_backend.models import count_parameters
+    from trainer_backend.engine.models import count_parameters
 
     try:
         with torch.device("meta"):
@@ -159,7 +159,7 @@ def parameter_count(model: str, num_classes: int, in_chans: int) -> int | None:
 
 def model_problem(model: str) -> str | None:
     """Why timm cannot build ``model`` (with close names), or None."""
-    from trainer_backend.models import ModelError, check_model_name
+    from trainer_backend.engine.models import ModelError, check_model_name
 
     try:
         check_model_name(model)

@@ -19,6 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ui.charts import base_figure, has_values
+from ui.text import plotly_text
 
 STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
@@ -242,7 +243,7 @@ def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, s
     title, y_title, _, _ = COMPARE_SERIES[metric]
     figure = base_figure(title, X_TITLES[x], y_title)
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
-        figure.add_scatter(x=rows[x], y=rows["value"], name=labels.get(run_id, f"#{run_id}"), mode="lines")
+        figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines")
     return figure
 
 

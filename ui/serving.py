@@ -131,7 +131,7 @@ def download(request) -> Any:
 
     from db.folders import NotARegularFile, open_regular_file
     from db.settings import database_url
-    from trainer_backend.housekeeping import OutsideRunFolder, run_file
+    from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
     from ui.state import engine_for
 
     if (refused := _host_refusal(request)) is not None:

@@ -9,6 +9,7 @@ would become a link. CSV downloads are made safe where they are built (``reports
 
 from __future__ import annotations
 
+import html
 import re
 
 # Characters that start Markdown (or Streamlit's LaTeX) anywhere in a line. Escaped, they are text;
@@ -26,9 +27,20 @@ _WORD_JOINER = "\u2060"
 _SHORTCODE_OR_LINK = re.compile(r"(?i)(:(?=[a-z_+/-]|[0-9]+:)|@|\bwww(?=\.))")  # not "host:8501"
 
 
+def plotly_text(text: object) -> str:
+    """``text`` shown literally in a Plotly label (an axis tick, a legend entry): Plotly reads tags
+    such as ``<a href>`` and ``<br>`` in them, so ``<``, ``>`` and ``&`` become entities, and
+    invisible controls (a newline, ESC from a file name) their escapes."""
+    line = str(text)
+    line = line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return html.escape(line, quote=False)
+
+
 def escape_markdown(text: object) -> str:
     """``text`` shown literally inside Markdown: what the user typed is what is shown, on one line."""
     escaped = " ".join(str(text).split())  # a line break would start a new block
+    # ESC, bidi overrides and other invisible controls (from file names) are shown as their escapes
+    escaped = escaped if escaped.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in escaped)
     escaped = _ALWAYS.sub(r"\\\1", escaped)
     escaped = _LOOSE_UNDERSCORE.sub(r"\\_", escaped)
     escaped = _LEADING_MARK.sub(r"\\\1", escaped)

@@ -14,8 +14,8 @@ import shlex
 import uuid
 from dataclasses import fields
 
-from trainer_backend.config import MAX_NODES, ConfigError, RunConfig
-from trainer_backend.world import TorchrunWorld, check_joinable, joined_config
+from trainer_backend.contract.config import MAX_NODES, ConfigError, RunConfig
+from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config
 
 ALWAYS_SHOWN = ("dataset", "model", "strategy", "devices")  # the rest only where they differ from the defaults
 SET_BY_TORCHRUN = ("nodes",)

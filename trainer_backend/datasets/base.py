@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .errors import DatasetError  # noqa: F401  (re-exported: the pools' users raise it)
+from trainer_backend.datasets.errors import DatasetError  # noqa: F401  (re-exported: the pools' users raise it)
 
 # Images are summed and resized this many at a time, so a 60,000-image set never needs a
 # float32 copy of itself in memory.

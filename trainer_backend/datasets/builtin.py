@@ -22,7 +22,7 @@ import torch
 
 from db.settings import data_dir
 
-from .base import DatasetError, DecodedPool, make_pool, resize_uint8_images
+from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool, resize_uint8_images
 
 # Without it a stalled connection could hold a run in "preparing" forever.
 DOWNLOAD_TIMEOUT_S = 30

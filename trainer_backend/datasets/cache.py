@@ -21,7 +21,7 @@ import torch
 
 from db.settings import data_dir
 
-from .base import DecodedPool
+from trainer_backend.datasets.base import DecodedPool
 
 # Bump when the decoding or the saved layout changes, so old caches are not read as new ones.
 CACHE_FORMAT = 1

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import DatasetError, DecodedPool, make_pool
-from .image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
-from .limits import too_large_decoded, too_many_images
-from .paths import check_inside, entry_stat, folder_entries
+from trainer_backend.contract.printable import shown_name
+from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool
+from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
+from trainer_backend.datasets.limits import too_large_decoded, too_many_images
+from trainer_backend.datasets.paths import check_inside, entry_stat, folder_entries
 
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512
@@ -124,7 +125,7 @@ def listing_problems(listing: FolderListing) -> list[str]:
     if len(listing.class_names) < 2:
         problems.append(
             f"dataset folder {listing.root} has {len(listing.class_names)} class sub-folder "
-            f"({', '.join(listing.class_names)}); a classifier needs at least 2"
+            f"({', '.join(map(shown_name, listing.class_names))}); a classifier needs at least 2"
         )
     for name, files in zip(listing.class_names, listing.files_by_class):
         if len(files) < MIN_IMAGES_PER_CLASS:
@@ -154,7 +155,7 @@ def listing_warnings(listing: FolderListing) -> list[str]:
     warnings = []
     if listing.ignored_files:
         example = listing.ignored_files[0].relative_to(listing.root)
-        warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {example})")
+        warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {shown_name(example)})")
     if listing.stray_files:
         example = listing.stray_files[0].name
         warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {example})")

@@ -16,9 +16,10 @@ import tifffile
 import torch
 from PIL import Image
 
-from .base import DatasetError, resize_unit_images, to_uint8
-from .limits import too_large_image
-from .paths import open_checked
+from trainer_backend.contract.printable import shown_name
+from trainer_backend.datasets.base import DatasetError, resize_unit_images, to_uint8
+from trainer_backend.datasets.limits import too_large_image
+from trainer_backend.datasets.paths import open_checked
 
 TIFF_SUFFIXES = (".tif", ".tiff")
 RGB_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
@@ -47,9 +48,9 @@ def read_band_last(path: Path, roots: list[Path] | None = None) -> np.ndarray:
         except DatasetError:
             raise
         except Exception as exc:  # decoders raise many types; the user needs the file and the reason
-            raise DatasetError(f"cannot read image {path}: {exc}") from exc
+            raise DatasetError(f"cannot read image {shown_name(path)}: {exc}") from exc
     if pixels.ndim != 3 or min(pixels.shape) == 0:
-        raise DatasetError(f"cannot read image {path}: expected a 2-D image with bands, got shape {pixels.shape}")
+        raise DatasetError(f"cannot read image {shown_name(path)}: expected a 2-D image with bands, got shape {pixels.shape}")
     return pixels
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from db.settings import whole_number_from_env
 
-from .errors import DatasetError
+from trainer_backend.datasets.errors import DatasetError
 
 DEFAULT_MAX_IMAGES = 2_000_000
 DEFAULT_MAX_IMAGE_MB = 1024

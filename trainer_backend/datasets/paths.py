@@ -19,8 +19,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ..data_roots import is_under_roots
-from .errors import DatasetError
+from trainer_backend.datasets.roots import is_under_roots
+from trainer_backend.datasets.errors import DatasetError
 
 
 def os_reason(exc: OSError) -> str:

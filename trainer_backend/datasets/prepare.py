@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from .base import DatasetError, DecodedPool
-from .builtin import (
+from trainer_backend.datasets.base import DatasetError, DecodedPool
+from trainer_backend.datasets.builtin import (
     BUILTIN_DATASETS,
     BUILTIN_SPECS,
     builtin_available,
@@ -24,8 +24,8 @@ from .builtin import (
     ensure_builtin_files,
     expected_files_text,
 )
-from .cache import cache_dir, cache_key, cache_path, exclusive_lock, load_or_build
-from .folder import (
+from trainer_backend.datasets.cache import cache_dir, cache_key, cache_path, exclusive_lock, load_or_build
+from trainer_backend.datasets.folder import (
     FolderListing,
     decode_image_folder,
     list_image_folder,
@@ -34,8 +34,8 @@ from .folder import (
     memory_problem,
     resolve_folder,
 )
-from .image_files import describe_image_file
-from .tensor_dataset import ImageTensorDataset, split_datasets
+from trainer_backend.datasets.image_files import describe_image_file
+from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, split_datasets
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 1, 4096
 

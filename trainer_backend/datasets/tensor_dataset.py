@@ -2,7 +2,7 @@
 
 Batches leave the loader as stored pixels (uint8, or float16 for scaled multi-band sources): a
 quarter (or half) of float32's bytes to copy to the device. ``Normalisation`` turns them into the
-model's float32 input there, in one fused multiply-add (``trainer_backend/inputs.py`` calls it).
+model's float32 input there, in one fused multiply-add (``trainer_backend/engine/inputs.py`` calls it).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from .base import DecodedPool
+from trainer_backend.datasets.base import DecodedPool
 
 # A constant channel (e.g. an all-zero band) has std 0; this floor keeps normalisation finite.
 MIN_STD = 1e-6

@@ -1,0 +1,619 @@
+"""RunConfig: the one contract between the dashboard, the CLI and the trainer.
+
+A RunConfig is frozen and validated on construction, so any RunConfig that exists is one the
+trainer can start. It is stored as JSON on the run row (``to_dict``/``from_dict``). Validation
+here is pure and fast (no dataset reads, no model builds): it is what the Launch form calls on
+every field. The checks that need the data or the model run in ``preflight`` before launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+STRATEGIES: dict[str, str] = {
+    "single": "One device, one process: the baseline every other strategy is measured against.",
+    "dp": "torch.nn.DataParallel: one process scatters each batch over the listed GPUs "
+    "(a pass-through on CPU). Simple, but GPU 0 gathers everything; DDP is usually faster.",
+    "ddp": "DistributedDataParallel: one process per device, gradients all-reduced. "
+    "The default choice when the model fits on one device.",
+    "mp": "Model parallel: the model cut into stages on different devices, one stage busy at a "
+    "time. Pays off only when the model does not fit on one device.",
+    "pp": "Pipeline parallel: stages as in mp, one process each, with the batch cut into "
+    "microbatches so stages work at once. Pays off for models too big for one device.",
+    "fsdp": "Fully sharded data parallel (FSDP2): like DDP, but parameters, gradients and optimizer "
+    "state are sharded over the devices. Pays off when the model does not fit with DDP.",
+}
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+DISTRIBUTED = ("ddp", "fsdp", "pp")  # one process per device
+OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("auto", "off", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "cosine", "step", "onecycle")
+# The linear scaling rule (Goyal et al., 2017): the given learning rate is for this global batch.
+SCALE_LR_REFERENCE_BATCH = 256
+MAX_ACCUMULATE_STEPS = 1024
+MAX_GRAD_CLIP = 1e6
+AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
+MAX_EPOCHS = 10_000
+MAX_BATCH_SIZE = 65_536
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
+MAX_NODES = 4096
+MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
+MAX_BAND_INDEX = 4095
+MAX_TAGS, MAX_TAG_LENGTH = 64, 200
+# Text fields are bounded before anything reads them: a 50-million-character model name must not
+# reach the closest-name search, nor a path longer than the OS allows reach the file system.
+MAX_MODEL_NAME_LENGTH = 128  # timm's longest name with its pretrained tag is under 60
+MAX_PATH_LENGTH = 4096  # Linux's PATH_MAX; the folder must also exist, which the OS checks past this
+MAX_PATH_PART_LENGTH = 255  # NAME_MAX: one folder or file name
+MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
+# CPU processes (or model stages) on one machine, per core: a few more processes than cores still
+# runs (slowly, each with one thread); thousands start until the machine stops answering.
+CPU_PROCESSES_PER_CORE = 4
+MAX_CPU_PROCESSES_ENV = "PARALLAX_MAX_CPU_PROCESSES"
+
+
+class ConfigError(ValueError):
+    """A value a user gave that Parallax cannot run with. ``field`` names the config field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field = field_name
+
+
+def parse_devices(devices: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """'cpu,cpu' -> ('cpu', 'cpu'); '0,1' -> ('cuda:0', 'cuda:1'); 'cuda' -> ('cuda:0',)."""
+    if isinstance(devices, str):
+        items = devices.split(",")
+    elif isinstance(devices, (list, tuple)) and all(_is_device_item(d) for d in devices):
+        items = list(devices)
+    else:
+        raise ConfigError(
+            "devices", f"devices {_shown(devices)} is not allowed: give a comma-separated text or a list of device "
+            'names, e.g. "cpu,cpu" or ["cuda:0", "cuda:1"]'
+        )
+    if len(items) > MAX_DEVICES:
+        raise ConfigError("devices", f"devices lists {len(items)} entries, more than the {MAX_DEVICES} allowed")
+    parsed = []
+    for raw in items:
+        item = str(raw).strip().lower()
+        if item.isdigit():
+            item = f"cuda:{int(item)}"
+        elif item == "cuda":
+            item = "cuda:0"
+        if item != "cpu" and not (item.startswith("cuda:") and item[5:].isdigit() and len(item) <= 12):
+            raise ConfigError(
+                "devices",
+                f"device {_shown(raw)} is not allowed: use 'cpu', 'cuda:N' or a bare GPU index N "
+                "(e.g. --devices cpu,cpu or --devices 0,1)",
+            )
+        parsed.append(item)
+    if not parsed:
+        raise ConfigError("devices", "no devices given: list at least one, e.g. --devices cpu")
+    return tuple(parsed)
+
+
+def _is_device_item(item: Any) -> bool:
+    return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a message stays one readable line; a long
+    text or list is cut before ``repr`` sees it, so a huge value costs nothing to show."""
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]
+    elif isinstance(value, (list, tuple)) and len(value) > limit:
+        value = value[:limit]
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"(a whole number of about {int(value.bit_length() * 0.30103)} digits)"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_shown = shown
+
+
+def shown_length(text: str) -> str:
+    """How long ``text`` is and how it starts, for a message about a text that is too long."""
+    return f"{shown(text, 40)} ({len(text):,} characters)"
+
+
+def parse_tags(tags: Any) -> tuple[str, ...]:
+    """A list of strings, stripped, empty ones dropped. A bare string is refused rather than read as
+    a sequence of one-letter tags."""
+    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(
+            "tags", f'tags {_shown(tags)} is not allowed: give a list of strings, e.g. ["baseline", "fp32"] '
+            "(on the command line: --tags baseline,fp32)"
+        )
+    cleaned = tuple(t.strip() for t in tags if t.strip())
+    if len(cleaned) > MAX_TAGS or any(len(t) > MAX_TAG_LENGTH for t in cleaned):
+        raise ConfigError(
+            "tags", f"tags {_shown(cleaned)} are not allowed: at most {MAX_TAGS} tags of at most "
+            f"{MAX_TAG_LENGTH} characters each"
+        )
+    return cleaned
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs. ``batch_size`` is the global batch: DDP gives each of N ranks batch/N."""
+
+    dataset: str = "digits"
+    image_size: int = 32
+    bands: tuple[int, ...] | None = None
+    band_scale: float | None = None
+    model: str = "resnet18"
+    pretrained: bool = False
+    strategy: str = "single"
+    devices: tuple[str, ...] = ("cpu",)
+    batch_size: int = 128
+    # The first run a newcomer makes: resnet18 on digits ends above 90 % validation accuracy in
+    # under a minute on two CPU cores (docs/BENCHMARKS.md).
+    epochs: int = 3
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    amp: str = "auto"
+    num_workers: int = 0
+    seed: int = 0
+    val_fraction: float = 0.2
+    # Before each validation, BatchNorm statistics are re-estimated from this many training
+    # images with the current weights (trainer_backend/engine/batchnorm.py); 0 validates on the running
+    # averages, which trail fast-changing weights in short runs.
+    bn_stats_images: int = 512
+    # The profiler records a window of the first epoch: skip `wait` steps, record and discard
+    # `warmup`, keep `active`.
+    profile: bool = False
+    profile_wait: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    profile_stack: bool = False
+    microbatches: int = 4
+    pipeline_schedule: str = "gpipe"
+    # The training recipe (trainer_backend/engine/schedule.py): the learning rate follows `lr_schedule`
+    # per optimizer step after a linear warmup of `warmup_epochs` (fractional allowed); with
+    # `scale_lr` the lr given is for a global batch of 256, scaled by effective_batch / 256.
+    lr_schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    scale_lr: bool = False
+    # Training loss only; validation reports the plain cross-entropy.
+    label_smoothing: float = 0.0
+    grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
+    accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
+    # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
+    augment: str = "none"
+    channels_last: bool = False
+    # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
+    compile: bool = False
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
+    # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        # Normalise containers first so that the frozen instance is hashable and JSON-stable.
+        object.__setattr__(self, "devices", parse_devices(self.devices))
+        object.__setattr__(self, "tags", parse_tags(self.tags))
+        if self.bands is not None:
+            object.__setattr__(self, "bands", _parse_bands(self.bands))
+        object.__setattr__(self, "augment", parse_augment(self.augment))
+        _validate(self)
+
+    @property
+    def world_size(self) -> int:
+        """Processes the run starts: one per device for ddp, fsdp and pp, one otherwise."""
+        return len(self.devices) if self.strategy in DISTRIBUTED else 1
+
+    @property
+    def processes_per_node(self) -> int:
+        """Processes sharing one machine's cores (all of them, unless torchrun spread the run)."""
+        return max(1, self.world_size // self.nodes)
+
+    @property
+    def per_device_batch(self) -> int:
+        """The batch each DDP/FSDP rank (or DataParallel GPU replica, rounded down) sees. Pipeline
+        stages all see the whole batch, cut into microbatches."""
+        if self.strategy in ("ddp", "fsdp") or (self.strategy == "dp" and self.uses_cuda):
+            return self.batch_size // len(self.devices)
+        return self.batch_size
+
+    @property
+    def process_batch(self) -> int:
+        """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
+        whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
+        return self.batch_size // self.world_size if self.strategy in ("ddp", "fsdp") else self.batch_size
+
+    @property
+    def effective_batch(self) -> int:
+        """Images behind one optimizer step: the global batch times the accumulation steps."""
+        return self.batch_size * self.accumulate_steps
+
+    @property
+    def base_lr(self) -> float:
+        """The peak learning rate the schedule uses: ``lr``, or with ``scale_lr`` the linear scaling rule."""
+        return self.lr * self.effective_batch / SCALE_LR_REFERENCE_BATCH if self.scale_lr else self.lr
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.devices[0].startswith("cuda")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = list(value)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """The config a JSON object describes; every field is type- and range-checked like a flag."""
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"a config must be a JSON object of fields, got {_shown(data)}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            named = "[" + ", ".join(shown(name, 40) for name in unknown[:5]) + (", …" if len(unknown) > 5 else "") + "]"
+            raise ConfigError(
+                unknown[0], f"unknown config field(s) {named}; allowed: {sorted(known)}"
+            )
+        return cls(**data)  # lists become tuples in __post_init__, after their items are checked
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _parse_bands(bands: Any) -> tuple[int, ...]:
+    malformed = ConfigError(
+        "bands", f"bands {_shown(bands)} must be comma-separated zero-based band indices, e.g. 3,2,1 (in a "
+        "config file: [3, 2, 1])"
+    )
+    if isinstance(bands, str):
+        items = [b.strip() for b in bands.split(",") if b.strip()]
+        if not all(b.isascii() and b.isdecimal() and len(b) <= 6 for b in items):
+            raise malformed
+        parsed = tuple(int(b) for b in items)
+    elif isinstance(bands, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in bands):
+        parsed = tuple(bands)
+    else:
+        raise malformed
+    if len(parsed) > MAX_BAND_INDEX + 1:
+        raise ConfigError("bands", f"bands lists {len(parsed)} indices, more than the {MAX_BAND_INDEX + 1} allowed")
+    if not parsed or not all(0 <= b <= MAX_BAND_INDEX for b in parsed):
+        raise ConfigError("bands", f"bands {_shown(bands)} must be one or more indices from 0 to {MAX_BAND_INDEX}, "
+                          "e.g. 3,2,1")
+    return parsed
+
+
+def parse_augment(augment: Any) -> str:
+    """'crop, flip' -> 'flip,crop'; 'none' or '' -> 'none'. A list of names is accepted too."""
+    if isinstance(augment, (list, tuple)) and all(isinstance(a, str) for a in augment):
+        augment = ",".join(augment)
+    if not isinstance(augment, str) or len(augment) > MAX_CHOICE_LENGTH:
+        raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    items = [a.strip().lower() for a in augment.split(",") if a.strip()]
+    if items in ([], ["none"]):
+        return "none"
+    unknown = [a for a in items if a not in AUGMENTATIONS]
+    if unknown:
+        raise ConfigError("augment", f"augment {_shown(augment)} is not allowed: use none or a comma list of "
+                          f"{', '.join(AUGMENTATIONS)}, e.g. flip,crop")
+    return ",".join(a for a in AUGMENTATIONS if a in items)
+
+
+def _check_path_length(dataset: str) -> None:
+    """Refuse a dataset path the OS would refuse (ENAMETOOLONG) before anything looks it up."""
+    if "\x00" in dataset:
+        raise ConfigError("dataset", f"dataset {_shown(dataset)} holds a NUL character, which no path can hold")
+    if len(dataset) > MAX_PATH_LENGTH:
+        raise ConfigError("dataset", f"dataset {shown_length(dataset)} is not allowed: a path has at most "
+                          f"{MAX_PATH_LENGTH} characters")
+    longest = max(dataset.split(os.sep), key=len)
+    if len(longest.encode("utf-8", "surrogateescape")) > MAX_PATH_PART_LENGTH:
+        raise ConfigError("dataset", f"dataset path has a part {shown_length(longest)} longer than the "
+                          f"{MAX_PATH_PART_LENGTH} bytes one folder or file name may have: give an existing folder")
+
+
+def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a whole number from {low} to {high}")
+
+
+def _require_float(cfg: RunConfig, name: str, low: float, high: float, *, low_open: bool) -> None:
+    value = getattr(cfg, name)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
+        and value <= high
+    )
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a number in {bracket}{low}, {high}]")
+
+
+def _require_choice(cfg: RunConfig, name: str, allowed: tuple[str, ...] | list[str]) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: choose one of {', '.join(allowed)}")
+
+
+def _validate(cfg: RunConfig) -> None:
+    if not isinstance(cfg.dataset, str) or not cfg.dataset.strip():
+        raise ConfigError("dataset", "dataset is empty: give a built-in name (e.g. digits) or a folder path")
+    _check_path_length(cfg.dataset)
+    if not isinstance(cfg.model, str) or not cfg.model.strip():
+        raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
+    if len(cfg.model) > MAX_MODEL_NAME_LENGTH:
+        raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a timm model name has at most "
+                          f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
+    _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+    _require_int(cfg, "epochs", 1, MAX_EPOCHS)
+    _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
+    _require_int(cfg, "num_workers", 0, 64)
+    _require_int(cfg, "seed", 0, 2**31 - 1)
+    _require_int(cfg, "bn_stats_images", 0, 1_000_000)
+    for name in ("profile_wait", "profile_warmup"):
+        _require_int(cfg, name, 0, 100)
+    _require_int(cfg, "profile_active", 1, 100)
+    _require_int(cfg, "microbatches", 1, 1024)
+    _require_int(cfg, "nodes", 1, MAX_NODES)
+    _require_choice(cfg, "pipeline_schedule", PIPELINE_SCHEDULES)
+    _require_float(cfg, "lr", 0.0, 10.0, low_open=True)
+    _require_float(cfg, "weight_decay", 0.0, 1.0, low_open=False)
+    _require_float(cfg, "val_fraction", 0.0, 0.9, low_open=True)
+    if cfg.band_scale is not None:
+        _require_float(cfg, "band_scale", 0.0, 1e9, low_open=True)
+    _require_choice(cfg, "strategy", list(STRATEGIES))
+    _require_choice(cfg, "optimizer", OPTIMIZERS)
+    _require_choice(cfg, "amp", AMP_MODES)
+    _validate_recipe(cfg)
+    for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(name, f"{name} {_shown(getattr(cfg, name))} is not allowed: use true or false")
+    _validate_devices(cfg)
+    _validate_loader_workers(cfg)
+    _validate_speed_switches(cfg)
+
+
+def _validate_speed_switches(cfg: RunConfig) -> None:
+    if cfg.compile and cfg.strategy in ("dp", "pp", "fsdp"):
+        why = {"dp": "DataParallel copies the module into threads every step, which a compiled module does not survive",
+               "pp": "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does "
+               "not trace",
+               "fsdp": "TorchInductor fails to compile the fully sharded (FSDP2) model with this PyTorch"}[cfg.strategy]
+        raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use single, ddp or mp")
+    if cfg.channels_last and cfg.strategy in ("pp", "fsdp"):
+        why = ("pipeline stages send their activations to the next process as contiguous (NCHW) tensors"
+               if cfg.strategy == "pp" else "FSDP2 shards only contiguous parameters, and channels_last "
+               "convolution weights are not")
+        raise ConfigError("channels_last", f"channels_last is not allowed with strategy {cfg.strategy}: {why}; "
+                          "use it with single, dp, ddp or mp")
+
+
+def _validate_recipe(cfg: RunConfig) -> None:
+    _require_choice(cfg, "lr_schedule", LR_SCHEDULES)
+    warmup = cfg.warmup_epochs
+    if (isinstance(warmup, bool) or not isinstance(warmup, (int, float))
+            or not 0 <= warmup <= cfg.epochs):  # also refuses nan
+        raise ConfigError("warmup_epochs", f"warmup_epochs {_shown(warmup)} is not allowed: use a number from 0 to the "
+                          f"run's epochs ({cfg.epochs}); fractions are allowed, e.g. 0.5")
+    label_smoothing = cfg.label_smoothing
+    if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float))
+            or not 0 <= label_smoothing < 1):  # also refuses nan
+        raise ConfigError("label_smoothing", f"label_smoothing {_shown(label_smoothing)} is not allowed: use a number "
+                          "in [0, 1), e.g. 0.1 (0 = plain cross-entropy)")
+    clip = cfg.grad_clip
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
+        raise ConfigError("grad_clip", f"grad_clip {_shown(clip)} is not allowed: give the largest gradient norm, a number "
+                          f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
+    _require_int(cfg, "accumulate_steps", 1, MAX_ACCUMULATE_STEPS)
+    if cfg.strategy == "pp" and cfg.accumulate_steps > 1:
+        raise ConfigError(
+            "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy pp: a "
+            "pipeline already accumulates gradients over its microbatches; use 1 and raise --batch-size and "
+            "--microbatches instead"
+        )
+    if cfg.scale_lr is True and not 0 < cfg.base_lr <= 10:
+        raise ConfigError("lr", f"lr {cfg.lr!r} scaled to {cfg.base_lr:g} by --scale-lr (x {cfg.effective_batch}/"
+                          f"{SCALE_LR_REFERENCE_BATCH}) is not allowed: the scaled lr must be in (0, 10]")
+
+
+def _validate_devices(cfg: RunConfig) -> None:
+    devices, n = cfg.devices, len(cfg.devices)
+    kinds = {d.split(":")[0] for d in devices}
+    if len(kinds) > 1:
+        raise ConfigError("devices", f"devices {','.join(devices)} mix CPU and GPU: use one kind")
+    if kinds == {"cpu"} and n > 1:
+        here = -(-n // cfg.nodes)  # the most any one machine of the job runs
+        limit = max_cpu_processes()
+        if here > limit:
+            why = _process_limit_why(limit)
+            raise ConfigError(
+                "devices", f"devices ask for {here} CPU {'processes' if cfg.strategy in DISTRIBUTED else 'devices'} "
+                f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
+            )
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if cfg.nodes > 1 and (cfg.strategy not in DISTRIBUTED or n < cfg.nodes):
+        raise ConfigError(
+            "nodes", f"nodes {cfg.nodes}: only ddp, fsdp and pp run across machines, with at least one "
+            "process per machine; start them with torchrun"
+        )
+    if cfg.nodes == 1 and len(set(gpus)) != len(gpus):
+        raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
+    if cfg.strategy == "single" and n != 1:
+        raise ConfigError(
+            "devices", f"strategy single runs on one device, got {n} ({','.join(devices)}): "
+            "list one, or pick dp, ddp or mp for several"
+        )
+    if cfg.strategy in ("mp", "pp") and n < 2:
+        raise ConfigError(
+            "devices", f"strategy {cfg.strategy} cuts the model into one stage per device and needs at "
+            f"least 2 devices, got {','.join(devices)} (on CPU: --devices cpu,cpu)"
+        )
+    if cfg.strategy in ("ddp", "fsdp") and cfg.batch_size % n:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
+            f"over {n} {cfg.strategy.upper()} processes: use a multiple of {n}"
+        )
+    if cfg.strategy == "pp" and cfg.batch_size % cfg.microbatches:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
+            f"microbatches: use a multiple of {cfg.microbatches}, or change the number of microbatches"
+        )
+    if cfg.strategy == "dp" and gpus and cfg.batch_size < n:
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
+            "splits it over: use at least one image per GPU"
+        )
+    if cfg.strategy == "dp" and gpus and 1 in (shares := chunk_sizes(cfg.batch_size, n)):
+        fits = next(b for b in range(cfg.batch_size + 1, cfg.batch_size + 2 * n + 2) if 1 not in chunk_sizes(b, n))
+        raise ConfigError(
+            "batch_size", f"batch_size {cfg.batch_size} over {n} GPUs gives DataParallel's replicas "
+            f"{', '.join(map(str, shares))} images (it splits as Tensor.chunk does), and BatchNorm cannot train on "
+            f"one image: use a batch that leaves every replica two or more, e.g. {fits}"
+        )
+    if cfg.strategy == "pp" and n > cfg.microbatches:
+        raise ConfigError(
+            "microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
+            f"{cfg.microbatches}: every stage must have a microbatch to work on (use --microbatches {n} or more)"
+        )
+    if cfg.strategy == "pp" and cfg.amp == "fp16":
+        raise ConfigError(
+            "amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto or off"
+        )
+    if cfg.amp in ("bf16", "fp16") and not gpus:
+        raise ConfigError(
+            "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
+        )
+    if gpus and cfg.nodes == 1:  # other machines' GPUs cannot be counted from here
+        available = cuda_device_count()
+        missing = [d for d in gpus if int(d.split(":")[1]) >= available]
+        if missing:
+            have = f"GPUs 0..{available - 1}" if available else "no CUDA GPUs"
+            raise ConfigError("devices", f"device {missing[0]} does not exist: this machine has {have}")
+
+
+def _process_limit_why(limit: int) -> str:
+    return (f"{CPU_PROCESSES_PER_CORE} per core, {cpu_cores()} cores; {MAX_CPU_PROCESSES_ENV} sets another limit"
+            if limit == CPU_PROCESSES_PER_CORE * cpu_cores() else f"set by {MAX_CPU_PROCESSES_ENV}")
+
+
+def _validate_loader_workers(cfg: RunConfig) -> None:
+    """Data-loader workers are processes on the machine too: each training process keeps
+    ``num_workers`` for its training loader and as many for its validation loader (both persistent),
+    whether it computes on the CPU or feeds a GPU."""
+    if not cfg.num_workers:
+        return
+    ranks = -(-cfg.world_size // cfg.nodes)  # training processes on the busiest machine of the job
+    total = ranks * (1 + 2 * cfg.num_workers)
+    limit = max_cpu_processes()
+    if total > limit:
+        most = max(0, (limit // ranks - 1) // 2)
+        who = "1 training process" if ranks == 1 else f"{ranks} training processes, each"
+        raise ConfigError(
+            "num_workers", f"num_workers {cfg.num_workers} is not allowed here: {who} with {cfg.num_workers} "
+            f"loader workers for training and {cfg.num_workers} for validation make {total} processes on one "
+            f"machine, more than the {limit} allowed ({_process_limit_why(limit)}): use at most {most} loader "
+            f"worker{'s' if most != 1 else ''} per process"
+        )
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to torch; imported lazily so that building a config stays cheap."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_process(config: RunConfig) -> int:
+    """CPU threads for each of a run's processes on one machine: its cores shared out, whether the
+    processes compute on the CPU or feed GPUs (N processes each taking every core fight for them)."""
+    return max(1, cpu_cores() // config.processes_per_node)
+
+
+def chunk_sizes(images: int, parts: int) -> list[int]:
+    """How ``Tensor.chunk`` splits ``images`` into at most ``parts`` pieces, as DataParallel scatters a batch:
+    pieces of ceil(images / parts), the last one smaller (3 over 2: 2 and 1; 9 over 8: 2, 2, 2, 2, 1)."""
+    size = -(-images // parts)
+    return [size] * (images // size) + ([images % size] if images % size else [])
+
+def max_cpu_processes() -> int:
+    """CPU devices one machine may run for a run: PARALLAX_MAX_CPU_PROCESSES, default 4 per core."""
+    from db.settings import whole_number_from_env
+
+    try:
+        return whole_number_from_env(MAX_CPU_PROCESSES_ENV, CPU_PROCESSES_PER_CORE * cpu_cores(), high=MAX_DEVICES)
+    except ValueError as exc:
+        raise ConfigError("devices", str(exc)) from None
+
+
+def strategy_notes(config: RunConfig) -> list[str]:
+    """What a user should know about how their strategy really runs on these devices."""
+    notes = []
+    if config.strategy == "dp" and not config.uses_cuda:
+        notes.append(
+            "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
+            "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
+        )
+    if config.strategy in ("ddp", "fsdp") and config.world_size == 1:
+        notes.append(
+            f"{config.strategy.upper()} on one device: a world of one process (its own process group), "
+            "so the run does single's work plus the wrapper's overhead. List more devices to spread it."
+        )
+    if config.world_size > 1 and not config.uses_cuda:
+        threads = threads_per_process(config)
+        batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
+                 else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
+        notes.append(
+            f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
+            f"each ({cpu_cores()} cores shared), {batch}."
+        )
+    if config.strategy == "pp":
+        notes.append(
+            f"Pipeline parallel ({config.pipeline_schedule}): each epoch records every stage's busy "
+            "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
+            "schedule, so the profiler's step breakdown shows them as 'other'."
+        )
+    if config.strategy == "mp" and not config.uses_cuda:
+        notes.append(
+            "Model parallel on CPU: the stages share the same CPU, so this shows the mechanics "
+            "(activations handed from stage to stage), not a speed-up."
+        )
+    if config.amp == "auto" and not config.uses_cuda:
+        notes.append("AMP auto: CPU runs train in fp32.")
+    return notes + recipe_notes(config)
+
+
+def recipe_notes(config: RunConfig) -> list[str]:
+    """What the run's recipe changes about the batch and the learning rate, in numbers."""
+    notes = []
+    if config.accumulate_steps > 1:
+        notes.append(
+            f"Gradient accumulation: {config.accumulate_steps} batches of {config.batch_size} per optimizer step, "
+            f"an effective batch of {config.effective_batch}"
+            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if config.strategy in ("ddp", "fsdp")
+               else ".")
+        )
+    if config.scale_lr:
+        notes.append(
+            f"Learning rate scaled by the linear rule: {config.lr:g} x {config.effective_batch}/"
+            f"{SCALE_LR_REFERENCE_BATCH} = {config.base_lr:g} (the given lr is for a global batch of "
+            f"{SCALE_LR_REFERENCE_BATCH}; the effective batch is {config.effective_batch})."
+        )
+    if config.lr_schedule != "constant" or config.warmup_epochs:
+        warmup = f" after {config.warmup_epochs:g} epoch(s) of linear warmup" if config.warmup_epochs else ""
+        notes.append(f"Learning rate schedule {config.lr_schedule}{warmup}, stepped per optimizer step; "
+                     "each epoch's lr is the one its last optimizer step used.")
+    return notes

@@ -1,0 +1,481 @@
+"""Command line: train in the foreground or the background, cancel, list and export runs.
+
+    python -m trainer_backend run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
+        --epochs 5 --batch-size 128 --lr 1e-3
+    python -m trainer_backend launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
+    python -m trainer_backend cancel 8
+    python -m trainer_backend list
+    python -m trainer_backend export 7
+    python -m trainer_backend export 7 --csv out/     # epochs.csv, steps.csv, system.csv
+    python -m trainer_backend estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
+
+Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
+the database are loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from trainer_backend.contract.config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
+                     ConfigError, RunConfig, parse_devices, shown, shown_length)
+from trainer_backend.contract.plugins import load_plugins
+from trainer_backend.contract.printable import one_line, printable_lines, shown_name
+from trainer_backend.contract.storage import DiskFullError
+
+USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
+MAX_CONFIG_FILE_BYTES = 2**20
+# Longer than any flag needs (a list of 4,096 devices is under 50,000 characters), far shorter than
+# what would cost memory or time to echo or search.
+MAX_ARGUMENT_LENGTH = 65_536
+_BYTE_ORDER_MARKS = {"UTF-32": b"\xff\xfe\x00\x00", "UTF-16": b"\xff\xfe", "UTF-16 (big-endian)": b"\xfe\xff"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags end in one line naming the flag and what is allowed, not the whole usage text."""
+
+    def error(self, message: str):
+        # argparse quotes the value it refuses: a long one is shortened, as every message here is
+        message = re.sub(r"'([^']{61,})'", lambda m: shown(m.group(1)), message)
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def run_id_arg(text: str) -> int:
+    """argparse type for a run id: a whole number a database row can hold, else one line saying so."""
+    from db.store import MAX_ID, parse_id
+
+    value = parse_id(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"run id {text!r} is not allowed: give a whole number from 1 to {MAX_ID}")
+    return value
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    d = RunConfig()
+    # default=None everywhere: only flags the user typed override --config.
+    add = parser.add_argument
+    add("--config", type=Path, help="JSON file with config fields; flags given here override it")
+    add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
+        f"with one sub-folder per class (default {d.dataset})")
+    add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
+    add("--bands", help="zero-based band indices for multi-band TIFFs, e.g. 3,2,1 (the default for 13-band files)")
+    add("--band-scale", type=float, help="divide band values by this, then clip to [0,1] (default 4000 for 13-band files)")
+    add("--model", help=f"timm model name (default {d.model})")
+    add("--pretrained", action=argparse.BooleanOptionalAction, default=None, help="start from pretrained weights")
+    add("--strategy", choices=list(STRATEGIES), help=" | ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
+    add("--devices", help="comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU processes for ddp); "
+        "a bare integer N means cuda:N (default cpu)")
+    add("--batch-size", type=int, help=f"GLOBAL batch size: ddp and fsdp give each of N processes batch/N, "
+        f"dp splits it over its GPUs, pp cuts it into microbatches (default {d.batch_size})")
+    add("--epochs", type=int, help=f"default {d.epochs}")
+    add("--lr", type=float, help=f"learning rate (default {d.lr})")
+    add("--optimizer", choices=OPTIMIZERS, help=f"default {d.optimizer}")
+    add("--weight-decay", type=float, help=f"default {d.weight_decay}")
+    add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
+        "with a GradScaler; CPU always trains in fp32 (default auto)")
+    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is cached in memory "
+        f"and a batch is one gather of uint8 pixels, so workers only add hand-over cost (default {d.num_workers})")
+    add("--seed", type=int, help=f"default {d.seed}")
+    add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
+        f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
+    add("--lr-schedule", choices=LR_SCHEDULES, help="learning rate per optimizer step after the warmup: constant, "
+        "cosine (to 0), step (a tenth after each third), onecycle (OneCycleLR's shape) "
+        f"(default {d.lr_schedule})")
+    add("--warmup-epochs", type=float, help="linear warmup from 0 to the lr over this many epochs, fractions "
+        f"allowed; onecycle rises over 30%% of the run when 0 (default {d.warmup_epochs:g})")
+    add("--scale-lr", action=argparse.BooleanOptionalAction, default=None,
+        help=f"linear scaling rule: --lr is for a global batch of {SCALE_LR_REFERENCE_BATCH}, scaled by the "
+        f"effective batch / {SCALE_LR_REFERENCE_BATCH} (stated in the run's notes)")
+    add("--label-smoothing", type=float, help="label smoothing of the training loss, in [0, 1); validation "
+        f"reports the plain cross-entropy (default {d.label_smoothing:g})")
+    add("--grad-clip", type=float, help="clip gradients to this global norm (with fp16 AMP, after unscaling); "
+        "0 = off (default 0)")
+    add("--accumulate-steps", type=int, help="batches per optimizer step (gradient accumulation): the effective "
+        "batch is batch size x N; DDP/FSDP reduce gradients only on the last; not with pp "
+        f"(default {d.accumulate_steps})")
+    add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
+    add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
+    add("--tags", help="comma-separated labels for finding the run later")
+    add("--augment", help="none, or a comma list of flip, crop: random horizontal flip and random-resized crop "
+        f"of training batches, done on the device (default {d.augment})")
+    add("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+        help="model and images in channels_last memory format (faster convolutions on recent GPUs)")
+    add("--compile", action=argparse.BooleanOptionalAction, default=None,
+        help="torch.compile the model; the compile warm-up is timed apart and left out of images/s "
+        "(not with dp, pp or fsdp)")
+    add("--profile", action=argparse.BooleanOptionalAction, default=None,
+        help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")
+    add("--profile-wait", type=int, help=f"steps skipped before the window (default {d.profile_wait})")
+    add("--profile-warmup", type=int, help=f"steps recorded and discarded (default {d.profile_warmup})")
+    add("--profile-active", type=int, help=f"steps kept (default {d.profile_active}); the knob for trace size")
+    add("--profile-stack", action=argparse.BooleanOptionalAction, default=None,
+        help="record Python stacks too (larger traces)")
+
+
+def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=None) -> RunConfig:
+    """The RunConfig the flags (and --config) ask for; under torchrun (``world``) its devices are
+    one per process of torchrun's world, of the kind --devices names."""
+    values: dict = {}
+    if args.config is not None:
+        values = read_config_file(args.config)
+    for name in RunConfig.__dataclass_fields__:
+        given = getattr(args, name, None)
+        if given is not None:
+            values[name] = given.split(",") if name == "tags" else given
+    if sweep:
+        # The base of a sweep only has to be valid for some strategy; each run's strategy and
+        # devices are set (and validated) per strategy before anything is launched.
+        several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
+        values["strategy"] = "mp" if several else "single"
+    if world is not None:
+        from trainer_backend.contract.world import values_for_world
+
+        values = values_for_world(values, world)
+    return RunConfig.from_dict(values)
+
+
+def read_config_file(path: Path) -> dict:
+    """The fields a --config file holds; anything else (too big, not UTF-8, not JSON, nested past
+    reason, not an object) is one ConfigError naming the file."""
+    name = shown(str(path), 240)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read config file {name}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError("config", f"config file {name} is larger than {MAX_CONFIG_FILE_BYTES // 2**20} MiB: a "
+                          "config is a small JSON object of fields")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        saved_as = next((f" (it starts with a {bom} byte-order mark)" for bom, mark in _BYTE_ORDER_MARKS.items()
+                         if raw.startswith(mark)), "")
+        raise ConfigError("config", f"config file {name} is not UTF-8 text{saved_as}: byte {exc.start} cannot be "
+                          "decoded; save it as UTF-8") from None
+    try:
+        values = json.loads(text)
+    except RecursionError:
+        raise ConfigError("config", f"config file {name} nests its values too deeply to read: a config is a flat "
+                          "JSON object of fields") from None
+    except ValueError as exc:  # JSONDecodeError, and Python's limit on the digits of a whole number
+        why = str(exc) if len(str(exc)) <= 120 else str(exc)[:119] + "…"
+        raise ConfigError("config", f"config file {name} is not valid JSON: {why}") from None
+    if not isinstance(values, dict):
+        raise ConfigError("config", f"config file {name} must hold a JSON object")
+    return values
+
+
+def _refuse_outsized_arguments(argv: list[str]) -> None:
+    """A value longer than any flag can need is refused before argparse echoes it whole."""
+    for index, value in enumerate(argv):
+        if len(value) > MAX_ARGUMENT_LENGTH:
+            flag = argv[index - 1] if index and argv[index - 1].startswith("--") else "an argument"
+            raise ConfigError("argv", f"{flag} {shown_length(value)} is not allowed: a value on the command line "
+                              f"has at most {MAX_ARGUMENT_LENGTH:,} characters")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="python -m trainer_backend", description="Parallax training engine")
+    parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
+    _add_config_flags(run)
+    run.add_argument("--quiet", action="store_true", help="print only the final run_id line")
+    run.add_argument("--resume-job", action="store_true",
+                     help="under torchrun: take over the newest run of this --rdzv-id with the same training if it "
+                     "was lost or failed, and resume it from its last finished epoch (a new job otherwise starts "
+                     "a new run)")
+    launch = sub.add_parser("launch", help="start the run in the background (queued until its devices are "
+                            "free); prints 'run_id=N status=queued' and returns")
+    _add_config_flags(launch)
+    sweep = sub.add_parser("sweep", help="run one config under several strategies, one after another, "
+                           "then print the scaling report")
+    _add_config_flags(sweep)
+    sweep.add_argument("--strategies", required=True, help="comma list, e.g. single,ddp,mp,pp,fsdp")
+    sweep.add_argument("--device-counts", help="also sweep over device counts, e.g. 1,2,4: each multi-device strategy "
+                       "runs once per count (on CPU the devices are that many cpu processes; on GPUs the first N of "
+                       "--devices); single runs once, on one device")
+    sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
+    sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
+    estimate = sub.add_parser("estimate", help="peak memory per device of a run's flags, before launching: "
+                              "parameters, gradients, optimizer state, activations, communication buffers; "
+                              "no GPU touched, no weights read")
+    _add_config_flags(estimate)
+    estimate.add_argument("--strategies", help="estimate each of these strategies on the devices a sweep gives "
+                          "it, e.g. single,ddp,fsdp,mp,pp")
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
+    cancel.add_argument("run_id", type=run_id_arg)
+    export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
+                            "metrics, per-step points and system samples")
+    export.add_argument("run_id", type=run_id_arg)
+    export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
+                        "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
+    export.add_argument("--csv", type=Path, metavar="DIR", help="write the run as CSV files for spreadsheets "
+                        "instead of printing JSON: epochs.csv, steps.csv (per-step points) and system.csv "
+                        "(a row per system sample, a column per process and GPU figure)")
+    sub.add_parser("list", help="one line per run, newest first")
+    worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
+    worker.add_argument("run_id", type=run_id_arg)
+    worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _refuse_outsized_arguments(argv)
+    except ConfigError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
+                "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate}
+    try:
+        load_plugins()
+        if args.command in ("run", "launch", "sweep"):
+            from trainer_backend.control.lifecycle import check_environment
+
+            check_environment()  # a bad PARALLAX_* number: one line before any run is recorded
+        if args.command in ("launch", "sweep") and _under_torchrun():
+            raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
+                             "'run', which joins torchrun's world")
+        return commands[args.command](args)
+    except USER_ERRORS as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)  # names from the outside world cannot forge a line
+        return 2
+    except Exception as exc:
+        problem = _database_problem(exc, args.db)
+        if problem is None:
+            raise
+        print(f"error: {one_line(problem)}", file=sys.stderr)
+        return 2
+
+
+def _database_problem(exc: Exception, url: str | None) -> str | None:
+    """One line for a database that cannot be opened, or that failed a command after it opened (it
+    became read-only or unreachable, refused a value); None for any other error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from db.access import DatabaseUnavailable, describe_failure
+    from db.engine import DatabaseLockedError
+    from db.settings import database_url
+
+    if isinstance(exc, (DatabaseUnavailable, DatabaseLockedError)):  # locked, full or read-only: it says why
+        return str(exc)
+    if isinstance(exc, SQLAlchemyError):
+        return describe_failure(database_url(url), exc, opened=True)  # open_database raises DatabaseUnavailable
+    return None
+
+
+def open_database(url: str | None):
+    """The engine, or DatabaseUnavailable naming the database (imported here: a bad flag stays instant)."""
+    from db.access import open_database as open_or_explain
+
+    return open_or_explain(url)
+
+
+def _under_torchrun() -> bool:
+    from trainer_backend.contract.world import torchrun_world
+
+    world = torchrun_world()
+    return world is not None and world.world_size > 1
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trainer_backend.contract.world import refuse, torchrun_world
+
+    world = torchrun_world()
+    try:
+        config = config_from_args(args, world=world)  # refuse bad values before torch and timm are even imported
+    except ConfigError as exc:
+        if world is None:
+            raise
+        return refuse(world, exc)  # one line per machine, not one per process
+    if world is not None and world.joined_by(config):
+        from trainer_backend.worker.torchrun import run_in_world
+
+        return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
+    if args.resume_job:
+        raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
+                          "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
+    open_database(args.db)
+    from trainer_backend.worker.runner import execute_run
+
+    run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
+    if status != "completed":
+        from db import make_engine, store
+
+        error = store.get_run(make_engine(args.db), run_id).error or ""
+        print(f"error: {printable_lines(error)}", file=sys.stderr)
+    print(f"run_id={run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from trainer_backend.control.lifecycle import launch
+
+    config = config_from_args(args)
+    open_database(args.db)
+    run_id = launch(config, db_url=args.db)
+    print(f"run_id={run_id} status=queued", flush=True)
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import time
+
+    from db import lifecycle, make_engine, store
+
+    from trainer_backend.control.lifecycle import cancel, launch_sweep, parse_device_counts, sweep_configs
+
+    config = config_from_args(args, sweep=True)
+    device_counts = parse_device_counts(args.device_counts)
+    if not 0 < args.target_acc <= 1:  # also refuses nan
+        raise ValueError(f"--target-acc {args.target_acc} is not allowed: give a validation accuracy in (0, 1], "
+                         "e.g. 0.9")
+    if args.report is not None and args.report.is_dir():
+        raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    sweep_configs(config, strategies, device_counts)  # every run's config refused or accepted before any is recorded
+    open_database(args.db)
+    sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db, device_counts=device_counts)
+    engine = make_engine(args.db)
+    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; they run one after another)", flush=True)
+    pending = list(run_ids)
+    try:
+        while pending:
+            lifecycle.mark_lost_runs(engine)
+            for run_id in list(pending):
+                run = store.get_run(engine, run_id)
+                if run.status not in lifecycle.ACTIVE_STATUSES:
+                    print(f"run_id={run_id} status={run.status}", flush=True)
+                    if run.error:
+                        print(f"  {run.strategy}: {one_line(run.error.splitlines()[0])}", flush=True)
+                    pending.remove(run_id)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        for run_id in pending:
+            try:
+                cancel(run_id, db_url=args.db)
+            except ValueError as exc:  # marked cancelled, but another user's process: say so, go on
+                print(f"error: {exc}", file=sys.stderr)
+        print(f"sweep_id={sweep_id} cancelled", flush=True)
+        return 1
+    from reports.forecast import format_forecast, sweep_forecast
+    from reports.sweep import format_table, mfu_note, strategy_advice, sweep_html, sweep_table
+
+    table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
+    print(format_table(table))
+    if note := mfu_note(table):
+        print(note)
+    print(format_forecast(sweep_forecast(engine, sweep_id)))
+    print(strategy_advice(table))
+    if args.report is not None:
+        from trainer_backend.contract.storage import write_export
+
+        write_export(args.report, sweep_html(engine, sweep_id, target_acc=args.target_acc).encode(), "sweep report")
+        print(f"wrote {args.report}", file=sys.stderr)
+    return 0 if (table["status"] == "completed").all() else 1
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from trainer_backend.control.lifecycle import cancel
+
+    print(f"run_id={args.run_id} status={cancel(args.run_id, db_url=args.db)}", flush=True)
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from trainer_backend.worker.runner import work
+
+    roots = [Path(p) for p in args.data_roots.split(os.pathsep)] if args.data_roots is not None else None
+    status = work(args.run_id, db_url=args.db, data_roots=roots)
+    print(f"run_id={args.run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
+
+
+def _engine_with_fresh_states(url: str | None):
+    """The engine, after marking runs whose process died as lost: a read never shows a dead run as running."""
+    from db import lifecycle
+
+    engine = open_database(url)
+    lifecycle.mark_lost_runs(engine)
+    return engine
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from db import store
+
+    if args.profile_dir is not None:
+        from reports.profile import check_profile_dir
+
+        check_profile_dir(args.profile_dir)  # before any output: nothing half-done
+    if args.csv is not None:
+        from reports.run_csv import check_csv_dir, write_run_csv
+
+        check_csv_dir(args.csv)
+    engine = _engine_with_fresh_states(args.db)
+    exported = store.export_run(engine, args.run_id)
+    if args.csv is None:
+        print(json.dumps(exported, indent=2))
+    else:
+        for path in write_run_csv(exported, args.csv):
+            print(f"wrote {path}")
+    if args.profile_dir is not None:
+        from reports.profile import write_profile_dir
+
+        for path in write_profile_dir(engine, args.run_id, args.profile_dir):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    """Peak memory per device, for one strategy or several, with each device's free memory."""
+    config = config_from_args(args, sweep=bool(args.strategies))
+    from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory
+    from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
+
+    if args.strategies:
+        from trainer_backend.control.lifecycle import sweep_configs
+
+        configs = sweep_configs(config, [s.strip() for s in args.strategies.split(",") if s.strip()])
+    else:
+        configs = [config]
+    num_classes, in_chans = dataset_shape(config)
+    reports = []
+    for each in configs:
+        estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans)
+        free = available_memory_mb(each)
+        reports.append((each, estimate, free))
+    if args.json:
+        print(json.dumps([{**estimate.to_dict(), "devices_asked": list(each.devices), "batch_size": each.batch_size,
+                           "table": table_rows(estimate, free),
+                           "fits": [{"device": f.device, "needed_mb": round(f.needed_mb, 1),
+                                     "free_mb": round(f.free_mb, 1), "fits": f.fits, "verdict": f.verdict}
+                                    for f in fits(estimate, free)]}
+                          for each, estimate, free in reports], indent=2))
+        return 0
+    for index, (each, estimate, free) in enumerate(reports):
+        if index:
+            print()
+        print(format_table(estimate, free, notes=False))
+    for note in dict.fromkeys(note for _, estimate, _ in reports for note in estimate.notes):
+        print(note)
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from db import store
+
+    for run in store.list_runs(_engine_with_fresh_states(args.db)):
+        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={shown_name(run.model)} "
+              f"dataset={shown_name(run.dataset)}")
+    return 0

@@ -1,0 +1,312 @@
+"""Will it fit? Peak memory per device for a config, before anything launches.
+
+    estimate = estimate_memory(config, num_classes=10, in_chans=3)     # no GPU touched, no weights read
+    for device in estimate.devices:
+        print(device.label, device.total_mb)
+    python -m trainer_backend estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
+
+The parts are the ones ``memory_breakdown`` measures after the first step, so the two compare
+one to one:
+
+- parameters, gradients and optimizer state: counted from the model's parameter shapes and the
+  optimizer (Adam and AdamW two states per parameter and a step count, SGD one momentum buffer),
+  as the strategy places them; AMP's autocast keeps all three in fp32;
+- activations: one training step (forward, backward, optimizer step) run under PyTorch's fake
+  tensors, with every tensor storage it allocates counted while it lives: what backward keeps,
+  the gradients of activations, the optimizer's temporaries, the input batch; autocast runs as in
+  training, so bf16/fp16 activations are counted at their size. The model's buffers (BatchNorm
+  statistics) are added here too, as the breakdown's "activations and other" holds them;
+- communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers.
+
+Each strategy says how it places these (``memory_placement`` on each strategy class, see
+strategies.py and pipeline.py); this module provides the counts they place.
+
+The trace is memory_trace.py's; whether it fits, and what would, is memory_fit.py's. What no
+trace here sees: CUDA's context (not in the allocator's peak either), cuDNN workspaces and the
+caching allocator's rounding and fragmentation.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
+
+MB = 2**20
+PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb", "activations_mb", "comm_mb")
+# Bytes of each parameter's optimizer state per parameter byte (the step count comes on top).
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
+CPU_NOTE = ("On CPU the run measures parameters, gradients and optimizer state exactly; activations have no "
+            "measured peak there (the CPU allocator keeps none), and each process also holds the interpreter "
+            "and libraries, which no estimate counts.")
+
+
+@dataclass
+class DeviceMemory:
+    """What one device holds at the step's peak, in bytes."""
+
+    label: str
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    comm: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.comm
+
+    @property
+    def total_mb(self) -> float:
+        return self.total / MB
+
+    def add(self, other: DeviceMemory) -> None:
+        for name in ("parameters", "gradients", "optimizer", "activations", "comm"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def to_dict(self) -> dict[str, float]:
+        values = (self.parameters, self.gradients, self.optimizer, self.activations, self.comm)
+        return {**{part: round(v / MB, 3) for part, v in zip(PARTS, values)}, "total_mb": round(self.total_mb, 3)}
+
+
+@dataclass
+class MemoryEstimate:
+    strategy: str
+    devices: list[DeviceMemory]
+    amp_dtype: str | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def largest(self) -> DeviceMemory:
+        return max(self.devices, key=lambda d: d.total)
+
+    def to_dict(self) -> dict:
+        """What a run stores in ``measurements["memory_estimate"]``."""
+        return {"strategy": self.strategy, "amp_dtype": self.amp_dtype, "notes": list(self.notes),
+                "devices": {d.label: d.to_dict() for d in self.devices}}
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_bytes(params, optimizer: str) -> int:
+    """The optimizer's state for ``params`` as torch creates it at the first step: Adam's two
+    moments and a float32 step count per parameter (on the host on CUDA, where it is not counted),
+    SGD's momentum buffer."""
+    return OPTIMIZER_STATES[optimizer] * tensor_bytes(params)
+
+
+def step_count_bytes(params, optimizer: str, device_type: str) -> int:
+    """Adam's per-parameter step counts: float32 scalars on the host (a CPU device counts them)."""
+    return 4 * len(list(params)) if optimizer != "sgd" and device_type == "cpu" else 0
+
+
+
+# --- what a strategy places ------------------------------------------------------------------
+
+class MemoryPlan:
+    """The counts a strategy's ``memory_placement`` places on its devices: the model's parts and
+    traces of its steps, each traced once per batch (traces are cached across plans)."""
+
+    def __init__(self, config: RunConfig, num_classes: int, in_chans: int, amp_dtype: torch.dtype | None):
+        self.config, self.amp_dtype = config, amp_dtype
+        self.num_classes, self.in_chans = num_classes, in_chans
+        self.device_type = "cuda" if config.uses_cuda else "cpu"
+        self.notes: list[str] = []
+
+    @functools.cached_property
+    def fake(self) -> FakeModel:
+        return fake_model(self.config.model, self.num_classes, self.in_chans)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.fake.model
+
+    def labels(self) -> list[str]:
+        """Each process's device as the measured breakdown names it (``rank_device_label``)."""
+        config = self.config
+        if config.world_size == 1:
+            return list(dict.fromkeys(config.devices))
+        if self.device_type == "cpu":
+            return [f"rank{r}:cpu" for r in range(config.world_size)]
+        if config.nodes > 1:
+            return [f"rank{r}:{d}" for r, d in enumerate(config.devices)]
+        return list(config.devices)
+
+    def held(self, label: str, module: nn.Module) -> DeviceMemory:
+        """Whole parameters, gradients and optimizer state of ``module``, and its buffers."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        return DeviceMemory(label, parameters=tensor_bytes(module.parameters()), gradients=tensor_bytes(params),
+                            optimizer=optimizer_bytes(params, self.config.optimizer)
+                            + step_count_bytes(params, self.config.optimizer, self.device_type),
+                            activations=tensor_bytes(module.buffers()))
+
+    def trace(self, batch: int, stage: int | None = None) -> StepTrace:
+        """A step of the whole model (``stage`` None) or of one stage, at ``batch`` images."""
+        key = (self.config.model, self.num_classes, self.in_chans, self.config.image_size, self.config.optimizer,
+               self.config.label_smoothing, str(self.amp_dtype), self.device_type,
+               None if stage is None else len(self.config.devices), stage, batch)
+        return _cached_trace(key, self, batch, stage)
+
+    def step_activations(self, trace: StepTrace, held: DeviceMemory) -> int:
+        """The step's peak beyond what ``held`` counts: the larger of forward and backward (with
+        the optimizer state already there, as from the second step on) and the optimizer step;
+        with gradient accumulation the gradients of earlier batches are there all along."""
+        if self.config.accumulate_steps > 1:
+            backward = trace.backward_peak - trace.grads_at_peak + held.gradients + held.optimizer
+        else:
+            backward = trace.backward_peak + held.optimizer
+        peak = max(backward, trace.optimizer_peak)
+        return max(0, peak - held.gradients - held.optimizer)
+
+    def whole(self, label: str, batch: int) -> DeviceMemory:
+        """The model whole on one device, training on ``batch`` images: single's placement."""
+        held = self.held(label, self.model)
+        held.activations += self.step_activations(self.trace(batch), held)
+        return held
+
+    def stages(self) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
+        return self.fake.stages(len(self.config.devices), self.config.image_size, self.config.strategy)
+
+    def stage(self, index: int) -> nn.Module:
+        return self.stages()[0][index]
+
+    def input_bytes_per_image(self) -> int:
+        return self.in_chans * self.config.image_size ** 2 * 4
+
+    def stage_memory(self, label: str, index: int, batch: int) -> tuple[DeviceMemory, StepTrace]:
+        """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch)."""
+        held = self.held(label, self.stage(index))
+        trace = self.trace(batch, index)
+        held.activations += self.step_activations(trace, held)
+        return held, trace
+
+    def shard(self, label: str, rank: int, world: int) -> DeviceMemory:
+        """FSDP2's shard on ``rank``: each parameter cut along dim 0 into ``world`` chunks of
+        ceil(rows / world) rows. The shard's storage is padded to a whole chunk, and so is its
+        gradient (the reduce-scatter's output); the optimizer state is made like the unpadded
+        local shard."""
+        padded = local = 0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            rows = p.shape[0] if p.dim() else 1
+            per_row = p.numel() // rows * p.element_size()
+            chunk = -(-rows // world)
+            padded += chunk * per_row
+            local += max(0, min(chunk, rows - rank * chunk)) * per_row
+        optimizer = (OPTIMIZER_STATES[self.config.optimizer] * local
+                     + step_count_bytes(params, self.config.optimizer, self.device_type))
+        return DeviceMemory(label, parameters=padded, gradients=padded, optimizer=optimizer,
+                            activations=tensor_bytes(self.model.buffers()))
+
+    def fsdp_units(self) -> list[int]:
+        """Unsharded bytes of each unit ``fully_shard`` gathers at once, as FSDP wraps the model
+        (strategies.sharded_blocks), and of the root's own parameters, which stay gathered."""
+        from trainer_backend.engine.strategies import sharded_blocks
+
+        blocks = sharded_blocks(self.model)
+        in_blocks = {id(p) for block in blocks for p in block.parameters()}
+        root = sum(p.numel() * p.element_size() for p in self.model.parameters() if id(p) not in in_blocks)
+        return [tensor_bytes(block.parameters()) for block in blocks] + [root]
+
+
+_TRACES: dict = {}
+MAX_CACHED_TRACES = 256
+
+
+def _cached_trace(key, plan: MemoryPlan, batch: int, stage: int | None) -> StepTrace:
+    """Traces depend only on the model, the batch and the precision: kept for the next estimate
+    (the Launch page's suggestions re-estimate the same model many times). The optimizer step is
+    traced once per module; at other batches its share is taken from there."""
+    if key not in _TRACES:
+        fake, config = plan.fake, plan.config
+        step_key = (*key[:-1], "optimizer step")
+        extra = _TRACES.get(step_key)
+        if stage is None:
+            shape = (batch, plan.in_chans, config.image_size, config.image_size)
+            trace = fake.trace(fake.model, config, shape, plan.amp_dtype, optimizer_extra=extra)
+        else:
+            stages, shapes = plan.stages()
+            trace = fake.trace(stages[stage], config, (batch, *shapes[stage]), plan.amp_dtype,
+                               first=stage == 0, last=stage == len(stages) - 1, optimizer_extra=extra)
+        if len(_TRACES) >= MAX_CACHED_TRACES:
+            _TRACES.pop(next(iter(_TRACES)))
+        _TRACES[key] = trace
+        _TRACES.setdefault(step_key, trace.optimizer_extra)
+    return _TRACES[key]
+
+
+# --- the estimate ----------------------------------------------------------------------------
+
+def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | None]:
+    """The autocast dtype the run will train in (as the trainer resolves it), and a note when
+    this machine cannot tell (AMP auto on GPUs torch does not see)."""
+    from trainer_backend.engine.loop import resolve_amp
+
+    if not config.uses_cuda or config.amp == "off":
+        return None, None
+    dtype, note = None, None
+    if config.amp == "auto" and not torch.cuda.is_available():
+        dtype, note = torch.bfloat16, ("AMP auto is estimated as bf16: this process cannot ask the GPU whether it "
+                                       "has bf16 (before Ampere it trains in fp16, the same size).")
+    else:
+        dtype = resolve_amp(config.amp, torch.device(config.devices[0]))
+    if config.strategy == "pp" and dtype == torch.float16:
+        return None, None  # as the trainer: pipelines cannot scale fp16 gradients, so train in fp32
+    return dtype, note
+
+
+def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int) -> MemoryEstimate:
+    """Peak memory per device of ``config``'s training step, without a GPU and without weights."""
+    from trainer_backend.engine.strategies.registry import strategy_class
+
+    amp_dtype, note = estimate_amp_dtype(config)
+    plan = MemoryPlan(config, num_classes, in_chans, amp_dtype)
+    devices = strategy_class(config.strategy).memory_placement(plan)
+    merged: dict[str, DeviceMemory] = {}
+    for device in devices:  # CPU "devices" of one process are one memory
+        if device.label in merged:
+            merged[device.label].add(device)
+        else:
+            merged[device.label] = device
+    notes = ([note] if note else []) + plan.notes + ([] if config.uses_cuda else [CPU_NOTE])
+    return MemoryEstimate(config.strategy, list(merged.values()),
+                          None if amp_dtype is None else str(amp_dtype).removeprefix("torch."), notes)
+
+
+def dataset_shape(config: RunConfig) -> tuple[int, int]:
+    """(classes, input channels) of the config's dataset, from a look at it (nothing decoded)."""
+    from trainer_backend.datasets import inspect_dataset
+
+    info = inspect_dataset(config.dataset)
+    if config.bands:
+        channels = len(config.bands)
+    elif info.get("default_bands"):
+        channels = len(info["default_bands"])
+    else:
+        channels = int(info.get("bands") or 3)
+    classes = int(info.get("num_classes") or 0)
+    if classes < 1:
+        raise EstimateError(f"dataset {config.dataset!r} has no class folders: nothing to size the model's output by")
+    return classes, channels
+
+
+def estimate_for_config(config: RunConfig) -> MemoryEstimate:
+    """``estimate_memory`` with the dataset's classes and channels looked up."""
+    num_classes, in_chans = dataset_shape(config)
+    return estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
+
+
+def stored_estimate(config: RunConfig, num_classes: int, in_chans: int) -> dict:
+    """``{"memory_estimate": ...}`` for the run's measurements, so that what it measures can be
+    set against it; an estimate that cannot be made is stored as its reason, never failing the run."""
+    try:
+        return {"memory_estimate": estimate_memory(config, num_classes=num_classes, in_chans=in_chans).to_dict()}
+    except Exception as exc:  # the run trains whether or not its memory could be estimated
+        return {"memory_estimate": {"error": f"{type(exc).__name__}: {exc}"[:500]}}

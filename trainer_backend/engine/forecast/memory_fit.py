@@ -1,0 +1,189 @@
+"""Does an estimate fit? Each device's estimated peak against its free memory, the verdict in
+words, the changes that would fit (each one estimated), and the estimate as a text table.
+
+    free = available_memory_mb(config)                    # NVML for GPUs, MemAvailable for the host
+    for fit in fits(estimate, free):
+        print(fit.device, fit.verdict)                   # "cuda:0 fits, 31 GB to spare"
+    suggestions(config, num_classes, in_chans, free, gpus=["cuda:0", "cuda:1"])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, estimate_memory
+
+
+def available_memory_mb(config: RunConfig) -> dict[str, float]:
+    """Free memory where the run would train: every GPU's (NVML: total less used; the others too,
+    for the changes ``suggestions`` tries), or for CPU runs the machine's available memory under
+    the one label "cpu" (all processes share it)."""
+    if not config.uses_cuda:
+        available = host_available_mb()
+        return {} if available is None else {"cpu": available}
+    from trainer_backend.contract.devices import gpu_statuses
+
+    return {f"cuda:{g.index}": g.memory_total_mb - g.memory_used_mb for g in gpu_statuses()}
+
+
+def host_available_mb() -> float | None:
+    """MemAvailable from /proc/meminfo: what new processes can take without swapping."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def gb(mb: float, digits: int | None = None) -> str:
+    value = mb / 1024
+    if digits is None:
+        digits = 0 if value >= 10 else 1
+    return f"{value:.{digits}f} GB"
+
+
+def verdict(needed_mb: float, free_mb: float) -> str:
+    """'fits, 31 GB to spare' / 'needs about 52 GB, 39 GB free'."""
+    if needed_mb <= free_mb:
+        return f"fits, {gb(free_mb - needed_mb)} to spare"
+    digits = None if gb(needed_mb) != gb(free_mb) else 1  # "needs about 21 GB, 21 GB free" would say nothing
+    return f"needs about {gb(needed_mb, digits)}, {gb(free_mb, digits)} free"
+
+
+@dataclass(frozen=True)
+class Fit:
+    device: str
+    needed_mb: float
+    free_mb: float
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_mb <= self.free_mb
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.needed_mb, self.free_mb)
+
+
+def fits(estimate: MemoryEstimate | dict[str, float], free_mb: dict[str, float]) -> list[Fit]:
+    """Each device's estimate (or {device: total MB}) against its free memory; CPU processes
+    share the host's memory, so a CPU run's devices are summed against it."""
+    totals = estimate if isinstance(estimate, dict) else {d.label: d.total_mb for d in estimate.devices}
+    if "cpu" in free_mb and all(label.endswith("cpu") for label in totals):
+        return [Fit("cpu", sum(totals.values()), free_mb["cpu"])]
+    return [Fit(label, total, free_mb[label]) for label, total in totals.items() if label in free_mb]
+
+
+def all_fit(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float]) -> bool:
+    estimate = estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
+    found = fits(estimate, free_mb)
+    return bool(found) and all(f.fits for f in found)
+
+
+def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float],
+                gpus: list[str] | None = None) -> list[str]:
+    """Changes that would fit, each checked by estimating it: a smaller batch (the largest that
+    fits, of the ones the strategy allows), bf16, fsdp on the same devices, more devices."""
+    found: list[str] = []
+
+    def check(label: str, **changes) -> bool:
+        try:
+            changed = config.replace(**changes)
+            wanted = available_for(changed)
+            if wanted is None or not all_fit(changed, num_classes, in_chans, wanted):
+                return False
+        except ValueError:  # a change the config refuses, or one step that cannot run (ConfigError is one)
+            return False
+        found.append(label)
+        return True
+
+    def available_for(changed: RunConfig) -> dict[str, float] | None:
+        if not changed.uses_cuda:
+            return free_mb
+        return free_mb if all(d in free_mb for d in changed.devices) else None
+
+    step = len(config.devices) if config.strategy in ("ddp", "fsdp") else (
+        config.microbatches if config.strategy == "pp" else 1)
+    if (batch := largest_batch(config, num_classes, in_chans, free_mb, step)) is not None:
+        found.append(f"a global batch of {batch}")
+    if config.uses_cuda and config.amp in ("off",):
+        check("mixed precision bf16 (--amp bf16)", amp="bf16")
+    if config.strategy in ("single", "dp", "ddp") and len(config.devices) > 1:
+        check("fsdp on the same devices", strategy="fsdp")
+    more = [g for g in (gpus or []) if g not in config.devices]
+    if more and config.strategy != "single":
+        devices = (*config.devices, *more)
+        check(f"{config.strategy} on {len(devices)} GPUs ({','.join(devices)})", devices=devices)
+    elif more and config.strategy == "single":
+        devices = (*config.devices, *more)
+        check(f"fsdp on {len(devices)} GPUs ({','.join(devices)})", strategy="fsdp", devices=devices)
+    return found
+
+
+def largest_batch(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float],
+                  step: int) -> int | None:
+    """The largest global batch below ``config``'s that fits (a multiple of ``step``): halved
+    until one fits, then the step between that and the last that did not filled in from the
+    activations' growth per image (nearly linear), each candidate checked by an estimate."""
+    def needed(batch: int) -> float | None:
+        try:
+            estimate = estimate_memory(config.replace(batch_size=batch), num_classes=num_classes, in_chans=in_chans)
+        except ValueError:
+            return None
+        found = fits(estimate, free_mb)
+        return None if not found else max(f.needed_mb - f.free_mb for f in found)
+
+    high, over_high = config.batch_size, needed(config.batch_size)
+    low = (high // 2) // step * step
+    while low >= step:
+        over = needed(low)
+        if over is not None and over <= 0:
+            break
+        high, over_high, low = low, over, (low // 2) // step * step
+    else:
+        return None
+    if over_high is None or high - low <= step:
+        return low
+    per_image = (over_high - over) / (high - low)
+    guess = min(high - step, low + int(-over / per_image) // step * step) if per_image > 0 else low
+    while guess > low:  # activations grow a little faster than linearly at times: step back until it fits
+        margin = needed(guess)
+        if margin is not None and margin <= 0:
+            return guess
+        guess = max(low, guess - max(step, (guess - low) // 4 // step * step))
+    return low
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def table_rows(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None) -> list[dict]:
+    """One row per device: the parts in MB, the total, and with free memory the verdict."""
+    free_mb = free_mb or {}
+    rows = []
+    for device in estimate.devices:
+        row = {"device": device.label, **device.to_dict()}
+        if device.label in free_mb:
+            row["free_mb"] = round(free_mb[device.label], 1)
+            row["verdict"] = verdict(device.total_mb, free_mb[device.label])
+        rows.append(row)
+    return rows
+
+
+def format_table(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None, *, notes: bool = True) -> str:
+    """The estimate as a text table (the CLI's output)."""
+    headers = ("device", "parameters", "gradients", "optimizer", "activations", "comm", "total")
+    lines = [f"{headers[0]:<14}" + "".join(f"{h:>13}" for h in headers[1:])]
+    for device in estimate.devices:
+        values = (device.parameters, device.gradients, device.optimizer, device.activations, device.comm, device.total)
+        lines.append(f"{device.label:<14}" + "".join(f"{v / MB:>10.1f} MB" for v in values))
+    for fit in fits(estimate, free_mb or {}):
+        lines.append(f"{fit.device}: {fit.verdict}")
+    precision = estimate.amp_dtype or "float32"
+    lines.append(f"strategy {estimate.strategy}, activations in {precision}")
+    if notes:
+        lines.extend(estimate.notes)
+    return "\n".join(lines)

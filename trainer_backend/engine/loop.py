@@ -1,0 +1,188 @@
+"""The training and evaluation loops, the same for every strategy.
+
+    totals, train_time_s = train_epoch(model, train_loader, optimizer, strategy, amp_dtype=None)
+    val_totals = validate(model, val_loader, strategy)
+
+The loops run steps over a strategy (which knows the devices and collectives); a strategy that
+steps through an epoch itself (``runs_own_loop``: the pipeline's schedule) is handed the epoch.
+Per-batch numbers are summed on the device and read once per epoch: a ``.item()`` per step
+would force a host-device sync every step and slow GPU training for a progress number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainer_backend.engine.confusion import add_confusion, val_totals
+from trainer_backend.telemetry.profiling import StepProfiler, phase_ranges
+from trainer_backend.engine.strategies import Strategy, autocast, synchronize
+
+StepCallback = Callable[[int, int], None]
+StartCallback = Callable[[], None]  # the epoch's first step is about to run
+LossCallback = Callable[[torch.Tensor], None]  # the step's loss, still on the device
+
+
+# bf16 tensor cores arrived with Ampere; before it bf16 is emulated (slower than fp32), although
+# torch.cuda.is_bf16_supported() says yes.
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for this run, or None for plain fp32 (always on CPU)."""
+    if device.type != "cuda" or amp == "off":
+        return None
+    if amp == "fp16":
+        return torch.float16
+    if amp == "bf16" or torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY:
+        return torch.bfloat16
+    return torch.float16
+
+
+def make_grad_scaler(amp_dtype: torch.dtype | None) -> torch.amp.GradScaler | None:
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+    return torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+
+
+class PrecisionRecord:
+    """What mixed precision really did, for the epoch's ``extra``: the dtype the training forward's
+    output came out in (autocast is per thread, so this is observed, not assumed) and, under fp16,
+    the gradient scaler's scale at the end of the epoch (it halves on every overflowing step)."""
+
+    def __init__(self, model: nn.Module, scaler: torch.amp.GradScaler | None):
+        self.scaler = scaler
+        self.forward_dtype: torch.dtype | None = None
+        self._hook = model.register_forward_hook(self._record)
+
+    def _record(self, module: nn.Module, inputs, output) -> None:
+        if module.training and isinstance(output, torch.Tensor):
+            self.forward_dtype = output.dtype
+
+    def extra(self) -> dict:
+        record = {}
+        if self.forward_dtype is not None:
+            record["forward_dtype"] = str(self.forward_dtype).removeprefix("torch.")
+        if self.scaler is not None:
+            record["grad_scale"] = float(self.scaler.get_scale())
+        return record
+
+
+def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                **kwargs) -> tuple[torch.Tensor, float]:
+    """One epoch of training in the strategy's own loop where it has one, else ``train_one_epoch``."""
+    if strategy.runs_own_loop:
+        return strategy.train_epoch(model, loader, optimizer, **kwargs)
+    return train_one_epoch(model, loader, optimizer, strategy, **kwargs)
+
+
+def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None
+             ) -> torch.Tensor:
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard (see
+    confusion.py), in the strategy's own loop where it has one, else ``evaluate`` on the model
+    without its data-parallel wrapper."""
+    if strategy.runs_own_loop:
+        return strategy.evaluate(model, loader, amp_dtype=amp_dtype)
+    return evaluate(strategy.unwrap(model), loader, strategy, amp_dtype=amp_dtype)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
+    *,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    on_step: StepCallback | None = None,
+    profiler: StepProfiler | None = None,
+    on_loss: LossCallback | None = None,
+    on_start: StartCallback | None = None,
+) -> tuple[torch.Tensor, float]:
+    """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
+    model.train()
+    phase = phase_ranges(profiler)
+    totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
+    total_steps = len(loader)
+    batches = iter(loader)
+    clock = strategy.rank_clock
+    clock.reset()
+    strategy.barrier()  # ranks start the clock together: a late starter's wait is not its peers' work
+    synchronize(strategy.devices)
+    start = time.perf_counter()
+    if on_start is not None:
+        on_start()
+    accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
+    for step in range(1, total_steps + 1):
+        # Batches group into optimizer steps; the epoch's last group may be shorter.
+        group_start = (step - 1) // accumulate_steps * accumulate_steps
+        group_size = min(accumulate_steps, total_steps - group_start)
+        steps_optimizer = step == group_start + group_size
+        with phase("data_loading"), clock.data():
+            images, labels = strategy.to_device(*next(batches), train=True)
+        # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
+        with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
+            with phase("forward"), autocast(strategy.input_device, amp_dtype):
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            with phase("backward"), clock.backward():
+                # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
+                part = loss / group_size if group_size > 1 else loss
+                (scaler.scale(part) if scaler is not None else part).backward()
+        if steps_optimizer:
+            with phase("optimizer_step"):
+                optimizer_step(model, optimizer, strategy, scaler)
+        accumulate(totals, loss.detach(), logits.detach(), labels)
+        if profiler is not None:
+            profiler.step()
+        if on_loss is not None:
+            on_loss(loss.detach())
+        if on_step is not None:
+            on_step(step, total_steps)
+    synchronize(strategy.devices)
+    return totals, time.perf_counter() - start
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                   scaler: torch.amp.GradScaler | None) -> None:
+    """Clip the gradients (when the run asks), step, clear the gradients. Under fp16 the gradients
+    are unscaled first, so that the clipping norm is the true gradients' norm."""
+    if strategy.config.grad_clip:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        strategy.clip_grad_norm(model, strategy.config.grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[loss_sum, correct, count, confusion counts...] over this process's validation shard. The loss is
+    the plain cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
+    model.eval()
+    # Any iterable of batches will do; a DataLoader's dataset tells the classes to count a confusion matrix over.
+    totals = val_totals(getattr(getattr(loader, "dataset", None), "num_classes", 0), strategy.output_device)
+    for images, labels in loader:
+        images, labels = strategy.to_device(images, labels)
+        with autocast(strategy.input_device, amp_dtype):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
+        accumulate(totals, loss, logits, labels)
+        add_confusion(totals, logits.argmax(dim=1), labels)
+    return totals
+
+
+def accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    batch = labels.numel()
+    totals[0] += loss.double() * batch
+    totals[1] += (logits.argmax(dim=1) == labels).sum()
+    totals[2] += batch

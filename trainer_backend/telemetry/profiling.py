@@ -1,0 +1,229 @@
+"""Profile a window of training steps with torch.profiler and summarise where the time went.
+
+Each process (every DDP rank) records its own window in the first epoch — ``wait`` steps
+skipped, ``warmup`` steps recorded and thrown away, ``active`` steps kept — and then stops the
+profiler, so the rest of training runs at full speed. What it keeps, per rank:
+
+- the Chrome trace (gzip), with ``distributedInfo`` so Perfetto and Holistic Trace Analysis can
+  line up the ranks;
+- the op table (``key_averages``): calls, self/total CPU and device time, memory;
+- a per-step breakdown from the loop's ``record_function`` ranges: data loading, forward,
+  backward, optimizer step, communication (collectives; it overlaps backward under DDP), other.
+
+Ranks write these to ``runs/run-N/profile/``; rank 0 moves them into the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+
+from trainer_backend.contract.storage import disk_full_error, no_space_reason, writing
+
+PHASES = ("data_loading", "forward", "backward", "optimizer_step")
+RANGE_PREFIX = "parallax/"
+# Collectives as the host records them: c10d's ops and the backends' ranges (gloo:all_reduce,
+# nccl:send). ATen ops are computation even when named like one (aten::gather, aten::scatter_add_),
+# and so are their backward nodes (GatherBackward0): only collective names count.
+HOST_COMM_MARKERS = ("c10d::", "c10d_functional::", "gloo:", "nccl:", "allreduce", "all_reduce", "allgather",
+                     "all_gather", "reduce_scatter")
+# Collectives as they run on a GPU: every NCCL kernel (ncclDevKernel_AllReduce_*, _SendRecv for
+# pp, _Reduce and _Broadcast for DataParallel; ncclKernel_* before NCCL 2.19) and the
+# peer-to-peer copies DataParallel scatters inputs and gathers outputs with.
+DEVICE_COMM_PREFIXES = ("nccl",)
+DEVICE_COMM_MARKERS = ("memcpy ptop",)
+LARGE_TRACE_BYTES = 50 * 2**20
+
+
+class StepProfiler:
+    """Wraps torch.profiler for one window of steps; ``range(name)`` marks a phase of a step."""
+
+    def __init__(self, *, wait: int, warmup: int, active: int, devices: list[torch.device], rank: int,
+                 world_size: int, out_dir: Path, with_stack: bool = False):
+        self.window = wait + warmup + active
+        self.first_active_step = wait + warmup + 1
+        self.rank, self.world_size, self.out_dir = rank, world_size, out_dir
+        self.cuda_devices = [d for d in devices if d.type == "cuda"]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda_devices else [])
+        self._prof = profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            record_shapes=True,
+            profile_memory=True,
+            with_stack=with_stack,
+        )
+        self._steps = 0
+        self.done = False
+
+    def start(self) -> None:
+        self._prof.start()
+
+    def range(self, name: str):
+        if self.done:
+            return contextlib.nullcontext()
+        return _Phase(RANGE_PREFIX + name, self.cuda_devices)
+
+    def step(self) -> None:
+        if self.done:
+            return
+        self._steps += 1
+        self._prof.step()
+        if self._steps >= self.window:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stop profiling and write this rank's trace and summary (also for a short epoch)."""
+        if self.done:
+            return
+        self.done = True
+        self._prof.stop()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        trace = self.out_dir / f"rank{self.rank}.json"
+        try:
+            self._prof.export_chrome_trace(str(trace))
+            content = json.loads(trace.read_text())
+        except Exception as exc:  # the exporter reports a full disk only as a missing or cut-off file
+            reason = no_space_reason(exc, self.out_dir)
+            if reason is not None:
+                raise disk_full_error("profiler trace", trace, reason) from exc
+            raise
+        finally:
+            trace.unlink(missing_ok=True)
+            trace.with_name(trace.name + ".tmp").unlink(missing_ok=True)  # the exporter's own part file
+        # torch writes distributedInfo only for an initialised process group; multi-rank tools
+        # (Holistic Trace Analysis) expect it on every trace.
+        content.setdefault("distributedInfo", {"backend": "none", "rank": self.rank, "world_size": self.world_size})
+        raw = json.dumps(content).encode()
+        with writing(self.out_dir / f"rank{self.rank}.json.gz", "profiler trace") as handle:
+            handle.write(gzip.compress(raw, compresslevel=6))
+        trace_bytes = len(raw)
+        summary = {"rank": self.rank, "world_size": self.world_size, "trace_bytes": trace_bytes,
+                   "ops": op_table(self._prof), "steps": step_breakdown(self._prof.events(), self.first_active_step)}
+        try:
+            with writing(self.out_dir / f"rank{self.rank}.summary.json", "profiler summary") as handle:
+                handle.write(json.dumps(summary).encode())
+        except BaseException:
+            (self.out_dir / f"rank{self.rank}.json.gz").unlink(missing_ok=True)  # no trace without its summary
+            raise
+
+
+def phase_ranges(profiler: StepProfiler | None):
+    """How a loop names its phases (``with phase("forward"):``): the profiler's ranges, or ranges
+    that do nothing when the run is not profiled."""
+    return profiler.range if profiler is not None else _no_range
+
+
+def _no_range(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+class _Phase(record_function):
+    """A record_function range that, on CUDA, waits for the phase's kernels so its length is the
+    phase's real duration (only inside the profiled window)."""
+
+    def __init__(self, name: str, cuda_devices: list[torch.device]):
+        super().__init__(name)
+        self._cuda_devices = cuda_devices
+
+    def __exit__(self, *exc):
+        for device in self._cuda_devices:
+            torch.cuda.synchronize(device)
+        return super().__exit__(*exc)
+
+
+def op_table(prof: profile) -> list[dict]:
+    rows = []
+    for avg in prof.key_averages():
+        if avg.key.startswith(RANGE_PREFIX) or avg.key.startswith("ProfilerStep"):
+            continue  # our own ranges are in the step breakdown, not ops
+        rows.append({
+            "name": avg.key,
+            "calls": int(avg.count),
+            "self_cpu_us": float(avg.self_cpu_time_total),
+            "cpu_total_us": float(avg.cpu_time_total),
+            "self_device_us": float(getattr(avg, "self_device_time_total", 0.0)),
+            "device_total_us": float(getattr(avg, "device_time_total", 0.0)),
+            "self_cpu_memory_bytes": int(avg.self_cpu_memory_usage),
+            "self_device_memory_bytes": int(getattr(avg, "self_device_memory_usage", 0)),
+        })
+    rows.sort(key=lambda r: r["self_cpu_us"] + r["self_device_us"], reverse=True)
+    return rows
+
+
+def _on_host(event) -> bool:
+    return event.device_type == DeviceType.CPU
+
+
+def _is_host_comm(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in HOST_COMM_MARKERS)
+
+
+def _is_device_comm(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(DEVICE_COMM_PREFIXES) or any(marker in lowered for marker in DEVICE_COMM_MARKERS)
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def step_breakdown(events, first_step: int = 1) -> list[dict]:
+    """Per profiled step: milliseconds in each phase; communication is the union of collective
+    intervals in the step (under DDP they run during backward, so they overlap it).
+    ``first_step`` is the training step (1-based) the kept window starts at.
+
+    Steps and phases are the host's ``record_function`` ranges: with CUDA the profiler also
+    lists a device-side copy of each range under the same name, which would count every step
+    and phase twice. Communication is what the GPUs ran where they ran any (the host only
+    enqueues NCCL work), else the host's collectives (gloo)."""
+    host = [e for e in events if _on_host(e)]
+    device = [e for e in events if not _on_host(e)]
+    # The kept steps appear as "ProfilerStep*" (or "ProfilerStep#N"), in order.
+    steps = sorted((e for e in host if e.name.startswith("ProfilerStep")), key=lambda e: e.time_range.start)
+    rows = []
+    for number, step in enumerate(steps, start=first_step):
+        start, end = step.time_range.start, step.time_range.end
+        inside = [e for e in host if start <= e.time_range.start and e.time_range.end <= end and e is not step]
+        phase_us = {p: sum(e.time_range.elapsed_us() for e in inside if e.name == RANGE_PREFIX + p) for p in PHASES}
+        if device:  # kernels, clipped to the step: one still running at its end counts up to the end
+            comm = [(max(start, e.time_range.start), min(end, e.time_range.end)) for e in device
+                    if _is_device_comm(e.name) and e.time_range.start < end and e.time_range.end > start]
+        else:
+            comm = [(e.time_range.start, e.time_range.end) for e in inside if _is_host_comm(e.name)]
+        comm_us = _union_us(comm)
+        total_us = end - start
+        rows.append({
+            "step": number,
+            **{f"{p}_ms": phase_us[p] / 1000 for p in PHASES},
+            "communication_ms": comm_us / 1000,
+            "other_ms": max(0.0, total_us - sum(phase_us.values())) / 1000,
+            "total_ms": total_us / 1000,
+        })
+    return rows
+
+
+def read_rank_outputs(out_dir: Path) -> list[tuple[dict, bytes]]:
+    """(summary, gzipped trace) of every rank that wrote one, in rank order; removes the files."""
+    outputs = []
+    for summary_path in sorted(out_dir.glob("rank*.summary.json"), key=lambda p: int(p.name[4:].split(".")[0])):
+        rank = summary_path.name.split(".")[0]
+        trace_path = out_dir / f"{rank}.json.gz"
+        outputs.append((json.loads(summary_path.read_text()), trace_path.read_bytes()))
+        os.remove(summary_path)
+        os.remove(trace_path)
+    return outputs

@@ -1,0 +1,116 @@
+"""What every launcher (the runner, torchrun) does around training: check the data and the model
+before anything trains (``preflight``), say what is starting (``announce``), and say what to
+change when a run fails for want of GPU memory (``with_oom_hint``).
+
+    info = preflight(config)                           # ConfigError, DatasetError, ModelError
+    announce(run_id, config, info, run_notes(config, info))
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from trainer_backend.contract.config import ConfigError, RunConfig, strategy_notes
+from trainer_backend.datasets import DatasetInfo
+from trainer_backend.engine.models import ModelError, create_model, split_into_stages
+from trainer_backend.contract.printable import one_line, shown_name
+from trainer_backend.contract.storage import DiskFullError
+from trainer_backend.engine.trainer import load_data, make_strategy
+
+OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+# How running out of GPU memory reads in each library's own words.
+OUT_OF_MEMORY = re.compile(
+    r"OutOfMemoryError|CUDA out of memory"  # PyTorch's caching allocator
+    r"|CUBLAS_STATUS_ALLOC_FAILED"  # cuBLAS: a handle or workspace
+    r"|CUDNN_STATUS_ALLOC_FAILED|CUDNN_STATUS_INTERNAL_ERROR_(?:HOST|DEVICE)_ALLOCATION_FAILED"  # cuDNN 8, cuDNN 9
+    r"|Cuda failure (?:\d+ )?'out of memory'|Failed to CUDA (?:calloc|malloc)"  # NCCL's last error
+)
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, DiskFullError)  # ConfigError, DatasetError, ModelError
+
+
+def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
+    """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
+    an unknown model, missing pretrained weights, an image size the model cannot take, or a
+    model that cannot be cut for mp all fail here, with a message, before training starts."""
+    info = load_data(config, data_roots).info
+    check_every_rank_trains(config, info.num_train, info.in_chans)
+    model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
+                         pretrained=config.pretrained)
+    if config.strategy == "mp":
+        split_into_stages(model, len(config.devices), in_chans=info.in_chans,
+                          image_size=config.image_size, name=config.model)
+    else:
+        _probe_forward(model, config, info)
+    return info
+
+
+def train_steps(config: RunConfig, num_train: int, in_chans: int = 3) -> tuple[int, int]:
+    """(images each process's training loader holds, batches it yields per epoch), by the rules
+    ``trainer.build_loaders`` follows: DDP and FSDP shard the split (DistributedSampler pads every
+    shard to the same length), a pipeline drops every short batch, and any loader drops a last
+    batch of one image, which BatchNorm cannot train on."""
+    strategy = make_strategy(config, 0, in_chans=in_chans)
+    sampler = strategy.train_sampler(num_train, config.seed)
+    share = len(sampler) if sampler is not None else num_train
+    batch = config.process_batch
+    drops_short = strategy.drop_last_train or config.compile or share % batch == 1
+    return share, share // batch if drops_short else -(-share // batch)
+
+
+def check_every_rank_trains(config: RunConfig, num_train: int, in_chans: int = 3) -> None:
+    """Refuse, naming the numbers, a run in which a process would have no batch to train on (its
+    epoch would divide by zero images after its only, short batch is dropped)."""
+    share, steps = train_steps(config, num_train, in_chans)
+    if steps > 0:
+        return
+    batch = config.process_batch
+    if config.strategy in ("ddp", "fsdp") and config.world_size > 1:
+        who = (f"over {config.world_size} {config.strategy.upper()} processes each takes {share}, fewer than its "
+               f"batch of {batch} (batch_size {config.batch_size} / {config.world_size})")
+    else:
+        who = f"fewer than the batch of {batch}"
+    if config.strategy == "pp":
+        why = "a pipeline drops every short batch (its microbatch shapes are fixed)"
+    elif config.compile:
+        why = "a compiled model drops every short batch (another shape would compile another graph)"
+    else:
+        why = "a last batch of one image is dropped (BatchNorm cannot train on one)"
+    largest = share * (config.world_size if config.strategy in ("ddp", "fsdp") else 1)
+    fix = (f"use a batch_size of at most {largest}, more training images or fewer processes"
+           if share > 1 else "use more training images or fewer processes")
+    raise ConfigError("batch_size", f"the training split has {num_train} images; {who}, and {why}, so no step "
+                      f"would train: {fix}")
+
+
+@torch.no_grad()
+def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
+    model.eval()
+    try:
+        model(torch.zeros(2, info.in_chans, config.image_size, config.image_size))
+    except Exception as exc:  # timm raises assorted errors for inputs it cannot take
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelError(
+            f"model {config.model!r} cannot take {config.image_size}x{config.image_size} images "
+            f"({first_line}): try a larger --image-size"
+        ) from None
+
+
+def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
+    return strategy_notes(config) + list(info.warnings)
+
+
+def announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
+    """The lines a run starts with in its log and on the terminal."""
+    print(f"run_id={run_id} {config.strategy} on {','.join(config.devices)}: {config.model} on "
+          f"{shown_name(config.dataset)} ({info.num_train} train / {info.num_val} val images)", flush=True)
+    for note in notes:
+        print(f"note: {one_line(note)}", flush=True)
+
+
+def with_oom_hint(error: str) -> str:
+    """A failure's message, led by what to change where it reads as running out of GPU memory."""
+    if OUT_OF_MEMORY.search(error):
+        return f"{OOM_HINT}\n\n{error}"
+    return error

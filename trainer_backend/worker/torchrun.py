@@ -1,0 +1,366 @@
+"""Join the world torchrun started instead of spawning one: runs across machines.
+
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id exp-1 \\
+        -m trainer_backend run --strategy ddp --devices cuda --model resnet50 --epochs 10
+
+Every process torchrun starts runs ``python -m trainer_backend run``. Under ddp, fsdp and pp each
+joins torchrun's world (``init_process_group`` by ``env://``) on ``cuda:LOCAL_RANK``, or on the CPU
+with ``cores // LOCAL_WORLD_SIZE`` threads, and trains its part with the same per-rank code as a
+spawned run (``trainer.train_process``), so the metrics are the same global ones. The world comes
+from torchrun; ``--devices`` only says which kind of device. Global rank 0 alone writes the
+database: one run for the whole job with its world size, machines and their hosts, and torchrun's
+job id (``--rdzv-id``), by which a job restarted under ``--max-restarts N`` finds its run again and
+resumes it from the last finished epoch (``resume``). A new job (its first attempt) always starts a
+run of its own, even under a job id and training used before (the default id is "none"), unless
+``--resume-job`` asks it to take over that earlier run where it was lost or failed. While it trains,
+every machine is sampled as a spawned run's main process samples its own (``sampler``): the host's
+CPU and memory, the processes of the ranks on that machine and their GPUs. The process of local
+rank 0 samples each machine; the other machines' samples reach rank 0, which writes them, through
+torchrun's store (``machine_samples``). It meters each machine's energy too, and rank 0 sums the
+machines' joules once per epoch (``job_energy``).
+
+Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
+imported only once a process is known to join.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import uuid
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from db import elastic, make_engine, store
+from db import lifecycle as state
+from db.folders import named_run_folder, run_folder, run_folder_name
+from db.settings import database_url
+
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.contract.devices import cuda_indices
+from trainer_backend.telemetry.job_energy import EnergyPart
+from trainer_backend.worker.liveness import Heartbeat, RunCancelled, install_cancel_handler
+from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
+from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from trainer_backend.telemetry.sampler import SystemSampler
+from trainer_backend.engine.strategies import collective_timeout
+from trainer_backend.engine.trainer import read_rank_failures, run_started_at_s, train_process
+from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
+
+class Member(NamedTuple):
+    """What each process of the world tells the others when it joins."""
+
+    host: str
+    node: int
+    device: str
+    restarts: int
+    pid: int
+
+
+def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
+                 resume_job: bool = False) -> int:
+    """Join torchrun's world and train this process's part of the job; returns the exit code."""
+    try:
+        check_joinable(config.strategy, world)
+        device = local_device(config, world)
+    except ConfigError as exc:
+        return refuse(world, exc)
+    if world.rank == 0:
+        install_cancel_handler()  # a cancel from the dashboard or `cancel` reaches rank 0
+    try:
+        return _join(config, world, device, db_url, echo, resume_job)
+    except (RunCancelled, KeyboardInterrupt):
+        return 1  # torchrun (or the user) stopped the job before this run existed
+
+
+def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | None, echo: bool, resume_job: bool) -> int:
+    timeout = collective_timeout()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    # The store the processes meet at: torchrun's agent's, or else one that rank 0 serves, as
+    # env:// would. It is held here to the end, not by the process group alone: training's
+    # teardown destroys the group, and the other machines' last system samples reach rank 0
+    # through this store after that (machine_samples).
+    served_by_rank0 = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
+                          is_master=served_by_rank0 and world.rank == 0, timeout=timeout, multi_tenant=True)
+    # The agent's store outlives a restart, with the last attempt's keys in it; taken as they
+    # are, the processes of a restarted job meet stale peers and hang (pytorch#135712).
+    # Each attempt keeps to keys of its own. A store rank 0 serves is new with every attempt, and
+    # takes no prefix: each machine counts its restarts, so after a restart one machine alone
+    # counted, prefixes from those counts would differ and the processes would never meet.
+    group_store = store if served_by_rank0 else dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store)
+    # Bound to cuda:LOCAL_RANK, as DistributedStrategy.setup binds its ranks (strategies.py says why).
+    dist.init_process_group(backend, store=group_store, rank=world.rank, world_size=world.world_size, timeout=timeout,
+                            device_id=torch.device(device) if device.startswith("cuda") else None)
+    try:
+        members: list = [None] * world.world_size
+        # Each pid rides along with what every process tells the others anyway, labelled with its
+        # global rank: each machine's sampler follows the processes of its machine by them. (Finding them
+        # as the children of torchrun's agent would need each one's rank read from its environment.)
+        dist.all_gather_object(members, Member(socket.gethostname(), world.node_rank, device, world.restart_count,
+                                               os.getpid()))
+        by_node = {m.node: m.host for m in members}
+        hosts = [by_node[node] for node in sorted(by_node)]
+        # Each machine's agent counts restarts of its own, so any count above 0 means a restart.
+        restarted = any(m.restarts > 0 for m in members)
+        try:
+            joined = joined_config(config, [m.device for m in members], nodes=len(hosts))
+        except ConfigError as exc:
+            return refuse(world, exc)  # every process reaches the same verdict
+        url = database_url(db_url)
+        sampling = Sampling(world.node_rank, members)
+        if world.rank == 0:
+            return _lead(joined, world, hosts, url, echo, restarted, resume_job, sampling)
+        return _follow(joined, world, url, resume_job, sampling)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class Decision(NamedTuple):
+    """What rank 0 tells every process to do: "train" run ``run_id``, or "stop" with exit ``code``.
+
+    ``folder_name`` comes from rank 0, the one process that opens the database: a machine of the
+    job that has no copy of it still keys its files alike. ``attempt`` names this attempt's keys
+    in torchrun's store for the other machines' system samples (``machine_samples``): new for every
+    attempt, since restart counts are per machine and two attempts could share one."""
+
+    action: str
+    run_id: int | None
+    code: int = 0
+    folder_name: str | None = None
+    attempt: str | None = None
+
+
+def _tell(decision: Decision | None) -> Decision:
+    """Rank 0 tells every process its ``Decision``; every other process passes None and gets it."""
+    holder = [decision]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: "Sampling") -> int:
+    decision = _tell(None)
+    if decision.action == "stop":
+        return decision.code
+    run_id = decision.run_id
+    # Local rank 0 of a machine other than rank 0's samples it, for rank 0 to write.
+    samples = remote_sampler(run_id, joined, sampling, decision.attempt) if world.local_rank == 0 and sampling.remote \
+        else None
+    with samples or contextlib.nullcontext():
+        train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
+                      resumable=world.max_restarts > 0 or resume_job, folder_name=decision.folder_name,
+                      energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+    return 0
+
+
+def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
+          resume_job: bool, sampling: "Sampling") -> int:
+    """Rank 0: open (or find) the job's run, tell every process, train and record how it ended.
+    ``sampling`` says what its system sampler samples and which machines' samples it takes in."""
+    try:
+        info = preflight(joined)
+        notes = [world_note(joined, world, hosts), *run_notes(joined, info)]
+        engine = make_engine(url)
+        run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
+        folder_name = run_folder_name(engine, run_id)
+    except USER_ERRORS as exc:
+        _tell(Decision("stop", None, 2))
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException:
+        _tell(Decision("stop", None, 1))
+        raise
+    if status != "running":
+        # A restart of a job whose run has ended (cancelled, say): nothing to resume, and exit
+        # code 0 for a run that ended on purpose, so torchrun does not restart it again.
+        code = 0 if status in ("completed", "cancelled") else 1
+        _tell(Decision("stop", run_id, code))
+        print(f"run_id={run_id} status={status}", flush=True)
+        return code
+    attempt = uuid.uuid4().hex
+    _tell(Decision("train", run_id, 0, folder_name, attempt))
+    if echo:
+        announce(run_id, joined, info, notes)
+    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling, attempt)
+    run = store.get_run(engine, run_id)
+    if status not in ("completed", "running"):
+        print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
+    elif status == "running":
+        print(f"run_id={run_id} attempt {world.restart_count + 1} stopped; torchrun may restart the job "
+              f"({world.restarts_left} restart(s) left)", file=sys.stderr, flush=True)
+    print(f"run_id={run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
+
+
+def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str], notes: list[str],
+              restarted: bool, resume_job: bool = False) -> tuple[int, str]:
+    """The job's run: the one an earlier attempt of this job left unfinished, else a new one.
+    (run id, status); a restart of a job whose run has ended gets that run and its status.
+
+    Only a restarted attempt carries on in an earlier run: a new job, under a job id and training
+    used before, would otherwise mix its epochs into a run that ended long ago (or into one that a
+    job still running owns). ``resume_job`` asks a new job to take over a lost or failed run."""
+    pid, host = os.getpid(), socket.gethostname()
+    if resume_job and not restarted:
+        state.mark_lost_runs(engine)  # a run whose job died is lost, and may be taken over
+    found = elastic.find_job_run(engine, world.job_id)
+    # The same job id with the same training is the same job (the world may have changed size).
+    same = found is not None and same_training(store.get_run(engine, found[0]).config, joined.to_dict())
+    if same and (restarted or resume_job):
+        run_id, status = found
+        statuses = elastic.RESUMABLE_STATUSES if restarted else elastic.TAKEOVER_STATUSES
+        if elastic.resume_job_run(engine, run_id, pid=pid, host=host, nodes=len(hosts), hosts=hosts, statuses=statuses):
+            store.add_notes(engine, run_id, notes)
+            _forget_failures(engine, run_id)
+            return run_id, "running"
+        if restarted:
+            return run_id, store.get_run(engine, run_id).status
+        raise ValueError(f"--resume-job: run {run_id} of torchrun job {world.job_id} is {status}; only a run that was "
+                         f"{' or '.join(elastic.TAKEOVER_STATUSES)} is taken over (leave out --resume-job to start a new run)")
+    if resume_job and not restarted:
+        raise ValueError(f"--resume-job: no run of torchrun job {world.job_id} (--rdzv-id) with this training to take "
+                         "over; leave out --resume-job to start a new run")
+    # Started at once: the job's processes are already running on every machine, so it does
+    # not wait in this machine's queue.
+    run_id = store.create_run(engine, joined.to_dict(), status="running", notes=notes, world_size=joined.world_size)
+    store.set_process(engine, run_id, pid=pid, host=host)
+    elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts), hosts=hosts)
+    return run_id, "running"
+
+
+def same_training(stored: dict, joined: dict) -> bool:
+    """Whether two configs train the same thing, whatever world they were given."""
+    ignored = ("devices", "nodes")
+    return {k: v for k, v in stored.items() if k not in ignored} == {k: v for k, v in joined.items() if k not in ignored}
+
+
+def _forget_failures(engine, run_id: int) -> None:
+    """A new attempt's failures are its own: drop the tracebacks the previous one left here."""
+    for path in run_folder(engine, run_id, create=True).glob("rank*.failure.json"):
+        path.unlink(missing_ok=True)
+
+
+def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
+                      folder_name: str, resume_job: bool, sampling: "Sampling", attempt: str) -> str:
+    """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
+    started = time.time()
+    try:
+        # As in a spawned run, the sampler stops and writes what it holds however training ends,
+        # and a sampler that fails leaves a note in the run, never a failed rank.
+        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
+            train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+                          folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+        state.finish(engine, run_id, "completed")
+    except KeyboardInterrupt:
+        state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
+    except RunCancelled:
+        # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
+        # stopping the job, which it does when another of its processes has failed.
+        if store.get_run(engine, run_id).status != "cancelled":
+            _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or (
+                "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
+                "torchrun's output names it"))
+    except Exception as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the record short
+        own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
+    status = store.get_run(engine, run_id).status
+    if status != "completed":
+        # Recorded: from here on torchrun's SIGTERM may end this process at once, even if
+        # leaving a process group whose peers are gone would hang.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return status
+
+
+class Sampling:
+    """What the sampler of this process's machine samples, from what every process told the
+    others when it joined: ``neighbours``, the processes of this machine {global rank: pid}, and
+    the machines of the job by node rank, named for notes."""
+
+    def __init__(self, node: int, members: list[Member]):
+        self.node = node
+        self.neighbours = {rank: m.pid for rank, m in enumerate(members) if m.node == node}
+        self.machines = {n: f"node {n} ({host})" for n, host in sorted({m.node: m.host for m in members}.items())}
+        self.lead_node = members[0].node  # rank 0's machine, which writes the run
+        self.remote = node != self.lead_node
+
+    def machine(self) -> str | None:
+        """This machine's name in notes, where the job has several."""
+        return self.machines[self.node] if len(self.machines) > 1 else None
+
+    def cuda_indices(self, joined: RunConfig) -> list[int]:
+        """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``)."""
+        return cuda_indices([joined.devices[rank] for rank in sorted(self.neighbours)])
+
+    def energy_part(self, joined: RunConfig, *, meters: bool) -> EnergyPart | None:
+        """This process's part in metering the job's energy where it spans machines (None on one
+        machine: rank 0 meters it all, as in a spawned run); the process that ``meters`` is local rank 0."""
+        if len(self.machines) == 1:
+            return None
+        return EnergyPart(dict(self.machines), self.node, meters, tuple(self.cuda_indices(joined)) if meters else ())
+
+
+def machine_sampler(engine, run_id: int, joined: RunConfig, sampling: Sampling, attempt: str) -> SystemSampler:
+    """The system sampler of rank 0's machine: its host, the processes of its ranks (their global
+    ranks label them, as in a spawned run) and the GPUs they train on; and, where the job has
+    other machines, their samples as they arrive through torchrun's store, under ``attempt``'s keys."""
+    others = {node: name for node, name in sampling.machines.items() if node != sampling.node}
+    started_at_s = run_started_at_s(engine, run_id)
+    drain = None
+    if others:
+        try:
+            drain = StoreDrain(sample_store(run_id, attempt), others, started_at_s)
+        except Exception as exc:  # the run trains on, sampled on this machine only, and says so
+            store.add_notes(engine, run_id, [f"System samples of {', '.join(others.values())} are not recorded: "
+                                             f"torchrun's store could not be reached ({type(exc).__name__}: {exc})."])
+    sampler = SystemSampler(engine, run_id, started_at_s, sampling.cuda_indices(joined), node=sampling.node,
+                            machine=sampling.machine(), extra=drain)
+    sampler.watch(sampling.neighbours)
+    return sampler
+
+
+def remote_sampler(run_id: int, joined: RunConfig, sampling: Sampling, attempt: str) -> SystemSampler | None:
+    """The system sampler of a machine other than rank 0's: as rank 0's, but its rows, in wall
+    time, and its notes go to rank 0 through torchrun's store. None where that store cannot be
+    reached (rank 0 then notes the machine's samples as missing)."""
+    try:
+        pusher = StorePusher(sample_store(run_id, attempt), sampling.node)
+    except Exception as exc:
+        print(f"parallax: {sampling.machine()} is not sampled: torchrun's store could not be reached "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        return None
+    sampler = SystemSampler(None, run_id, 0.0, sampling.cuda_indices(joined), node=sampling.node,
+                            machine=sampling.machine(), sink=pusher)
+    sampler.watch(sampling.neighbours)
+    return sampler
+
+
+def _failure_cause(folder_name: str, since: float) -> str | None:
+    """The first failure of this attempt among the ranks on this machine (a rank that fails makes
+    its peers fail mid-collective; the first one is the cause)."""
+    failures = [f for f in read_rank_failures(named_run_folder(folder_name)) if f["time"] >= since]
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: f["time"])
+    return with_oom_hint(f"rank {first['rank']} raised an exception:\n{first['traceback']}")
+
+
+def _attempt_failed(engine, run_id: int, world: TorchrunWorld, cause: str) -> None:
+    """With restarts left the run stays running for the restarted job to resume; else it failed."""
+    if world.restarts_left:
+        summary = next((line for line in reversed(cause.strip().splitlines()) if line.strip()), cause)
+        store.add_notes(engine, run_id, [
+            f"Attempt {world.restart_count + 1} of the torchrun job stopped ({summary.strip()}); torchrun restarts "
+            f"it ({world.restarts_left} restart(s) left) and it resumes from its last finished epoch."])
+    else:
+        state.finish(engine, run_id, "failed", error=cause)
