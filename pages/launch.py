@@ -17,8 +17,8 @@ import streamlit as st
 from db import dashboard
 from trainer_backend import devices as device_info
 from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
-                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
-                                    RunConfig, max_cpu_processes)
+                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, VAL_SOURCES,
+                                    ConfigError, RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -253,6 +253,13 @@ with st.expander("More options"):
         values["weight_decay"] = st.number_input("Weight decay", value=DEFAULTS.weight_decay, step=1e-4, format="%g",
                                                  key="weight_decay")
         field_slot("weight_decay")
+        values["val_from"] = st.selectbox(
+            "Validate on", VAL_SOURCES, key="val_from",
+            format_func=lambda v: {"test": "the official test split (where the dataset has one)",
+                                   "train": "a share of the training images"}[v],
+            help="mnist, fashion_mnist and cifar10 ship a test split, so their accuracies compare with published "
+            "ones; other datasets hold out the validation share of the training images.")
+        field_slot("val_from")
         values["val_fraction"] = st.number_input("Validation share", value=DEFAULTS.val_fraction, step=0.05,
                                                  key="val_fraction")
         field_slot("val_fraction")

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     ConfigError, RunConfig, parse_devices)
+                     VAL_SOURCES, ConfigError, RunConfig, parse_devices)
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -67,10 +67,15 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--weight-decay", type=float, help=f"default {d.weight_decay}")
     add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
         "with a GradScaler; CPU always trains in fp32 (default auto)")
-    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is cached in memory "
-        f"and a batch is one gather of uint8 pixels, so workers only add hand-over cost (default {d.num_workers})")
+    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is one "
+        "cache file every process maps and a batch is one gather of uint8 pixels, so workers only add hand-over "
+        f"cost (default {d.num_workers})")
     add("--seed", type=int, help=f"default {d.seed}")
-    add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--val-fraction", type=float, help="share of the training images held out, stratified, where the dataset "
+        f"has no official test split or --val-from is train (default {d.val_fraction})")
+    add("--val-from", choices=VAL_SOURCES, help="test: validate on the official test split of mnist, "
+        "fashion_mnist and cifar10 (other datasets: --val-fraction of training); train: always hold out "
+        f"--val-fraction of the training images (default {d.val_from})")
     add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
         f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
     add("--lr-schedule", choices=LR_SCHEDULES, help="learning rate per optimizer step after the warmup: constant, "

@@ -37,6 +37,7 @@ SCALE_LR_REFERENCE_BATCH = 256
 MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
 AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
+VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -140,6 +141,9 @@ class RunConfig:
     num_workers: int = 0
     seed: int = 0
     val_fraction: float = 0.2
+    # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10), and
+    # datasets without one on val_fraction of the training images; "train" always the latter.
+    val_from: str = "test"
     # Before each validation, BatchNorm statistics are re-estimated from this many training
     # images with the current weights (trainer_backend/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
@@ -332,6 +336,7 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "strategy", list(STRATEGIES))
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
+    _require_choice(cfg, "val_from", VAL_SOURCES)
     _validate_recipe(cfg)
     for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):

@@ -58,7 +58,7 @@ def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
 
 
 def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
-    return strategy_notes(config) + list(info.warnings)
+    return strategy_notes(config) + ([info.val_split] if info.val_split else []) + list(info.warnings)
 
 
 def announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:

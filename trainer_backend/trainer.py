@@ -66,6 +66,7 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
         val_fraction=config.val_fraction,
         seed=config.seed,
         data_roots=data_roots,
+        val_from=config.val_from,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,9 @@ class DecodedPool:
 
     ``images`` is (N, C, S, S): uint8 for 8-bit sources, float16 in [0, 1] for scaled ones.
     ``pixel_sums``/``pixel_sq_sums`` (N, C) float64 hold each image's per-channel sum of values
-    and of squared values in [0, 1] units, so the mean/std of any split is a cheap sum.
+    and of squared values in [0, 1] units, so the mean/std of any split is a cheap sum. The last
+    ``num_test`` images are the dataset's official test split. A cached pool's images are mapped
+    read-only from ``path`` (cache.py); a pool just decoded in memory has no path.
     """
 
     images: torch.Tensor
@@ -29,6 +32,8 @@ class DecodedPool:
     warnings: tuple[str, ...]
     pixel_sums: torch.Tensor
     pixel_sq_sums: torch.Tensor
+    num_test: int = 0
+    path: Path | None = None
 
 
 def make_pool(images: torch.Tensor, labels, class_names, warnings=()) -> DecodedPool:
