@@ -263,6 +263,11 @@ with st.expander("More options"):
         values["val_fraction"] = st.number_input("Validation share", value=DEFAULTS.val_fraction, step=0.05,
                                                  key="val_fraction")
         field_slot("val_fraction")
+        values["stored_size"] = st.number_input(
+            "Stored image size (0: the image size)", value=DEFAULTS.stored_size, step=8, key="stored_size",
+            help="Store the cache larger than the training size: training batches take random-resized crops of "
+            "it (8-100 % of the area) and validation the centre 87.5 %, as ImageNet recipes do.")
+        field_slot("stored_size")
     with more_right:
         values["seed"] = st.number_input("Seed", value=DEFAULTS.seed, step=1, key="seed")
         field_slot("seed")
@@ -359,7 +364,8 @@ if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
-elif full and (memory := options.memory_problem(info, values["image_size"], config.bands if config else None)):
+elif full and (memory := options.memory_problem(info, values["stored_size"] or values["image_size"],
+                                                config.bands if config else None)):
     errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
 recipe_hint.caption(recipe_caption(config))

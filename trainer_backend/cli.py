@@ -52,6 +52,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
         f"with one sub-folder per class (default {d.dataset})")
     add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
+    add("--stored-size", type=int, help="store images in the dataset cache at this size, larger than --image-size: "
+        "training batches take random-resized crops of it (timm's defaults) and validation a centre crop; "
+        "0 stores at --image-size (default 0)")
     add("--bands", help="zero-based band indices for multi-band TIFFs, e.g. 3,2,1 (the default for 13-band files)")
     add("--band-scale", type=float, help="divide band values by this, then clip to [0,1] (default 4000 for 13-band files)")
     add("--model", help=f"timm model name (default {d.model})")

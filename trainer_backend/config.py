@@ -124,6 +124,10 @@ class RunConfig:
 
     dataset: str = "digits"
     image_size: int = 32
+    # The size the dataset cache stores images at; 0 stores them at image_size. Larger, training
+    # batches take random-resized crops of it to image_size on the device (timm's defaults) and
+    # validation a centre crop, as ImageNet recipes do (trainer_backend/inputs.py).
+    stored_size: int = 0
     bands: tuple[int, ...] | None = None
     band_scale: float | None = None
     model: str = "resnet18"
@@ -317,6 +321,10 @@ def _validate(cfg: RunConfig) -> None:
     if not isinstance(cfg.model, str) or not cfg.model.strip():
         raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
     _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+    _require_int(cfg, "stored_size", 0, MAX_IMAGE_SIZE)
+    if 0 < cfg.stored_size < cfg.image_size:
+        raise ConfigError("stored_size", f"stored_size {cfg.stored_size} is not allowed: use 0 (store at image_size) "
+                          f"or a size from image_size {cfg.image_size} to {MAX_IMAGE_SIZE}")
     _require_int(cfg, "epochs", 1, MAX_EPOCHS)
     _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
     _require_int(cfg, "num_workers", 0, 64)

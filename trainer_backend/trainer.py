@@ -60,7 +60,7 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
     and file read must lie inside them."""
     return prepare_data(
         config.dataset,
-        image_size=config.image_size,
+        image_size=config.stored_size or config.image_size,
         bands=config.bands,
         band_scale=config.band_scale,
         val_fraction=config.val_fraction,

@@ -1,0 +1,70 @@
+"""Data at workstation scale, on real files and real runs: images stored larger than they train
+at (crops on the device), validation on official test splits in a run's export, and a folder
+larger than the memory a run may use training to the end under a memory cgroup."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from trainer_backend.augment import centre_crop, random_resized_crop
+from trainer_backend.config import ConfigError, RunConfig
+from trainer_backend.inputs import DeviceInputs
+
+
+def test_stored_size_below_the_image_size_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as raised:
+        RunConfig(image_size=32, stored_size=16)
+    assert str(raised.value) == ("stored_size 16 is not allowed: use 0 (store at image_size) or a size from "
+                                 "image_size 32 to 1024")
+    assert RunConfig(image_size=32, stored_size=64).stored_size == 64
+
+
+def test_training_batches_are_cropped_at_random_and_validation_at_the_centre():
+    # Each pixel's value is its column: a crop's values tell which columns it took.
+    columns = torch.arange(64, dtype=torch.float32).expand(8, 3, 64, 64).contiguous()
+    config = RunConfig(image_size=16, stored_size=64, augment="flip,crop")
+    inputs = DeviceInputs.for_run(config, lambda pixels: pixels.float(), torch.device("cpu"))
+    assert inputs.augment.names == ("flip",)  # the stored-size crop replaces the "crop" augmentation
+    trained = inputs(columns, train=True)
+    assert trained.shape == (8, 3, 16, 16)
+    widths = (trained[:, 0].amax(dim=(1, 2)) - trained[:, 0].amin(dim=(1, 2)))
+    assert len(set(widths.round().tolist())) > 1, "every image got the same box"
+    assert trained.amin() >= 0 and trained.amax() <= 63
+    validated = inputs(columns, train=False)
+    assert validated.shape == (8, 3, 16, 16) and torch.equal(validated[0], validated[7])
+    # The centre 87.5 %: columns 4..59 of 64, symmetric about the middle.
+    assert validated[0, 0].mean().item() == pytest.approx(31.5, abs=0.01)
+    assert 3 <= validated[0, 0].amin().item() <= 6 and 57 <= validated[0, 0].amax().item() <= 60
+
+
+def test_random_resized_crop_boxes_follow_timm_defaults():
+    generator = torch.Generator().manual_seed(0)
+    ones = torch.zeros(2000, 1, 40, 40)
+    ones[:, :, :, :20] = 1.0  # the left half is bright
+    crops = random_resized_crop(ones, generator, area=(0.08, 1.0), size=8)
+    assert crops.shape == (2000, 1, 8, 8)
+    bright = crops.mean(dim=(1, 2, 3))
+    # Small boxes fall wholly in one half; large ones straddle it.
+    assert (bright < 0.01).any() and (bright > 0.99).any() and ((bright > 0.3) & (bright < 0.7)).any()
+    assert centre_crop(ones[:1], 8).shape == (1, 1, 8, 8) and math.isclose(centre_crop(ones[:1], 8).mean().item(),
+                                                                          0.5, abs_tol=1e-6)
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_run_on_mnist_validates_on_its_test_split_and_says_so_in_the_export(parallax_home, cli):
+    from test_data import make_idx_set
+
+    make_idx_set(parallax_home / "data" / "MNIST" / "raw", count=60)
+    result = cli("run", "--dataset", "mnist", "--model", "test_resnet", "--image-size", "16", "--stored-size", "24",
+                 "--epochs", "1", "--batch-size", "32", "--bn-stats-images", "0", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(60 train / 12 val images)" in result.stdout
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    exported = json.loads(cli("export", run_id, timeout=120).stdout)
+    assert exported["status"] == "completed" and exported["config"]["val_from"] == "test"
+    assert "validated on the official test split of mnist (12 images)" in exported["notes"]
+    assert any(note.startswith("images are stored at 24 px and trained at 16 px") for note in exported["notes"])
