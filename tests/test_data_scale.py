@@ -4,11 +4,19 @@ larger than the memory a run may use training to the end under a memory cgroup."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from trainer_backend.augment import centre_crop, random_resized_crop
 from trainer_backend.config import ConfigError, RunConfig
@@ -68,3 +76,70 @@ def test_a_run_on_mnist_validates_on_its_test_split_and_says_so_in_the_export(pa
     assert exported["status"] == "completed" and exported["config"]["val_from"] == "test"
     assert "validated on the official test split of mnist (12 images)" in exported["notes"]
     assert any(note.startswith("images are stored at 24 px and trained at 16 px") for note in exported["notes"])
+
+
+def make_large_png_folder(root, count: int, size: int) -> None:
+    """``count`` solid-colour RGB PNGs of ``size`` px in two classes: a few hundred bytes on disk
+    each, ``size``² x 3 bytes decoded."""
+    from PIL import Image
+
+    for label, name in enumerate(("dark", "light")):
+        (root / name).mkdir(parents=True)
+        for i in range(count // 2):
+            shade = 40 + 150 * label + i % 50
+            Image.new("RGB", (size, size), (shade, shade // 2, 255 - shade)).save(root / name / f"{i}.png")
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int):
+    """A v1 memory cgroup limited to ``limit_bytes`` (root only); removed afterwards."""
+    group = Path("/sys/fs/cgroup/memory") / f"parallax-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here ({exc.strerror}): needs root and cgroup v1's memory controller")
+    try:
+        yield group
+    finally:
+        for _ in range(50):  # the group can be removed once its last process has gone
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_folder_larger_than_the_runs_memory_limit_trains_to_the_end(parallax_home, tmp_path):
+    limit = 640 * 2**20
+    folder = tmp_path / "large"
+    make_large_png_folder(folder, count=4400, size=256)  # 865 MB decoded, 1.35x the limit
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"}
+    env.pop("PARALLAX_DB_URL", None)
+    command = [sys.executable, "-m", "trainer_backend", "run", "--dataset", str(folder), "--model", "test_resnet",
+               "--image-size", "16", "--stored-size", "256", "--epochs", "1", "--batch-size", "32",
+               "--bn-stats-images", "0"]
+    with memory_cgroup(limit) as group:
+        procs = str(group / "cgroup.procs")
+
+        def join_group() -> None:  # in the child, before exec: the whole run and its children are in the group
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+
+        child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, preexec_fn=join_group, start_new_session=True)
+        try:
+            out, err = child.communicate(timeout=420)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            pytest.fail("the run under the memory limit did not end in 7 minutes")
+        peak = int((group / "memory.max_usage_in_bytes").read_text())
+    assert child.returncode == 0, err[-3000:]
+    assert out.strip().splitlines()[-1].endswith("status=completed")
+    cache = next((parallax_home / "data" / "cache").glob("large-*.npy"))
+    assert cache.stat().st_size > 1.3 * limit >= 1.3 * peak
+    assert "batches stream from the cache file" in out and "its memory cgroup's limit" in out

@@ -160,11 +160,12 @@ class ImageWriter:
             raise TypeError(f"expected (n, {self.shape[1:]}) {self.dtype}, got {pixels.shape} {pixels.dtype}")
         if self.written + len(pixels) > self.shape[0]:
             raise ValueError(f"{self.written + len(pixels)} images written into a pool of {self.shape[0]}")
-        sums, sq_sums = per_image_channel_sums(torch.from_numpy(np.ascontiguousarray(pixels)))
+        pixels = np.ascontiguousarray(pixels)
+        sums, sq_sums = per_image_channel_sums(torch.from_numpy(pixels))
         self._sums.append(sums)
         self._sq_sums.append(sq_sums)
         with writes_in(self.folder, "the dataset cache"):
-            self.handle.write(np.ascontiguousarray(pixels).tobytes())
+            self.handle.write(memoryview(pixels).cast("B"))
         self.written += len(pixels)
 
     def write_pool(self, pool: DecodedPool, num_test: int = 0) -> PoolParts:

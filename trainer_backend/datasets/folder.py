@@ -33,9 +33,9 @@ from .paths import check_inside, entry_stat, folder_entries
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512
 MIN_IMAGES_PER_CLASS = 2
-# Images decoded, then written to the cache, at a time: memory holds one chunk (1,024 RGB images
-# at 224 px are 154 MB), never the whole set.
-CHUNK_FILES = 1024
+# Images decoded, then written to the cache, at a time: memory holds one chunk (256 RGB images
+# at 224 px are 39 MB), never the whole set.
+CHUNK_FILES = 256
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,10 @@ def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None
     band_count = pixels.shape[-1]
     chosen = select_bands(pixels, bands if bands is not None else default_bands(band_count, path), path)
     scale = band_scale if band_scale is not None else default_scale(pixels.dtype, band_count)
+    native_size = (pixels.shape[0], pixels.shape[1])
+    if pixels.dtype == np.uint8 and scale == 255.0 and native_size == (image_size, image_size):
+        # An 8-bit image already at the stored size: the float round trip below would give these same bytes.
+        return DecodedImage(np.ascontiguousarray(chosen.transpose(2, 0, 1)), native_size)
     unit = torch.from_numpy(chosen.astype(np.float32)).permute(2, 0, 1).div_(scale).clamp_(0.0, 1.0)
     unit.nan_to_num_(0.0)  # float rasters mark no-data with NaN, which would poison the channel mean
     resized = resize_unit_images(unit[None], image_size)[0]
