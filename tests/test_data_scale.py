@@ -112,16 +112,21 @@ def memory_cgroup(limit_bytes: int):
                 time.sleep(0.1)
 
 
+# Minutes of both cores (1.1 GiB decoded, written and read back): it runs with the benchmarks
+# (make bench-check), not with make test.
+@pytest.mark.bench
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_folder_larger_than_the_runs_memory_limit_trains_to_the_end(parallax_home, tmp_path):
-    limit = 640 * 2**20
+    # A run's own processes (torch, the database, the loop) take about 500 MB; the limit leaves
+    # the page cache less room than the set needs, so batches must stream from the cache file.
+    limit = 2**30
     folder = tmp_path / "large"
-    make_large_png_folder(folder, count=4400, size=256)  # 865 MB decoded, 1.35x the limit
+    make_large_png_folder(folder, count=6000, size=256)  # 1.10 GiB decoded
     env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
     command = [sys.executable, "-m", "trainer_backend", "run", "--dataset", str(folder), "--model", "test_resnet",
-               "--image-size", "16", "--stored-size", "256", "--epochs", "1", "--batch-size", "32",
-               "--bn-stats-images", "0"]
+               "--image-size", "16", "--stored-size", "256", "--epochs", "1", "--batch-size", "64",
+               "--val-fraction", "0.05", "--bn-stats-images", "0"]
     with memory_cgroup(limit) as group:
         procs = str(group / "cgroup.procs")
 
@@ -132,14 +137,36 @@ def test_a_folder_larger_than_the_runs_memory_limit_trains_to_the_end(parallax_h
         child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, preexec_fn=join_group, start_new_session=True)
         try:
-            out, err = child.communicate(timeout=420)
+            out, err = child.communicate(timeout=1500)
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.communicate()
-            pytest.fail("the run under the memory limit did not end in 7 minutes")
+            pytest.fail("the run under the memory limit did not end in 25 minutes")
         peak = int((group / "memory.max_usage_in_bytes").read_text())
     assert child.returncode == 0, err[-3000:]
     assert out.strip().splitlines()[-1].endswith("status=completed")
     cache = next((parallax_home / "data" / "cache").glob("large-*.npy"))
-    assert cache.stat().st_size > 1.3 * limit >= 1.3 * peak
+    assert cache.stat().st_size > limit >= peak
     assert "batches stream from the cache file" in out and "its memory cgroup's limit" in out
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_there(parallax_home):
+    from trainer_backend.strategies import Strategy
+    from trainer_backend.trainer import DEVICE_DATA_SHARE, build_loaders, keep_on_device, load_data
+
+    config = RunConfig(image_size=16, num_workers=2, batch_size=64)
+    data = load_data(config)
+    needed = data.train.stored_bytes + data.val.stored_bytes
+    assert keep_on_device(data, torch.device("cpu"), device_bytes=int(needed / DEVICE_DATA_SHARE) - 1) is None
+    resident = keep_on_device(data, torch.device("cpu"), device_bytes=int(needed / DEVICE_DATA_SHARE) + 1)
+    # Only the split's own rows were copied (no mapping of the whole pool), and they gather the same batches.
+    assert len(resident.train.pool_images) == len(data.train) and resident.train.indices is None
+    assert resident.train.pool_images.data_ptr() != data.train.pool_images.data_ptr()
+    for split, moved in ((data.train, resident.train), (data.val, resident.val)):
+        picked = [0, 7, len(split) - 1]
+        assert all(torch.equal(a, b) for a, b in zip(moved.__getitems__(picked), split.__getitems__(picked)))
+    assert torch.equal(resident.train.mean, data.train.mean)
+    train, val = build_loaders(resident, config, Strategy(config, 0))
+    assert train.num_workers == val.num_workers == 0 and not train.pin_memory
+    assert sum(len(labels) for _, labels in val) == len(data.val)

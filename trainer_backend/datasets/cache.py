@@ -44,6 +44,9 @@ from .errors import DatasetError
 
 # Bump when the decoding or the saved layout changes, so old caches are not read as new ones.
 CACHE_FORMAT = 2
+# Written pixels are flushed to disk every this many bytes: dirty pages cannot be dropped, and a
+# memory cgroup full of them kills the build instead of reclaiming page cache.
+FLUSH_BYTES = 64 * 2**20
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -140,6 +143,7 @@ class ImageWriter:
         self.shape: tuple[int, ...] = ()
         self.dtype = np.dtype(np.uint8)
         self.written = 0
+        self._unflushed = 0
         self._sums: list[torch.Tensor] = []
         self._sq_sums: list[torch.Tensor] = []
 
@@ -166,6 +170,11 @@ class ImageWriter:
         self._sq_sums.append(sq_sums)
         with writes_in(self.folder, "the dataset cache"):
             self.handle.write(memoryview(pixels).cast("B"))
+            self._unflushed += pixels.nbytes
+            if self._unflushed >= FLUSH_BYTES:
+                self.handle.flush()
+                os.fdatasync(self.handle.fileno())
+                self._unflushed = 0
         self.written += len(pixels)
 
     def write_pool(self, pool: DecodedPool, num_test: int = 0) -> PoolParts:

@@ -8,9 +8,12 @@ roots a confined run reads inside (``paths``): every class folder and file, link
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
 import stat
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -263,6 +266,10 @@ def usable_cpu_count() -> int:
 def use_one_torch_thread() -> None:
     # Each worker resizes one small image at a time; threads inside it would only fight the other workers.
     torch.set_num_threads(1)
+    # A decoder whose parent was killed (e.g. by a memory cgroup) would otherwise wait for work forever.
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def stack_decoded(decoded: list[DecodedImage], dtype) -> np.ndarray:

@@ -70,6 +70,7 @@ class ImageTensorDataset(Dataset):
         self.std = std.to(torch.float32)
         self.num_classes = num_classes
         self.normalise = Normalisation(self.mean, self.std, stored_dtype=images.dtype)
+        self.on_device = False  # set by to_device: batches are gathered where the pixels are, without workers
 
     @property
     def images(self) -> torch.Tensor:
@@ -103,8 +104,10 @@ class ImageTensorDataset(Dataset):
 
     def to_device(self, device: torch.device) -> ImageTensorDataset:
         """This split with only its own rows copied onto ``device`` (gathers then happen there)."""
-        return ImageTensorDataset(self.images.to(device), self.labels.to(device), self.mean, self.std,
-                                  num_classes=self.num_classes)
+        moved = ImageTensorDataset(self.images.to(device), self.labels.to(device), self.mean, self.std,
+                                   num_classes=self.num_classes)
+        moved.on_device = True
+        return moved
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
