@@ -16,9 +16,9 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend import devices as device_info
-from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
-                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, VAL_SOURCES,
-                                    ConfigError, RunConfig, max_cpu_processes)
+from trainer_backend.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DECODE_MODES, DISTRIBUTED,
+                                    LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
+                                    VAL_SOURCES, ConfigError, RunConfig, max_cpu_processes)
 from trainer_backend.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import options, state
 from ui import torchrun as torchrun_ui
@@ -268,6 +268,13 @@ with st.expander("More options"):
             help="Store the cache larger than the training size: training batches take random-resized crops of "
             "it (8-100 % of the area) and validation the centre 87.5 %, as ImageNet recipes do.")
         field_slot("stored_size")
+        values["decode"] = st.selectbox(
+            "Decode images", DECODE_MODES, key="decode",
+            format_func=lambda v: {"cache": "once, into a cache every process maps",
+                                   "workers": "every epoch, in the data-loader workers"}[v],
+            help="The cache decodes once and every later epoch and run reads it; decoding in the workers caches "
+            "nothing, for folders not worth a cache (image folders only).")
+        field_slot("decode")
     with more_right:
         values["seed"] = st.number_input("Seed", value=DEFAULTS.seed, step=1, key="seed")
         field_slot("seed")

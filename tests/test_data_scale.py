@@ -112,7 +112,7 @@ def memory_cgroup(limit_bytes: int):
                 time.sleep(0.1)
 
 
-# Minutes of both cores (1.1 GiB decoded, written and read back): it runs with the benchmarks
+# About 100 s of both cores (1.1 GiB decoded, written and read back): it runs with the benchmarks
 # (make bench-check), not with make test.
 @pytest.mark.bench
 @pytest.mark.usefixtures("own_data_dir")
@@ -153,7 +153,12 @@ def test_a_folder_larger_than_the_runs_memory_limit_trains_to_the_end(parallax_h
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_there(parallax_home):
     from trainer_backend.strategies import Strategy
-    from trainer_backend.trainer import DEVICE_DATA_SHARE, build_loaders, keep_on_device, load_data
+    from trainer_backend.trainer import (
+        DEVICE_DATA_SHARE,
+        build_loaders,
+        keep_on_device,
+        load_data,
+    )
 
     config = RunConfig(image_size=16, num_workers=2, batch_size=64)
     data = load_data(config)
@@ -170,3 +175,44 @@ def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_t
     train, val = build_loaders(resident, config, Strategy(config, 0))
     assert train.num_workers == val.num_workers == 0 and not train.pin_memory
     assert sum(len(labels) for _, labels in val) == len(data.val)
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_decoding_in_the_loader_workers_gives_the_cached_pixels_and_caches_nothing(parallax_home, tmp_path):
+    from torch.utils.data import DataLoader
+
+    from trainer_backend.datasets import DatasetError, collate_batch, prepare_data
+    from trainer_backend.datasets.streaming import StreamingImages
+
+    folder = tmp_path / "folder"
+    make_large_png_folder(folder, count=40, size=24)
+    streamed = prepare_data(str(folder), image_size=16, decode="workers")
+    assert isinstance(streamed.train, StreamingImages)
+    assert not list((parallax_home / "data" / "cache").glob("*.npy"))
+    assert any("decoded in the loader workers every epoch" in w for w in streamed.info.warnings)
+    cached = prepare_data(str(folder), image_size=16)
+    # The same split and, image for image, the same pixels as the cache stores.
+    assert torch.equal(streamed.val.labels, cached.val.labels)
+    picked = [0, 3, len(cached.val) - 1]
+    assert torch.equal(streamed.val.__getitems__(picked)[0], cached.val.__getitems__(picked)[0])
+    assert torch.allclose(streamed.train.mean, cached.train.mean, atol=0.05)
+    loader = DataLoader(streamed.train, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_batch,
+                        multiprocessing_context="spawn")
+    batches = list(loader)
+    assert sum(len(labels) for _, labels in batches) == len(streamed.train)
+    assert batches[0][0].dtype == torch.uint8 and batches[0][0].shape[1:] == (3, 16, 16)
+    with pytest.raises(DatasetError, match="decode workers applies to image folders"):
+        prepare_data("digits", decode="workers")
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_run_decoding_in_its_loader_workers_trains_and_says_so(parallax_home, tmp_path, cli):
+    folder = tmp_path / "folder"
+    make_large_png_folder(folder, count=40, size=24)
+    result = cli("run", "--dataset", str(folder), "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
+                 "--batch-size", "16", "--decode", "workers", "--num-workers", "1", "--bn-stats-images", "0",
+                 timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1].endswith("status=completed")
+    assert "note: images are decoded in the loader workers every epoch" in result.stdout
+    assert not list((parallax_home / "data" / "cache").glob("*.npy"))

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     VAL_SOURCES, ConfigError, RunConfig, parse_devices)
+                     DECODE_MODES, VAL_SOURCES, ConfigError, RunConfig, parse_devices)
 from .plugins import load_plugins
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError)
@@ -52,6 +52,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
         f"with one sub-folder per class (default {d.dataset})")
     add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
+    add("--decode", choices=DECODE_MODES, help="cache: decode the dataset once into a file every process maps; "
+        "workers: decode an image folder's files in the --num-workers loader workers every epoch, caching "
+        "nothing (default cache)")
     add("--stored-size", type=int, help="store images in the dataset cache at this size, larger than --image-size: "
         "training batches take random-resized crops of it (timm's defaults) and validation a centre crop; "
         "0 stores at --image-size (default 0)")

@@ -38,6 +38,7 @@ MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
 AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
 VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
+DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -148,6 +149,9 @@ class RunConfig:
     # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10), and
     # datasets without one on val_fraction of the training images; "train" always the latter.
     val_from: str = "test"
+    # "cache" decodes a dataset once into a file every process maps; "workers" decodes an image
+    # folder's files in the DataLoader workers every epoch, caching nothing (datasets/streaming.py).
+    decode: str = "cache"
     # Before each validation, BatchNorm statistics are re-estimated from this many training
     # images with the current weights (trainer_backend/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
@@ -345,6 +349,7 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
     _require_choice(cfg, "val_from", VAL_SOURCES)
+    _require_choice(cfg, "decode", DECODE_MODES)
     _validate_recipe(cfg)
     for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):

@@ -31,7 +31,7 @@ from . import resume
 from .batchnorm import batchnorm_layers, lag_note, statistics_loader
 from .config import RunConfig
 from .confusion import confusion_record
-from .datasets import PreparedData, collate_batch, prepare_data
+from .datasets import ImageTensorDataset, PreparedData, collate_batch, prepare_data
 from .devices import cuda_indices
 from .energy import EnergyMeter
 from .flops import count_flops_per_image
@@ -67,6 +67,7 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
         seed=config.seed,
         data_roots=data_roots,
         val_from=config.val_from,
+        decode=config.decode,
     )
 
 
@@ -105,6 +106,8 @@ def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int |
     """``data`` with both splits' rows copied onto ``device`` when the training split's stored
     pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
     given), else None. Batches are then gathered on the device: no host-to-device copy per step."""
+    if not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
+        return None
     if device_bytes is None:
         if device.type != "cuda":
             return None

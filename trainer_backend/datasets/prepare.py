@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .base import DatasetError, DecodedPool
 from .builtin import (
@@ -55,6 +56,7 @@ from .tensor_dataset import ImageTensorDataset, split_datasets
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 1, 4096
 VAL_SOURCES = ("test", "train")
+DECODE_MODES = ("cache", "workers")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class DatasetInfo:
 
 @dataclass(frozen=True)
 class PreparedData:
-    train: ImageTensorDataset
+    train: ImageTensorDataset  # or StreamingImages (decode "workers"), which batches the same way
     val: ImageTensorDataset
     info: DatasetInfo
 
@@ -92,16 +94,22 @@ class DatasetSource:
 
 def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] | None = None,
                  band_scale: float | None = None, val_fraction: float = 0.2, seed: int = 0,
-                 data_roots: list[Path] | None = None, val_from: str = "test") -> PreparedData:
+                 data_roots: list[Path] | None = None, val_from: str = "test", decode: str = "cache") -> PreparedData:
     """Decode ``dataset`` once (cached under ``data_dir()/cache``, mapped after that) and split it.
 
     ``dataset`` is one of ``BUILTIN_DATASETS`` or a folder with one sub-folder per class; with
     ``data_roots`` every class folder and file of a folder must lie inside them. ``val_from``
     "test" validates on the official test split where the dataset has one; otherwise, and with
-    "train", a stratified ``val_fraction`` of the training images is held out.
+    "train", a stratified ``val_fraction`` of the training images is held out. ``decode``
+    "workers" caches nothing: an image folder's files are decoded in the loader workers each
+    epoch (streaming.py).
     Every problem the user can fix raises ``DatasetError`` before any training starts.
     """
     bands = check_options(image_size, bands, band_scale, val_fraction, seed, val_from)
+    if decode not in DECODE_MODES:
+        raise DatasetError(f"decode {decode!r} is not allowed: use one of {', '.join(DECODE_MODES)}")
+    if decode == "workers":
+        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots)
     source = resolve_source(dataset, image_size, bands, band_scale, data_roots)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
     path = cache_path(Path(source.name).name, key)
@@ -123,6 +131,37 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
         decoded_bytes=size,
         cache_file=str(pool.path or ""),
     )
+    return PreparedData(train, val, info)
+
+
+def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_fraction: float, seed: int,
+                      roots) -> PreparedData:
+    from .streaming import STATS_SAMPLE, streaming_splits
+
+    if dataset in BUILTIN_DATASETS and dataset != "eurosat":
+        raise DatasetError(f"decode workers applies to image folders (and eurosat); {dataset} is read from its own "
+                           "files into the cache: use decode cache")
+    if dataset == "eurosat":
+        with exclusive_lock(cache_dir() / f"{dataset}.download.lock"):
+            ensure_builtin_files(dataset)
+    listing = list_image_folder(builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset),
+                                None if dataset == "eurosat" else roots)
+    problems = listing_problems(listing)
+    if problems:
+        raise DatasetError("; ".join(problems))
+    labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
+    train_indices, val_indices = stratified_split(labels, len(listing.class_names), val_fraction, seed)
+    train, val = streaming_splits(listing, image_size=image_size, bands=bands, band_scale=band_scale,
+                                  train_indices=train_indices, val_indices=val_indices, seed=seed)
+    name = dataset if dataset == "eurosat" else str(listing.root)
+    note = (f"images are decoded in the loader workers every epoch (decode workers): nothing is cached, each epoch "
+            f"pays the decode of {listing.num_images:,} files; the normalisation's mean/std come from "
+            f"{min(STATS_SAMPLE, len(train))} training images")
+    info = DatasetInfo(name=name, num_classes=len(listing.class_names), class_names=listing.class_names,
+                       in_chans=train.channels, image_size=image_size, num_train=len(train), num_val=len(val),
+                       warnings=tuple(listing_warnings(listing)) + (note,),
+                       val_split=(f"validated on {val_fraction:.0%} of the training images of {Path(name).name}, held "
+                                  f"out stratified with seed {seed} ({len(val):,} images)"))
     return PreparedData(train, val, info)
 
 
