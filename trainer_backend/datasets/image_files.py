@@ -110,6 +110,8 @@ def select_bands(pixels: np.ndarray, bands: tuple[int, ...], path: Path) -> np.n
                 f"band index {band} is out of range for {path}: it has {band_count} bands "
                 f"(valid indices 0..{band_count - 1})"
             )
+    if tuple(bands) == tuple(range(band_count)):
+        return pixels  # every band in order (RGB files): no copy
     return pixels[:, :, list(bands)]
 
 
