@@ -16,8 +16,8 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED, LR_SCHEDULES,
-                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
+from trainer_backend.contract.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DECODE_MODES, DISTRIBUTED, LR_SCHEDULES,
+                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, VAL_SOURCES, ConfigError,
                                     MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import memory_views, options, state
@@ -254,9 +254,28 @@ with st.expander("More options"):
         values["weight_decay"] = st.number_input("Weight decay", value=DEFAULTS.weight_decay, step=1e-4, format="%g",
                                                  key="weight_decay")
         field_slot("weight_decay")
+        values["val_from"] = st.selectbox(
+            "Validate on", VAL_SOURCES, key="val_from",
+            format_func=lambda v: {"test": "the official test split (where the dataset has one)",
+                                   "train": "a share of the training images"}[v],
+            help="mnist, fashion_mnist and cifar10 ship a test split, so their accuracies compare with published "
+            "ones; other datasets hold out the validation share of the training images.")
+        field_slot("val_from")
         values["val_fraction"] = st.number_input("Validation share", value=DEFAULTS.val_fraction, step=0.05,
                                                  key="val_fraction")
         field_slot("val_fraction")
+        values["stored_size"] = st.number_input(
+            "Stored image size (0: the image size)", value=DEFAULTS.stored_size, step=8, key="stored_size",
+            help="Store the cache larger than the training size: training batches take random-resized crops of "
+            "it (8-100 % of the area) and validation the centre 87.5 %, as ImageNet recipes do.")
+        field_slot("stored_size")
+        values["decode"] = st.selectbox(
+            "Decode images", DECODE_MODES, key="decode",
+            format_func=lambda v: {"cache": "once, into a cache every process maps",
+                                   "workers": "every epoch, in the data-loader workers"}[v],
+            help="The cache decodes once and every later epoch and run reads it; decoding in the workers caches "
+            "nothing, for folders not worth a cache (image folders only).")
+        field_slot("decode")
     with more_right:
         values["seed"] = st.number_input("Seed", value=DEFAULTS.seed, step=1, key="seed")
         field_slot("seed")
@@ -355,7 +374,8 @@ if model_problem:
     errors["model"] = model_problem
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
-elif full and (memory := options.memory_problem(info, values["image_size"], config.bands if config else None)):
+elif full and (memory := options.memory_problem(info, values["stored_size"] or values["image_size"],
+                                                config.bands if config else None)):
     errors["dataset"] = memory
 batch_hint.caption("" if sweeping else batch_caption(config))
 recipe_hint.caption(recipe_caption(config))

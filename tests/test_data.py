@@ -266,7 +266,7 @@ def test_options_outside_their_range_are_refused(parallax_home):
 
 
 def cache_files(home: Path) -> list[Path]:
-    return sorted((home / "data" / "cache").glob("*.pt"))
+    return sorted((home / "data" / "cache").glob("*.npy"))
 
 
 def test_second_call_loads_the_cache_and_a_changed_file_changes_the_key(parallax_home, tmp_path):
@@ -294,10 +294,10 @@ def test_homes_sharing_a_data_dir_decode_a_set_once(parallax_home, tmp_path, mon
     monkeypatch.setenv("PARALLAX_DATA_DIR", str(shared))
     first = prepare_data("digits", image_size=8)
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path / "another-home"))
-    monkeypatch.setattr(cache_module, "save_pool", lambda *_: pytest.fail("decoded again"))
+    monkeypatch.setattr(cache_module, "save_built", lambda *_: pytest.fail("decoded again"))
     second = prepare_data("digits", image_size=8)
     assert torch.equal(second.train.images, first.train.images)
-    assert len(list((shared / "cache").glob("*.pt"))) == 1
+    assert len(list((shared / "cache").glob("*.npy"))) == 1
     assert not (parallax_home / "data").exists() and not (tmp_path / "another-home" / "data").exists()
 
 
@@ -318,12 +318,12 @@ def build_slowly_in_child(path: str, record: str) -> None:
         time.sleep(0.5)
         return make_pool(torch.zeros(4, 1, 2, 2, dtype=torch.uint8), [0, 0, 1, 1], ("a", "b"))
 
-    pool, _ = cache_module.load_or_build(Path(path), build)
+    pool, _ = cache_module.load_or_build(Path(path), lambda writer: writer.write_pool(build()))
     assert pool.class_names == ("a", "b")
 
 
 def test_two_processes_decode_once(parallax_home, tmp_path):
-    path, record = cache_module.cache_dir() / "shared-key.pt", tmp_path / "builds.txt"
+    path, record = cache_module.cache_dir() / "shared-key", tmp_path / "builds.txt"
     context = multiprocessing.get_context("fork")
     children = [context.Process(target=build_slowly_in_child, args=(str(path), str(record))) for _ in range(2)]
     for child in children:
@@ -350,8 +350,9 @@ def make_idx_set(raw: Path, count: int = 50, compress_train: bool = True) -> np.
     images = (labels[:, None, None] * 20 + np.zeros((count, 28, 28))).astype(np.uint8)
     write_idx(raw / "train-images-idx3-ubyte", images, compress_train)
     write_idx(raw / "train-labels-idx1-ubyte", labels, compress_train)
-    write_idx(raw / "t10k-images-idx3-ubyte", images[:10], False)
-    write_idx(raw / "t10k-labels-idx1-ubyte", labels[:10], False)
+    # The test images are one level brighter than training ones of their class: where they land tells the splits apart.
+    write_idx(raw / "t10k-images-idx3-ubyte", images[:12] + 1, False)
+    write_idx(raw / "t10k-labels-idx1-ubyte", labels[:12], False)
     return labels
 
 
@@ -360,26 +361,44 @@ def test_idx_files_in_torchvision_layout_load(parallax_home, name, folder, compr
     make_idx_set(parallax_home / "data" / folder / "raw", compress_train=compress)
     assert inspect_dataset(name)["available_offline"]
     data = prepare_data(name, image_size=28)
-    assert (data.info.num_train, data.info.num_val, data.info.in_chans, data.info.num_classes) == (40, 10, 1, 10)
+    assert (data.info.num_train, data.info.num_val, data.info.in_chans, data.info.num_classes) == (50, 12, 1, 10)
+    assert data.info.val_split == f"validated on the official test split of {name} (12 images)"
     for image, label in zip(data.train.images, data.train.labels.tolist()):
         assert torch.all(image == label * 20)
+    for image, label in zip(data.val.images, data.val.labels.tolist()):
+        assert torch.all(image == label * 20 + 1)
+    held_out = prepare_data(name, image_size=28, val_from="train")
+    assert (held_out.info.num_train, held_out.info.num_val) == (40, 10)
+    assert held_out.info.val_split.startswith(f"validated on 20% of the training images of {name}")
+    assert torch.all(held_out.val.images % 20 == 0)  # no test image among them
+
+
+def write_cifar_batch(path: Path, brightness: int) -> None:
+    labels = list(range(10))
+    pixels = np.repeat(np.array(labels, dtype=np.uint8)[:, None] * 25 + brightness, 3072, axis=1)
+    with open(path, "wb") as out:
+        pickle.dump({b"data": pixels, b"labels": labels}, out)
 
 
 def test_cifar_pickle_batches_load(parallax_home):
     folder = parallax_home / "data" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     for batch in range(1, 6):
-        labels = list(range(10))
-        pixels = np.repeat(np.array(labels, dtype=np.uint8)[:, None] * 25, 3072, axis=1)
-        with open(folder / f"data_batch_{batch}", "wb") as out:
-            pickle.dump({b"data": pixels, b"labels": labels}, out)
+        write_cifar_batch(folder / f"data_batch_{batch}", 0)
     with open(folder / "batches.meta", "wb") as out:
         pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)]}, out)
     data = prepare_data("cifar10", image_size=32)
     assert (data.info.num_train, data.info.num_val, data.info.in_chans) == (40, 10, 3)
     assert data.info.class_names[3] == "class3"
+    assert "it ships no test split" in data.info.val_split  # an old copy without test_batch
     for image, label in zip(data.val.images, data.val.labels.tolist()):
         assert torch.all(image == label * 25)
+    write_cifar_batch(folder / "test_batch", 1)
+    with_test = prepare_data("cifar10", image_size=32)
+    assert (with_test.info.num_train, with_test.info.num_val) == (50, 10)
+    assert with_test.info.val_split == "validated on the official test split of cifar10 (10 images)"
+    for image, label in zip(with_test.val.images, with_test.val.labels.tolist()):
+        assert torch.all(image == label * 25 + 1)
 
 
 def test_eurosat_builtin_reads_its_jpg_folder(parallax_home):
@@ -412,7 +431,7 @@ def test_inspect_folder_reads_one_file_only(parallax_home, tmp_path):
     assert facts["problems"] == [] and "readme.md" in facts["warnings"][0]
     (root / "River" / "River_1.tif").unlink()
     assert "class 'River'" in inspect_dataset(str(root))["problems"][0]
-    assert not list(parallax_home.glob("data/cache/*.pt"))
+    assert not list(parallax_home.glob("data/cache/*.npy"))
 
 
 def test_inspect_builtins_says_what_is_on_disk(parallax_home):

@@ -29,6 +29,7 @@ from db import store
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.datasets import DatasetError, inspect_dataset, prepare_data
 from trainer_backend.datasets.builtin import load_cifar_pickle
+from trainer_backend.datasets.cache import ImageWriter
 from trainer_backend.datasets.folder import decode_image_folder, list_image_folder
 
 # Downloading, decoding and caching are what these tests check: datasets under each test's own home.
@@ -92,7 +93,7 @@ def test_a_file_swapped_for_a_link_after_listing_is_refused_when_opened(roots, p
     victim.unlink()
     victim.symlink_to(outside / "secret_class" / "0.png")  # in the gap between listing and decoding
     with pytest.raises(DatasetError, match=f"dataset path {victim} leads outside the data roots"):
-        decode_image_folder(listing, 8, None, None)
+        decode_image_folder(listing, 8, None, None, ImageWriter(io.BytesIO(), parallax_home))
 
 
 def test_a_run_launched_from_the_dashboard_fails_naming_a_class_link_out_of_the_roots(roots, parallax_home, db_url):

@@ -37,6 +37,8 @@ SCALE_LR_REFERENCE_BATCH = 256
 MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
 AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
+VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
+DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -144,6 +146,10 @@ class RunConfig:
 
     dataset: str = "digits"
     image_size: int = 32
+    # The size the dataset cache stores images at; 0 stores them at image_size. Larger, training
+    # batches take random-resized crops of it to image_size on the device (timm's defaults) and
+    # validation a centre crop, as ImageNet recipes do (trainer_backend/engine/inputs.py).
+    stored_size: int = 0
     bands: tuple[int, ...] | None = None
     band_scale: float | None = None
     model: str = "resnet18"
@@ -161,6 +167,12 @@ class RunConfig:
     num_workers: int = 0
     seed: int = 0
     val_fraction: float = 0.2
+    # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10), and
+    # datasets without one on val_fraction of the training images; "train" always the latter.
+    val_from: str = "test"
+    # "cache" decodes a dataset once into a file every process maps; "workers" decodes an image
+    # folder's files in the DataLoader workers every epoch, caching nothing (datasets/streaming.py).
+    decode: str = "cache"
     # Before each validation, BatchNorm statistics are re-estimated from this many training
     # images with the current weights (trainer_backend/engine/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
@@ -354,6 +366,10 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a timm model name has at most "
                           f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
     _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
+    _require_int(cfg, "stored_size", 0, MAX_IMAGE_SIZE)
+    if 0 < cfg.stored_size < cfg.image_size:
+        raise ConfigError("stored_size", f"stored_size {cfg.stored_size} is not allowed: use 0 (store at image_size) "
+                          f"or a size from image_size {cfg.image_size} to {MAX_IMAGE_SIZE}")
     _require_int(cfg, "epochs", 1, MAX_EPOCHS)
     _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
     _require_int(cfg, "num_workers", 0, 64)
@@ -373,6 +389,8 @@ def _validate(cfg: RunConfig) -> None:
     _require_choice(cfg, "strategy", list(STRATEGIES))
     _require_choice(cfg, "optimizer", OPTIMIZERS)
     _require_choice(cfg, "amp", AMP_MODES)
+    _require_choice(cfg, "val_from", VAL_SOURCES)
+    _require_choice(cfg, "decode", DECODE_MODES)
     _validate_recipe(cfg)
     for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
         if not isinstance(getattr(cfg, name), bool):

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from trainer_backend.contract.config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     ConfigError, RunConfig, parse_devices, shown, shown_length)
+                     DECODE_MODES, VAL_SOURCES, ConfigError, RunConfig, parse_devices, shown, shown_length)
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from trainer_backend.contract.storage import DiskFullError
@@ -63,6 +63,12 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
         f"with one sub-folder per class (default {d.dataset})")
     add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
+    add("--decode", choices=DECODE_MODES, help="cache: decode the dataset once into a file every process maps; "
+        "workers: decode an image folder's files in the --num-workers loader workers every epoch, caching "
+        "nothing (default cache)")
+    add("--stored-size", type=int, help="store images in the dataset cache at this size, larger than --image-size: "
+        "training batches take random-resized crops of it (timm's defaults) and validation a centre crop; "
+        "0 stores at --image-size (default 0)")
     add("--bands", help="zero-based band indices for multi-band TIFFs, e.g. 3,2,1 (the default for 13-band files)")
     add("--band-scale", type=float, help="divide band values by this, then clip to [0,1] (default 4000 for 13-band files)")
     add("--model", help=f"timm model name (default {d.model})")
@@ -78,10 +84,15 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     add("--weight-decay", type=float, help=f"default {d.weight_decay}")
     add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
         "with a GradScaler; CPU always trains in fp32 (default auto)")
-    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is cached in memory "
-        f"and a batch is one gather of uint8 pixels, so workers only add hand-over cost (default {d.num_workers})")
+    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is one "
+        "cache file every process maps and a batch is one gather of uint8 pixels, so workers only add hand-over "
+        f"cost (default {d.num_workers})")
     add("--seed", type=int, help=f"default {d.seed}")
-    add("--val-fraction", type=float, help=f"share of images held out, stratified (default {d.val_fraction})")
+    add("--val-fraction", type=float, help="share of the training images held out, stratified, where the dataset "
+        f"has no official test split or --val-from is train (default {d.val_fraction})")
+    add("--val-from", choices=VAL_SOURCES, help="test: validate on the official test split of mnist, "
+        "fashion_mnist and cifar10 (other datasets: --val-fraction of training); train: always hold out "
+        f"--val-fraction of the training images (default {d.val_from})")
     add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
         f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
     add("--lr-schedule", choices=LR_SCHEDULES, help="learning rate per optimizer step after the warmup: constant, "

@@ -8,7 +8,9 @@
 
 A folder holds one sub-folder per class. Multi-band TIFFs (e.g. 13-band Sentinel-2 EuroSAT) default
 to bands (3, 2, 1) divided by 4000; PNG/JPEG/BMP files are read as RGB. Decoded sets are cached
-under ``data_dir()/cache``; a changed file makes a new cache entry.
+under ``data_dir()/cache`` as one file that every process maps read-only (cache.py); a changed
+file makes a new cache entry. ``prepare_data(..., decode="workers")`` caches nothing and decodes
+a folder's files in the loader workers instead (streaming.py).
 """
 
 import importlib

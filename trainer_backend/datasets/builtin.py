@@ -2,11 +2,15 @@
 
 mnist, fashion_mnist, cifar10 and eurosat are read from disk when their files are there and
 downloaded with torchvision otherwise; without a network the error says where to put the files.
+mnist, fashion_mnist and cifar10 ship an official test split (t10k-*, test_batch): it is decoded
+after the training images, as the pool's last ``num_test`` images, so that runs validate on it
+and their accuracies compare with published ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import importlib
 import importlib.util
@@ -28,6 +32,7 @@ from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool, 
 DOWNLOAD_TIMEOUT_S = 30
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -36,17 +41,18 @@ class BuiltinSpec:
     name: str
     folder: str                 # relative to data_dir(); empty for digits (bundled with scikit-learn)
     files: tuple[str, ...]      # what must exist in that folder
-    num_images: int             # the pool prepare_data splits into train/val
+    num_images: int             # the training split
     num_classes: int
     image_shape: tuple[int, int]
     bands: int
+    num_test: int = 0           # the official test split, 0 where the dataset has none
 
 
 BUILTIN_SPECS = {
     "digits": BuiltinSpec("digits", "", (), 1797, 10, (8, 8), 1),
-    "mnist": BuiltinSpec("mnist", "MNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1),
-    "fashion_mnist": BuiltinSpec("fashion_mnist", "FashionMNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1),
-    "cifar10": BuiltinSpec("cifar10", "cifar-10-batches-py", CIFAR10_FILES, 50_000, 10, (32, 32), 3),
+    "mnist": BuiltinSpec("mnist", "MNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1, 10_000),
+    "fashion_mnist": BuiltinSpec("fashion_mnist", "FashionMNIST/raw", IDX_FILES, 60_000, 10, (28, 28), 1, 10_000),
+    "cifar10": BuiltinSpec("cifar10", "cifar-10-batches-py", CIFAR10_FILES, 50_000, 10, (32, 32), 3, 10_000),
     "eurosat": BuiltinSpec("eurosat", "eurosat/2750", (), 27_000, 10, (64, 64), 3),
 }
 BUILTIN_DATASETS = tuple(BUILTIN_SPECS)
@@ -64,6 +70,14 @@ def builtin_available(name: str) -> bool:
     if name == "eurosat":
         return folder.is_dir()
     return all((folder / f).exists() or (folder / f"{f}.gz").exists() for f in spec.files)
+
+
+def has_test_split(name: str) -> bool:
+    """Whether ``name``'s official test split is on disk (mnist's t10k files are part of its set;
+    an older cifar10 copy may lack test_batch, and is then split from its training images)."""
+    if name in ("mnist", "fashion_mnist"):
+        return True
+    return name == "cifar10" and (builtin_dir(name) / CIFAR10_TEST_FILE).exists()
 
 
 def ensure_builtin_files(name: str) -> None:
@@ -134,12 +148,14 @@ def builtin_fingerprint(name: str) -> tuple:
         bundled = Path(importlib.util.find_spec("sklearn").origin).parent / "datasets" / "data" / "digits.csv.gz"
         return (name, bundled.name, bundled.stat().st_size, bundled.stat().st_mtime_ns)
     folder = builtin_dir(name)
-    stats = [(f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns) for f in BUILTIN_SPECS[name].files]
+    files = BUILTIN_SPECS[name].files + ((CIFAR10_TEST_FILE,) if name == "cifar10" and has_test_split(name) else ())
+    stats = [(f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns) for f in files]
     return (name, tuple(stats))
 
 
 def decode_builtin(name: str, image_size: int, bands, band_scale) -> DecodedPool:
-    """digits, mnist, fashion_mnist or cifar10 as uint8 images (eurosat is read as an image folder)."""
+    """digits, mnist, fashion_mnist or cifar10 as uint8 images, the official test split (if any)
+    last (eurosat is read as an image folder)."""
     if bands is not None or band_scale is not None:
         raise DatasetError(
             f"bands and band_scale apply to image folders and eurosat, not to {name}: leave them empty"
@@ -164,23 +180,29 @@ def decode_digits(image_size: int) -> DecodedPool:
 def decode_idx(name: str, image_size: int) -> DecodedPool:
     datasets = _torchvision().datasets
     dataset_class = datasets.MNIST if name == "mnist" else datasets.FashionMNIST
-    try:
-        dataset = dataset_class(str(data_dir()), train=True, download=False)
-    except Exception as exc:  # truncated or mislabelled idx files fail inside torchvision's parser
-        raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: {short_reason(exc)}") from exc
-    if len(dataset.data) != len(dataset.targets):
-        raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: "
-                           f"{len(dataset.data)} images but {len(dataset.targets)} labels")
-    images = resize_uint8_images(dataset.data.unsqueeze(1), image_size)
-    return make_pool(images, dataset.targets, dataset.classes)
+    splits = []
+    for train in (True, False):
+        try:
+            dataset = dataset_class(str(data_dir()), train=train, download=False)
+        except Exception as exc:  # truncated or mislabelled idx files fail inside torchvision's parser
+            raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: {short_reason(exc)}") from exc
+        if len(dataset.data) != len(dataset.targets):
+            raise DatasetError(f"cannot read {name} files in {builtin_dir(name)}: {len(dataset.data)} "
+                               f"{'training' if train else 'test'} images but {len(dataset.targets)} labels")
+        splits.append(dataset)
+    images = resize_uint8_images(torch.cat([d.data for d in splits]).unsqueeze(1), image_size)
+    pool = make_pool(images, torch.cat([d.targets for d in splits]), splits[0].classes)
+    return dataclasses.replace(pool, num_test=len(splits[1].data))
 
 
 def decode_cifar10(image_size: int) -> DecodedPool:
     folder = builtin_dir("cifar10")
-    batches = [read_cifar_batch(folder / name) for name in CIFAR10_FILES]
+    names = CIFAR10_FILES + ((CIFAR10_TEST_FILE,) if has_test_split("cifar10") else ())
+    batches = [read_cifar_batch(folder / name) for name in names]
     images = torch.from_numpy(np.concatenate([pixels for pixels, _ in batches]))
     labels = np.concatenate([labels for _, labels in batches])
-    return make_pool(resize_uint8_images(images, image_size), labels, read_cifar_class_names(folder))
+    pool = make_pool(resize_uint8_images(images, image_size), labels, read_cifar_class_names(folder))
+    return dataclasses.replace(pool, num_test=len(batches[-1][1]) if has_test_split("cifar10") else 0)
 
 
 # What CIFAR-10's pickles hold besides dicts, lists, strings, bytes and numbers: numpy arrays (and

@@ -1,35 +1,85 @@
-"""Decode a dataset once: the decoded pool is saved under ``data_dir()/cache`` and loaded after that.
+"""Decode a dataset once into one file on disk that every process maps read-only.
+
+    pool, was_cached = load_or_build(cache_path("mnist", key), build, needed_bytes)
+    pool.images          # (N, C, S, S) uint8/float16, mapped from <base>.npy: no copy in this process
+
+An entry is two files: ``<base>.npy`` holds the pixels (a plain NumPy array file, so any tool can
+read it) and ``<base>.meta.npz`` the labels, class names, per-image channel sums and how many of
+the last images are the dataset's official test split. The launcher, every rank and every loader
+worker map the same ``.npy``: the kernel's page cache holds it once for the whole machine, and
+pages not in it are read from disk as batches gather them (a set larger than memory streams).
 
 The key hashes everything that changes the decoded pixels: the source fingerprint (every file's
-relative path, size and mtime), image size, bands, scale and ``CACHE_FORMAT``. A lock file makes
-concurrent processes (DDP ranks, two runs) take turns: one decodes, the others wait and load.
+relative path, size and mtime), stored size, bands, scale and ``CACHE_FORMAT``. A lock file makes
+concurrent processes (DDP ranks, two runs) take turns: one decodes, the others wait and map it.
+Both files are written under a temporary name, fsynced and renamed, pixels first and metadata
+last, so a reader finds a whole entry or none. A full or read-only cache folder ends in one line
+naming the folder (``cache_write_error``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO
 
+import numpy as np
 import torch
 
 from db.settings import data_dir
 
-from trainer_backend.datasets.base import DecodedPool
+from trainer_backend.datasets.base import DecodedPool, per_image_channel_sums
+from trainer_backend.datasets.errors import DatasetError
 
 # Bump when the decoding or the saved layout changes, so old caches are not read as new ones.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+# Written pixels are flushed to disk every this many bytes: dirty pages cannot be dropped, and a
+# memory cgroup full of them kills the build instead of reclaiming page cache.
+FLUSH_BYTES = 64 * 2**20
+NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+READ_ONLY_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def cache_write_error(exc: OSError, folder: Path, what: str) -> DatasetError | None:
+    """The one line a failed write of ``what`` in the cache folder ends in, or None if it is neither
+    a full nor a read-only disk."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in NO_SPACE_ERRNOS:
+        return DatasetError(f"disk full while writing {what} in {folder} ({reason}): free some space, or set "
+                            "PARALLAX_DATA_DIR to a folder with room")
+    if exc.errno in READ_ONLY_ERRNOS:
+        return DatasetError(f"the dataset cache folder {folder} is read-only ({reason}): {what} cannot be written "
+                            "there; set PARALLAX_DATA_DIR to a folder this user can write")
+    return None
+
+
+@contextlib.contextmanager
+def writes_in(folder: Path, what: str) -> Iterator[None]:
+    """Turn a full or read-only disk met inside the block into ``cache_write_error``'s line."""
+    try:
+        yield
+    except OSError as exc:
+        error = cache_write_error(exc, folder, what)
+        if error is None:
+            raise
+        raise error from None
 
 
 def cache_dir() -> Path:
     path = data_dir() / "cache"
-    path.mkdir(parents=True, exist_ok=True)
+    with writes_in(path.parent, "the dataset cache folder"):
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -45,14 +95,25 @@ def cache_key(source_fingerprint, image_size: int, bands, band_scale) -> str:
 
 
 def cache_path(label: str, key: str) -> Path:
+    """The entry's base name; its files are ``<base>.npy``, ``<base>.meta.npz`` and ``<base>.lock``."""
     slug = re.sub(r"[^A-Za-z0-9_-]+", "_", label).strip("_")[:40] or "dataset"
-    return cache_dir() / f"{slug}-{key[:24]}.pt"
+    return cache_dir() / f"{slug}-{key[:24]}"
+
+
+def images_file(base: Path) -> Path:
+    return base.with_name(base.name + ".npy")
+
+
+def meta_file(base: Path) -> Path:
+    return base.with_name(base.name + ".meta.npz")
 
 
 @contextlib.contextmanager
 def exclusive_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path``; released when the block ends or the process dies."""
-    with open(lock_path, "a") as handle:
+    with writes_in(lock_path.parent, f"the lock file {lock_path.name}"):
+        handle = open(lock_path, "a")
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -60,57 +121,225 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def load_or_build(path: Path, build: Callable[[], DecodedPool]) -> tuple[DecodedPool, bool]:
-    """The pool saved at ``path``, or ``build()``'s result saved there. Returns (pool, was_cached)."""
-    pool = load_pool(path)
+@dataclass(frozen=True)
+class PoolParts:
+    """What a decoder hands the cache besides the pixels it wrote through ``ImageWriter``."""
+
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+    warnings: tuple[str, ...]
+    num_test: int = 0  # the last num_test images are the dataset's official test split
+
+
+class ImageWriter:
+    """The pixels of a pool, written in order into a ``.npy`` file, with each image's channel sums.
+
+    Plain writes, not a writable mapping: a full disk then fails with ENOSPC on ``write`` instead of
+    a SIGBUS when a mapped page cannot be backed. ``start`` may be called again to begin anew
+    (a folder whose first files were 8-bit and a later one was not restarts as float16)."""
+
+    def __init__(self, handle: BinaryIO, folder: Path):
+        self.handle, self.folder = handle, folder
+        self.shape: tuple[int, ...] = ()
+        self.dtype = np.dtype(np.uint8)
+        self.written = 0
+        self._unflushed = 0
+        self._sums: list[torch.Tensor] = []
+        self._sq_sums: list[torch.Tensor] = []
+
+    def start(self, count: int, channels: int, size: int, dtype) -> None:
+        self.shape, self.dtype, self.written = (count, channels, size, size), np.dtype(dtype), 0
+        self._sums, self._sq_sums = [], []
+        with writes_in(self.folder, "the dataset cache"):
+            self.handle.seek(0)
+            self.handle.truncate()
+            np.lib.format.write_array_header_1_0(
+                self.handle, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                              "shape": self.shape})
+
+    def write(self, images) -> None:
+        """Append (n, C, S, S) images, as a tensor or an array of the started dtype."""
+        pixels = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+        if pixels.dtype != self.dtype or pixels.shape[1:] != self.shape[1:]:
+            raise TypeError(f"expected (n, {self.shape[1:]}) {self.dtype}, got {pixels.shape} {pixels.dtype}")
+        if self.written + len(pixels) > self.shape[0]:
+            raise ValueError(f"{self.written + len(pixels)} images written into a pool of {self.shape[0]}")
+        pixels = np.ascontiguousarray(pixels)
+        sums, sq_sums = per_image_channel_sums(torch.from_numpy(pixels))
+        self._sums.append(sums)
+        self._sq_sums.append(sq_sums)
+        with writes_in(self.folder, "the dataset cache"):
+            self.handle.write(memoryview(pixels).cast("B"))
+            self._unflushed += pixels.nbytes
+            if self._unflushed >= FLUSH_BYTES:
+                self.handle.flush()
+                os.fdatasync(self.handle.fileno())
+                self._unflushed = 0
+        self.written += len(pixels)
+
+    def write_pool(self, pool: DecodedPool, num_test: int = 0) -> PoolParts:
+        """Write an in-memory pool (a built-in set) whole."""
+        self.start(len(pool.images), pool.images.shape[1], pool.images.shape[-1], pool.images.numpy().dtype)
+        self.write(pool.images)
+        return PoolParts(pool.labels.numpy(), pool.class_names, pool.warnings, num_test)
+
+    def sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        empty = torch.zeros(0, self.shape[1], dtype=torch.float64)
+        return (torch.cat(self._sums) if self._sums else empty, torch.cat(self._sq_sums) if self._sq_sums else empty)
+
+
+Build = Callable[[ImageWriter], PoolParts]
+
+
+def load_or_build(base: Path, build: Build, needed_bytes: int = 0) -> tuple[DecodedPool, bool]:
+    """The pool cached at ``base`` (mapped), or ``build``'s, written there first. Returns (pool, was_cached).
+
+    ``needed_bytes`` (the decoded size, estimated) is checked against the free space of the cache
+    folder before anything is decoded."""
+    pool = load_pool(base)
     if pool is not None:
         return pool, True
-    with exclusive_lock(path.with_suffix(".lock")):
-        pool = load_pool(path)  # another process may have built it while this one waited
+    with exclusive_lock(base.with_name(base.name + ".lock")):
+        pool = load_pool(base)  # another process may have built it while this one waited
         if pool is not None:
             return pool, True
-        pool = build()
-        save_pool(pool, path)
+        check_free_space(base.parent, needed_bytes)
+        save_built(base, build)
+        pool = load_pool(base)
+        if pool is None:
+            raise DatasetError(f"the dataset cache {images_file(base)} was written but cannot be read back")
         return pool, False
 
 
-def load_pool(path: Path) -> DecodedPool | None:
-    if not path.exists():
-        return None
+def check_free_space(folder: Path, needed_bytes: int) -> None:
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a truncated or foreign file is rebuilt, never trusted
-        return None
-    if not isinstance(saved, dict) or saved.get("format") != CACHE_FORMAT:
-        return None
-    return DecodedPool(
-        images=saved["images"],
-        labels=saved["labels"],
-        class_names=tuple(saved["class_names"]),
-        warnings=tuple(saved["warnings"]),
-        pixel_sums=saved["pixel_sums"],
-        pixel_sq_sums=saved["pixel_sq_sums"],
-    )
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if needed_bytes > free:
+        raise DatasetError(
+            f"the dataset cache needs {shown_bytes(needed_bytes)} in {folder} but only {shown_bytes(free)} is "
+            "free: free some space, use a smaller image_size or a subset, or set PARALLAX_DATA_DIR to a folder "
+            "with room")
 
 
-def save_pool(pool: DecodedPool, path: Path) -> None:
-    """Write to a temporary file and rename, so a reader never sees half a cache."""
-    contents = {
-        "format": CACHE_FORMAT,
-        "images": pool.images,
-        "labels": pool.labels,
-        "class_names": list(pool.class_names),
-        "warnings": list(pool.warnings),
-        "pixel_sums": pool.pixel_sums,
-        "pixel_sq_sums": pool.pixel_sq_sums,
-    }
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+def shown_bytes(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def save_built(base: Path, build: Build) -> None:
+    """Run ``build`` into a temporary ``.npy``, then write the metadata; each file fsynced and renamed."""
+    folder = base.parent
+    with writes_in(folder, "the dataset cache"):
+        handle, temp_name = tempfile.mkstemp(dir=folder, prefix=base.name, suffix=".npy.tmp")
     try:
-        with os.fdopen(handle, "wb") as temp_file:
-            torch.save(contents, temp_file)
-        os.chmod(temp_name, 0o644)  # mkstemp makes it owner-only; other users' runs may share the cache
-        os.replace(temp_name, path)
+        with os.fdopen(handle, "w+b") as temp_file:
+            writer = ImageWriter(temp_file, folder)
+            parts = build(writer)
+            if writer.written != (writer.shape[0] if writer.shape else -1):
+                raise ValueError(f"the decoder wrote {writer.written} of {writer.shape[:1]} images")
+            with writes_in(folder, "the dataset cache"):
+                temp_file.flush()
+                os.fsync(temp_file.fileno())
+        with writes_in(folder, "the dataset cache"):
+            os.chmod(temp_name, 0o644)  # mkstemp makes it owner-only; other users' runs may share the cache
+            os.replace(temp_name, images_file(base))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
+    sums, sq_sums = writer.sums()
+    meta = {
+        "format": np.int64(CACHE_FORMAT),
+        "shape": np.asarray(writer.shape, dtype=np.int64),
+        "dtype": np.asarray(writer.dtype.str),
+        "labels": np.asarray(parts.labels, dtype=np.int64),
+        "class_names": np.asarray(list(parts.class_names), dtype=str),
+        "warnings": np.asarray(list(parts.warnings), dtype=str),
+        "num_test": np.int64(parts.num_test),
+        "pixel_sums": sums.numpy(),
+        "pixel_sq_sums": sq_sums.numpy(),
+    }
+    write_atomically(meta_file(base), lambda out: np.savez(out, **meta), "the dataset cache's metadata")
+    fsync_folder(folder)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], None], what: str) -> None:
+    """Write ``path`` under a temporary name, fsync, rename: a reader sees the old file, the new one, or none."""
+    folder = path.parent
+    with writes_in(folder, what):
+        handle, temp_name = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+    try:
+        with writes_in(folder, what):
+            with os.fdopen(handle, "wb") as temp_file:
+                write(temp_file)
+                temp_file.flush()
+                os.fsync(temp_file.fileno())
+            os.chmod(temp_name, 0o644)
+            os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+
+
+def fsync_folder(folder: Path) -> None:
+    # The renames are durable only once the folder's entry is; a crash before would lose the entry (not corrupt it).
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def load_pool(base: Path) -> DecodedPool | None:
+    """The entry at ``base`` with its pixels mapped, or None when it is missing, truncated or foreign."""
+    meta = read_meta(base)
+    if meta is None:
+        return None
+    images = map_images(images_file(base), meta["shape"], meta["dtype"])
+    if images is None:
+        return None
+    return DecodedPool(images=images, labels=torch.from_numpy(meta["labels"]),
+                       class_names=tuple(meta["class_names"]), warnings=tuple(meta["warnings"]),
+                       pixel_sums=torch.from_numpy(meta["pixel_sums"]),
+                       pixel_sq_sums=torch.from_numpy(meta["pixel_sq_sums"]),
+                       num_test=meta["num_test"], path=images_file(base))
+
+
+def read_meta(base: Path) -> dict | None:
+    try:
+        with np.load(meta_file(base), allow_pickle=False) as saved:
+            if int(saved["format"]) != CACHE_FORMAT:
+                return None
+            meta = {
+                "shape": tuple(int(x) for x in saved["shape"]),
+                "dtype": np.dtype(str(saved["dtype"])),
+                "labels": saved["labels"].astype(np.int64),
+                "class_names": [str(n) for n in saved["class_names"]],
+                "warnings": [str(w) for w in saved["warnings"]],
+                "num_test": int(saved["num_test"]),
+                "pixel_sums": saved["pixel_sums"].astype(np.float64),
+                "pixel_sq_sums": saved["pixel_sq_sums"].astype(np.float64),
+            }
+    except Exception:  # missing, truncated or foreign: rebuilt, never trusted
+        return None
+    if len(meta["labels"]) != meta["shape"][0] or len(meta["pixel_sums"]) != meta["shape"][0]:
+        return None
+    return meta
+
+
+def map_images(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor | None:
+    """``path``'s pixels as a tensor over a read-only shared mapping (nothing is read until used),
+    or None when the file is not the array the metadata describes."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception:
+        return None
+    if tuple(array.shape) != tuple(shape) or array.dtype != dtype:
+        return None
+    with warnings.catch_warnings():
+        # The mapping is read-only on purpose: torch warns that it cannot be written, and nothing writes it.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)

@@ -7,9 +7,13 @@ roots a confined run reads inside (``paths``): every class folder and file, link
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
 import stat
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -19,14 +23,18 @@ import numpy as np
 import torch
 
 from trainer_backend.contract.printable import shown_name
-from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool
+from trainer_backend.datasets.base import DatasetError
+from trainer_backend.datasets.cache import ImageWriter, PoolParts
 from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
-from trainer_backend.datasets.limits import too_large_decoded, too_many_images
+from trainer_backend.datasets.limits import decoded_bytes, too_large_decoded, too_many_images
 from trainer_backend.datasets.paths import check_inside, entry_stat, folder_entries
 
 # Below this many files a pool costs more to start than it saves (a 13-band 64x64 TIFF takes ~0.7 ms).
 MIN_FILES_FOR_POOL = 512
 MIN_IMAGES_PER_CLASS = 2
+# Images decoded, then written to the cache, at a time: memory holds one chunk (256 RGB images
+# at 224 px are 39 MB), never the whole set.
+CHUNK_FILES = 256
 
 
 @dataclass(frozen=True)
@@ -139,16 +147,31 @@ def listing_problems(listing: FolderListing) -> list[str]:
     return problems
 
 
-def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ...] | None,
-                   band_scale: float | None) -> str | None:
-    """Why decoding ``listing`` at ``image_size`` would not fit the memory limit, judged from its first file."""
+def stored_format(listing: FolderListing, bands: tuple[int, ...] | None,
+                  band_scale: float | None) -> tuple[int, int] | None:
+    """(channels, bytes per value) the cache will store, judged from the first file; None for no files."""
     first = next((files[0] for files in listing.files_by_class if files), None)
     if first is None:
         return None
     native = describe_image_file(first, list(listing.roots) if listing.roots is not None else None)
     channels = len(bands) if bands else len(native["default_bands"])
     eight_bit = native["dtype"] == "uint8" and native["default_scale"] == 255.0 and band_scale in (None, 255.0)
-    return too_large_decoded(listing.root, listing.num_images, channels, image_size, 1 if eight_bit else 2)
+    return channels, 1 if eight_bit else 2
+
+
+def decoded_size(listing: FolderListing, image_size: int, bands, band_scale) -> int:
+    """Bytes the decoded folder takes in the cache (from its first file's format)."""
+    stored = stored_format(listing, bands, band_scale)
+    return 0 if stored is None else decoded_bytes(listing.num_images, stored[0], image_size, stored[1])
+
+
+def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ...] | None,
+                   band_scale: float | None) -> str | None:
+    """Why decoding ``listing`` at ``image_size`` is refused by PARALLAX_MAX_DECODED_MB, judged from its first file."""
+    stored = stored_format(listing, bands, band_scale)
+    if stored is None:
+        return None
+    return too_large_decoded(listing.root, listing.num_images, stored[0], image_size, stored[1])
 
 
 def listing_warnings(listing: FolderListing) -> list[str]:
@@ -162,35 +185,71 @@ def listing_warnings(listing: FolderListing) -> list[str]:
     return warnings
 
 
+class NotEightBit(Exception):
+    """A file decoded to float16 in a cache started as uint8 (its first files were 8-bit)."""
+
+
 def decode_image_folder(listing: FolderListing, image_size: int, bands: tuple[int, ...] | None,
-                        band_scale: float | None) -> DecodedPool:
+                        band_scale: float | None, writer: ImageWriter) -> PoolParts:
+    """Decode every image into ``writer``, a chunk at a time: memory holds one chunk, never the set."""
     problems = listing_problems(listing)
     if problems:
         raise DatasetError("; ".join(problems))
     paths = [f for files in listing.files_by_class for f in files]
-    labels = [label for label, files in enumerate(listing.files_by_class) for _ in files]
-    decoded = decode_files(paths, image_size, bands, band_scale, listing.roots)
-    images = stack_decoded(decoded, paths)
-    warnings = listing_warnings(listing) + size_warnings(decoded, image_size)
-    return make_pool(images, labels, listing.class_names, warnings)
+    labels = np.asarray([label for label, files in enumerate(listing.files_by_class) for _ in files], dtype=np.int64)
+    stored = stored_format(listing, bands, band_scale)
+    with image_decoder(len(paths), image_size, bands, band_scale, listing.roots) as decode_many:
+        try:
+            sizes = write_decoded(paths, decode_many, writer, image_size, np.uint8 if stored[1] == 1 else np.float16)
+        except NotEightBit:  # rare: a 16-bit file among 8-bit ones; the whole set is stored as float16
+            sizes = write_decoded(paths, decode_many, writer, image_size, np.float16)
+    return PoolParts(labels, listing.class_names, tuple(listing_warnings(listing) + size_warnings(sizes, image_size)))
 
 
-def decode_files(paths: list[Path], image_size: int, bands, band_scale, roots=None) -> list[DecodedImage]:
+def write_decoded(paths: list[Path], decode_many, writer: ImageWriter, image_size: int, dtype) -> set:
+    """Decode ``paths`` in chunks and write each as ``dtype``; returns the native sizes seen."""
+    sizes, first_channels = set(), None
+    for start in range(0, len(paths), CHUNK_FILES):
+        chunk_paths = paths[start:start + CHUNK_FILES]
+        decoded = decode_many(chunk_paths)
+        for image, path in zip(decoded, chunk_paths):
+            if first_channels is None:
+                first_channels = (image.pixels.shape[0], path)
+                writer.start(len(paths), first_channels[0], image_size, dtype)
+            if image.pixels.shape[0] != first_channels[0]:
+                raise DatasetError(
+                    f"images have different channel counts after band selection: {first_channels[1]} has "
+                    f"{first_channels[0]}, {path} has {image.pixels.shape[0]}; give bands that every file has, "
+                    "or keep one kind of file")
+            sizes.add(image.native_size)
+        writer.write(stack_decoded(decoded, dtype))
+    return sizes
+
+
+@contextlib.contextmanager
+def image_decoder(count: int, image_size: int, bands, band_scale, roots=None):
+    """A function decoding a list of paths, in a process pool for large sets (started once, used per chunk)."""
     decode = partial(decode_image_file, image_size=image_size, bands=bands, band_scale=band_scale,
                      roots=list(roots) if roots is not None else None)
     workers = usable_cpu_count()
     # A daemonic process (e.g. a DataLoader worker) may not start children.
-    if (len(paths) < MIN_FILES_FOR_POOL or workers < 2 or multiprocessing.current_process().daemon
+    if (count < MIN_FILES_FOR_POOL or workers < 2 or multiprocessing.current_process().daemon
             or "fork" not in multiprocessing.get_all_start_methods()):
-        return [decode(path) for path in paths]
+        yield lambda paths: [decode(path) for path in paths]
+        return
     # fork starts workers in milliseconds; spawn would re-import torch in each one (seconds).
     context = multiprocessing.get_context("fork")
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=use_one_torch_thread)
     try:
-        return list(pool.map(decode, paths, chunksize=max(1, min(256, len(paths) // (4 * workers)))))
+        yield lambda paths: list(pool.map(decode, paths, chunksize=max(1, min(64, len(paths) // (4 * workers)))))
     finally:
         # On a bad file, do not wait for the rest of the set to decode before reporting it.
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def decode_files(paths: list[Path], image_size: int, bands, band_scale, roots=None) -> list[DecodedImage]:
+    with image_decoder(len(paths), image_size, bands, band_scale, roots) as decode_many:
+        return decode_many(paths)
 
 
 def usable_cpu_count() -> int:
@@ -203,27 +262,24 @@ def usable_cpu_count() -> int:
 def use_one_torch_thread() -> None:
     # Each worker resizes one small image at a time; threads inside it would only fight the other workers.
     torch.set_num_threads(1)
+    # A decoder whose parent was killed (e.g. by a memory cgroup) would otherwise wait for work forever.
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def stack_decoded(decoded: list[DecodedImage], paths: list[Path]) -> torch.Tensor:
-    channels = {}
-    for image, path in zip(decoded, paths):
-        channels.setdefault(image.pixels.shape[0], path)
-    if len(channels) > 1:
-        (count_a, path_a), (count_b, path_b) = list(channels.items())[:2]
-        raise DatasetError(
-            f"images have different channel counts after band selection: {path_a} has {count_a}, "
-            f"{path_b} has {count_b}; give bands that every file has, or keep one kind of file"
-        )
-    if all(image.pixels.dtype == np.uint8 for image in decoded):
-        return torch.from_numpy(np.stack([image.pixels for image in decoded]))
-    as_unit = [image.pixels if image.pixels.dtype == np.float16 else image.pixels.astype(np.float16) / 255
-               for image in decoded]
-    return torch.from_numpy(np.stack(as_unit).astype(np.float16))
+def stack_decoded(decoded: list[DecodedImage], dtype) -> np.ndarray:
+    """One chunk of decoded images as (n, C, S, S) ``dtype``; 8-bit images join a float16 store in [0, 1]."""
+    if dtype == np.uint8:
+        if any(image.pixels.dtype != np.uint8 for image in decoded):
+            raise NotEightBit()
+        return np.stack([image.pixels for image in decoded])
+    return np.stack([image.pixels if image.pixels.dtype == np.float16 else image.pixels.astype(np.float16) / 255
+                     for image in decoded]).astype(np.float16)
 
 
-def size_warnings(decoded: list[DecodedImage], image_size: int) -> list[str]:
-    sizes = sorted({image.native_size for image in decoded})
+def size_warnings(native_sizes: set, image_size: int) -> list[str]:
+    sizes = sorted(native_sizes)
     if len(sizes) < 2:
         return []
     shown = ", ".join(f"{h}x{w}" for h, w in sizes[:3]) + (", ..." if len(sizes) > 3 else "")

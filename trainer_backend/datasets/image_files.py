@@ -111,6 +111,8 @@ def select_bands(pixels: np.ndarray, bands: tuple[int, ...], path: Path) -> np.n
                 f"band index {band} is out of range for {path}: it has {band_count} bands "
                 f"(valid indices 0..{band_count - 1})"
             )
+    if tuple(bands) == tuple(range(band_count)):
+        return pixels  # every band in order (RGB files): no copy
     return pixels[:, :, list(bands)]
 
 
@@ -121,6 +123,10 @@ def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None
     band_count = pixels.shape[-1]
     chosen = select_bands(pixels, bands if bands is not None else default_bands(band_count, path), path)
     scale = band_scale if band_scale is not None else default_scale(pixels.dtype, band_count)
+    native_size = (pixels.shape[0], pixels.shape[1])
+    if pixels.dtype == np.uint8 and scale == 255.0 and native_size == (image_size, image_size):
+        # An 8-bit image already at the stored size: the float round trip below would give these same bytes.
+        return DecodedImage(np.ascontiguousarray(chosen.transpose(2, 0, 1)), native_size)
     unit = torch.from_numpy(chosen.astype(np.float32)).permute(2, 0, 1).div_(scale).clamp_(0.0, 1.0)
     unit.nan_to_num_(0.0)  # float rasters mark no-data with NaN, which would poison the channel mean
     resized = resize_unit_images(unit[None], image_size)[0]

@@ -1,4 +1,9 @@
-"""From a dataset name or folder to train/val tensors: validate, decode (or load the cache), split."""
+"""From a dataset name or folder to train/val datasets: validate, decode once (or map the cache), split.
+
+Train and val are index lists over one mapped cache file (cache.py); validation uses the
+dataset's official test split where it ships one (``val_from="test"``), else a stratified
+``val_fraction`` of the training images, and ``DatasetInfo.val_split`` says which.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,12 @@ import contextlib
 import math
 import numbers
 import os
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
+import torch
 
 from trainer_backend.datasets.base import DatasetError, DecodedPool
 from trainer_backend.datasets.builtin import (
@@ -23,11 +28,22 @@ from trainer_backend.datasets.builtin import (
     decode_builtin,
     ensure_builtin_files,
     expected_files_text,
+    has_test_split,
 )
-from trainer_backend.datasets.cache import cache_dir, cache_key, cache_path, exclusive_lock, load_or_build
+from .cache import (
+    ImageWriter,
+    PoolParts,
+    cache_dir,
+    cache_key,
+    cache_path,
+    exclusive_lock,
+    load_or_build,
+    write_atomically,
+)
 from trainer_backend.datasets.folder import (
     FolderListing,
     decode_image_folder,
+    decoded_size,
     list_image_folder,
     listing_problems,
     listing_warnings,
@@ -35,9 +51,12 @@ from trainer_backend.datasets.folder import (
     resolve_folder,
 )
 from trainer_backend.datasets.image_files import describe_image_file
+from trainer_backend.datasets.limits import decoded_bytes, streaming_note
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, split_datasets
 
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 1, 4096
+VAL_SOURCES = ("test", "train")
+DECODE_MODES = ("cache", "workers")
 
 
 @dataclass(frozen=True)
@@ -50,40 +69,55 @@ class DatasetInfo:
     num_train: int
     num_val: int
     warnings: tuple[str, ...]
+    val_split: str = ""          # which images validate, in words ("mnist's official test split (10,000 images)")
+    decoded_bytes: int = 0       # the cache file's pixels (all splits)
+    cache_file: str = ""         # the mapped cache file
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    train: ImageTensorDataset
+    train: ImageTensorDataset  # or StreamingImages (decode "workers"), which batches the same way
     val: ImageTensorDataset
     info: DatasetInfo
 
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """A dataset before decoding: its name, what its cache key hashes, and how to decode it."""
+    """A dataset before decoding: its name, what its cache key hashes, how to decode it into the
+    cache, and about how many bytes that takes."""
 
     name: str
     fingerprint: tuple
-    decode: Callable[[], DecodedPool]
+    build: Callable[[ImageWriter], PoolParts]
+    decoded_bytes: int = 0
 
 
 def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] | None = None,
                  band_scale: float | None = None, val_fraction: float = 0.2, seed: int = 0,
-                 data_roots: list[Path] | None = None) -> PreparedData:
-    """Decode ``dataset`` once (cached under ``data_dir()/cache``) and split it, stratified, into train/val.
+                 data_roots: list[Path] | None = None, val_from: str = "test", decode: str = "cache") -> PreparedData:
+    """Decode ``dataset`` once (cached under ``data_dir()/cache``, mapped after that) and split it.
 
     ``dataset`` is one of ``BUILTIN_DATASETS`` or a folder with one sub-folder per class; with
-    ``data_roots`` every class folder and file of a folder must lie inside them.
+    ``data_roots`` every class folder and file of a folder must lie inside them. ``val_from``
+    "test" validates on the official test split where the dataset has one; otherwise, and with
+    "train", a stratified ``val_fraction`` of the training images is held out. ``decode``
+    "workers" caches nothing: an image folder's files are decoded in the loader workers each
+    epoch (streaming.py).
     Every problem the user can fix raises ``DatasetError`` before any training starts.
     """
-    bands = check_options(image_size, bands, band_scale, val_fraction, seed)
+    bands = check_options(image_size, bands, band_scale, val_fraction, seed, val_from)
+    if decode not in DECODE_MODES:
+        raise DatasetError(f"decode {decode!r} is not allowed: use one of {', '.join(DECODE_MODES)}")
+    if decode == "workers":
+        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots)
     source = resolve_source(dataset, image_size, bands, band_scale, data_roots)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
     path = cache_path(Path(source.name).name, key)
-    pool, _ = load_or_build(path, source.decode)
-    train_indices, val_indices = cached_split(path, pool, val_fraction, seed)
+    pool, _ = load_or_build(path, source.build, source.decoded_bytes)
+    train_indices, val_indices = cached_split(path, pool, val_fraction, seed, val_from)
     train, val = split_datasets(pool, train_indices, val_indices)
+    size = pool.images.numel() * pool.images.element_size()
+    note = streaming_note(size, pool.path)
     info = DatasetInfo(
         name=source.name,
         num_classes=len(pool.class_names),
@@ -92,13 +126,58 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
         image_size=image_size,
         num_train=len(train),
         num_val=len(val),
-        warnings=pool.warnings,
+        warnings=pool.warnings + ((note,) if note else ()),
+        val_split=val_split_text(source.name, pool, val_from, val_fraction, seed, len(val)),
+        decoded_bytes=size,
+        cache_file=str(pool.path or ""),
     )
     return PreparedData(train, val, info)
 
 
-def check_options(image_size, bands, band_scale, val_fraction, seed) -> tuple[int, ...] | None:
+def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_fraction: float, seed: int,
+                      roots) -> PreparedData:
+    from .streaming import STATS_SAMPLE, streaming_splits
+
+    if dataset in BUILTIN_DATASETS and dataset != "eurosat":
+        raise DatasetError(f"decode workers applies to image folders (and eurosat); {dataset} is read from its own "
+                           "files into the cache: use decode cache")
+    if dataset == "eurosat":
+        with exclusive_lock(cache_dir() / f"{dataset}.download.lock"):
+            ensure_builtin_files(dataset)
+    listing = list_image_folder(builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset),
+                                None if dataset == "eurosat" else roots)
+    problems = listing_problems(listing)
+    if problems:
+        raise DatasetError("; ".join(problems))
+    labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
+    train_indices, val_indices = stratified_split(labels, len(listing.class_names), val_fraction, seed)
+    train, val = streaming_splits(listing, image_size=image_size, bands=bands, band_scale=band_scale,
+                                  train_indices=train_indices, val_indices=val_indices, seed=seed)
+    name = dataset if dataset == "eurosat" else str(listing.root)
+    note = (f"images are decoded in the loader workers every epoch (decode workers): nothing is cached, each epoch "
+            f"pays the decode of {listing.num_images:,} files; the normalisation's mean/std come from "
+            f"{min(STATS_SAMPLE, len(train))} training images")
+    info = DatasetInfo(name=name, num_classes=len(listing.class_names), class_names=listing.class_names,
+                       in_chans=train.channels, image_size=image_size, num_train=len(train), num_val=len(val),
+                       warnings=tuple(listing_warnings(listing)) + (note,),
+                       val_split=(f"validated on {val_fraction:.0%} of the training images of {Path(name).name}, held "
+                                  f"out stratified with seed {seed} ({len(val):,} images)"))
+    return PreparedData(train, val, info)
+
+
+def val_split_text(name: str, pool: DecodedPool, val_from: str, val_fraction: float, seed: int, num_val: int) -> str:
+    label = Path(name).name if os.sep in name else name
+    if pool.num_test and val_from == "test":
+        return f"validated on the official test split of {label} ({num_val:,} images)"
+    why = "it ships no test split" if not pool.num_test else "val_from train"
+    return (f"validated on {val_fraction:.0%} of the training images of {label}, held out stratified with "
+            f"seed {seed} ({num_val:,} images; {why})")
+
+
+def check_options(image_size, bands, band_scale, val_fraction, seed, val_from="test") -> tuple[int, ...] | None:
     """Refuse values prepare_data cannot use; returns ``bands`` as a tuple of ints (or None)."""
+    if val_from not in VAL_SOURCES:
+        raise DatasetError(f"val_from {val_from!r} is not allowed: use one of {', '.join(VAL_SOURCES)}")
     if not is_whole_number(image_size) or not MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE:
         raise DatasetError(f"image_size {image_size!r} is not allowed: give a whole number of pixels, "
                            f"{MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE}")
@@ -131,8 +210,11 @@ def resolve_source(dataset: str, image_size: int, bands, band_scale, roots=None)
         if dataset == "eurosat":  # torchvision's EuroSAT is a plain folder of class folders
             listing = list_image_folder(builtin_dir(dataset))
             return folder_source(listing, dataset, image_size, bands, band_scale)
+        spec = BUILTIN_SPECS[dataset]
+        with_test = spec.num_images + (spec.num_test if has_test_split(dataset) else 0)
         return DatasetSource(dataset, builtin_fingerprint(dataset),
-                             lambda: decode_builtin(dataset, image_size, bands, band_scale))
+                             lambda writer: write_builtin(writer, dataset, image_size, bands, band_scale),
+                             decoded_bytes(with_test, spec.bands, image_size, 1))
     listing = list_image_folder(dataset_folder(dataset), roots)
     return folder_source(listing, str(listing.root), image_size, bands, band_scale)
 
@@ -145,7 +227,13 @@ def folder_source(listing: FolderListing, name: str, image_size: int, bands, ban
     if too_large:
         raise DatasetError(too_large)
     return DatasetSource(name, ("folder", listing.fingerprint),
-                         lambda: decode_image_folder(listing, image_size, bands, band_scale))
+                         lambda writer: decode_image_folder(listing, image_size, bands, band_scale, writer),
+                         decoded_size(listing, image_size, bands, band_scale))
+
+
+def write_builtin(writer: ImageWriter, name: str, image_size: int, bands, band_scale) -> PoolParts:
+    pool = decode_builtin(name, image_size, bands, band_scale)  # small enough to decode in memory first
+    return writer.write_pool(pool, pool.num_test)
 
 
 def dataset_folder(dataset: str) -> Path:
@@ -163,37 +251,38 @@ def dataset_folder(dataset: str) -> Path:
     return resolve_folder(dataset)
 
 
-def cached_split(pool_path: Path, pool: DecodedPool, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The stratified split of the pool cached at ``pool_path``, computed once per (fraction, seed)
-    and saved beside the pool, so later runs and DDP ranks neither split again nor import scikit-learn."""
-    split_path = pool_path.with_name(f"{pool_path.stem}-split-{val_fraction!r}-{seed}.npz")
+def cached_split(pool_path: Path, pool: DecodedPool, val_fraction: float, seed: int,
+                 val_from: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) indices into the pool. With an official test split (and ``val_from`` "test"):
+    the training images and the test images. Otherwise the stratified split of the training
+    images, computed once per (fraction, seed) and saved beside the pool, so later runs and DDP
+    ranks neither split again nor import scikit-learn."""
+    num_train = len(pool.labels) - pool.num_test
+    if pool.num_test and val_from == "test":
+        return np.arange(num_train), np.arange(num_train, len(pool.labels))
+    split_path = pool_path.with_name(f"{pool_path.name}-split-{val_fraction!r}-{seed}.npz")
     with contextlib.suppress(Exception):  # missing, truncated or foreign: split again
-        with np.load(split_path) as saved:
-            return saved["train"], saved["val"]
-    train, val = stratified_split(pool, val_fraction, seed)
-    handle, temp_name = tempfile.mkstemp(dir=split_path.parent, prefix=split_path.stem, suffix=".tmp.npz")
-    try:
-        with os.fdopen(handle, "wb") as temp_file:
-            np.savez(temp_file, train=train, val=val)
-        os.replace(temp_name, split_path)  # readers never see half a file
-    except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
+        with np.load(split_path, allow_pickle=False) as saved:
+            train, val = saved["train"], saved["val"]
+            if len(train) + len(val) == num_train:
+                return train, val
+    train, val = stratified_split(pool.labels[:num_train], len(pool.class_names), val_fraction, seed)
+    write_atomically(split_path, lambda out: np.savez(out, train=train, val=val), "the dataset's split file")
     return train, val
 
 
-def stratified_split(pool: DecodedPool, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(labels, num_classes: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     # Imported here, not at the top: scikit-learn (with scipy) takes over a second to import, and
     # only building a cache splits; every later run, and every DDP rank, loads the split.
     from sklearn.model_selection import train_test_split
 
-    labels = pool.labels.numpy()
+    labels = labels.numpy()
     try:
         return train_test_split(np.arange(len(labels)), test_size=val_fraction, random_state=seed,
                                 stratify=labels)
     except ValueError as exc:  # e.g. a val split too small to hold one image of every class
         raise DatasetError(
-            f"cannot split {len(labels)} images of {len(pool.class_names)} classes with val_fraction "
+            f"cannot split {len(labels)} images of {num_classes} classes with val_fraction "
             f"{val_fraction}: {exc}"
         ) from exc
 

@@ -7,6 +7,9 @@ model's float32 input there, in one fused multiply-add (``trainer_backend/engine
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -37,39 +40,92 @@ class Normalisation:
 
 
 class ImageTensorDataset(Dataset):
-    """Images (N, C, H, W) uint8 or float16 in [0, 1] units, labels int64 (N,), per-channel mean/std.
+    """Rows ``indices`` of images (N, C, H, W) uint8 or float16 in [0, 1] units, with their labels
+    (int64, one per row chosen) and per-channel mean/std.
 
+    ``images`` is the whole pool, usually mapped read-only from the cache file (cache.py): train
+    and val are two index lists over it, never copies, and ``indices`` None means every row.
     ``__getitems__`` is what ``DataLoader`` calls with a whole batch of indices: one gather per
     batch instead of one per image, returning the pixels as stored; ``normalise`` makes them the
     model's input. Use it with ``collate_fn=collate_batch``. ``num_classes`` sizes the confusion
-    matrix evaluation counts (0 when unknown).
+    matrix evaluation counts (0 when unknown). Pickled (a loader worker started by spawn), a mapped
+    dataset carries its file's path and maps it again, not its pixels.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                 num_classes: int = 0):
+                 num_classes: int = 0, indices: torch.Tensor | None = None, source: Path | None = None):
         if images.dim() != 4 or images.dtype not in (torch.uint8, torch.float16):
             raise TypeError(f"images must be (N, C, H, W) uint8 or float16, got {images.dtype} {tuple(images.shape)}")
         channels = images.shape[1]
-        if labels.shape != (len(images),):
-            raise ValueError(f"labels must have shape ({len(images)},), got {tuple(labels.shape)}")
+        rows = len(images) if indices is None else len(indices)
+        if labels.shape != (rows,):
+            raise ValueError(f"labels must have shape ({rows},), got {tuple(labels.shape)}")
         if mean.shape != (channels,) or std.shape != (channels,):
             raise ValueError(f"mean and std must have shape ({channels},)")
-        self.images = images
+        self.pool_images = images
+        self.indices = None if indices is None else torch.as_tensor(indices, dtype=torch.int64)
+        self.source = source
         self.labels = labels.to(torch.int64)
         self.mean = mean.to(torch.float32)
         self.std = std.to(torch.float32)
         self.num_classes = num_classes
         self.normalise = Normalisation(self.mean, self.std, stored_dtype=images.dtype)
+        self.on_device = False  # set by to_device: batches are gathered where the pixels are, without workers
+
+    @property
+    def images(self) -> torch.Tensor:
+        """This split's pixels gathered into one tensor: a copy, for inspection; training gathers per batch."""
+        return self.pool_images if self.indices is None else self.pool_images.index_select(0, self.indices)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.pool_images.shape[1:])
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of this split's stored pixels."""
+        per_image = self.pool_images[:1].numel() * self.pool_images.element_size()
+        return len(self) * per_image
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    def _rows(self, batch: torch.Tensor) -> torch.Tensor:
+        return batch if self.indices is None else self.indices.index_select(0, batch)
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.images[index], self.labels[index]
+        row = index if self.indices is None else int(self.indices[index])
+        return self.pool_images[row], self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = torch.as_tensor(indices, dtype=torch.int64)
-        return self.images.index_select(0, batch), self.labels.index_select(0, batch)
+        rows = self._rows(batch).to(self.pool_images.device)
+        return self.pool_images.index_select(0, rows), self.labels.index_select(0, batch.to(self.labels.device))
+
+    def to_device(self, device: torch.device) -> ImageTensorDataset:
+        """This split with only its own rows copied onto ``device`` (gathers then happen there)."""
+        moved = ImageTensorDataset(self.images.to(device), self.labels.to(device), self.mean, self.std,
+                                   num_classes=self.num_classes)
+        moved.on_device = True
+        return moved
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self.source is not None and self.pool_images.device.type == "cpu":
+            state["pool_images"] = None  # mapped again where it is unpickled
+            state["_pool_shape"] = tuple(self.pool_images.shape)
+            state["_pool_dtype"] = np.dtype("uint8" if self.pool_images.dtype == torch.uint8 else "float16")
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        shape, dtype = state.pop("_pool_shape", None), state.pop("_pool_dtype", None)
+        self.__dict__.update(state)
+        if self.pool_images is None:
+            from .cache import map_images
+
+            self.pool_images = map_images(self.source, shape, dtype)
+            if self.pool_images is None:
+                raise RuntimeError(f"the dataset cache {self.source} changed while the run was using it")
 
 
 def collate_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +134,7 @@ def collate_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tenso
 
 
 def split_datasets(pool: DecodedPool, train_indices, val_indices) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-    """Train and val datasets, both normalised with the training images' per-channel mean/std."""
+    """Train and val datasets over the same pool, both normalised with the training images' per-channel mean/std."""
     train_idx = torch.as_tensor(train_indices, dtype=torch.int64)
     val_idx = torch.as_tensor(val_indices, dtype=torch.int64)
     mean, std = channel_mean_std(pool, train_idx)
@@ -86,8 +142,8 @@ def split_datasets(pool: DecodedPool, train_indices, val_indices) -> tuple[Image
 
 
 def subset(pool: DecodedPool, indices: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> ImageTensorDataset:
-    return ImageTensorDataset(pool.images.index_select(0, indices), pool.labels.index_select(0, indices), mean, std,
-                              num_classes=len(pool.class_names))
+    return ImageTensorDataset(pool.images, pool.labels.index_select(0, indices), mean, std,
+                              num_classes=len(pool.class_names), indices=indices, source=pool.path)
 
 
 def channel_mean_std(pool: DecodedPool, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

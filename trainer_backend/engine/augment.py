@@ -21,6 +21,10 @@ import torch.nn.functional as F
 # trains at, a crop below about a third of the image keeps too few pixels of the object.
 CROP_AREA = (0.35, 1.0)
 CROP_ASPECT = (3 / 4, 4 / 3)
+# From a stored size larger than the training size (ImageNet recipes): timm's defaults, crops of
+# 8-100 % of the area for training, and for validation the centre 87.5 % of the side.
+STORED_CROP_AREA = (0.08, 1.0)
+CENTRE_CROP_FRACTION = 0.875
 
 
 class BatchAugment:
@@ -45,9 +49,9 @@ def random_flip(images: torch.Tensor, generator: torch.Generator | None = None) 
 
 def random_resized_crop(images: torch.Tensor, generator: torch.Generator | None = None,
                         area: tuple[float, float] = CROP_AREA,
-                        aspect: tuple[float, float] = CROP_ASPECT) -> torch.Tensor:
+                        aspect: tuple[float, float] = CROP_ASPECT, size: int | None = None) -> torch.Tensor:
     """Each image: a random box of ``area`` of the image at an aspect ratio in ``aspect``, lying
-    wholly inside the image, resized back to the image's size (bilinear)."""
+    wholly inside the image, resized to ``size`` x ``size`` (default: the image's own size; bilinear)."""
     n, device = len(images), images.device
 
     def uniform(low: float, high: float) -> torch.Tensor:
@@ -65,5 +69,24 @@ def random_resized_crop(images: torch.Tensor, generator: torch.Generator | None 
     theta = torch.zeros(n, 2, 3, device=device, dtype=images.dtype)
     theta[:, 0, 0], theta[:, 0, 2] = width, centre_x
     theta[:, 1, 1], theta[:, 1, 2] = height, centre_y
-    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    return sample_boxes(images, theta, size)
+
+
+def centre_crop(images: torch.Tensor, size: int, fraction: float = CENTRE_CROP_FRACTION) -> torch.Tensor:
+    """The centre ``fraction`` of each image's side, resized to ``size`` x ``size`` (timm's validation crop)."""
+    # Shrinking by more than 2x would alias with plain bilinear sampling: average whole pixel blocks first.
+    factor = int(fraction * images.shape[-1] // (2 * size))
+    if factor > 1:
+        images = F.avg_pool2d(images, factor)
+    theta = torch.zeros(len(images), 2, 3, device=images.device, dtype=images.dtype)
+    theta[:, 0, 0] = theta[:, 1, 1] = fraction
+    return sample_boxes(images, theta, size)
+
+
+def sample_boxes(images: torch.Tensor, theta: torch.Tensor, size: int | None) -> torch.Tensor:
+    """Bilinear samples of each image's box (affine_grid's ``theta``) at ``size`` x ``size`` (default: its own).
+    A training crop's box varies per image, so it is not smoothed first: a box over 2x the output
+    aliases a little, as torchvision's tensor RandomResizedCrop without antialias does."""
+    shape = list(images.shape) if size is None else [len(images), images.shape[1], size, size]
+    grid = F.affine_grid(theta, shape, align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)

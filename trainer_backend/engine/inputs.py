@@ -12,24 +12,40 @@ from typing import Callable
 
 import torch
 
-from trainer_backend.engine.augment import BatchAugment
+from trainer_backend.engine.augment import STORED_CROP_AREA, BatchAugment, centre_crop, random_resized_crop
 from trainer_backend.contract.config import RunConfig
 
 
 class DeviceInputs:
+    """``train_size`` (set when the cache stores images larger than they train at): training
+    batches get a random-resized crop to it (timm's defaults), validation batches a centre crop."""
+
     def __init__(self, normalise: Callable[[torch.Tensor], torch.Tensor], device: torch.device, *,
-                 augment: BatchAugment | None = None, channels_last: bool = False):
+                 augment: BatchAugment | None = None, channels_last: bool = False, train_size: int | None = None,
+                 crop_generator: torch.Generator | None = None):
         self.normalise, self.device, self.augment, self.channels_last = normalise, device, augment, channels_last
+        self.train_size, self.crop_generator = train_size, crop_generator
 
     @classmethod
     def for_run(cls, config: RunConfig, normalise, device: torch.device, rank: int = 0) -> DeviceInputs:
         names = () if config.augment == "none" else tuple(config.augment.split(","))
+        cropping = config.stored_size > config.image_size
+        if cropping:  # the crop from the stored size is the random-resized crop; another would crop twice
+            names = tuple(name for name in names if name != "crop")
         # Each rank draws its own augmentations; one seed per rank keeps a run repeatable.
         augment = BatchAugment(names, seed=config.seed + rank, device=device) if names else None
-        return cls(normalise, device, augment=augment, channels_last=config.channels_last)
+        generator = None
+        if cropping:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(config.seed + rank)
+        return cls(normalise, device, augment=augment, channels_last=config.channels_last,
+                   train_size=config.image_size if cropping else None, crop_generator=generator)
 
     def __call__(self, pixels: torch.Tensor, *, train: bool = False) -> torch.Tensor:
         images = self.normalise(pixels.to(self.device, non_blocking=True))
+        if self.train_size is not None:
+            images = (random_resized_crop(images, self.crop_generator, area=STORED_CROP_AREA, size=self.train_size)
+                      if train else centre_crop(images, self.train_size))
         if train and self.augment is not None:
             images = self.augment(images)
         if self.channels_last:

@@ -31,7 +31,7 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.datasets import PreparedData, collate_batch, prepare_data
+from trainer_backend.datasets import ImageTensorDataset, PreparedData, collate_batch, prepare_data
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
@@ -61,22 +61,52 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
     and file read must lie inside them."""
     return prepare_data(
         config.dataset,
-        image_size=config.image_size,
+        image_size=config.stored_size or config.image_size,
         bands=config.bands,
         band_scale=config.band_scale,
         val_fraction=config.val_fraction,
         seed=config.seed,
         data_roots=data_roots,
+        val_from=config.val_from,
+        decode=config.decode,
     )
 
 
+# A training split whose stored pixels take at most this share of a GPU's memory is kept on it whole.
+DEVICE_DATA_SHARE = 0.10
+
+
+def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int | None = None) -> PreparedData | None:
+    """``data`` with both splits' rows copied onto ``device`` when the training split's stored
+    pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
+    given), else None. Batches are then gathered on the device: no host-to-device copy per step."""
+    if not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
+        return None
+    if device_bytes is None:
+        if device.type != "cuda":
+            return None
+        device_bytes = torch.cuda.get_device_properties(device).total_memory
+    if data.train.stored_bytes + data.val.stored_bytes > DEVICE_DATA_SHARE * device_bytes:
+        return None
+    return PreparedData(data.train.to_device(device), data.val.to_device(device), data.info)
+
+
+def device_data_note(data: PreparedData, device: torch.device) -> str:
+    stored_mb = (data.train.stored_bytes + data.val.stored_bytes) / 2**20
+    return (f"the dataset's {stored_mb:.0f} MB of stored pixels are kept on {device} (under "
+            f"{DEVICE_DATA_SHARE:.0%} of its memory): batches are gathered there, with no host-to-device copy per step")
+
+
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
+    """The training and validation loaders; a dataset already on the device (``keep_on_device``)
+    is read without workers or pinning, which apply to host memory only."""
     batch = config.process_batch
     sampler = strategy.train_sampler(len(data.train), config.seed)
     shard_len = len(sampler) if sampler is not None else len(data.train)
-    pin = strategy.input_device.type == "cuda"
-    common = dict(collate_fn=collate_batch, num_workers=config.num_workers, pin_memory=pin,
-                  persistent_workers=config.num_workers > 0)
+    on_device = data.train.on_device
+    pin = strategy.input_device.type == "cuda" and not on_device
+    workers = 0 if on_device else config.num_workers
+    common = dict(collate_fn=collate_batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
     train = DataLoader(
         data.train,
         batch_size=batch,
@@ -283,6 +313,9 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         scaler = make_grad_scaler(amp_dtype)
         precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
         measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
+        resident = keep_on_device(data, strategy.input_device)
+        if resident is not None:
+            data = resident
         loaders = build_loaders(data, config, strategy)
         schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
         bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
@@ -293,6 +326,9 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             _record_compile_time(engine, run_id, strategy, compile_warmup(model, loaders, strategy, amp_dtype))
         progress = ProgressWriter(engine, run_id) if engine is not None else None
         hooks = step_hooks(config, strategy, engine, db_url, run_id, progress, energy_part)
+        if engine is not None and resident is not None:
+            retry_when_locked(lambda: store.add_notes(engine, run_id, [device_data_note(data, strategy.input_device)]),
+                              what="record the run's notes")
         if engine is not None:
             once = {**measures.once_per_run(), "effective_batch": config.effective_batch,
                     **stored_estimate(config, data.info.num_classes, data.info.in_chans)}

@@ -98,7 +98,15 @@ def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
 
 
 def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
-    return strategy_notes(config) + list(info.warnings)
+    return strategy_notes(config) + ([info.val_split] if info.val_split else []) + crop_notes(config) + list(info.warnings)
+
+
+def crop_notes(config: RunConfig) -> list[str]:
+    if config.stored_size <= config.image_size:
+        return []
+    return [f"images are stored at {config.stored_size} px and trained at {config.image_size} px: training batches "
+            "take random-resized crops (8-100 % of the area, aspect 3/4-4/3) on the device, validation the "
+            "centre 87.5 %"]
 
 
 def announce(run_id: int, config: RunConfig, info: DatasetInfo, notes: list[str]) -> None:
