@@ -24,7 +24,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / "bench"

@@ -136,11 +136,11 @@ def main() -> int:
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         for name, switches in SWITCH_SETS.items():
-            def engine_with() -> float:
+            def engine_with(switches=switches) -> float:
                 run = run_engine(settings, db_url, "--amp", "auto", *switches, devices="0")
                 return statistics.median(later_epochs([e["images_per_s"] for e in run["epochs"]]))
 
-            def plain_with() -> float:
+            def plain_with(switches=switches) -> float:
                 return statistics.median(later_epochs(run_plain(settings, switches)))
 
             pair = alternate({"engine": engine_with, "plain": plain_with}, args.repeats, label=f"{KEY} {name} ")

@@ -10,7 +10,8 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 def alternate(contenders: dict[str, Callable[[], Any]], repeats: int, *, label: str = "") -> dict[str, list[Any]]:

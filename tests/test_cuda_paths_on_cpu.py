@@ -226,7 +226,7 @@ class StreamEvent:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: "StreamEvent") -> float:
+    def elapsed_time(self, end: StreamEvent) -> float:
         return end.at_ms - self.at_ms
 
 

@@ -104,7 +104,8 @@ def test_a_disk_filling_mid_write_ends_in_one_line_and_leaves_no_cache(parallax_
         monkeypatch.setenv("PARALLAX_DATA_DIR", str(folder))
         base = cache_module.cache_path("big", "0" * 24)
         images = torch.full((600, 3, 64, 64), 7, dtype=torch.uint8)  # 7.4 MB: more than the disk
-        build = lambda writer: writer.write_pool(make_pool(images, [0, 1] * 300, ("a", "b")))
+        def build(writer):
+            return writer.write_pool(make_pool(images, [0, 1] * 300, ("a", "b")))
         with pytest.raises(DatasetError) as raised:
             cache_module.load_or_build(base, build, needed_bytes=0)  # an estimate that was wrong
         assert str(raised.value).startswith(f"disk full while writing the dataset cache in {folder / 'cache'} (")

@@ -199,7 +199,7 @@ def upward_imports(modules) -> list[str]:
     found = []
     for module in modules:
         room = room_of(module)
-        for source, name, line in imports_of(module) if room else ():
+        for source, _name, line in imports_of(module) if room else ():
             target = room_of(source)
             if target and ROOMS.index(target) < ROOMS.index(room):
                 found.append(f"{module}:{line} ({room}) imports {source} ({target})")

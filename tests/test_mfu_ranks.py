@@ -378,7 +378,7 @@ class FakeCudaEvent:
     def query(self) -> bool:
         return self.at_ms <= FakeCudaEvent.now_ms  # the stream has passed it
 
-    def elapsed_time(self, end: "FakeCudaEvent") -> float:
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
         return end.at_ms - self.at_ms
 
 

@@ -131,7 +131,7 @@ class FakeCudaEvent:
     def synchronize(self) -> None:
         FakeCudaEvent.done.add(self.at)
 
-    def elapsed_time(self, end: "FakeCudaEvent") -> float:
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
         return sum(FakeCudaEvent.timeline[self.at + 1:end.at + 1])
 
 

@@ -456,8 +456,8 @@ def test_a_locked_database_costs_training_a_few_tries_not_a_wait_per_step(run_ro
         while time.monotonic() - started < 2.5:  # steps of 20 ms while another process holds the lock
             step += 1
             time.sleep(0.02)
-            for name, call in (("progress", lambda: progress(step, 1000)),
-                               ("steps", lambda: (recorder.loss(torch.tensor(1.0)), recorder.step(step, 1000)))):
+            for name, call in (("progress", lambda step=step: progress(step, 1000)),
+                               ("steps", lambda step=step: (recorder.loss(torch.tensor(1.0)), recorder.step(step, 1000)))):
                 before = time.monotonic()
                 call()
                 waited[name].append(time.monotonic() - before)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 LOG_INCOMPLETE_NOTE = ("The run's log could not be written ({error}), so run.log is incomplete; "
                        "training went on and every epoch's metrics are recorded here.")

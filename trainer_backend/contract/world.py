@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from trainer_backend.contract.config import DISTRIBUTED, ConfigError, RunConfig, cuda_device_count, parse_devices
 

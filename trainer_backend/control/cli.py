@@ -474,7 +474,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                                     for f in fits(estimate, free)]}
                           for each, estimate, free in reports], indent=2))
         return 0
-    for index, (each, estimate, free) in enumerate(reports):
+    for index, (_each, estimate, free) in enumerate(reports):
         if index:
             print()
         print(format_table(estimate, free, notes=False))

@@ -11,7 +11,7 @@ weights, in train mode, without gradients, as an equal-weight average over the b
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

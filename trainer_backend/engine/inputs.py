@@ -8,7 +8,7 @@ pipeline's own) reach it through ``Strategy.to_device``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

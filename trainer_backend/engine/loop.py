@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

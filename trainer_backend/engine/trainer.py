@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -361,10 +361,11 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             if engine is not None:
                 # The one write that must not be lost: wait out another process's lock (with backoff)
                 # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
-                retry_when_locked(lambda: store.log_epoch(engine, run_id, vars(metrics)), what=f"record epoch {epoch}")
+                retry_when_locked(lambda metrics=metrics: store.log_epoch(engine, run_id, vars(metrics)),
+                                  what=f"record epoch {epoch}")
                 if improved and confusion:
                     record = {"confusion": confusion_record(epoch, data.info.class_names, confusion)}
-                    retry_when_locked(lambda: store.set_measurements(engine, run_id, record),
+                    retry_when_locked(lambda record=record: store.set_measurements(engine, run_id, record),
                                       what=f"record epoch {epoch}'s confusion matrix")
                 if echo:
                     print(metrics.line(config.epochs), flush=True)
@@ -376,7 +377,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
                     train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
                     reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)
                 if note is not None:
-                    retry_when_locked(lambda: store.add_notes(engine, run_id, [note]), what="record the run's notes")
+                    retry_when_locked(lambda note=note: store.add_notes(engine, run_id, [note]),
+                                      what="record the run's notes")
                     lag_noted = True
                 if state is not None:
                     save_checkpoint(checkpoint, state, config, data, metrics)

@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from trainer_backend.contract.devices import close_nvml, open_nvml
 
@@ -83,7 +83,7 @@ class EnergyMeter:
     _said: int = 0  # how many of ``missing`` the run's notes hold (note() says those known at open)
 
     @classmethod
-    def open(cls, cuda_indices: list[int], powercap_dir: Path = POWERCAP_DIR) -> "EnergyMeter":
+    def open(cls, cuda_indices: list[int], powercap_dir: Path = POWERCAP_DIR) -> EnergyMeter:
         meter = cls(gpu_labels=[f"gpu{i}" for i in cuda_indices])
         pynvml, handles = open_nvml(cuda_indices)
         meter._pynvml = pynvml

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -79,7 +79,7 @@ class JobEnergy:
         self._notes: list[str] = []
 
     @classmethod
-    def open(cls, part: EnergyPart, *, powercap_dir: Path = POWERCAP_DIR, gather: Gather = all_gather) -> "JobEnergy":
+    def open(cls, part: EnergyPart, *, powercap_dir: Path = POWERCAP_DIR, gather: Gather = all_gather) -> JobEnergy:
         """Open this machine's meter where this process meters it, and learn every machine's notes
         (a collective: every process of the job calls it at the same point)."""
         meter = EnergyMeter.open(list(part.cuda_indices), powercap_dir=powercap_dir) if part.meters else None

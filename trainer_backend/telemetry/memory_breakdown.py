@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import resource
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -129,7 +129,7 @@ class SystemSampler:
         """The ranks to sample from now on, {rank: pid}."""
         self._ranks = dict(ranks)
 
-    def __enter__(self) -> "SystemSampler":
+    def __enter__(self) -> SystemSampler:
         self.start()
         return self
 

@@ -148,7 +148,7 @@ def _tell(decision: Decision | None) -> Decision:
     return holder[0]
 
 
-def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: "Sampling") -> int:
+def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: Sampling) -> int:
     decision = _tell(None)
     if decision.action == "stop":
         return decision.code
@@ -164,7 +164,7 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
 
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
-          resume_job: bool, sampling: "Sampling") -> int:
+          resume_job: bool, sampling: Sampling) -> int:
     """Rank 0: open (or find) the job's run, tell every process, train and record how it ended.
     ``sampling`` says what its system sampler samples and which machines' samples it takes in."""
     try:
@@ -251,7 +251,7 @@ def _forget_failures(engine, run_id: int) -> None:
 
 
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
-                      folder_name: str, resume_job: bool, sampling: "Sampling", attempt: str) -> str:
+                      folder_name: str, resume_job: bool, sampling: Sampling, attempt: str) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
     started = time.time()
     try:

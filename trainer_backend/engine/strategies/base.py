@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
