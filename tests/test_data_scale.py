@@ -177,6 +177,7 @@ def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_t
     assert sum(len(labels) for _, labels in val) == len(data.val)
 
 
+@pytest.mark.processes  # DataLoader workers
 @pytest.mark.usefixtures("own_data_dir")
 def test_decoding_in_the_loader_workers_gives_the_cached_pixels_and_caches_nothing(parallax_home, tmp_path):
     from torch.utils.data import DataLoader
