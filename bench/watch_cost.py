@@ -295,12 +295,11 @@ def add_figures(report: Report, windows: dict[str, list[dict]], epochs: dict[int
         report.add(f"other processes' CPU, {kind} (neither run, server, browser nor this script)",
                    cores(kind, "others_cores"), unit=" cores", headline=False)
     report.note(where_the_time_goes(windows))
-    report.note("Where the server's share goes (sampled once per second on 2026-11-25, on the 2-core machine shared "
-                "with other work, load average about 8): a progress tick cost the server 0.10-0.13 s of CPU every "
-                "5 s and a whole-page redraw for new epochs 0.33-0.45 s every 20 s, 0.038 of a core in all with "
-                "epochs of about 2 s; the tick's database reads take about 1 ms of it (cProfile), the rest is "
-                "Streamlit's rerun. With epochs longer than 20 s the step and system charts' own 10 s timer comes on "
-                "top (0.083 of a core then).")
+    report.note("Where the server's share goes (sampled once per second on 2026-11-25): a progress tick costs the "
+                "server 0.10-0.13 s of CPU and a whole-page redraw for new epochs 0.33-0.45 s; the tick's database "
+                "reads take about 1 ms of it (cProfile), the rest is Streamlit's rerun. With ticks every 5 s and "
+                "redraws every 20 s a watching tab cost the server 0.074 of a core and the run 6 % of its images/s "
+                "on the quiet machine; the timers below are what brought it under 0.05.")
     report.note("Before the dashboard's own config turned the file watcher off, `make run` served it with "
                 "Streamlit's default watcher, which re-walked the project folder (.venv included): one tab on "
                 "Launch or on a finished run cost the server a whole core, 0.62-0.92 watching a running run.")

@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 
 # Each rerun costs the Streamlit server tens of ms of CPU of its own, whatever the fragment draws (a
-# one-progress-bar fragment every 2 s kept 0.027 of a core busy on 2 shared cores): 5 s keeps one
-# watching tab under 0.05 of a core while the progress still moves several times an epoch.
-REFRESH_S = 5
+# one-progress-bar fragment every 2 s kept 0.027 of a core busy on 2 shared cores; a tick of the Run
+# page's progress 0.10-0.13 s). With ticks every 5 s and redraws every 20 s one watching tab cost the
+# server 0.074 of a core and the run 6 % of its images/s (docs/BENCHMARKS.md, watch cost): every 10 s.
+REFRESH_S = 10
 # The step and system charts: samples come every second, but resending and redrawing half a dozen
 # charts of hundreds of points costs the server and the browser far more than a progress bar. Other
 # trackers chart every 10-30 s.
@@ -23,9 +24,9 @@ SERIES_REFRESH_S = 10
 # A new epoch redraws the whole page (a dozen charts, in the server and the browser) at most this
 # often: epochs of a few seconds (a small dataset) would otherwise redraw all of it at every tick.
 # With epochs of 3 s, redrawing at every 5 s tick cost the server 0.08 of a core and the browser
-# 0.26, and slowed the run watched by 12 %; every 15 s, 0.04 and 0.16, and 5 %. Epochs of real
-# datasets last minutes, so each is still drawn as it lands.
-EPOCH_REDRAW_S = 20
+# 0.26, and slowed the run watched by 12 %; every 15 s, 0.04 and 0.16, and 5 %; a redraw costs the
+# server 0.33-0.45 s, so every 30 s. Epochs of real datasets last minutes, so each is still drawn as it lands.
+EPOCH_REDRAW_S = 30
 
 
 def redraw_due(state_changed: bool, epochs_changed: bool, drawn_at: float) -> bool:
