@@ -224,6 +224,8 @@ class SystemSampler:
                 if rank_process.status() == psutil.STATUS_ZOMBIE:  # reads as 0 MB without raising
                     return None
                 cpu_pct, rss = rank_process.cpu_percent(None), rank_process.memory_info().rss
+            if rss == 0:  # exiting: its memory is already released, and it is not yet a zombie
+                return None
             children = rank_process.children(recursive=True)
         except psutil.Error:
             return None
@@ -235,6 +237,8 @@ class SystemSampler:
                         continue
                     child_cpu, child_rss = process.cpu_percent(None), process.memory_info().rss
             except psutil.Error:  # a worker that ended between the listing and the reading
+                continue
+            if child_rss == 0:  # exiting, as above
                 continue
             cpu_pct, rss = cpu_pct + child_cpu, rss + child_rss
         return {"rank": rank, "cpu_pct": round(cpu_pct, 1), "rss_mb": round(rss / MB, 1)}
