@@ -320,6 +320,22 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
                 process.kill()
 
 
+def world_results(tmp_path_factory, target, nprocs: int, *, timeout_s: float) -> dict:
+    """Run ``target(rank, store_port, out_path)`` in ``nprocs`` processes (``run_world``) and return what rank 0
+    wrote to ``out_path`` as JSON (``leave_with_results``)."""
+    out = tmp_path_factory.mktemp("world") / "rank0.json"
+    run_world(target, nprocs, str(out), timeout_s=timeout_s)
+    return json.loads(out.read_text())
+
+
+def leave_with_results(rank: int, results: dict, out_path: str) -> None:
+    """End a ``world_results`` process: rank 0 writes ``results`` as JSON, then every rank leaves as a rank."""
+    if rank == 0:
+        with open(out_path, "w") as handle:
+            json.dump(results, handle)
+    leave_as_a_rank()
+
+
 def leave_as_a_rank() -> None:
     """End a ``run_world`` process as the engine's ranks end (trainer_backend.worker.runner): without
     interpreter shutdown, where gloo's and FSDP's C++ destructors can abort a finished rank."""

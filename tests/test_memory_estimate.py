@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from conftest import leave_as_a_rank, run_world
+from conftest import leave_with_results, world_results
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
 from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
@@ -194,17 +194,12 @@ def _world(rank: int, port: int, out_path: str) -> None:
     finally:
         if strategies:
             strategies[0].teardown()
-    if rank == 0:
-        with open(out_path, "w") as handle:
-            json.dump(results, handle)
-    leave_as_a_rank()
+    leave_with_results(rank, results, out_path)
 
 
 @pytest.fixture(scope="module")
 def world_of_two(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("world") / "rank0.json"
-    run_world(_world, 2, str(out), timeout_s=SPAWN_TIMEOUT_S)
-    return json.loads(out.read_text())
+    return world_results(tmp_path_factory, _world, 2, timeout_s=SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("name", list(WORLD_CONFIGS))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import leave_as_a_rank, run_world
+from conftest import leave_with_results, world_results
 from trainer_backend.telemetry import flops
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
@@ -281,17 +281,12 @@ def _world_of_two(rank: int, port: int, out_path: str) -> None:
     finally:
         if strategies:
             strategies[0].teardown()
-    if rank == 0:
-        with open(out_path, "w") as handle:
-            json.dump(results, handle)
-    leave_as_a_rank()
+    leave_with_results(rank, results, out_path)
 
 
 @pytest.fixture(scope="module")
 def world_of_two(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("world") / "rank0.json"
-    run_world(_world_of_two, 2, str(out), timeout_s=SPAWN_TIMEOUT_S)
-    return json.loads(out.read_text())
+    return world_results(tmp_path_factory, _world_of_two, 2, timeout_s=SPAWN_TIMEOUT_S)
 
 
 def test_memory_breakdown_of_resnet18_on_two_cpu_processes_ddp_and_fsdp(world_of_two):
