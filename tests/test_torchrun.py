@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from conftest import ROOT, evaluate_checkpoint, run_cli
+from db import series, store
 from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.telemetry import sampler as sampler_module
 from trainer_backend.telemetry.energy import RaplPackages
+from trainer_backend.worker import torchrun as torchrun_worker
+from trainer_backend.worker.liveness import install_cancel_handler
 from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
@@ -171,6 +177,44 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
         for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
             assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
+
+
+def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(engine, monkeypatch):
+    """A rank's failure often reaches rank 0 first as an error in a collective, and torchrun's
+    SIGTERM follows while rank 0 writes what it sampled: the write finishes, and the attempt's
+    failure names the collective's error, not the signal."""
+    config = RunConfig.from_dict({"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
+                                  "devices": ["cpu", "cpu"], "epochs": 2})
+    run_id = store.create_run(engine, config.to_dict(), status="running")
+
+    def train_until_a_peer_is_gone(*args, **kwargs):
+        time.sleep(0.5)
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    def write_as_torchrun_signals(self, rows):
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun stops the job's other processes
+        return write(self, rows)
+
+    write = sampler_module.DatabaseSink.write
+    monkeypatch.setattr(sampler_module.DatabaseSink, "write", write_as_torchrun_signals)
+    monkeypatch.setattr(torchrun_worker, "train_process", train_until_a_peer_is_gone)
+    monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.1")
+    world = TorchrunWorld(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, job_id="job",
+                          restart_count=0, max_restarts=1)
+    members = [torchrun_worker.Member(socket.gethostname(), 0, "cpu", 0, os.getpid()) for _ in range(2)]
+    previous = signal.getsignal(signal.SIGTERM)
+    install_cancel_handler()
+    try:
+        status = torchrun_worker._train_and_record(
+            engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
+            uuid.uuid4().hex)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == "running"  # a restart is left: the run waits for it
+    (note,) = [n for n in store.get_run(engine, run_id).notes if n.startswith("Attempt 1")]
+    assert "Connection closed by peer" in note, note
+    samples = series.read_system(engine, [run_id], max_points=None)
+    assert len(samples) >= 3 and all(p["rank"] in (0, 1) for s in samples for p in s["processes"]), samples
 
 
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):

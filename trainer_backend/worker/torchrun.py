@@ -258,8 +258,16 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # As in a spawned run, the sampler stops and writes what it holds however training ends,
         # and a sampler that fails leaves a note in the run, never a failed rank.
         with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
-            train_process(0, joined.to_dict(), run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
-                          folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+            try:
+                train_process(0, joined.to_dict(), run_id, url, echo=echo,
+                              resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name,
+                              energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+            except Exception:
+                # Another process's failure often reaches rank 0 first as an error in a collective,
+                # and torchrun's SIGTERM follows: it must not cut short the sampler's last write
+                # (the attempt's samples) or the record of how the attempt ended.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                raise
         state.finish(engine, run_id, "completed")
     except KeyboardInterrupt:
         state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
@@ -271,7 +279,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                 "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
                 "torchrun's output names it"))
     except Exception as exc:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's SIGTERM must not cut the record short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above, where the sampler itself failed to start
         own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
         _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
     status = store.get_run(engine, run_id).status
