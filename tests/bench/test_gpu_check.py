@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bench import gpu_check
-from conftest import ROOT
+from tests.support import ROOT
 from trainer_backend.telemetry.flops import MEASURED_ON_CPU
 
 NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU, even on one with

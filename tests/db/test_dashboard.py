@@ -3,7 +3,7 @@
 device discovery (``trainer_backend/contract/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
 databases: every test that takes ``db_url`` runs on both.
 
-    .venv/bin/python -m pytest tests/test_ui_data.py -q
+    .venv/bin/python -m pytest tests/db/test_dashboard.py -q
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ migrations queue on an advisory lock, dropped connections are replaced, and a da
 cannot be opened is one line naming its URL without the password. (The store, migration and
 lifecycle tests in test_db*.py run on PostgreSQL too.)
 
-    .venv/bin/python -m pytest tests/test_postgres.py -q
+    .venv/bin/python -m pytest tests/db/test_engine_postgres.py -q
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 import db
 import db.engine as db_engine
-from conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 from db import store
 from db.engine import MIGRATION_LOCK_KEY, DatabaseUnavailable
 

@@ -2,7 +2,7 @@
 made by ``fixtures/make_parallax_0001.py``) opens with today's code, is migrated to the head,
 and keeps every row; and the migration scripts form one line with exactly one head.
 
-    .venv/bin/python -m pytest tests/test_upgrades.py -q
+    .venv/bin/python -m pytest tests/db/test_engine_upgrades.py -q
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 from db import dispose_engines, make_engine, store
 from db.engine import alembic_config, current_revisions
 
-FIXTURE = Path(__file__).with_name("fixtures") / "parallax-0001.db"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "parallax-0001.db"
 
 
 def rows(path: Path, table: str, columns: list[str] | None = None) -> list[dict]:

@@ -1,7 +1,7 @@
 """Each database's run files kept apart, and launches that mean the caller's paths: real launched
 workers on real SQLite files.
 
-    .venv/bin/python -m pytest tests/test_run_folders.py -q
+    .venv/bin/python -m pytest tests/db/test_folders.py -q
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import db
-from conftest import ROOT
+from tests.support import ROOT
 from db import store
 from db.folders import database_key, run_folder
 from trainer_backend.contract.config import RunConfig
@@ -122,7 +122,7 @@ def upgraded(tmp_path, parallax_home):
     """The 0001 fixture database (runs 1-3) in a home that holds run 1's files from before."""
     import shutil
 
-    from test_upgrades import FIXTURE
+    from tests.db.test_engine_upgrades import FIXTURE
 
     path = parallax_home / "parallax.db"
     shutil.copyfile(FIXTURE, path)

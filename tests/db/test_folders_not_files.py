@@ -2,7 +2,7 @@
 page expects run.log or best.pt. The page reads only regular files and never blocks on opening
 one (a pipe with no writer would hold the page's thread forever, one more on every refresh).
 
-    .venv/bin/python -m pytest tests/test_not_files.py -q
+    .venv/bin/python -m pytest tests/db/test_folders_not_files.py -q
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from db.folders import NotARegularFile, open_regular_file, read_regular_file, run_folder
-from nvml_machines import fake_nvml  # noqa: F401
-from test_ui_pages import APP, add_run, cpu_machine, texts  # noqa: F401
+from tests.nvml_machines import fake_nvml  # noqa: F401
+from tests.pages.test_every_page import APP, add_run, cpu_machine, texts  # noqa: F401
 from ui.widgets import read_log_tail
 
 PAGE_TIMEOUT_S = 60  # the first page in a process imports torch and timm

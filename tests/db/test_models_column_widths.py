@@ -3,7 +3,7 @@ as long as the OS allows; was varchar(128), refused by PostgreSQL only), migrati
 rows of a database at 0008, and a command that fails after the database opened is not worded as
 a failure to open it.
 
-    .venv/bin/python -m pytest tests/test_column_widths.py -q
+    .venv/bin/python -m pytest tests/db/test_models_column_widths.py -q
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from alembic import command
 import db
 from db import store
 from db.engine import alembic_config, current_revisions
-from test_bad_input import BASE, write_images
+from tests.trainer_backend.control.test_cli_bad_input import BASE, write_images
 from trainer_backend.control.cli import main
 from trainer_backend.contract.config import MAX_PATH_LENGTH, RunConfig
 

@@ -2,7 +2,7 @@
 reason in one line and keeps every epoch already recorded. The disk is a real tmpfs mounted as
 root (skipped with the reason where mounting is not allowed), always unmounted afterwards.
 
-    .venv/bin/python -m pytest tests/test_full_disks.py -q
+    .venv/bin/python -m pytest tests/db/test_reserve_full_disks.py -q
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 from db.reserve import RESERVE_BYTES
 
 # Room left on the database's disk when the run starts, besides the run's reserve: a few dozen

@@ -3,7 +3,7 @@
 and the Run and Compare pages (Streamlit's AppTest). Rows are written with ``db.series`` into a
 real SQLite file, as the engine writes them.
 
-    .venv/bin/python -m pytest tests/test_series_pages.py -q
+    .venv/bin/python -m pytest tests/db/test_series_pages.py -q
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import db
-from conftest import ROOT
+from tests.support import ROOT
 from db import series, store
 from reports import run_csv, sweep as sweep_report
 from reports.scaling import epochs_frame

@@ -1,7 +1,7 @@
 """Tests for db/: real SQLite files under tmp_path and real PostgreSQL databases (every test that
 takes ``db_url`` runs on both), real migrations, real second processes.
 
-    .venv/bin/python -m pytest tests/test_db.py -q
+    .venv/bin/python -m pytest tests/db/test_store.py -q
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import db.engine as db_engine
 from db import profiles
 from db.models import Base, EpochMetric
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"strategy": "ddp", "model": "resnet18", "dataset": "cifar10", "epochs": 2, "tags": ["baseline"]}
 EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {

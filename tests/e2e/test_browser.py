@@ -3,7 +3,7 @@ processes from the form, watch it complete with its charts, launch a single-devi
 compare the two to read the speedup; and launch a sweep of four strategies and read its scaling
 report. Screenshots of every step go to ``test-artifacts/``.
 
-    .venv/bin/python -m pytest tests/test_e2e_browser.py -q
+    .venv/bin/python -m pytest tests/e2e/test_browser.py -q
 
 Needs Debian's chromium (``apt-get install -y chromium``) and the ``playwright`` package. Without
 them this test fails: it never skips.
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench.browser import CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, start_dashboard
-from conftest import ROOT, run_dir
-from nvml_machines import subprocess_env
+from tests.support import ROOT, run_dir
+from tests.nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.control.lifecycle import cancel

@@ -2,7 +2,7 @@
 (faked at the edge) reports and torch is told it counts: a batch that does not fit says how much
 it needs and what would fit, and a batch that fits says how much is to spare.
 
-    .venv/bin/python -m pytest tests/test_memory_browser.py -q
+    .venv/bin/python -m pytest tests/e2e/test_browser_memory_estimate.py -q
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import re
 import pytest
 
 from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
-from conftest import ROOT
-from nvml_machines import TWO_GPUS, subprocess_env
-from test_e2e_browser import ARTIFACTS, UI_MS, VIEWPORT, Visitor
+from tests.support import ROOT
+from tests.nvml_machines import TWO_GPUS, subprocess_env
+from tests.e2e.test_browser import ARTIFACTS, UI_MS, VIEWPORT, Visitor
 
 SERVER_START_S = 30
 ESTIMATE_MS = 120_000  # resnet50's traces on a busy two-core machine, and the suggestions' too

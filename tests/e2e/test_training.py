@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from conftest import evaluate_checkpoint, run_cli, train_and_export
+from tests.support import evaluate_checkpoint, run_cli, train_and_export
 from trainer_backend.contract.config import RunConfig
 
 EPOCH_FIELDS = ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s", "train_time_s", "images_per_s", "lr")

@@ -7,7 +7,7 @@ Fragments with ``run_every`` do not tick in AppTest: a second ``.run()`` stands 
 Every test pins the machine it tests by faking NVML: a CPU machine unless it asks for
 ``two_gpu_machine``, so the tests read the same on a laptop and on a GPU workstation.
 
-    .venv/bin/python -m pytest tests/test_ui_pages.py -q
+    .venv/bin/python -m pytest tests/pages/test_every_page.py -q
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
-from nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
+from tests.support import ROOT
+from tests.nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
 from db import store
 from db.engine import session_scope
 from db.models import EpochMetric, Run, utcnow
@@ -77,7 +77,7 @@ def hold_by_this_process(engine, run_id: int) -> None:
 @pytest.fixture(autouse=True)
 def cpu_machine(fake_nvml, monkeypatch):  # noqa: F811
     """A machine without GPUs, whatever this one has (``two_gpu_machine`` overrides it)."""
-    from nvml_machines import pin_cuda_count
+    from tests.nvml_machines import pin_cuda_count
 
     fake_nvml(None)
     pin_cuda_count(monkeypatch, 0)

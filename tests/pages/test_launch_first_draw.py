@@ -2,7 +2,7 @@
 Launch button, imports neither torch nor timm (5–10 s on a small machine); they are imported after
 the button is drawn, and the page then redraws itself with every model and the parameter count.
 
-    .venv/bin/python -m pytest tests/test_launch_first_draw.py -q
+    .venv/bin/python -m pytest tests/pages/test_launch_first_draw.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.support import ROOT
 
 # A new interpreter: this test process may have imported torch already.
 FIRST_DRAW = r"""

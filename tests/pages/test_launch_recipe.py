@@ -2,7 +2,7 @@
 RunConfig's defaults, say what they do to the batch and the learning rate, show a bad value next
 to its field, and reach the launched run's config (one run and a sweep).
 
-    .venv/bin/python -m pytest tests/test_ui_recipe.py -q
+    .venv/bin/python -m pytest tests/pages/test_launch_recipe.py -q
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.control.lifecycle import cancel
 

@@ -2,7 +2,7 @@
 a profile saved with ``db.profiles.save_profile`` (the download buttons must carry the stored trace,
 the op CSV and the HTML report), the empty state, and one real profiled run from the CLI.
 
-    .venv/bin/python -m pytest tests/test_ui_profiler.py -q
+    .venv/bin/python -m pytest tests/pages/test_profiler.py -q
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import streamlit.testing.v1.app_test as app_test_module
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from db import profiles, store
 from reports.profile import ops_csv
 

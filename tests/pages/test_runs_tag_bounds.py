@@ -2,7 +2,7 @@
 200 characters (what `run --tags` and a config file allow). Beyond them nothing is saved and the
 form says why.
 
-    .venv/bin/python -m pytest tests/test_tag_bounds.py -q
+    .venv/bin/python -m pytest tests/pages/test_runs_tag_bounds.py -q
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from db import dashboard, store
-from nvml_machines import fake_nvml  # noqa: F401
-from test_ui_pages import add_run, cpu_machine, open_page, select_rows, texts  # noqa: F401
+from tests.nvml_machines import fake_nvml  # noqa: F401
+from tests.pages.test_every_page import add_run, cpu_machine, open_page, select_rows, texts  # noqa: F401
 
 
 def save_tags(at, text: str):

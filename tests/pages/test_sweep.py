@@ -2,15 +2,15 @@
 config checked, a real launch that records a sweep) and the Sweep page's report on a sweep built
 directly in the database.
 
-    .venv/bin/python -m pytest tests/test_ui_sweep.py -q
+    .venv/bin/python -m pytest tests/pages/test_sweep.py -q
 """
 
 from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.support import ROOT
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.control.lifecycle import cancel

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import ROOT
+from tests.support import ROOT
 
 PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports")
 TOP_FILES = ("app.py",)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from tests.support import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from tests.support import ROOT
 
 SCRIPT = ROOT / "scripts" / "system-deps"
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.support import ROOT
 
 SUITE = '''
 import subprocess
@@ -36,9 +36,10 @@ def test_hidden_from_the_classifier():
 
 def run_suite(tmp_path, *args: str, fast: bool) -> subprocess.CompletedProcess:
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
-    shutil.copy(ROOT / "tests" / "pg_server.py", tmp_path / "pg_server.py")
     (tmp_path / "test_small.py").write_text(SUITE)
-    env = {**os.environ, "PARALLAX_TEST_TIER": "fast" if fast else ""}
+    # The copied conftest imports tests.support and tests.pg_server from this checkout.
+    env = {**os.environ, "PARALLAX_TEST_TIER": "fast" if fast else "",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-c", os.devnull,
                            "--rootdir", str(tmp_path), *args, str(tmp_path / "test_small.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)

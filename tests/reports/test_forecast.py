@@ -2,7 +2,7 @@
 runs and later sweeps' runs) on runs written by hand into a real SQLite database, and
 ``--device-counts`` (parsing, what each strategy runs, refusals before anything is recorded).
 
-    .venv/bin/python -m pytest tests/test_forecast.py -q
+    .venv/bin/python -m pytest tests/reports/test_forecast.py -q
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import db
-from conftest import run_cli
+from tests.support import run_cli
 from db import store
 from reports.forecast import (
     CommModel,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from tests.support import run_cli
 from db import make_engine, store
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.control.lifecycle import sweep_configs

@@ -2,7 +2,7 @@
 roots the dashboard is confined to, argv-only launches (no shell), and downloads that serve only
 the run asked for.
 
-    .venv/bin/python -m pytest tests/test_access.py -q
+    .venv/bin/python -m pytest tests/system/test_access.py -q
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 import db
-from conftest import ROOT
+from tests.support import ROOT
 from db import store
 from db.folders import run_folder
 from trainer_backend.contract.config import ConfigError, RunConfig

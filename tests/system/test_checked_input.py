@@ -3,7 +3,7 @@ flags; far too many CPU processes are refused before any starts; a newer databas
 that is a file and a cancel that cannot signal end in one line; text users control is shown as
 typed, never as Markdown, and never starts a formula in a CSV download.
 
-    .venv/bin/python -m pytest tests/test_checked_input.py -q
+    .venv/bin/python -m pytest tests/system/test_checked_input.py -q
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import db
-from conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 from db import store
-from test_bad_input import BASE, assert_nothing_left
+from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left
 from trainer_backend.control.cli import main
 from trainer_backend.contract.config import ConfigError, RunConfig, cpu_cores
 from reports.spreadsheet import csv_cell, frame_for_csv

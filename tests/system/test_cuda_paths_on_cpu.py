@@ -193,7 +193,7 @@ def test_fsdp_ranks_that_count_validation_differently_take_rank_0s_verdict(paral
     kernels and count a near-tie differently. Here rank 1 counts one more correct image from epoch 2
     on (a patched validate): deciding on its own numbers it would gather the full state dict alone
     and the run would hang until the collective timeout."""
-    from conftest import run_cli
+    from tests.support import run_cli
 
     result = run_cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--strategy", "fsdp",
                      "--devices", "cpu,cpu", "--epochs", "2", home=parallax_home, timeout=300,
@@ -373,7 +373,7 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
     whether autocast was on in each forward of the stage's module and in each microbatch's backward."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
-    from conftest import leave_as_a_rank
+    from tests.support import leave_as_a_rank
     from trainer_backend.engine.models import create_model
     from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
@@ -411,7 +411,7 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
 def test_a_pipeline_runs_its_forwards_under_autocast_and_its_backwards_outside(tmp_path):
     """PyTorch's AMP notes: backward passes under autocast are not recommended (its ops run in the
     dtypes the forward chose). The schedule's step runs both: autocast must cover the forwards only."""
-    from conftest import run_world
+    from tests.support import run_world
 
     run_world(_pipeline_under_autocast, 2, str(tmp_path / "seen"), timeout_s=120)
     first, last = (json.loads((tmp_path / f"seen.{rank}").read_text()) for rank in (0, 1))

@@ -2,7 +2,7 @@
 mid-run, the database locked by another process (briefly, and for longer than a write may wait),
 the log's disk full, and a rank hung in a collective.
 
-    .venv/bin/python -m pytest tests/test_faults.py -q
+    .venv/bin/python -m pytest tests/system/test_faults.py -q
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import urllib.request
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT, run_dir
+from tests.support import ROOT, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
-from test_lifecycle import assert_group_gone, export, launch, wait_for
+from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 
 # timm's tiny test ResNet on 16x16 digits: these tests are about faults, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16")

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import run_cli
+from tests.support import run_cli
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
@@ -124,7 +124,7 @@ def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.support import ROOT
     from trainer_backend.contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
@@ -457,7 +457,7 @@ def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | No
 
     import pynvml
 
-    from conftest import ROOT, run_dir
+    from tests.support import ROOT, run_dir
 
     handles = nvml_gpus_by_torch_index()
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
@@ -623,7 +623,7 @@ def test_augmentation_draws_from_a_cuda_generator(parallax_home):
 def test_batchnorm_reestimation_with_buffers_broadcast_over_nccl(parallax_home):
     """Every rank re-estimates over the same images and rank 0's buffers are broadcast: the saved
     checkpoint, evaluated in one process, scores what the run recorded for its best epoch."""
-    from conftest import evaluate_checkpoint
+    from tests.support import evaluate_checkpoint
 
     run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128",
                 "--bn-stats-images", "512", "--epochs", "2")
@@ -653,7 +653,7 @@ def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subs
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from tests.support import ROOT
     from trainer_backend.contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):

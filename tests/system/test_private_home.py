@@ -3,7 +3,7 @@ alone by default, so that a dashboard password is not undone by a readable file;
 group is a choice (PARALLAX_SHARE_GROUP). Real CLI processes, a launched run with its worker, and
 the dashboard's entry file.
 
-    .venv/bin/python -m pytest tests/test_private_home.py -q
+    .venv/bin/python -m pytest tests/system/test_private_home.py -q
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT, run_cli
-from test_lifecycle import MODEL, launch, wait_for
+from tests.support import ROOT, run_cli
+from tests.trainer_backend.control.test_lifecycle import MODEL, launch, wait_for
 
 
 def everything_under(home: Path) -> list[Path]:

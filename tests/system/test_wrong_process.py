@@ -3,7 +3,7 @@ run's worker), a rank stopped by SIGSTOP reported as the collective timeout it c
 workers counted among the processes a machine may run, and a second worker for one queued run.
 Real launched runs, real signals.
 
-    .venv/bin/python -m pytest tests/test_wrong_process.py -q
+    .venv/bin/python -m pytest tests/system/test_wrong_process.py -q
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import sys
 import time
 
 import db
-from conftest import ROOT, run_cli, run_dir
+from tests.support import ROOT, run_cli, run_dir
 from db import lifecycle as state
 from db import store
 from db.engine import session_scope
 from db.models import Run
-from nvml_machines import fake_nvml  # noqa: F401
+from tests.nvml_machines import fake_nvml  # noqa: F401
 from sqlalchemy import update
-from test_checked_input import own_session_processes
-from test_bad_input import assert_nothing_left
-from test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
+from tests.system.test_checked_input import own_session_processes
+from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
+from tests.trainer_backend.control.test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
 from trainer_backend.contract.config import cpu_cores
 from trainer_backend.control.lifecycle import group_members
 
@@ -192,8 +192,8 @@ def test_a_second_worker_that_loses_the_claim_leaves_the_run_to_the_winner(paral
 
 
 def test_the_launch_form_names_too_many_loader_workers_under_their_field(parallax_home, fake_nvml, monkeypatch):  # noqa: F811
-    from nvml_machines import pin_cuda_count
-    from test_ui_pages import column_with, launch_button, open_page, texts
+    from tests.nvml_machines import pin_cuda_count
+    from tests.pages.test_every_page import column_with, launch_button, open_page, texts
 
     fake_nvml(None)  # a CPU machine, whatever this one has
     pin_cuda_count(monkeypatch, 0)

@@ -6,7 +6,7 @@ The Host check and the throttle shared by every session of a client run against 
 to 127.0.0.1 as a rebinding attacker's DNS would. AppTest cannot send request headers, so the
 rest goes through the decision functions and AppTest.
 
-    .venv/bin/python -m pytest tests/test_login.py -q
+    .venv/bin/python -m pytest tests/ui/test_auth_login.py -q
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import streamlit.config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from ui import auth
 from ui.text import escape_markdown
 from ui.throttle import LoginThrottle

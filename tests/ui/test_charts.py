@@ -2,7 +2,7 @@
 numbers), the scaling arithmetic (throughput, speedup, efficiency, time to target), like-for-like
 checks, config differences, CSV export and form validation.
 
-    .venv/bin/python -m pytest tests/test_ui_charts.py -q
+    .venv/bin/python -m pytest tests/ui/test_charts.py -q
 """
 
 from __future__ import annotations

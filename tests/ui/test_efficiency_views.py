@@ -3,7 +3,7 @@ per-rank times with a straggler named (Run), the memory breakdown stacked per st
 Sweep), and the Sweep page's forecast. Runs are written with ``db.store`` as the engine writes them;
 older runs without these figures get one line saying why.
 
-    .venv/bin/python -m pytest tests/test_ui_efficiency.py -q
+    .venv/bin/python -m pytest tests/ui/test_efficiency_views.py -q
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.support import ROOT
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 
 APP = str(ROOT / "app.py")

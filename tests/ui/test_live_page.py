@@ -5,7 +5,7 @@ never its charts, and rebuilds the charts once when an epoch lands (at most ever
 A tick is what the browser asks for every few seconds: a rerun of the page's fragment alone.
 AppTest has no call for that, so ``tick`` asks its script runner for one, as the browser would.
 
-    .venv/bin/python -m pytest tests/test_live_page.py -q
+    .venv/bin/python -m pytest tests/ui/test_live_page.py -q
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test, local_script_runner
 
-from conftest import ROOT
+from tests.support import ROOT
 from db import lifecycle, store
 from ui import charts, live
 

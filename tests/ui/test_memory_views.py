@@ -1,8 +1,8 @@
 """The Launch page's memory estimate through Streamlit's AppTest on a CPU machine (NVML faked
 as absent): the verdict against the host's available memory, and in "Compare strategies" mode
-one row per strategy. The GPU verdict is tested in a real browser (test_memory_browser.py).
+one row per strategy. The GPU verdict is tested in a real browser (tests/e2e/test_browser_memory_estimate.py).
 
-    .venv/bin/python -m pytest tests/test_ui_memory.py -q
+    .venv/bin/python -m pytest tests/ui/test_memory_views.py -q
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import re
 import pandas as pd
 import pytest
 
-from nvml_machines import fake_nvml  # noqa: F401
-from test_ui_pages import open_page, texts
+from tests.nvml_machines import fake_nvml  # noqa: F401
+from tests.pages.test_every_page import open_page, texts
 
 
 @pytest.fixture(autouse=True)
 def cpu_machine(fake_nvml, monkeypatch):  # noqa: F811
-    from nvml_machines import pin_cuda_count
+    from tests.nvml_machines import pin_cuda_count
 
     fake_nvml(None)
     pin_cuda_count(monkeypatch, 0)

@@ -4,7 +4,7 @@ checkpoints streamed from disk, and the same command for tests, benchmarks and u
 One real ``streamlit run app.py`` (started as ``make run`` starts it, with a password and a secrets
 file) and chromium for the module; a finished run holds a 512 MB (sparse) checkpoint.
 
-    .venv/bin/python -m pytest tests/test_serving.py -q
+    .venv/bin/python -m pytest tests/ui/test_serving.py -q
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from bench.browser import CHROMIUM, CHROMIUM_ARGS, free_port, make_run_command, start_dashboard
-from conftest import ROOT
+from tests.support import ROOT
 from db import dispose_engines, make_engine, store
 from db.folders import run_folder
 from ui import auth, login_cookie

@@ -2,14 +2,14 @@
 (?status=failed&model=resnet18) can be bookmarked and sent; what in them names nothing here gets a
 message and is left out, never replaced by another run.
 
-    .venv/bin/python -m pytest tests/test_url_state.py -q
+    .venv/bin/python -m pytest tests/ui/test_state_url.py -q
 """
 
 from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from db import store
 
 APP = str(ROOT / "app.py")

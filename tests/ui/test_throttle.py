@@ -5,7 +5,7 @@ together have a budget, so that many addresses neither buy many guesses nor flus
 The login runs through AppTest with the real scrypt check; only the client address, which the
 network would give, is set by the test.
 
-    .venv/bin/python -m pytest tests/test_login_throttle.py -q
+    .venv/bin/python -m pytest tests/ui/test_throttle.py -q
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from ui import auth
 from ui.throttle import FailureBudget, LoginThrottle, client_key
 

@@ -1,7 +1,7 @@
 """The torchrun command the Launch page offers: its flags parse back through the CLI's own parser
 into the form's config, bad values are named, and the page shows it for ddp, fsdp and pp only.
 
-    .venv/bin/python -m pytest tests/test_ui_torchrun.py -q
+    .venv/bin/python -m pytest tests/ui/test_torchrun.py -q
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import shlex
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.support import ROOT
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.control.cli import build_parser, config_from_args
 from trainer_backend.contract.config import ConfigError, RunConfig
 from ui.torchrun import torchrun_command

@@ -3,7 +3,7 @@ the training processes (CUDA) is the same physical GPU, whatever CUDA_VISIBLE_DE
 (indices, GPU UUIDs, MIG ids). NVML is faked at the edge with several GPUs listed out of PCI
 order; the CUDA side is pinned to PCI order by every process Parallax starts.
 
-    .venv/bin/python -m pytest tests/test_devices.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/contract/test_devices.py -q
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT
-from nvml_machines import fake_nvml  # noqa: F401
+from tests.support import ROOT
+from tests.nvml_machines import fake_nvml  # noqa: F401
 from trainer_backend.contract import devices
 A, B, C = "GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000", \
     "GPU-aaaa3333-0000-0000-0000-000000000000"

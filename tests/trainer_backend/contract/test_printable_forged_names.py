@@ -2,7 +2,7 @@
 newline, an ANSI escape or a bidi override in them is shown escaped, and the name quoted, on the
 terminal (the real CLI in a subprocess) and in the pages (Markdown and Plotly labels).
 
-    .venv/bin/python -m pytest tests/test_forged_names.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/contract/test_printable_forged_names.py -q
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import run_cli
+from tests.support import run_cli
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from ui.confusion import confusion_figure
 from ui.text import escape_markdown, plotly_text

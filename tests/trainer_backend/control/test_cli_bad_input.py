@@ -7,7 +7,7 @@ through the real CLI in a subprocess. A full disk while writing a checkpoint or 
 is made real with a small tmpfs mounted on ``PARALLAX_HOME/runs`` (or, where mounting is not
 allowed, a file size limit in the child, which gives EFBIG).
 
-    .venv/bin/python -m pytest tests/test_bad_input.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/control/test_cli_bad_input.py -q
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ROOT, run_cli, run_dir
+from tests.support import ROOT, run_cli, run_dir
 from trainer_backend.control.cli import main
 
 BASE = ["run", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--quiet"]

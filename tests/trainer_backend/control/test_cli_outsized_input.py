@@ -3,7 +3,7 @@ a 50-million-character model name, a dataset path longer than the OS allows, a p
 does not have, an in-memory SQLite URL. Exit code 2, nothing recorded, and the value echoed only
 as a short, shortened excerpt.
 
-    .venv/bin/python -m pytest tests/test_outsized_input.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/control/test_cli_outsized_input.py -q
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_bad_input import BASE, assert_nothing_left
+from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left
 from trainer_backend.control.cli import main
 from trainer_backend.contract.config import ConfigError, RunConfig
 

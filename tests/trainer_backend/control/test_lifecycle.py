@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli, run_dir
+from tests.support import ROOT, run_cli, run_dir
 from db import lifecycle as state
 from db import make_engine, store
 from trainer_backend.control.lifecycle import group_members

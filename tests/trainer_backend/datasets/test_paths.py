@@ -3,7 +3,7 @@
 pixels than allowed refused before decoding, CIFAR pickles that may hold only data, and broken links,
 link loops and unreadable folders named in one line.
 
-    .venv/bin/python -m pytest tests/test_dataset_paths.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/datasets/test_paths.py -q
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tifffile
 from PIL import Image
 
 import db
-from conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 from db import store
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.datasets import DatasetError, inspect_dataset, prepare_data

@@ -97,7 +97,7 @@ def test_a_cached_dataset_loads_its_split_without_importing_scikit_learn(paralla
              "d = prepare_data('digits', image_size=16); "
              "print(json.dumps([[m for m in ('sklearn', 'scipy') if m in sys.modules], d.val.labels.tolist()]))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[3])
     imported, val_labels = json.loads(done.stdout.strip().splitlines()[-1])
     assert imported == []
     assert val_labels == first.val.labels.tolist()  # the same split as the process that made it

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from tests.support import ROOT
 
 from trainer_backend.engine.augment import centre_crop, random_resized_crop
 from trainer_backend.contract.config import ConfigError, RunConfig
@@ -64,7 +64,7 @@ def test_random_resized_crop_boxes_follow_timm_defaults():
 
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_run_on_mnist_validates_on_its_test_split_and_says_so_in_the_export(parallax_home, cli):
-    from test_data import make_idx_set
+    from tests.trainer_backend.datasets.test_prepare import make_idx_set
 
     make_idx_set(parallax_home / "data" / "MNIST" / "raw", count=60)
     result = cli("run", "--dataset", "mnist", "--model", "test_resnet", "--image-size", "16", "--stored-size", "24",

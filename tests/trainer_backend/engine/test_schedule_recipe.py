@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import train_and_export
+from tests.support import train_and_export
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.loop import evaluate, train_one_epoch
 from trainer_backend.engine.schedule import attach_schedule

@@ -80,7 +80,7 @@ def test_training_batches_are_augmented_on_the_device_and_validation_batches_nev
 
 @pytest.mark.parametrize("source", ["digits", "tiff"])
 def test_stored_pixels_normalised_on_the_device_match_the_float_pipeline(source, parallax_home, tmp_path):
-    from test_data import make_tiff_folder
+    from tests.trainer_backend.datasets.test_prepare import make_tiff_folder
 
     dataset = "digits" if source == "digits" else str(make_tiff_folder(tmp_path / "eurosat"))
     config = RunConfig(dataset=dataset, image_size=16)
@@ -257,7 +257,7 @@ def test_run_page_shows_per_class_accuracy_and_the_matrix(db_url, parallax_home)
     from streamlit.testing.v1 import AppTest
 
     import db
-    from conftest import ROOT
+    from tests.support import ROOT
     from db import store
 
     engine = db.make_engine(db_url)
@@ -280,7 +280,7 @@ def test_run_page_shows_per_class_accuracy_and_the_matrix(db_url, parallax_home)
 def test_launch_form_sets_the_switches_in_its_advanced_section(parallax_home):
     from streamlit.testing.v1 import AppTest
 
-    from conftest import ROOT
+    from tests.support import ROOT
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90).run()
     advanced = next(e for e in at.expander if e.label == "Advanced")

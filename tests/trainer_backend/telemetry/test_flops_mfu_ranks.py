@@ -2,7 +2,7 @@
 
 Real counts, real gloo worlds: the two-process tests run the project's own strategies and training
 loop for a few steps at 8 px; the GPU peak table is looked up with ``torch.cuda``'s name and
-capability faked at the edge (the GPU runs are in test_gpu.py).
+capability faked at the edge (the GPU runs are in tests/system/test_gpu.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from conftest import leave_with_results, world_results
+from tests.support import leave_with_results, world_results
 from trainer_backend.telemetry import flops
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak

@@ -4,7 +4,7 @@ through a real c10d ``TCPStore`` (this process serves it, as torchrun's agent or
 machine, named per machine in charts and export, and combined across machines in Compare and the
 sweep report.
 
-    .venv/bin/python -m pytest tests/test_machine_samples.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/telemetry/test_machine_samples.py -q
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 caching allocator held (max_memory_reserved, closer to nvidia-smi), through to the database and
 the memory chart. On CPU torch.cuda's memory counters are faked at the edge.
 
-    .venv/bin/python -m pytest tests/test_peak_memory.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/telemetry/test_memory_breakdown_peak.py -q
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from tests.support import run_cli
 from db import make_engine, profiles
 
 

@@ -26,8 +26,8 @@ import torch
 from sqlalchemy import select
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import ROOT, leave_as_a_rank, run_cli, run_world
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.support import ROOT, leave_as_a_rank, run_cli, run_world
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 
 from db import make_engine, store
 from db.engine import LockBackoff

@@ -1,7 +1,7 @@
 """A run in which some process would have no batch to train on is refused before launch, naming
 the numbers (was: a ZeroDivisionError after the only, short batch was dropped).
 
-    .venv/bin/python -m pytest tests/test_degenerate_split.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/worker/test_preflight_degenerate_split.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_bad_input import BASE, assert_nothing_left, write_images
+from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left, write_images
 from trainer_backend.control.cli import main
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.worker.preflight import train_steps

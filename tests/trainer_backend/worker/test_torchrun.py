@@ -1,7 +1,7 @@
 """Runs started by torchrun: real torchrun agents (``python -m torch.distributed.run``) in real
 subprocesses, gloo on CPU, one SQLite file; and the pure pieces that read torchrun's world.
 
-    .venv/bin/python -m pytest tests/test_torchrun.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/worker/test_torchrun.py -q
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, evaluate_checkpoint, run_cli
+from tests.support import ROOT, evaluate_checkpoint, run_cli
 from db import series, store
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.telemetry import sampler as sampler_module

@@ -1,7 +1,7 @@
 """The memory estimate: its trace against a hand count, and its parameters, gradients and
 optimizer state against what every strategy really holds after a step on CPU (real gloo ranks).
 
-    .venv/bin/python -m pytest tests/test_memory_estimate.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/engine/forecast/test_memory_estimate.py -q
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from conftest import leave_with_results, world_results
+from tests.support import leave_with_results, world_results
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
 from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
@@ -229,7 +229,7 @@ def test_a_run_stores_its_estimate_and_it_matches_what_the_run_measured(shared_r
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    from nvml_machines import pin_cuda_count
+    from tests.nvml_machines import pin_cuda_count
 
     pin_cuda_count(monkeypatch, 2)
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--batch-size", "64", "--epochs", "1")
 

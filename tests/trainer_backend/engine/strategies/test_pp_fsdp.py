@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import evaluate_checkpoint, train_and_export
+from tests.support import evaluate_checkpoint, train_and_export
 
 TINY = ("--model", "test_resnet", "--image-size", "16", "--devices", "cpu,cpu", "--batch-size", "64")
 DIGITS_TRAIN = 1437
