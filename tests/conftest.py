@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import pg_server
+from tests import pg_server, support
 from tests.support import SharedRuns, run_cli, session_folder
 
 # Two test workers share the cores, and each starts training processes that size their threads to
@@ -71,6 +71,10 @@ def module_reach(path: Path) -> dict[str, set[str]]:
                 used |= more
                 changed = True
     return reach
+
+
+# And the helpers in support.py that start processes, directly or through each other (world_results, ...).
+PROCESS_NAMES |= {name for name, used in module_reach(Path(support.__file__)).items() if used & PROCESS_NAMES}
 
 
 def pytest_collection_modifyitems(session, config, items):
