@@ -15,7 +15,7 @@ import sys
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import ROOT
+from tests.support import ROOT
 from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.contract import config as config_module
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, shown
