@@ -16,7 +16,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.support import ROOT
-from nvml_machines import cpu_machine, fake_nvml  # noqa: F401
+from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.contract import config as config_module
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, shown
 from trainer_backend.contract.fields import FIELDS, SET_BY_TORCHRUN, Field
