@@ -24,6 +24,7 @@ sample of the training images, decoded once at the start.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -37,7 +38,6 @@ from .errors import DatasetError
 from .folder import FolderListing, stored_format
 from .image_files import decode_image_file, refuse_declared_size
 from .paths import open_checked
-from .prepare import PreparedData
 from .tensor_dataset import Normalisation
 
 # Training images decoded at the start to estimate the per-channel mean/std.
@@ -199,10 +199,10 @@ def sample_mean_std(train: StreamingImages, seed: int) -> tuple[torch.Tensor, to
     return unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
 
 
-def place_decoding(data: PreparedData, device: torch.device, workers: int) -> tuple[PreparedData, str | None]:
-    """``data`` handing its batches over as suits a run on ``device`` with ``workers`` loader workers
-    (``loader_output``), and the run's note about it (None when nothing is worth saying).
-    A cached set is returned as it is."""
+def place_decoding(data, device: torch.device, workers: int) -> tuple:
+    """``data`` (a PreparedData) handing its batches over as suits a run on ``device`` with
+    ``workers`` loader workers (``loader_output``), and the run's note about it (None when nothing
+    is worth saying). A cached set is returned as it is."""
     if not isinstance(data.train, StreamingImages):
         return data, None
     output = loader_output(device.type, jpeg=data.train.jpeg, workers=workers)
@@ -215,5 +215,5 @@ def place_decoding(data: PreparedData, device: torch.device, workers: int) -> tu
         else:
             output = "stored"
             note = f"JPEGs are decoded in the loader workers: decoding on {device} failed on a test file ({problem})"
-    placed = PreparedData(data.train.with_output(output), data.val.with_output(output), data.info)
+    placed = dataclasses.replace(data, train=data.train.with_output(output), val=data.val.with_output(output))
     return placed, note
