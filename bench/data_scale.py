@@ -15,17 +15,18 @@ helpers) falls on both and only the pixels differ.
 - Speed, warm: images/s that a DataLoader (batch 128, shuffled, no workers) delivers from the
   training split over the mapped cache, against the same split copied into one in-memory tensor
   (how every process held its data before), alternating, each after one warm-up pass.
-- Streaming decode: images/s delivered (normalised, as the engine does on its device, here the
-  CPU) by ``prepare_data(decode="workers")``, which decodes every file in 2 DataLoader workers
-  each epoch, against what a user would write instead: torchvision's ``ImageFolder`` with
-  ``Resize``, ``ToTensor`` and ``Normalize`` in the same 2 workers, batch 128, alternating, after a
-  pass that puts the files in the page cache.
+- Streaming decode: images/s delivered, normalised, by ``prepare_data(decode="workers")``, which
+  decodes every file in 2 DataLoader workers each epoch (placed as a CPU run places it:
+  ``place_decoding``, the workers normalise), against what a user would write instead:
+  torchvision's ``ImageFolder`` with ``Resize``, ``ToTensor`` and ``Normalize`` in the same 2
+  workers, batch 128, alternating, after a pass that puts the files in the page cache.
 - Build: the first ``prepare_data`` on the folder (decode, write, fsync) against a later one
   (map the cache), in seconds.
 
     python bench/data_scale.py                          # 3,000 images at 128 px (147 MB decoded), 3 repeats
     python bench/data_scale.py --images 20000 --size 128   # the 983 MB folder of the original measurement
     python bench/data_scale.py --quick                  # 120 images at 32 px, single and ddp x2, one repeat
+    python bench/data_scale.py --streaming-only --repeats 7   # only the decode in workers against ImageFolder
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from bench.common import ROOT, child_env, engine_command, parallax_home, parse_a
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
 from trainer_backend.datasets import ImageTensorDataset, collate_batch, prepare_data  # noqa: E402
+from trainer_backend.datasets.streaming import place_decoding  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 CLASSES = 10
@@ -153,10 +155,31 @@ def in_memory_copy(split) -> ImageTensorDataset:
     return ImageTensorDataset(split.images.clone(), split.labels, split.mean, split.std, num_classes=split.num_classes)
 
 
+def measure_streaming(report: Report, big: Path, args) -> None:
+    """Decoding in the workers as a CPU run places it, against ImageFolder, alternating."""
+    streamed, _ = place_decoding(prepare_data(str(big), image_size=args.size, decode="workers"),
+                                 torch.device("cpu"), WORKERS)
+    folder_loader = image_folder_loader(big, args.size, streamed.train.mean, streamed.train.std)
+    stream_loader = DataLoader(streamed.train, batch_size=128, shuffle=True, num_workers=WORKERS,
+                               collate_fn=collate_batch, persistent_workers=True)
+    passes = 1 if args.quick else 2
+    deliver(stream_loader, streamed.train.normalise, passes), deliver(folder_loader, None, passes)  # warm
+    stream_speed, folder_speed = [], []
+    for _ in range(args.repeats):
+        stream_speed.append(deliver(stream_loader, streamed.train.normalise, passes))
+        folder_speed.append(deliver(folder_loader, None, passes))
+    report.ratio(f"images/s, decode in {WORKERS} workers / torchvision ImageFolder in {WORKERS} workers",
+                 stream_speed, folder_speed, target=at_least(1.0))
+    report.add("images/s decoding in the workers", stream_speed, unit=" img/s", headline=False)
+    report.add("images/s with ImageFolder", folder_speed, unit=" img/s", headline=False)
+
+
 def main() -> None:
     def extra(parser):
         parser.add_argument("--images", type=int, default=3000, help="images in the generated folder (default 3000)")
         parser.add_argument("--size", type=int, default=128, help="their size in px (default 128)")
+        parser.add_argument("--streaming-only", action="store_true",
+                            help="measure only the decode in the workers against ImageFolder")
 
     args = parse_args(__doc__, extra)
     if args.quick:
@@ -168,6 +191,12 @@ def main() -> None:
                        "modes": [f"{s} x{n}" for s, n in modes], "repeats": args.repeats}
     with parallax_home("parallax-bench-data-"), tempfile.TemporaryDirectory(prefix="parallax-data-scale-") as scratch:
         big = generate_folder(Path(scratch) / "big", args.images, args.size)
+        if args.streaming_only:
+            report.settings["modes"] = []
+            measure_streaming(report, big, args)
+            report.note(f"folder: {args.images:,} RGB PNGs at {args.size} px; the streaming decode only")
+            report.finish(args)
+            return
         tiny = generate_folder(Path(scratch) / "tiny", args.images, TINY_SIZE, seed=1)
         build_s, load_s = [], []
         started = time.perf_counter()
@@ -204,20 +233,7 @@ def main() -> None:
                      target=at_least(0.95))
         report.add("images/s from the mapped cache (warm)", mapped_speed, unit=" img/s", headline=False)
 
-        streamed = prepare_data(str(big), image_size=args.size, decode="workers")
-        folder_loader = image_folder_loader(big, args.size, streamed.train.mean, streamed.train.std)
-        stream_loader = DataLoader(streamed.train, batch_size=128, shuffle=True, num_workers=WORKERS,
-                                   collate_fn=collate_batch, persistent_workers=True)
-        passes = 1 if args.quick else 2
-        deliver(stream_loader, streamed.train.normalise, passes), deliver(folder_loader, None, passes)  # warm
-        stream_speed, folder_speed = [], []
-        for _ in range(args.repeats):
-            stream_speed.append(deliver(stream_loader, streamed.train.normalise, passes))
-            folder_speed.append(deliver(folder_loader, None, passes))
-        report.ratio(f"images/s, decode in {WORKERS} workers / torchvision ImageFolder in {WORKERS} workers",
-                     stream_speed, folder_speed, target=at_least(1.0))
-        report.add("images/s decoding in the workers", stream_speed, unit=" img/s", headline=False)
-        report.add("images/s with ImageFolder", folder_speed, unit=" img/s", headline=False)
+        measure_streaming(report, big, args)
     report.note(f"folder: {args.images:,} RGB PNGs at {args.size} px; {decoded / 2**20:.0f} MiB more decoded than "
                 "the tiny folder's")
     report.finish(args)

@@ -711,3 +711,39 @@ def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, 
     assert set(estimate) == set(peaks)
     for device, parts in estimate.items():
         assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks)
+
+
+# --- JPEGs decoded on the GPU (decode workers) ---
+
+@one_gpu
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_jpeg_folder_trains_decoded_on_the_gpu_as_the_cpu_decodes_it(parallax_home, tmp_path):
+    from test_streaming_decode import make_jpeg_folder
+
+    from trainer_backend.datasets import prepare_data
+    from trainer_backend.datasets.streaming import place_decoding
+
+    folder = tmp_path / "jpegs"
+    make_jpeg_folder(folder, 40, 40)
+    result = run_cli("run", "--dataset", str(folder), "--model", "test_resnet", "--image-size", "32", "--epochs", "1",
+                     "--batch-size", "16", "--decode", "workers", "--num-workers", "1", "--strategy", "single",
+                     "--devices", "0", "--bn-stats-images", "0", home=parallax_home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = run_of(parallax_home, result)
+    assert run["status"] == "completed" and math.isfinite(run["epochs"][0]["train_loss"])
+    assert any(note.startswith("JPEGs are decoded on cuda:0") for note in run["notes"]), run["notes"]
+
+    data = prepare_data(str(folder), image_size=32, decode="workers")
+    placed, note = place_decoding(data, torch.device("cuda:0"), workers=1)
+    assert placed.train.output == "encoded", note
+    picked = list(range(len(data.train)))
+    encoded, _ = placed.train.__getitems__(picked)
+    on_gpu = placed.train.normalise.stored_pixels(encoded.pin_memory().to("cuda:0"))
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.uint8
+    stored, _ = data.train.__getitems__(picked)
+    # nvJPEG and libjpeg round their transforms and upsample chroma differently: a level or so on
+    # average, more only along hard colour edges.
+    levels = (on_gpu.cpu().float() - stored.float()).abs()
+    assert levels.mean() < 1.5 and levels.max() <= 48, (levels.mean(), levels.max())
+    images = placed.train.normalise(encoded.to("cuda:0"))
+    assert torch.allclose(images.cpu(), data.train.normalise(stored), atol=48 * float(data.train.stored_normalise.scale.max()))

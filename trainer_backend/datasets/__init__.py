@@ -10,7 +10,8 @@ A folder holds one sub-folder per class. Multi-band TIFFs (e.g. 13-band Sentinel
 to bands (3, 2, 1) divided by 4000; PNG/JPEG/BMP files are read as RGB. Decoded sets are cached
 under ``data_dir()/cache`` as one file that every process maps read-only (cache.py); a changed
 file makes a new cache entry. ``prepare_data(..., decode="workers")`` caches nothing and decodes
-a folder's files in the loader workers instead (streaming.py).
+a folder's files in the loader workers instead (streaming.py), or, on a CUDA run over JPEGs, on
+the GPU from the bytes the workers read (device_decode.py).
 """
 
 import importlib

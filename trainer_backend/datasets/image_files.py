@@ -3,11 +3,16 @@
 TIFFs may carry any number of bands (Sentinel-2 has 13); PNG/JPEG/BMP files are read as RGB.
 For a 13-band image the defaults follow EuroSAT: bands (3, 2, 1) = red, green, blue, divided by 4000.
 A file is opened once, through ``paths.open_checked``, and its header's declared size is checked
-against ``limits.max_image_bytes`` before any pixel is decoded.
+against ``limits.max_image_bytes`` before any pixel is decoded. A PNG/JPEG/BMP file is read whole in
+one call (the decoders' many small reads then come from memory), and a JPEG much larger than the
+size it is decoded for is decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself (``Image.draft``),
+still at least that size, before the resize the rest of the way.
 """
 
 from __future__ import annotations
 
+import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +23,7 @@ from PIL import Image
 
 from trainer_backend.contract.printable import shown_name
 from trainer_backend.datasets.base import DatasetError, resize_unit_images, to_uint8
-from trainer_backend.datasets.limits import too_large_image
+from trainer_backend.datasets.limits import max_image_bytes, too_large_image
 from trainer_backend.datasets.paths import open_checked
 
 TIFF_SUFFIXES = (".tif", ".tiff")
@@ -39,19 +44,33 @@ def is_image_file(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def read_band_last(path: Path, roots: list[Path] | None = None) -> np.ndarray:
+def read_band_last(path: Path, roots: list[Path] | None = None, draft_size: int | None = None) -> np.ndarray:
     """The file's pixels as (H, W, bands). Any failure names the file. With ``roots``, the file
-    opened must lie inside them."""
+    opened must lie inside them. With ``draft_size``, a JPEG may come back smaller than stored,
+    never below ``draft_size`` on either side."""
+    return read_with_size(path, roots, draft_size)[0]
+
+
+def read_with_size(path: Path, roots: list[Path] | None = None,
+                   draft_size: int | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+    """``read_band_last``'s pixels and the (height, width) the file stores."""
     with open_checked(path, roots) as handle:
         try:
-            pixels = read_tiff(handle, path) if path.suffix.lower() in TIFF_SUFFIXES else read_rgb(handle, path)
+            if path.suffix.lower() in TIFF_SUFFIXES:
+                pixels = read_tiff(handle, path)
+                stored_size = pixels.shape[:2]
+            else:
+                # Read whole unless the file alone is over what one decoded image may take: then
+                # the decoder reads its header from the file and refuses it before reading the rest.
+                whole = os.fstat(handle.fileno()).st_size <= max_image_bytes()
+                pixels, stored_size = read_rgb(io.BytesIO(handle.read()) if whole else handle, path, draft_size)
         except DatasetError:
             raise
         except Exception as exc:  # decoders raise many types; the user needs the file and the reason
             raise DatasetError(f"cannot read image {shown_name(path)}: {exc}") from exc
     if pixels.ndim != 3 or min(pixels.shape) == 0:
         raise DatasetError(f"cannot read image {shown_name(path)}: expected a 2-D image with bands, got shape {pixels.shape}")
-    return pixels
+    return pixels, (int(stored_size[0]), int(stored_size[1]))
 
 
 def refuse_declared_size(path: Path, shape: tuple[int, ...], bytes_per_value: int) -> None:
@@ -74,7 +93,7 @@ def read_tiff(handle, path: Path) -> np.ndarray:
     return pixels
 
 
-def read_rgb(handle, path: Path) -> np.ndarray:
+def read_rgb(handle, path: Path, draft_size: int | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     with Image.open(handle) as image:
         width, height = image.size  # from the header: nothing is decoded yet
         wide = image.mode in ("I", "F")
@@ -83,8 +102,13 @@ def read_rgb(handle, path: Path) -> np.ndarray:
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
             # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
             gray = np.asarray(image)
-            return np.repeat(gray[:, :, None], 3, axis=2)
-        return np.asarray(image.convert("RGB"))
+            return np.repeat(gray[:, :, None], 3, axis=2), (height, width)
+        if draft_size is not None and image.format == "JPEG":
+            # libjpeg scales in its inverse DCT, a fraction of a full decode's work; the result is
+            # still draft_size or more on each side, and the antialiased resize takes it the rest.
+            image.draft("RGB", (draft_size, draft_size))
+        # An RGB image needs no convert, which would copy it.
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB")), (height, width)
 
 
 def default_bands(band_count: int, path: Path) -> tuple[int, ...]:
@@ -118,22 +142,23 @@ def select_bands(pixels: np.ndarray, bands: tuple[int, ...], path: Path) -> np.n
 
 def decode_image_file(path: Path, image_size: int, bands: tuple[int, ...] | None,
                       band_scale: float | None, roots: list[Path] | None = None) -> DecodedImage:
-    """Read ``path`` and return its chosen bands, divided by the scale, clipped to [0, 1], resized."""
-    pixels = read_band_last(path, roots)
+    """Read ``path`` and return its chosen bands, divided by the scale, clipped to [0, 1], resized.
+    An 8-bit image already at the size comes back as a (C, S, S) view of the decoded (S, S, C)
+    pixels, not a copy: its reader copies it once, into a batch or the cache."""
+    pixels, native_size = read_with_size(path, roots, draft_size=image_size)
     band_count = pixels.shape[-1]
     chosen = select_bands(pixels, bands if bands is not None else default_bands(band_count, path), path)
     scale = band_scale if band_scale is not None else default_scale(pixels.dtype, band_count)
-    native_size = (pixels.shape[0], pixels.shape[1])
-    if pixels.dtype == np.uint8 and scale == 255.0 and native_size == (image_size, image_size):
+    if pixels.dtype == np.uint8 and scale == 255.0 and pixels.shape[:2] == (image_size, image_size):
         # An 8-bit image already at the stored size: the float round trip below would give these same bytes.
-        return DecodedImage(np.ascontiguousarray(chosen.transpose(2, 0, 1)), native_size)
+        return DecodedImage(chosen.transpose(2, 0, 1), native_size)
     unit = torch.from_numpy(chosen.astype(np.float32)).permute(2, 0, 1).div_(scale).clamp_(0.0, 1.0)
     unit.nan_to_num_(0.0)  # float rasters mark no-data with NaN, which would poison the channel mean
     resized = resize_unit_images(unit[None], image_size)[0]
     # 8-bit sources at their full scale lose nothing when stored back as uint8, at half float16's size.
     stays_8bit = pixels.dtype == np.uint8 and scale == 255.0
     stored = to_uint8(resized) if stays_8bit else resized.half()
-    return DecodedImage(stored.numpy(), (pixels.shape[0], pixels.shape[1]))
+    return DecodedImage(stored.numpy(), native_size)
 
 
 def describe_image_file(path: Path, roots: list[Path] | None = None) -> dict:

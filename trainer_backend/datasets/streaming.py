@@ -1,41 +1,99 @@
 """Decode each image in the DataLoader workers instead of caching the set: for folders not worth a cache.
 
     data = prepare_streaming(listing, name, image_size=64, bands=None, band_scale=None, val_fraction=0.2, seed=0)
+    data, note = place_decoding(data, torch.device("cpu"), workers=4)     # what the workers hand over
     loader = DataLoader(data.train, batch_size=128, num_workers=4, collate_fn=collate_batch)
+    images = data.train.normalise(pixels)                                  # on the run's device
 
 Each batch is decoded by the worker that serves it (``decode_image_file``: the same reading,
-band choice, scaling and resize as the cache), as uint8 (or float16 for scaled sources); the
-crops and normalisation then happen on the device exactly as for a cached set. Nothing is
-written to disk; every epoch pays the decode of every image. The per-channel mean/std come from
-a seeded sample of the training images, decoded once at the start.
+band choice, scaling and resize as the cache), straight into one batch tensor, in shared memory
+when a worker makes it (the training process maps it; nothing is copied across). What the worker
+hands over depends on where the run trains (``loader_output``):
+
+- "stored": pixels as stored, uint8 (or float16 for scaled sources), normalised on the device
+  (a quarter of float32's bytes to copy to a GPU). The default, and what a run without workers gets.
+- "normalised": on a CPU run with workers, the workers also normalise (the same ``x * scale +
+  shift``), so the training process, which shares the cores with them, only trains.
+- "encoded": on a CUDA run over JPEG files, the workers read the files' bytes only and the
+  training process decodes the batch on its GPU (device_decode.py).
+
+Crops and flips then happen on the device exactly as for a cached set. Nothing is written to
+disk; every epoch pays the decode of every image. The per-channel mean/std come from a seeded
+sample of the training images, decoded once at the start.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import math
+
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from PIL import Image
+from torch.utils.data import Dataset, get_worker_info
 
+from .device_decode import DeviceJpegDecode, EncodedImages, device_decode_problem
 from .errors import DatasetError
 from .folder import FolderListing, stored_format
-from .image_files import decode_image_file
+from .image_files import decode_image_file, refuse_declared_size
+from .paths import open_checked
 from .tensor_dataset import Normalisation
 
 # Training images decoded at the start to estimate the per-channel mean/std.
 STATS_SAMPLE = 256
+LOADER_OUTPUTS = ("stored", "normalised", "encoded")
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+def loader_output(device_type: str, *, jpeg: bool, workers: int) -> str:
+    """What the loader hands the training process, for a run on ``device_type`` ("cpu", "cuda", ...)
+    with ``workers`` loader workers over a folder that is (``jpeg``) all plain RGB JPEG files."""
+    if device_type == "cuda" and jpeg:
+        return "encoded"
+    if device_type == "cpu" and workers > 0:
+        return "normalised"
+    return "stored"
+
+
+def batch_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An empty batch; in a loader worker, in shared memory, as ``default_collate`` makes its batches,
+    so that sending it to the training process moves no bytes."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    empty = torch.empty(0, dtype=dtype)
+    return empty.new(empty._typed_storage()._new_shared(math.prod(shape), device="cpu")).view(shape)
+
+
+def identity(images: torch.Tensor) -> torch.Tensor:
+    """The device-side step of batches the workers normalised already."""
+    return images
 
 
 class StreamingImages(Dataset):
-    """The images at ``paths`` decoded on access; batches come as stored pixels, like ``ImageTensorDataset``'s."""
+    """The images at ``paths`` decoded on access; batches come as ``output`` says (LOADER_OUTPUTS),
+    and ``normalise`` makes the model's input of them on the device."""
 
     def __init__(self, paths: list, labels: torch.Tensor, *, image_size: int, bands, band_scale, roots,
-                 dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor, num_classes: int, channels: int):
+                 dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor, num_classes: int, channels: int,
+                 jpeg: bool = False, output: str = "stored"):
+        if output not in LOADER_OUTPUTS:
+            raise ValueError(f"Unknown loader output ({output}); allowed: {', '.join(LOADER_OUTPUTS)}")
         self.paths, self.labels = list(paths), labels.to(torch.int64)
         self.image_size, self.bands, self.band_scale, self.roots = image_size, bands, band_scale, roots
         self.dtype, self.mean, self.std, self.num_classes = dtype, mean.float(), std.float(), num_classes
-        self.channels = channels
-        self.normalise = Normalisation(self.mean, self.std, stored_dtype=dtype)
+        self.channels, self.jpeg, self.output = channels, jpeg, output
+        self.stored_normalise = Normalisation(self.mean, self.std, stored_dtype=dtype)
+        self.normalise = {"stored": self.stored_normalise, "normalised": identity,
+                          "encoded": DeviceJpegDecode(image_size, self.stored_normalise)}[output]
         self.on_device = False
+
+    def with_output(self, output: str) -> StreamingImages:
+        """These images, handed over as ``output``."""
+        return StreamingImages(self.paths, self.labels, image_size=self.image_size, bands=self.bands,
+                               band_scale=self.band_scale, roots=self.roots, dtype=self.dtype, mean=self.mean,
+                               std=self.std, num_classes=self.num_classes, channels=self.channels, jpeg=self.jpeg,
+                               output=output)
 
     @property
     def stored_bytes(self) -> int:
@@ -44,7 +102,8 @@ class StreamingImages(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def decode(self, index: int) -> torch.Tensor:
+    def decode(self, index: int) -> np.ndarray:
+        """One image as stored, (C, S, S); possibly a read-only view of the decoder's (S, S, C) pixels."""
         path = self.paths[index]
         pixels = decode_image_file(path, self.image_size, self.bands, self.band_scale, self.roots).pixels
         if self.dtype == torch.uint8 and pixels.dtype != np.uint8:
@@ -53,15 +112,62 @@ class StreamingImages(Dataset):
         if pixels.shape[0] != self.channels:
             raise DatasetError(f"image {path} has {pixels.shape[0]} channels after band selection, the folder's "
                                f"first image {self.channels}: give bands that every file has")
-        tensor = torch.from_numpy(pixels)
-        return tensor if tensor.dtype == self.dtype else (tensor.float() / 255).to(self.dtype)
+        if self.dtype == torch.float16 and pixels.dtype != np.float16:
+            return (pixels.astype(np.float32) / 255).astype(np.float16)
+        return pixels
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.decode(index), self.labels[index]
+        images, labels = self.__getitems__([index])
+        return images[0], labels[0]
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.as_tensor(indices, dtype=torch.int64)
-        return torch.stack([self.decode(int(i)) for i in indices]), self.labels.index_select(0, batch)
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor | EncodedImages, torch.Tensor]:
+        labels = self.labels.index_select(0, torch.as_tensor(indices, dtype=torch.int64))
+        if self.output == "encoded":
+            return self.read_encoded(indices), labels
+        normalised = self.output == "normalised"
+        shape = (len(indices), self.channels, self.image_size, self.image_size)
+        batch = batch_tensor(shape, torch.float32 if normalised else self.dtype)
+        rows = batch.numpy()
+        scale, shift = self.stored_normalise.scale, self.stored_normalise.shift
+        for row, index in enumerate(indices):
+            # Each image is copied once, into its row (made float on the way when normalising), and
+            # normalised there while it is in the cache: the same multiply and add as on the device.
+            rows[row] = self.decode(int(index))
+            if normalised:
+                batch[row].mul_(scale).add_(shift)
+        return batch, labels
+
+    def read_encoded(self, indices: list[int]) -> EncodedImages:
+        """The batch's files as bytes, each checked as the CPU decode checks it (inside the roots,
+        a JPEG, its declared size within limits), for the device to decode."""
+        files = []
+        for index in indices:
+            path = self.paths[int(index)]
+            with open_checked(path, self.roots) as handle:
+                raw = handle.read()
+            try:
+                with Image.open(io.BytesIO(raw)) as image:  # the header only
+                    width, height = image.size
+                    kind = image.format
+            except Exception as exc:  # decoders raise many types; the user needs the file and the reason
+                raise DatasetError(f"cannot read image {path}: {exc}") from exc
+            if kind != "JPEG":
+                raise DatasetError(f"image {path} is {kind}, not JPEG like the folder's other files: decode on the "
+                                   "CPU instead (--decode cache)")
+            refuse_declared_size(path, (height, width, 3), 1)
+            files.append(raw)
+        offsets = np.cumsum([0] + [len(raw) for raw in files])
+        data = batch_tensor((int(offsets[-1]),), torch.uint8)
+        view = data.numpy()
+        for start, raw in zip(offsets[:-1], files):
+            view[start:start + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        return EncodedImages(data, torch.as_tensor(offsets, dtype=torch.int64))
+
+
+def plain_jpeg_folder(paths: list, channels: int, dtype: torch.dtype, bands, band_scale) -> bool:
+    """Every file a JPEG read as plain RGB (no band choice or scale): what the GPU's decoder gives."""
+    return (bool(paths) and all(str(path).lower().endswith(JPEG_SUFFIXES) for path in paths)
+            and channels == 3 and dtype == torch.uint8 and bands in (None, (0, 1, 2)) and band_scale in (None, 255.0))
 
 
 def streaming_splits(listing: FolderListing, *, image_size: int, bands, band_scale, train_indices,
@@ -73,7 +179,8 @@ def streaming_splits(listing: FolderListing, *, image_size: int, bands, band_sca
     dtype = torch.uint8 if bytes_per_value == 1 else torch.float16
     roots = list(listing.roots) if listing.roots is not None else None
     common = dict(image_size=image_size, bands=bands, band_scale=band_scale, roots=roots, dtype=dtype,
-                  num_classes=len(listing.class_names), channels=channels)
+                  num_classes=len(listing.class_names), channels=channels,
+                  jpeg=plain_jpeg_folder(paths, channels, dtype, bands, band_scale))
     unit = torch.zeros(channels), torch.ones(channels)
     train_idx, val_idx = torch.as_tensor(train_indices), torch.as_tensor(val_indices)
     train = StreamingImages([paths[i] for i in train_idx.tolist()], labels[train_idx], mean=unit[0], std=unit[1],
@@ -90,3 +197,23 @@ def sample_mean_std(train: StreamingImages, seed: int) -> tuple[torch.Tensor, to
     pixels, _ = train.__getitems__(picked)
     unit = pixels.float() / (255.0 if pixels.dtype == torch.uint8 else 1.0)
     return unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
+
+
+def place_decoding(data, device: torch.device, workers: int) -> tuple:
+    """``data`` (a PreparedData) handing its batches over as suits a run on ``device`` with
+    ``workers`` loader workers (``loader_output``), and the run's note about it (None when nothing
+    is worth saying). A cached set is returned as it is."""
+    if not isinstance(data.train, StreamingImages):
+        return data, None
+    output = loader_output(device.type, jpeg=data.train.jpeg, workers=workers)
+    note = None
+    if output == "encoded":
+        problem = device_decode_problem(data.train.paths[0], data.train.roots, device)
+        if problem is None:
+            note = (f"JPEGs are decoded on {device} (torchvision decode_jpeg, nvJPEG): the loader workers read the "
+                    "files' bytes only, and each batch is decoded, resized and normalised on the device")
+        else:
+            output = "stored"
+            note = f"JPEGs are decoded in the loader workers: decoding on {device} failed on a test file ({problem})"
+    placed = dataclasses.replace(data, train=data.train.with_output(output), val=data.val.with_output(output))
+    return placed, note

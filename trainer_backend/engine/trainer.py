@@ -32,6 +32,7 @@ from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statist
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.datasets import ImageTensorDataset, PreparedData, collate_batch, prepare_data
+from trainer_backend.datasets.streaming import place_decoding
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
@@ -303,6 +304,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
                  if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
         model = strategy.wrap(to_memory_format(model, config))
+        # Decoded in the loader workers: where the uint8 -> float step (or, for JPEGs on a GPU, the decode) runs.
+        data, decode_note = place_decoding(data, strategy.input_device, config.num_workers)
         strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device, rank)
         if config.compile:
             compile_model(model, strategy)
@@ -329,6 +332,8 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
         if engine is not None and resident is not None:
             retry_when_locked(lambda: store.add_notes(engine, run_id, [device_data_note(data, strategy.input_device)]),
                               what="record the run's notes")
+        if engine is not None and decode_note is not None:
+            retry_when_locked(lambda: store.add_notes(engine, run_id, [decode_note]), what="record the run's notes")
         if engine is not None:
             once = {**measures.once_per_run(), "effective_batch": config.effective_batch,
                     **stored_estimate(config, data.info.num_classes, data.info.in_chans)}

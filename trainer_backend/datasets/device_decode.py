@@ -1,0 +1,93 @@
+"""Decode a batch of JPEG files on the GPU: the loader workers read bytes, the device decodes.
+
+    batch = EncodedImages(data, offsets)             # what a worker hands over (streaming.py, output "encoded")
+    decode = DeviceJpegDecode(64, normalisation)
+    images = decode(batch.to("cuda:0"))              # (N, 3, 64, 64) float32, normalised, on cuda:0
+
+torchvision's ``decode_jpeg`` takes a list of 1-D uint8 CPU tensors and, with a CUDA ``device``,
+decodes them all with nvJPEG in one call (its documented batched form), returning (3, H, W)
+uint8 tensors on the device. Each is then resized to the stored size exactly as the CPU decode
+does (``resize_unit_images``, rounded back to 8 bits), and normalised with the same constants.
+The pixels differ from libjpeg's by the decoders' rounding only, a level or two of 255; a JPEG
+far larger than the stored size differs a little more, as the CPU decode shrinks it in libjpeg
+first (``Image.draft``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from .base import resize_unit_images, to_uint8
+from .paths import open_checked
+
+
+class EncodedImages:
+    """A batch of files' bytes in one uint8 buffer, file ``i`` at ``data[offsets[i]:offsets[i + 1]]``.
+    ``to(device)`` only names the device that decodes them: decode_jpeg reads its input on the CPU."""
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, device: torch.device | None = None):
+        self.data, self.offsets, self.device = data, offsets, device
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def files(self) -> list[torch.Tensor]:
+        bounds = self.offsets.tolist()
+        return [self.data[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+    def to(self, device, non_blocking: bool = False) -> EncodedImages:
+        return EncodedImages(self.data, self.offsets, torch.device(device))
+
+    def pin_memory(self, device=None) -> EncodedImages:
+        """What the DataLoader's pin_memory calls on a batch it does not know: the bytes, pinned."""
+        return EncodedImages(self.data.pin_memory(), self.offsets, self.device)
+
+
+def decode_on_device(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with warnings.catch_warnings():
+        # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they still work.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+
+
+class DeviceJpegDecode:
+    """``EncodedImages`` -> the model's input on their device: decoded, resized to ``image_size``
+    as stored pixels are, then normalised by ``normalisation`` (the stored pixels' own)."""
+
+    def __init__(self, image_size: int, normalisation):
+        self.image_size, self.normalisation = image_size, normalisation
+
+    def stored_pixels(self, encoded: EncodedImages) -> torch.Tensor:
+        """The batch as the CPU decode stores it: (N, 3, S, S) uint8, on the device."""
+        size, device = self.image_size, encoded.device or torch.device("cpu")
+        images = decode_on_device(encoded.files(), device)
+        stored = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=device)
+        rows_by_shape: dict[tuple[int, ...], list[int]] = {}
+        for row, image in enumerate(images):
+            rows_by_shape.setdefault(tuple(image.shape), []).append(row)
+        for shape, rows in rows_by_shape.items():  # one resize per size present (usually one)
+            group = torch.stack([images[row] for row in rows])
+            if shape[-2:] != (size, size):
+                group = to_uint8(resize_unit_images(group.float().div_(255.0), size))
+            stored[torch.as_tensor(rows, device=device)] = group
+        return stored
+
+    def __call__(self, encoded: EncodedImages) -> torch.Tensor:
+        return self.normalisation(self.stored_pixels(encoded))
+
+
+def device_decode_problem(path: Path, roots, device: torch.device) -> str | None:
+    """Why ``device`` cannot decode the JPEG at ``path`` (a torchvision built without nvJPEG, a
+    driver that refuses it), or None when it can."""
+    try:
+        with open_checked(path, roots) as handle:
+            raw = torch.frombuffer(bytearray(handle.read()), dtype=torch.uint8)
+        decode_on_device([raw], device)
+    except Exception as exc:  # whatever the decoder raises, the run falls back to the CPU and says why
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return None
