@@ -718,7 +718,7 @@ def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, 
 @one_gpu
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_jpeg_folder_trains_decoded_on_the_gpu_as_the_cpu_decodes_it(parallax_home, tmp_path):
-    from test_streaming_decode import make_jpeg_folder
+    from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
 
     from trainer_backend.datasets import prepare_data
     from trainer_backend.datasets.streaming import place_decoding
