@@ -453,7 +453,9 @@ def _validate_devices(cfg: RunConfig) -> None:
         )
     if cfg.nodes == 1 and len(set(gpus)) != len(gpus):
         raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
-    spec(cfg.strategy).validate(cfg)  # its own rules: how many devices, how the batch divides over them
+    problem = spec(cfg.strategy).problem(cfg)  # its own rules: how many devices, how the batch divides over them
+    if problem is not None:
+        raise ConfigError(*problem)
     if cfg.amp in ("bf16", "fp16") and not gpus:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
@@ -508,12 +510,6 @@ def threads_per_process(config: RunConfig) -> int:
     return max(1, cpu_cores() // config.processes_per_node)
 
 
-def chunk_sizes(images: int, parts: int) -> list[int]:
-    """How ``Tensor.chunk`` splits ``images`` into at most ``parts`` pieces, as DataParallel scatters a batch:
-    pieces of ceil(images / parts), the last one smaller (3 over 2: 2 and 1; 9 over 8: 2, 2, 2, 2, 1)."""
-    size = -(-images // parts)
-    return [size] * (images // size) + ([images % size] if images % size else [])
-
 def max_cpu_processes() -> int:
     """CPU devices one machine may run for a run: PARALLAX_MAX_CPU_PROCESSES, default 4 per core."""
     from db.settings import whole_number_from_env
@@ -526,7 +522,16 @@ def max_cpu_processes() -> int:
 
 def strategy_notes(config: RunConfig) -> list[str]:
     """What a user should know about how their strategy really runs on these devices."""
-    notes = spec(config.strategy).notes(config)
+    notes = []
+    if config.world_size > 1 and not config.uses_cuda:
+        threads = threads_per_process(config)
+        batch = (f"per-process batch {config.per_device_batch}" if not spec(config.strategy).microbatched
+                 else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
+        notes.append(
+            f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
+            f"each ({cpu_cores()} cores shared), {batch}."
+        )
+    notes += spec(config.strategy).notes(config)  # a process per CPU device is never a world of one
     if config.amp == "auto" and not config.uses_cuda:
         notes.append("AMP auto: CPU runs train in fp32.")
     return notes + recipe_notes(config)

@@ -4,25 +4,25 @@ must know it: one frozen spec each, the only place that says what a strategy nam
     s = spec(config.strategy)               # ValueError naming the allowed names for any other
     find(values.get("strategy"))            # None for a value not validated yet
     s.distributed, s.splits_batch, s.staged # what it does with processes, batches and the model
-    s.validate(config)                      # its own rules for devices and batch (ConfigError)
+    s.problem(config)                       # (field, message) of its first rule broken, or None
     s.notes(config)                         # what a user should know about how it runs here
     s.implementation                        # "module:Class", imported by engine.strategies.registry
 
-Torch-free and free of the config module at import (config imports this): the checks and notes take
-a RunConfig and import what they raise and read from the config when they run.
+Torch-free, and beneath the config module (which imports it): the checks and notes read a RunConfig
+and return what they found; the config raises the problems as ConfigErrors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from trainer_backend.contract.config import RunConfig
+RunConfig = Any  # a contract.config.RunConfig; that module imports this one, so this one names it only
 
-Check = Callable[["RunConfig"], None]  # raises ConfigError naming the field and the fix
-Notes = Callable[["RunConfig"], list[str]]
+Problem = tuple[str, str]  # (config field, message naming the value and the fix): config raises it as a ConfigError
+Check = Callable[[RunConfig], "Problem | None"]
+Notes = Callable[[RunConfig], list[str]]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class StrategySpec:
     staged: bool = False  # the model is cut into one stage per device, so it needs at least 2
     microbatched: bool = False  # each batch is cut into microbatches streamed through the stages
     shards_state: bool = False  # parameters, gradients and optimizer state are split over the devices
+    one_device: bool = False  # runs on exactly one device
     baseline: bool = False  # the one-device run every other strategy is measured against
     grad_sync_passes: float = 0.0  # gradient passes each device sends per step, times (n-1)/n (ring)
     records_on_last_rank: bool = False  # the last rank (the one computing the loss) writes the step points
@@ -45,10 +46,9 @@ class StrategySpec:
     checks: tuple[Check, ...] = ()  # its rules for devices and batch, in the order they are checked
     own_notes: Notes | None = None
 
-    def validate(self, config: RunConfig) -> None:
-        """Refuse (ConfigError) a config this strategy cannot run, naming the field and the fix."""
-        for check in self.checks:
-            check(config)
+    def problem(self, config: RunConfig) -> Problem | None:
+        """The first of this strategy's rules the config breaks, or None where it can run."""
+        return next((found for check in self.checks if (found := check(config)) is not None), None)
 
     def notes(self, config: RunConfig) -> list[str]:
         """What a user should know about how this strategy really runs on the config's devices."""
@@ -59,80 +59,64 @@ class StrategySpec:
         return world_size - 1 if self.records_on_last_rank else 0
 
 
-def _refuse(field_name: str, message: str) -> None:
-    from trainer_backend.contract.config import ConfigError
+def chunk_sizes(images: int, parts: int) -> list[int]:
+    """How ``Tensor.chunk`` splits ``images`` into at most ``parts`` pieces, as DataParallel scatters a batch:
+    pieces of ceil(images / parts), the last one smaller (3 over 2: 2 and 1; 9 over 8: 2, 2, 2, 2, 1)."""
+    size = -(-images // parts)
+    return [size] * (images // size) + ([images % size] if images % size else [])
 
-    raise ConfigError(field_name, message)
 
-
-def _one_device(cfg: RunConfig) -> None:
+def _one_device(cfg: RunConfig) -> Problem | None:
     if len(cfg.devices) != 1:
-        _refuse("devices", f"strategy single runs on one device, got {len(cfg.devices)} ({','.join(cfg.devices)}): "
+        return ("devices", f"strategy single runs on one device, got {len(cfg.devices)} ({','.join(cfg.devices)}): "
                 "list one, or pick dp, ddp or mp for several")
 
 
-def _stage_per_device(cfg: RunConfig) -> None:
+def _stage_per_device(cfg: RunConfig) -> Problem | None:
     if len(cfg.devices) < 2:
-        _refuse("devices", f"strategy {cfg.strategy} cuts the model into one stage per device and needs at "
+        return ("devices", f"strategy {cfg.strategy} cuts the model into one stage per device and needs at "
                 f"least 2 devices, got {','.join(cfg.devices)} (on CPU: --devices cpu,cpu)")
 
 
-def _batch_divides_over_processes(cfg: RunConfig) -> None:
+def _batch_divides_over_processes(cfg: RunConfig) -> Problem | None:
     n = len(cfg.devices)
     if cfg.batch_size % n:
-        _refuse("batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
+        return ("batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
                 f"over {n} {cfg.strategy.upper()} processes: use a multiple of {n}")
 
 
-def _microbatches_fit(cfg: RunConfig) -> None:
+def _microbatches_fit(cfg: RunConfig) -> Problem | None:
     n = len(cfg.devices)
     if cfg.batch_size % cfg.microbatches:
-        _refuse("batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
+        return ("batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
                 f"microbatches: use a multiple of {cfg.microbatches}, or change the number of microbatches")
     if n > cfg.microbatches:
-        _refuse("microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
+        return ("microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
                 f"{cfg.microbatches}: every stage must have a microbatch to work on (use --microbatches {n} or more)")
     if cfg.amp == "fp16":
-        _refuse("amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto "
+        return ("amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto "
                 "or off")
 
 
-def _scatter_leaves_two_per_gpu(cfg: RunConfig) -> None:
-    from trainer_backend.contract.config import chunk_sizes
-
+def _scatter_leaves_two_per_gpu(cfg: RunConfig) -> Problem | None:
     n = len(cfg.devices)
     if not any(d.startswith("cuda") for d in cfg.devices):
         return  # a pass-through on CPU: nothing is scattered
     if cfg.batch_size < n:
-        _refuse("batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
+        return ("batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
                 "splits it over: use at least one image per GPU")
     if 1 in (shares := chunk_sizes(cfg.batch_size, n)):
         fits = next(b for b in range(cfg.batch_size + 1, cfg.batch_size + 2 * n + 2) if 1 not in chunk_sizes(b, n))
-        _refuse("batch_size", f"batch_size {cfg.batch_size} over {n} GPUs gives DataParallel's replicas "
+        return ("batch_size", f"batch_size {cfg.batch_size} over {n} GPUs gives DataParallel's replicas "
                 f"{', '.join(map(str, shares))} images (it splits as Tensor.chunk does), and BatchNorm cannot train "
                 f"on one image: use a batch that leaves every replica two or more, e.g. {fits}")
 
 
-def _cpu_processes_note(cfg: RunConfig) -> list[str]:
-    """One process per CPU device: how the cores are shared and what each process's batch is."""
-    from trainer_backend.contract.config import cpu_cores, threads_per_process
-
-    if cfg.world_size <= 1 or cfg.uses_cuda:
-        return []
-    batch = (f"{cfg.microbatches} microbatches of {cfg.batch_size // cfg.microbatches}" if spec(cfg.strategy).microbatched
-             else f"per-process batch {cfg.per_device_batch}")
-    return [f"{cfg.strategy.upper()} on CPU: {len(cfg.devices)} processes on gloo, {threads_per_process(cfg)} "
-            f"thread(s) each ({cpu_cores()} cores shared), {batch}."]
-
-
 def _data_parallel_notes(cfg: RunConfig) -> list[str]:
-    notes = []
-    if cfg.world_size == 1:
-        notes.append(
-            f"{cfg.strategy.upper()} on one device: a world of one process (its own process group), "
-            "so the run does single's work plus the wrapper's overhead. List more devices to spread it."
-        )
-    return notes + _cpu_processes_note(cfg)
+    if cfg.world_size != 1:
+        return []
+    return [f"{cfg.strategy.upper()} on one device: a world of one process (its own process group), "
+            "so the run does single's work plus the wrapper's overhead. List more devices to spread it."]
 
 
 def _data_parallel_on_cpu_notes(cfg: RunConfig) -> list[str]:
@@ -150,7 +134,7 @@ def _model_parallel_notes(cfg: RunConfig) -> list[str]:
 
 
 def _pipeline_notes(cfg: RunConfig) -> list[str]:
-    return _cpu_processes_note(cfg) + [
+    return [
         f"Pipeline parallel ({cfg.pipeline_schedule}): each epoch records every stage's busy "
         "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
         "schedule, so the profiler's step breakdown shows them as 'other'."
@@ -161,7 +145,7 @@ _STRATEGIES = "trainer_backend.engine.strategies"
 SPECS: tuple[StrategySpec, ...] = (
     StrategySpec(
         "single", "One device, one process: the baseline every other strategy is measured against.",
-        f"{_STRATEGIES}.base:Strategy", baseline=True, checks=(_one_device,)),
+        f"{_STRATEGIES}.base:Strategy", one_device=True, baseline=True, checks=(_one_device,)),
     StrategySpec(
         "dp", "torch.nn.DataParallel: one process scatters each batch over the listed GPUs "
         "(a pass-through on CPU). Simple, but GPU 0 gathers everything; DDP is usually faster.",
