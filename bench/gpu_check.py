@@ -6,7 +6,7 @@ With CUDA it runs a short series of real runs of the engine on cuda:0 (resnet18 
 ``torchrun --standalone``), prints for each the epochs' training images/s, the largest step point's
 images/s (and its ratio to the best epoch's: above 2 a step point overstates; epoch 1's own figure is
 held down by cuDNN's algorithm search in its first step, so it is no yardstick), MFU with the peak
-it divides by, and the peak memory, then runs ``tests/test_gpu.py`` with the time left of a
+it divides by, and the peak memory, then runs ``tests/system/test_gpu.py`` with the time left of a
 10-minute budget, and writes it all to docs/BENCHMARKS.md (section "GPU check") with the GPU named.
 It exits 1 if a run or a test failed or a figure is out of bounds. Without CUDA it says so in one
 line and exits 0.
@@ -15,7 +15,7 @@ It installs nothing and needs no virtual environment: it runs under the python t
 whatever that python imports (``make gpu-check PY=python3``; wheels installed with ``pip install
 --target DIR`` are found through ``PYTHONPATH=DIR``).
 
-    python bench/gpu_check.py                # the runs, then tests/test_gpu.py
+    python bench/gpu_check.py                # the runs, then tests/system/test_gpu.py
     python bench/gpu_check.py --no-tests     # the runs only
     python bench/gpu_check.py --docs PATH    # write the section to another file
 """
@@ -127,14 +127,14 @@ def summarise(name: str, flags: tuple[str, ...], run: dict, wall_s: float, outpu
 
 
 def run_tests(timeout_s: float) -> dict:
-    """tests/test_gpu.py under pytest, or why not."""
+    """tests/system/test_gpu.py under pytest, or why not."""
     try:
         import pytest  # noqa: F401
     except ImportError:
         return {"summary": "not run: pytest cannot be imported", "failed": False}
     started = time.monotonic()
     try:
-        done = subprocess.run([PYTHON, "-m", "pytest", "tests/test_gpu.py", "-q", "-p", "no:cacheprovider", "-rfEs"],
+        done = subprocess.run([PYTHON, "-m", "pytest", "tests/system/test_gpu.py", "-q", "-p", "no:cacheprovider", "-rfEs"],
                               cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stdout or b"")[-3000:]
@@ -174,7 +174,7 @@ def section(gpu: str, environment: str, results: list[dict], tests: dict | None)
              "what it records, not a tuned throughput. Epoch 1 carries cuDNN's algorithm search and the "
              "allocator's growth; MFU is the last epoch's.", "", *table(results), ""]
     if tests is not None:
-        lines += [f"tests/test_gpu.py: {tests['summary']}.", ""]
+        lines += [f"tests/system/test_gpu.py: {tests['summary']}.", ""]
     lines.append(END)
     return "\n".join(lines) + "\n"
 
@@ -201,7 +201,7 @@ def keep_section(old: str, new: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--no-tests", action="store_true", help="the runs only, not tests/test_gpu.py")
+    parser.add_argument("--no-tests", action="store_true", help="the runs only, not tests/system/test_gpu.py")
     parser.add_argument("--docs", type=Path, default=DOCS_PATH, help="where to write the section")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the tests get what the runs leave of it")
     args = parser.parse_args()
@@ -234,9 +234,9 @@ def main() -> int:
     tests = None
     if not args.no_tests:
         left = max(MIN_TEST_S, args.budget_s - (time.monotonic() - started))
-        print(f"tests/test_gpu.py (at most {left:.0f} s) ...", flush=True)
+        print(f"tests/system/test_gpu.py (at most {left:.0f} s) ...", flush=True)
         tests = run_tests(left)
-        print(f"tests/test_gpu.py: {tests['summary']}", flush=True)
+        print(f"tests/system/test_gpu.py: {tests['summary']}", flush=True)
         if tests["failed"]:
             print(tests.get("output", ""), flush=True)
     write_section(args.docs, section(gpu, environment, results, tests))

@@ -4,7 +4,7 @@ refreshing, for a set time; then what broke, if anything.
 For ``--minutes`` (default 10) this keeps three CPU runs going side by side (``PARALLAX_CPU_RUNS=3``;
 a run that ends is replaced by a new one like it): ``single`` test_resnet, ``ddp`` test_resnet on
 two CPU processes, and ``single`` resnet18 at 16 px. A headless chromium (through playwright, as in
-tests/test_e2e_browser.py) opens each live run's page, watches it refresh itself for a few seconds,
+tests/e2e/test_browser.py) opens each live run's page, watches it refresh itself for a few seconds,
 then the Runs table, round and round. Every 5 s the dashboard process's resident memory is sampled.
 At the end the runs still going are cancelled and the script reports:
 

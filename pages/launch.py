@@ -16,13 +16,15 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (AMP_MODES, AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DECODE_MODES, DISTRIBUTED, LR_SCHEDULES,
-                                    OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES, VAL_SOURCES, ConfigError,
+from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED,
+                                    SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
 from trainer_backend.contract.strategy_specs import find, spec
+from trainer_backend.contract.fields import FIELDS
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import memory_views, options, state
 from ui import torchrun as torchrun_ui
+from ui.fields import field_widget
 from ui.text import escape_markdown
 from ui.validation import validate_form
 
@@ -165,8 +167,8 @@ with data_col:
     roots = ", ".join(str(p) for p in options.data_roots())
     values["dataset"] = st.selectbox(
         "Dataset", options.dataset_choices(), format_func=options.dataset_label, key="dataset",
-        help=f"Built-in sets, and every sub-folder (one folder per class inside) of: {roots} "
-        "(set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
+        help=f"{FIELDS['dataset'].help} Offered: the built-in sets, and every sub-folder (one folder per class "
+        f"inside) of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
     outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
     if outside:
         info = {"problems": [outside], "warnings": []}
@@ -176,14 +178,14 @@ with data_col:
     for warning in info.get("warnings", []):
         st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
-    values["image_size"] = st.number_input("Image size (pixels, square)", value=DEFAULTS.image_size, step=8,
-                                           key="image_size", help="Every image is resized to N×N before training.")
+    values["image_size"] = field_widget(FIELDS["image_size"], DEFAULTS.image_size)
     field_slot("image_size")
 
 with model_col:
     st.subheader("Model")
-    values["model"] = st.selectbox("timm model (type to search)",
-                                   options.model_choices() if full else list(options.DEFAULT_MODELS), key="model")
+    values["model"] = st.selectbox(FIELDS["model"].label,
+                                   options.model_choices() if full else list(options.DEFAULT_MODELS), key="model",
+                                   help=FIELDS["model"].help)
     field_slot("model")
     # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
     model_problem = options.model_problem(values["model"]) if full else None
@@ -204,10 +206,9 @@ with strategy_col:
                                       label_visibility="collapsed")
         field_slot("strategy")
     if any(spec(name).microbatched for name in (sweep_strategies if sweeping else [values["strategy"]])):
-        values["microbatches"] = st.number_input("Microbatches per batch", value=DEFAULTS.microbatches, step=1,
-                                                 key="microbatches")
+        values["microbatches"] = field_widget(FIELDS["microbatches"], DEFAULTS.microbatches)
         field_slot("microbatches")
-        values["pipeline_schedule"] = st.selectbox("Pipeline schedule", PIPELINE_SCHEDULES, key="pipeline_schedule")
+        values["pipeline_schedule"] = field_widget(FIELDS["pipeline_schedule"], DEFAULTS.pipeline_schedule)
         field_slot("pipeline_schedule")
 with devices_col:
     st.subheader("Devices")
@@ -229,71 +230,49 @@ st.subheader("Training")
 # Three to a row: an error under a field needs room to be read.
 batch_col, epochs_col, lr_col = st.columns(3)
 with batch_col:
-    values["batch_size"] = st.number_input("Global batch size", value=DEFAULTS.batch_size, step=16, key="batch_size")
+    values["batch_size"] = field_widget(FIELDS["batch_size"], DEFAULTS.batch_size)
     batch_hint = st.empty()
     field_slot("batch_size")
 with epochs_col:
-    values["epochs"] = st.number_input("Epochs", value=DEFAULTS.epochs, step=1, key="epochs")
+    values["epochs"] = field_widget(FIELDS["epochs"], DEFAULTS.epochs)
     field_slot("epochs")
 with lr_col:
-    values["lr"] = st.number_input("Learning rate", value=DEFAULTS.lr, step=1e-4, format="%g", key="lr")
+    values["lr"] = field_widget(FIELDS["lr"], DEFAULTS.lr)
     field_slot("lr")
 optimizer_col, amp_col, profile_col = st.columns(3, vertical_alignment="bottom")
 with optimizer_col:
-    values["optimizer"] = st.selectbox("Optimizer", OPTIMIZERS, index=OPTIMIZERS.index(DEFAULTS.optimizer), key="optimizer")
+    values["optimizer"] = field_widget(FIELDS["optimizer"], DEFAULTS.optimizer)
     field_slot("optimizer")
 with amp_col:
-    values["amp"] = st.selectbox("Mixed precision (AMP)", AMP_MODES, key="amp",
-                                 help="auto: bf16 where the GPU supports it, else fp16. CPU runs train in fp32.")
+    values["amp"] = field_widget(FIELDS["amp"], DEFAULTS.amp)
     field_slot("amp")
 with profile_col:
-    values["profile"] = st.toggle("Profile the first steps (torch.profiler)", key="profile")
+    values["profile"] = field_widget(FIELDS["profile"], DEFAULTS.profile, toggle=True)
     field_slot("profile")
 
 with st.expander("More options"):
     more_left, more_right = st.columns(2)
     with more_left:
-        values["pretrained"] = st.checkbox("Start from pretrained weights (from the local cache when offline)",
-                                           key="pretrained")
+        values["pretrained"] = field_widget(FIELDS["pretrained"], DEFAULTS.pretrained)
         field_slot("pretrained")
-        values["weight_decay"] = st.number_input("Weight decay", value=DEFAULTS.weight_decay, step=1e-4, format="%g",
-                                                 key="weight_decay")
+        values["weight_decay"] = field_widget(FIELDS["weight_decay"], DEFAULTS.weight_decay)
         field_slot("weight_decay")
-        values["val_from"] = st.selectbox(
-            "Validate on", VAL_SOURCES, key="val_from",
-            format_func=lambda v: {"test": "the official test split (where the dataset has one)",
-                                   "train": "a share of the training images"}[v],
-            help="mnist, fashion_mnist and cifar10 ship a test split, so their accuracies compare with published "
-            "ones; other datasets hold out the validation share of the training images.")
+        values["val_from"] = field_widget(FIELDS["val_from"], DEFAULTS.val_from)
         field_slot("val_from")
-        values["val_fraction"] = st.number_input("Validation share", value=DEFAULTS.val_fraction, step=0.05,
-                                                 key="val_fraction")
+        values["val_fraction"] = field_widget(FIELDS["val_fraction"], DEFAULTS.val_fraction)
         field_slot("val_fraction")
-        values["stored_size"] = st.number_input(
-            "Stored image size (0: the image size)", value=DEFAULTS.stored_size, step=8, key="stored_size",
-            help="Store the cache larger than the training size: training batches take random-resized crops of "
-            "it (8-100 % of the area) and validation the centre 87.5 %, as ImageNet recipes do.")
+        values["stored_size"] = field_widget(FIELDS["stored_size"], DEFAULTS.stored_size)
         field_slot("stored_size")
-        values["decode"] = st.selectbox(
-            "Decode images", DECODE_MODES, key="decode",
-            format_func=lambda v: {"cache": "once, into a cache every process maps",
-                                   "workers": "every epoch, in the data-loader workers"}[v],
-            help="The cache decodes once and every later epoch and run reads it; decoding in the workers caches "
-            "nothing, for folders not worth a cache (image folders only).")
+        values["decode"] = field_widget(FIELDS["decode"], DEFAULTS.decode)
         field_slot("decode")
     with more_right:
-        values["seed"] = st.number_input("Seed", value=DEFAULTS.seed, step=1, key="seed")
+        values["seed"] = field_widget(FIELDS["seed"], DEFAULTS.seed)
         field_slot("seed")
-        values["num_workers"] = st.number_input("Data-loader workers per process", value=DEFAULTS.num_workers, step=1,
-                                               key="num_workers")
+        values["num_workers"] = field_widget(FIELDS["num_workers"], DEFAULTS.num_workers)
         field_slot("num_workers")
-        values["bn_stats_images"] = st.number_input(
-            "BatchNorm statistics from N training images", value=DEFAULTS.bn_stats_images, step=256,
-            key="bn_stats_images", help="Re-estimated with the current weights before each validation, so that "
-            "short runs validate what they learnt; 0 validates on BatchNorm's running averages.")
+        values["bn_stats_images"] = field_widget(FIELDS["bn_stats_images"], DEFAULTS.bn_stats_images)
         field_slot("bn_stats_images")
-        bands_text = st.text_input("Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", key="bands",
-                                   max_chars=MAX_CHOICE_LENGTH)
+        bands_text = field_widget(FIELDS["bands"], DEFAULTS.bands, max_chars=MAX_CHOICE_LENGTH)
         values["bands"] = bands_text.strip() or None
         field_slot("bands")
 
@@ -301,64 +280,41 @@ with st.expander("Advanced"):
     st.markdown("**Training recipe**")
     schedule_col, warmup_col, scale_col = st.columns(3, vertical_alignment="bottom")
     with schedule_col:
-        values["lr_schedule"] = st.selectbox(
-            "Learning-rate schedule", LR_SCHEDULES, index=LR_SCHEDULES.index(DEFAULTS.lr_schedule), key="lr_schedule",
-            help="Set per optimizer step after the warmup: constant; cosine (down to 0); step (a tenth after each "
-            "third of the run); onecycle (from lr/25 up over the warmup, 30 % of the run by default, then cosine "
-            "down to lr/250000).")
+        values["lr_schedule"] = field_widget(FIELDS["lr_schedule"], DEFAULTS.lr_schedule)
         field_slot("lr_schedule")
     with warmup_col:
-        values["warmup_epochs"] = st.number_input("Warmup epochs (linear, fractions allowed)",
-                                                  value=float(DEFAULTS.warmup_epochs), step=0.5,
-                                                  key="warmup_epochs")
+        values["warmup_epochs"] = field_widget(FIELDS["warmup_epochs"], DEFAULTS.warmup_epochs)
         field_slot("warmup_epochs")
     with scale_col:
-        values["scale_lr"] = st.checkbox(
-            f"Scale the learning rate with the batch (lr given for {SCALE_LR_REFERENCE_BATCH})", key="scale_lr",
-            help=f"The linear scaling rule: the learning rate used is lr × effective batch / "
-            f"{SCALE_LR_REFERENCE_BATCH}. The run's notes state the result.")
+        values["scale_lr"] = field_widget(FIELDS["scale_lr"], DEFAULTS.scale_lr)
         field_slot("scale_lr")
     smoothing_col, clip_col, accumulate_col = st.columns(3)
     with smoothing_col:
-        values["label_smoothing"] = st.number_input(
-            "Label smoothing", value=float(DEFAULTS.label_smoothing), step=0.05, key="label_smoothing",
-            help="Of the training loss, in [0, 1); the validation loss stays the plain cross-entropy.")
+        values["label_smoothing"] = field_widget(FIELDS["label_smoothing"], DEFAULTS.label_smoothing)
         field_slot("label_smoothing")
     with clip_col:
-        values["grad_clip"] = st.number_input(
-            "Gradient clipping (max norm, 0 = off)", value=float(DEFAULTS.grad_clip), step=0.5,
-            key="grad_clip", help="The global gradient norm is scaled down to this; under fp16 AMP the gradients "
-            "are unscaled first.")
+        values["grad_clip"] = field_widget(FIELDS["grad_clip"], DEFAULTS.grad_clip)
         field_slot("grad_clip")
     with accumulate_col:
-        values["accumulate_steps"] = st.number_input(
-            "Gradient accumulation steps", value=DEFAULTS.accumulate_steps, step=1, key="accumulate_steps",
-            help="Batches whose gradients add up to one optimizer step: the effective batch is the global batch × "
-            "N. DDP and FSDP reduce gradients only on the last of them. Not with pp (its microbatches do this).")
+        values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], DEFAULTS.accumulate_steps)
         field_slot("accumulate_steps")
     recipe_hint = st.empty()
     st.markdown("**Augmentation and speed**")
     augment_col, speed_col = st.columns(2)
     with augment_col:
-        augment = st.multiselect("Augmentation (training batches, on the device)", AUGMENTATIONS, key="augment",
-                                 help="flip: random horizontal flip; crop: random-resized crop. Validation images "
-                                 "are never augmented.")
+        augment = st.multiselect(FIELDS["augment"].label, AUGMENTATIONS, key="augment", help=FIELDS["augment"].help)
         values["augment"] = ",".join(augment) or "none"
         field_slot("augment")
     with speed_col:
-        values["channels_last"] = st.checkbox("channels_last memory format", key="channels_last",
-                                              help="Faster convolutions on recent GPUs (tensor cores). Not with pp or fsdp.")
+        values["channels_last"] = field_widget(FIELDS["channels_last"], DEFAULTS.channels_last)
         field_slot("channels_last")
-        values["compile"] = st.checkbox("torch.compile the model", key="compile",
-                                        help="Compiles before the first epoch (seconds to minutes); the compile time "
-                                        "is recorded apart and left out of images/s. Not with dp, pp or fsdp.")
+        values["compile"] = field_widget(FIELDS["compile"], DEFAULTS.compile)
         field_slot("compile")
 
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])
 with tags_col:
-    tags_text = st.text_input("Tags (comma-separated)", key="tags", placeholder="baseline, fp32",
-                              max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
+    tags_text = field_widget(FIELDS["tags"], "", placeholder="baseline, fp32", max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
     values["tags"] = tuple(t.strip() for t in tags_text.split(",") if t.strip())
     field_slot("tags")
 with note_col:

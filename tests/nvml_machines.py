@@ -1,7 +1,7 @@
 """Fixtures that pin the kind of machine a test sees through NVML: a CPU machine (no driver) or
 a fake GPU workstation, whatever GPUs the real machine has. Import the ones a module uses:
 
-    from nvml_machines import cpu_machine, two_gpu_machine  # noqa: F401
+    from tests.nvml_machines import cpu_machine, two_gpu_machine  # noqa: F401
 """
 
 from __future__ import annotations

@@ -13,5 +13,5 @@
     every room reads ─────────▶ contract     RunConfig and this machine's devices and limits (torch-free)
                                 datasets     folders and built-in sets, decoded once, cached and split
 
-Arrows run down only (tests/test_layers.py checks it): a room never imports one above it.
+Arrows run down only (tests/project/test_layers.py checks it): a room never imports one above it.
 """

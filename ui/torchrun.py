@@ -15,10 +15,10 @@ import uuid
 from dataclasses import fields
 
 from trainer_backend.contract.config import MAX_NODES, ConfigError, RunConfig
+from trainer_backend.contract.fields import FIELDS, SET_BY_TORCHRUN
 from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config
 
 ALWAYS_SHOWN = ("dataset", "model", "strategy", "devices")  # the rest only where they differ from the defaults
-SET_BY_TORCHRUN = ("nodes",)
 MAX_PROCS_PER_NODE = 1024
 
 
@@ -35,9 +35,9 @@ def config_flags(config: RunConfig) -> list[str]:
         name, value = field.name, getattr(config, field.name)
         if name in SET_BY_TORCHRUN or (name not in ALWAYS_SHOWN and value == getattr(default, name)):
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = FIELDS[name].flag
         if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
+            flags.append(flag if value else f"--no-{flag[2:]}")
         elif isinstance(value, tuple):
             flags += [flag, ",".join(str(item) for item in value)]
         elif value is not None:

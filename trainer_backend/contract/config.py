@@ -9,40 +9,31 @@ every field. The checks that need the data or the model run in ``preflight`` bef
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spec, spoken
+# The lists and limits the field catalogue describes live beside it; imported here, where they are enforced.
+from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MODES, FIELDS, LR_SCHEDULES,  # noqa: F401
+                                             MAX_ACCUMULATE_STEPS, MAX_BATCH_SIZE, MAX_CHOICE_LENGTH, MAX_EPOCHS,
+                                             MAX_GRAD_CLIP, MAX_IMAGE_SIZE, MAX_TAG_LENGTH, MAX_TAGS, MIN_IMAGE_SIZE,
+                                             OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
+                                             Field)
+
+from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spoken
+from trainer_backend.contract.strategy_specs import spec as strategy_spec
 
 # The names and descriptions the dashboard and the CLI offer, from the strategies' specs.
 STRATEGIES: dict[str, str] = {name: s.description for name, s in STRATEGY_SPECS.items()}
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 DISTRIBUTED = tuple(names_where(lambda s: s.distributed))  # one process per device
-OPTIMIZERS = ("adam", "adamw", "sgd")
-AMP_MODES = ("auto", "off", "bf16", "fp16")
-LR_SCHEDULES = ("constant", "cosine", "step", "onecycle")
-# The linear scaling rule (Goyal et al., 2017): the given learning rate is for this global batch.
-SCALE_LR_REFERENCE_BATCH = 256
-MAX_ACCUMULATE_STEPS = 1024
-MAX_GRAD_CLIP = 1e6
-AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
-VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
-DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
-MAX_EPOCHS = 10_000
-MAX_BATCH_SIZE = 65_536
-MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
 MAX_NODES = 4096
 MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
 MAX_BAND_INDEX = 4095
-MAX_TAGS, MAX_TAG_LENGTH = 64, 200
 # Text fields are bounded before anything reads them: a 50-million-character model name must not
 # reach the closest-name search, nor a path longer than the OS allows reach the file system.
 MAX_MODEL_NAME_LENGTH = 128  # timm's longest name with its pretrained tag is under 60
 MAX_PATH_LENGTH = 4096  # Linux's PATH_MAX; the folder must also exist, which the OS checks past this
 MAX_PATH_PART_LENGTH = 255  # NAME_MAX: one folder or file name
-MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
 # CPU processes (or model stages) on one machine, per core: a few more processes than cores still
 # runs (slowly, each with one thread); thousands start until the machine stops answering.
 CPU_PROCESSES_PER_CORE = 4
@@ -209,7 +200,7 @@ class RunConfig:
     @property
     def world_size(self) -> int:
         """Processes the run starts: one per device for ddp, fsdp and pp, one otherwise."""
-        return len(self.devices) if spec(self.strategy).distributed else 1
+        return len(self.devices) if strategy_spec(self.strategy).distributed else 1
 
     @property
     def processes_per_node(self) -> int:
@@ -220,7 +211,7 @@ class RunConfig:
     def per_device_batch(self) -> int:
         """The batch each DDP/FSDP rank (or DataParallel GPU replica, rounded down) sees. Pipeline
         stages all see the whole batch, cut into microbatches."""
-        strategy = spec(self.strategy)
+        strategy = strategy_spec(self.strategy)
         if strategy.splits_batch or (strategy.scatters_batch and self.uses_cuda):
             return self.batch_size // len(self.devices)
         return self.batch_size
@@ -229,7 +220,7 @@ class RunConfig:
     def process_batch(self) -> int:
         """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
         whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
-        return self.batch_size // self.world_size if spec(self.strategy).splits_batch else self.batch_size
+        return self.batch_size // self.world_size if strategy_spec(self.strategy).splits_batch else self.batch_size
 
     @property
     def effective_batch(self) -> int:
@@ -328,18 +319,12 @@ def _require_int(cfg: RunConfig, name: str, low: int, high: int) -> None:
         raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a whole number from {low} to {high}")
 
 
-def _require_float(cfg: RunConfig, name: str, low: float, high: float, *, low_open: bool) -> None:
-    value = getattr(cfg, name)
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > low if low_open else value >= low)
-        and value <= high
-    )
-    if not ok:
-        bracket = "(" if low_open else "["
-        raise ConfigError(name, f"{name} {_shown(value)} is not allowed: use a number in {bracket}{low}, {high}]")
+def _require(cfg: RunConfig, spec: Field) -> None:
+    """A field the catalogue's bounds, list or type check in full."""
+    value = getattr(cfg, spec.name)
+    if not spec.allows(value):
+        verb = "choose" if spec.choices is not None else "use"
+        raise ConfigError(spec.name, f"{spec.name} {_shown(value)} is not allowed: {verb} {spec.allowed}")
 
 
 def _require_choice(cfg: RunConfig, name: str, allowed: tuple[str, ...] | list[str]) -> None:
@@ -348,52 +333,39 @@ def _require_choice(cfg: RunConfig, name: str, allowed: tuple[str, ...] | list[s
         raise ConfigError(name, f"{name} {_shown(value)} is not allowed: choose one of {', '.join(allowed)}")
 
 
-def _validate(cfg: RunConfig) -> None:
+def _check_dataset(cfg: RunConfig) -> None:
     if not isinstance(cfg.dataset, str) or not cfg.dataset.strip():
         raise ConfigError("dataset", "dataset is empty: give a built-in name (e.g. digits) or a folder path")
     _check_path_length(cfg.dataset)
+
+
+def _check_model_name(cfg: RunConfig) -> None:
     if not isinstance(cfg.model, str) or not cfg.model.strip():
         raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
     if len(cfg.model) > MAX_MODEL_NAME_LENGTH:
         raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a timm model name has at most "
                           f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
-    _require_int(cfg, "image_size", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE)
-    _require_int(cfg, "stored_size", 0, MAX_IMAGE_SIZE)
+
+
+def _validate(cfg: RunConfig) -> None:
+    _check_dataset(cfg)
+    _check_model_name(cfg)
+    for spec in FIELDS.values():
+        if spec.simple:
+            _require(cfg, spec)
     if 0 < cfg.stored_size < cfg.image_size:
         raise ConfigError("stored_size", f"stored_size {cfg.stored_size} is not allowed: use 0 (store at image_size) "
                           f"or a size from image_size {cfg.image_size} to {MAX_IMAGE_SIZE}")
-    _require_int(cfg, "epochs", 1, MAX_EPOCHS)
-    _require_int(cfg, "batch_size", 1, MAX_BATCH_SIZE)
-    _require_int(cfg, "num_workers", 0, 64)
-    _require_int(cfg, "seed", 0, 2**31 - 1)
-    _require_int(cfg, "bn_stats_images", 0, 1_000_000)
-    for name in ("profile_wait", "profile_warmup"):
-        _require_int(cfg, name, 0, 100)
-    _require_int(cfg, "profile_active", 1, 100)
-    _require_int(cfg, "microbatches", 1, 1024)
     _require_int(cfg, "nodes", 1, MAX_NODES)
-    _require_choice(cfg, "pipeline_schedule", PIPELINE_SCHEDULES)
-    _require_float(cfg, "lr", 0.0, 10.0, low_open=True)
-    _require_float(cfg, "weight_decay", 0.0, 1.0, low_open=False)
-    _require_float(cfg, "val_fraction", 0.0, 0.9, low_open=True)
-    if cfg.band_scale is not None:
-        _require_float(cfg, "band_scale", 0.0, 1e9, low_open=True)
     _require_choice(cfg, "strategy", list(STRATEGIES))
-    _require_choice(cfg, "optimizer", OPTIMIZERS)
-    _require_choice(cfg, "amp", AMP_MODES)
-    _require_choice(cfg, "val_from", VAL_SOURCES)
-    _require_choice(cfg, "decode", DECODE_MODES)
     _validate_recipe(cfg)
-    for name in ("pretrained", "profile", "profile_stack", "scale_lr", "channels_last", "compile"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(name, f"{name} {_shown(getattr(cfg, name))} is not allowed: use true or false")
     _validate_devices(cfg)
     _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
 
 
 def _validate_speed_switches(cfg: RunConfig) -> None:
-    strategy = spec(cfg.strategy)
+    strategy = strategy_spec(cfg.strategy)
     if cfg.compile and strategy.compile_refusal:
         raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {strategy.compile_refusal}; "
                           f"use {spoken(names_where(lambda s: not s.compile_refusal))}")
@@ -404,7 +376,6 @@ def _validate_speed_switches(cfg: RunConfig) -> None:
 
 
 def _validate_recipe(cfg: RunConfig) -> None:
-    _require_choice(cfg, "lr_schedule", LR_SCHEDULES)
     warmup = cfg.warmup_epochs
     if (isinstance(warmup, bool) or not isinstance(warmup, (int, float))
             or not 0 <= warmup <= cfg.epochs):  # also refuses nan
@@ -419,8 +390,7 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
         raise ConfigError("grad_clip", f"grad_clip {_shown(clip)} is not allowed: give the largest gradient norm, a number "
                           f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
-    _require_int(cfg, "accumulate_steps", 1, MAX_ACCUMULATE_STEPS)
-    if spec(cfg.strategy).microbatched and cfg.accumulate_steps > 1:
+    if strategy_spec(cfg.strategy).microbatched and cfg.accumulate_steps > 1:
         raise ConfigError(
             "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy {cfg.strategy}: a "
             "pipeline already accumulates gradients over its microbatches; use 1 and raise --batch-size and "
@@ -442,18 +412,18 @@ def _validate_devices(cfg: RunConfig) -> None:
         if here > limit:
             why = _process_limit_why(limit)
             raise ConfigError(
-                "devices", f"devices ask for {here} CPU {'processes' if spec(cfg.strategy).distributed else 'devices'} "
+                "devices", f"devices ask for {here} CPU {'processes' if strategy_spec(cfg.strategy).distributed else 'devices'} "
                 f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
             )
     gpus = [d for d in devices if d.startswith("cuda")]
-    if cfg.nodes > 1 and (not spec(cfg.strategy).distributed or n < cfg.nodes):
+    if cfg.nodes > 1 and (not strategy_spec(cfg.strategy).distributed or n < cfg.nodes):
         raise ConfigError(
             "nodes", f"nodes {cfg.nodes}: only ddp, fsdp and pp run across machines, with at least one "
             "process per machine; start them with torchrun"
         )
     if cfg.nodes == 1 and len(set(gpus)) != len(gpus):
         raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
-    problem = spec(cfg.strategy).problem(cfg)  # its own rules: how many devices, how the batch divides over them
+    problem = strategy_spec(cfg.strategy).problem(cfg)  # its own rules: how many devices, how the batch divides over them
     if problem is not None:
         raise ConfigError(*problem)
     if cfg.amp in ("bf16", "fp16") and not gpus:
@@ -525,13 +495,13 @@ def strategy_notes(config: RunConfig) -> list[str]:
     notes = []
     if config.world_size > 1 and not config.uses_cuda:
         threads = threads_per_process(config)
-        batch = (f"per-process batch {config.per_device_batch}" if not spec(config.strategy).microbatched
+        batch = (f"per-process batch {config.per_device_batch}" if not strategy_spec(config.strategy).microbatched
                  else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
         notes.append(
             f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
             f"each ({cpu_cores()} cores shared), {batch}."
         )
-    notes += spec(config.strategy).notes(config)  # a process per CPU device is never a world of one
+    notes += strategy_spec(config.strategy).notes(config)  # a process per CPU device is never a world of one
     if config.amp == "auto" and not config.uses_cuda:
         notes.append("AMP auto: CPU runs train in fp32.")
     return notes + recipe_notes(config)
@@ -544,7 +514,7 @@ def recipe_notes(config: RunConfig) -> list[str]:
         notes.append(
             f"Gradient accumulation: {config.accumulate_steps} batches of {config.batch_size} per optimizer step, "
             f"an effective batch of {config.effective_batch}"
-            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if spec(config.strategy).splits_batch
+            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if strategy_spec(config.strategy).splits_batch
                else ".")
         )
     if config.scale_lr:

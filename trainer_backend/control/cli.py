@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from trainer_backend.contract.config import (AMP_MODES, LR_SCHEDULES, OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, STRATEGIES,
-                     DECODE_MODES, VAL_SOURCES, ConfigError, RunConfig, parse_devices, shown, shown_length)
+from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
+from trainer_backend.contract.fields import FIELDS, Field
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from trainer_backend.contract.storage import DiskFullError
@@ -56,77 +56,39 @@ def run_id_arg(text: str) -> int:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    d = RunConfig()
-    # default=None everywhere: only flags the user typed override --config.
-    add = parser.add_argument
-    add("--config", type=Path, help="JSON file with config fields; flags given here override it")
-    add("--dataset", help=f"built-in name (digits, mnist, fashion_mnist, cifar10, eurosat) or a folder "
-        f"with one sub-folder per class (default {d.dataset})")
-    add("--image-size", type=int, help=f"images are resized to N x N (default {d.image_size})")
-    add("--decode", choices=DECODE_MODES, help="cache: decode the dataset once into a file every process maps; "
-        "workers: decode an image folder's files in the --num-workers loader workers every epoch, caching "
-        "nothing (default cache)")
-    add("--stored-size", type=int, help="store images in the dataset cache at this size, larger than --image-size: "
-        "training batches take random-resized crops of it (timm's defaults) and validation a centre crop; "
-        "0 stores at --image-size (default 0)")
-    add("--bands", help="zero-based band indices for multi-band TIFFs, e.g. 3,2,1 (the default for 13-band files)")
-    add("--band-scale", type=float, help="divide band values by this, then clip to [0,1] (default 4000 for 13-band files)")
-    add("--model", help=f"timm model name (default {d.model})")
-    add("--pretrained", action=argparse.BooleanOptionalAction, default=None, help="start from pretrained weights")
-    add("--strategy", choices=list(STRATEGIES), help=" | ".join(f"{k}: {v}" for k, v in STRATEGIES.items()))
-    add("--devices", help="comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU processes for ddp); "
-        "a bare integer N means cuda:N (default cpu)")
-    add("--batch-size", type=int, help=f"GLOBAL batch size: ddp and fsdp give each of N processes batch/N, "
-        f"dp splits it over its GPUs, pp cuts it into microbatches (default {d.batch_size})")
-    add("--epochs", type=int, help=f"default {d.epochs}")
-    add("--lr", type=float, help=f"learning rate (default {d.lr})")
-    add("--optimizer", choices=OPTIMIZERS, help=f"default {d.optimizer}")
-    add("--weight-decay", type=float, help=f"default {d.weight_decay}")
-    add("--amp", choices=AMP_MODES, help="mixed precision on CUDA: auto = bf16 where supported, else fp16 "
-        "with a GradScaler; CPU always trains in fp32 (default auto)")
-    add("--num-workers", type=int, help="data-loader worker processes per training process; the decoded set is one "
-        "cache file every process maps and a batch is one gather of uint8 pixels, so workers only add hand-over "
-        f"cost (default {d.num_workers})")
-    add("--seed", type=int, help=f"default {d.seed}")
-    add("--val-fraction", type=float, help="share of the training images held out, stratified, where the dataset "
-        f"has no official test split or --val-from is train (default {d.val_fraction})")
-    add("--val-from", choices=VAL_SOURCES, help="test: validate on the official test split of mnist, "
-        "fashion_mnist and cifar10 (other datasets: --val-fraction of training); train: always hold out "
-        f"--val-fraction of the training images (default {d.val_from})")
-    add("--bn-stats-images", type=int, help="re-estimate BatchNorm statistics from this many training images "
-        f"before each validation; 0 validates on the running averages (default {d.bn_stats_images})")
-    add("--lr-schedule", choices=LR_SCHEDULES, help="learning rate per optimizer step after the warmup: constant, "
-        "cosine (to 0), step (a tenth after each third), onecycle (OneCycleLR's shape) "
-        f"(default {d.lr_schedule})")
-    add("--warmup-epochs", type=float, help="linear warmup from 0 to the lr over this many epochs, fractions "
-        f"allowed; onecycle rises over 30%% of the run when 0 (default {d.warmup_epochs:g})")
-    add("--scale-lr", action=argparse.BooleanOptionalAction, default=None,
-        help=f"linear scaling rule: --lr is for a global batch of {SCALE_LR_REFERENCE_BATCH}, scaled by the "
-        f"effective batch / {SCALE_LR_REFERENCE_BATCH} (stated in the run's notes)")
-    add("--label-smoothing", type=float, help="label smoothing of the training loss, in [0, 1); validation "
-        f"reports the plain cross-entropy (default {d.label_smoothing:g})")
-    add("--grad-clip", type=float, help="clip gradients to this global norm (with fp16 AMP, after unscaling); "
-        "0 = off (default 0)")
-    add("--accumulate-steps", type=int, help="batches per optimizer step (gradient accumulation): the effective "
-        "batch is batch size x N; DDP/FSDP reduce gradients only on the last; not with pp "
-        f"(default {d.accumulate_steps})")
-    add("--microbatches", type=int, help=f"pp: microbatches per batch (default {d.microbatches})")
-    add("--pipeline-schedule", choices=PIPELINE_SCHEDULES, help=f"pp: schedule (default {d.pipeline_schedule})")
-    add("--tags", help="comma-separated labels for finding the run later")
-    add("--augment", help="none, or a comma list of flip, crop: random horizontal flip and random-resized crop "
-        f"of training batches, done on the device (default {d.augment})")
-    add("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-        help="model and images in channels_last memory format (faster convolutions on recent GPUs)")
-    add("--compile", action=argparse.BooleanOptionalAction, default=None,
-        help="torch.compile the model; the compile warm-up is timed apart and left out of images/s "
-        "(not with dp, pp or fsdp)")
-    add("--profile", action=argparse.BooleanOptionalAction, default=None,
-        help="profile a window of first-epoch steps with torch.profiler (op table, step breakdown, traces)")
-    add("--profile-wait", type=int, help=f"steps skipped before the window (default {d.profile_wait})")
-    add("--profile-warmup", type=int, help=f"steps recorded and discarded (default {d.profile_warmup})")
-    add("--profile-active", type=int, help=f"steps kept (default {d.profile_active}); the knob for trace size")
-    add("--profile-stack", action=argparse.BooleanOptionalAction, default=None,
-        help="record Python stacks too (larger traces)")
+    """One flag per field of the catalogue, with its help, bounds and default; default=None everywhere, so
+    that only flags the user typed override --config."""
+    parser.add_argument("--config", type=Path, help="JSON file with config fields; flags given here override it")
+    for spec in FIELDS.values():
+        if spec.parse is None:
+            parser.add_argument(spec.flag, action=argparse.BooleanOptionalAction, default=None, help=flag_help(spec))
+        else:
+            parser.add_argument(spec.flag, type=spec.parse, choices=flag_choices(spec), help=flag_help(spec))
+
+
+def flag_choices(spec: Field) -> list[str] | None:
+    """The values argparse accepts for a flag: its field's list, or the strategy registry's names."""
+    if spec.registry == "strategies":
+        return list(STRATEGIES)
+    return list(spec.choices) if spec.choices is not None else None
+
+
+def flag_help(spec: Field) -> str:
+    """The field's help, then its bounds and default: 'Passes over the training images (a whole number from 1
+    to 10000; default 3).'; the strategies' help names each one."""
+    text = spec.help
+    if spec.registry == "strategies":
+        text = text.rstrip(".") + ": " + " | ".join(f"{name}: {what}" for name, what in STRATEGIES.items())
+    text = text.rstrip(".")
+    notes = [spec.allowed] if spec.kind in (int, float) and None not in (spec.low, spec.high) else []
+    if spec.kind is not bool and spec.default not in (None, ()):
+        default = spec.default
+        shown_default = ",".join(default) if isinstance(default, tuple) else f"{default:g}" if isinstance(
+            default, float) else default
+        notes.append(f"default {shown_default}")
+    if notes:
+        text += f" ({'; '.join(notes)})"
+    return (text + ".").replace("%", "%%")  # argparse formats help with %
 
 
 def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=None) -> RunConfig:
@@ -138,7 +100,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
     for name in RunConfig.__dataclass_fields__:
         given = getattr(args, name, None)
         if given is not None:
-            values[name] = given.split(",") if name == "tags" else given
+            values[name] = given
     if sweep:
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.

@@ -1,0 +1,231 @@
+"""The project's imports run one way: no circles, no private names across modules, and the
+layers keep to themselves (the engine never imports the dashboard, the pages never join a
+process group). Read from the source with ``ast``, imports inside functions included, since a
+circle hidden inside a function is still a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support import ROOT
+
+PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports")
+TOP_FILES = ("app.py",)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    paths = [ROOT / name for name in TOP_FILES]
+    for package in PACKAGES:
+        paths += sorted((ROOT / package).rglob("*.py"))
+    return {module_name(p): p for p in paths if p.exists() and "migrations" not in p.parts}
+
+
+MODULES = project_modules()
+
+
+def is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def resolve_from(module: str, node: ast.ImportFrom) -> str:
+    """The absolute name of what ``from <node.module> import ...`` reads, inside ``module``."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package(module) else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str) -> list[tuple[str, str, int]]:
+    """(imported module, imported name or "", line) for every import in the file, at any depth."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "", node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            source = resolve_from(module, node)
+            found += [(source, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def project_target(source: str, name: str) -> str | None:
+    """The project module an import loads: the submodule where ``from package import submodule``."""
+    if name and f"{source}.{name}" in MODULES:
+        return f"{source}.{name}"
+    while source and source not in MODULES:
+        source = source.rpartition(".")[0]
+    return source or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    for module in MODULES:
+        for source, name, _ in imports_of(module):
+            target = project_target(source, name)
+            if target is not None and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan), shown as a path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_the_import_graph_has_no_circles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import circles (imports inside functions count): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_checker_finds_a_circle_hidden_in_a_function():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+    # A function-level import is read like any other.
+    tree = ast.parse("def f():\n    from .loop import train_one_epoch\n")
+    assert [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] == ["loop"]
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_is_imported_from_another_module():
+    crossings = []
+    for module in MODULES:
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}  # local name -> project module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = resolve_from(module, node)
+                for alias in node.names:
+                    target = project_target(source, alias.name)
+                    if target is None:
+                        continue
+                    if is_private(alias.name):
+                        crossings.append(f"{module}:{node.lineno} imports {alias.name} from {source}")
+                    elif target == f"{source}.{alias.name}":
+                        aliases[alias.asname or alias.name] = target
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if project_target(alias.name, "") is not None and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and is_private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases):
+                crossings.append(f"{module}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not crossings, "private names used across modules: " + "; ".join(crossings)
+
+
+def imported_modules(module: str) -> set[str]:
+    names = set()
+    for source, name, _ in imports_of(module):
+        names.add(source)
+        if name:
+            names.add(f"{source}.{name}")
+    return names
+
+
+def test_the_engine_never_imports_the_dashboard():
+    offending = {
+        f"{module} imports {name}"
+        for module in MODULES if module.startswith("trainer_backend")
+        for name in imported_modules(module)
+        if name.split(".")[0] in ("streamlit", "ui", "pages")
+    }
+    assert not offending, sorted(offending)
+
+
+def test_pages_and_ui_never_import_torch_distributed():
+    offending = {
+        f"{module} imports {name}"
+        for module in MODULES if module.split(".")[0] in ("ui", "pages", "app", "reports")
+        for name in imported_modules(module)
+        if name == "torch.distributed" or name.startswith("torch.distributed.")
+    }
+    assert not offending, sorted(offending)
+
+
+# The backend's rooms by process role, highest first (trainer_backend/__init__.py draws them): a module imports
+# from its own room or a lower one, never a higher one.
+ROOMS = ("control", "worker", "engine", "telemetry", "datasets", "contract")
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainer_backend" and len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def upward_imports(modules) -> list[str]:
+    found = []
+    for module in modules:
+        room = room_of(module)
+        for source, _name, line in imports_of(module) if room else ():
+            target = room_of(source)
+            if target and ROOMS.index(target) < ROOMS.index(room):
+                found.append(f"{module}:{line} ({room}) imports {source} ({target})")
+    return found
+
+
+def test_the_backends_rooms_import_only_downward():
+    assert not upward_imports(MODULES), upward_imports(MODULES)
+
+
+def test_every_backend_module_lives_in_a_room_and_no_room_holds_more_than_15():
+    loose = [m for m in MODULES if m.startswith("trainer_backend.") and room_of(m) is None
+             and m not in ("trainer_backend.__main__",)]
+    assert not loose, f"modules outside the rooms: {loose}"
+    for folder in [p for p in (ROOT / "trainer_backend").rglob("*") if p.is_dir() and p.name != "__pycache__"]:
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        assert len(modules) <= 15, f"{folder.relative_to(ROOT)} holds {len(modules)} modules"
+        assert (folder / "__init__.py").read_text(encoding="utf-8").startswith('"""'), f"{folder} has no docstring"
+
+
+def test_the_contract_imports_no_torch():
+    """The dashboard and the launcher read the contract without loading torch (a subprocess: this one has it)."""
+    import subprocess
+    import sys
+
+    contract = sorted(m for m in MODULES if room_of(m) == "contract")
+    code = "import sys\n" + "".join(f"import {m}\n" for m in contract) + "print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr

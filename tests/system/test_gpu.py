@@ -1,0 +1,713 @@
+"""The CUDA paths: NCCL DDP, DataParallel, model parallel over two GPUs, AMP.
+
+These run on a GPU workstation with ``make test``; where CUDA is absent they skip (and only then).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests.support import run_cli
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
+
+
+def train(home, *flags, env_extra: dict | None = None):
+    result = run_cli("run", "--dataset", "digits", "--model", "resnet18", "--epochs", "1", *flags, home=home,
+                     env_extra=env_extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    run = json.loads(run_cli("export", run_id, home=home).stdout)
+    assert run["status"] == "completed"
+    epoch = run["epochs"][0]
+    assert all(math.isfinite(epoch[k]) for k in ("train_loss", "val_acc", "images_per_s"))
+    return run
+
+
+@one_gpu
+@pytest.mark.parametrize("amp", ["bf16", "fp16", "off"])
+def test_single_gpu_with_amp(parallax_home, amp):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp)
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0"}
+
+
+@two_gpus
+def test_ddp_over_two_gpus_with_nccl(parallax_home):
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128")
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+
+
+@two_gpus
+def test_dataparallel_over_two_gpus(parallax_home):
+    run = train(parallax_home, "--strategy", "dp", "--devices", "0,1")
+    assert not any("pass-through" in note for note in run["notes"])
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+
+
+@two_gpus
+def test_model_parallel_over_two_gpus(parallax_home):
+    run = train(parallax_home, "--strategy", "mp", "--devices", "cuda:0,cuda:1")
+    memory = run["epochs"][0]["peak_memory_mb"]
+    assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+# --- measurement ---
+# The profiler, peak memory, pipeline busy time and GPU numbering as only a GPU shows them.
+
+PHASE_FIELDS = ("data_loading_ms", "forward_ms", "backward_ms", "optimizer_step_ms")
+
+
+def profiled_steps(home, run):
+    from db import make_engine, profiles
+
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    return profiles.read_ops(engine, run["run_id"]), profiles.read_steps(engine, [run["run_id"]])
+
+
+@one_gpu
+def test_profiler_on_cuda_counts_each_step_once_with_kernels_on_the_gpu(parallax_home):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--profile", "--profile-active", "3")
+    ops, steps = profiled_steps(parallax_home, run)
+    assert any(op["self_device_us"] > 0 for op in ops), "no kernel with device time"
+    assert [s["step"] for s in steps] == [3, 4, 5]  # exactly the active steps: no device-side copies
+    for step in steps:
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+        assert step["forward_ms"] > 0 and step["backward_ms"] > 0 and step["communication_ms"] == 0
+
+
+@two_gpus
+def test_profiler_reads_nccl_collectives_from_the_gpus(parallax_home):
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--profile", "--profile-active", "2")
+    _, steps = profiled_steps(parallax_home, run)
+    assert sorted((s["rank"], s["step"]) for s in steps) == [(r, n) for r in (0, 1) for n in (3, 4)]
+    for step in steps:
+        assert 0 < step["communication_ms"] <= step["total_ms"]
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+
+
+@one_gpu
+def test_peak_memory_records_allocated_and_reserved_per_gpu(parallax_home):
+    epoch = train(parallax_home, "--strategy", "single", "--devices", "0")["epochs"][0]
+    allocated, reserved = epoch["peak_memory_mb"], epoch["extra"]["peak_memory_reserved_mb"]
+    assert set(allocated) == set(reserved) == {"cuda:0"}
+    assert 0 < allocated["cuda:0"] <= reserved["cuda:0"]
+
+
+@two_gpus
+def test_peak_memory_of_each_ddp_rank_has_both_figures(parallax_home):
+    epoch = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128")["epochs"][0]
+    reserved = epoch["extra"]["peak_memory_reserved_mb"]
+    assert set(reserved) == {"cuda:0", "cuda:1"}
+    assert all(0 < epoch["peak_memory_mb"][d] <= reserved[d] for d in reserved)
+
+
+@two_gpus
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_stages_on_two_gpus_are_busy_less_than_all_the_time(parallax_home, schedule):
+    run = train(parallax_home, "--strategy", "pp", "--devices", "0,1", "--pipeline-schedule", schedule)
+    extra = run["epochs"][0]["extra"]
+    busy = extra["stage_busy_fraction"]
+    assert set(busy) == {"stage0", "stage1"} and all(0 < f < 1 for f in busy.values()), busy
+    assert 0 < extra["bubble_fraction"] < 1
+
+
+@one_gpu
+def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
+    """NVML's GPU for cuda:N is the GPU a process gets as cuda:N under Parallax's PCI bus order."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    from trainer_backend.contract import devices
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
+        pytest.skip("needs NVML and whole GPUs")
+    probe = ("import torch\n"
+             "print(','.join(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())))")
+    env = {**os.environ, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+    def plain(uuid: str) -> str:
+        return uuid.strip().lower().removeprefix("gpu-")
+
+    assert [plain(u) for u in done.stdout.split(",")] == [plain(s.uuid) for s in statuses], done.stderr
+
+
+# --- engine ---
+
+def run_of(home, result) -> dict:
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    return json.loads(run_cli("export", run_id, home=home).stdout)
+
+
+def auto_dtype() -> str:
+    return "bfloat16" if torch.cuda.get_device_capability(0) >= (8, 0) else "float16"
+
+
+@one_gpu
+@pytest.mark.parametrize("amp", ["auto", "bf16", "fp16", "off"])
+def test_single_gpu_forward_runs_in_the_dtype_asked_for(parallax_home, amp):
+    # 64 px: larger activation gradients, so fp16's first steps overflow at the scaler's initial 2**16.
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp, "--image-size", "64")
+    extra = run["epochs"][0]["extra"]
+    expected = {"auto": auto_dtype(), "bf16": "bfloat16", "fp16": "float16", "off": None}[amp]
+    assert extra.get("forward_dtype") == expected
+    if expected == "float16":
+        # GradScaler starts at 2**16 and halves on every step whose gradients overflow.
+        assert 0 < extra["grad_scale"] < 2.0**16
+    else:
+        assert "grad_scale" not in extra
+
+
+@one_gpu
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_on_one_gpu_train_as_a_world_of_one(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0")
+    assert run["world_size"] == 1 and any("world of one" in note for note in run["notes"])
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0"}
+
+
+@two_gpus
+def test_dataparallel_replicas_run_in_bf16(parallax_home):
+    run = train(parallax_home, "--strategy", "dp", "--devices", "0,1", "--amp", "bf16")
+    assert run["epochs"][0]["extra"]["forward_dtype"] == "bfloat16"
+    assert all(v > 0 for v in run["epochs"][0]["peak_memory_mb"].values())
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["fsdp", "pp"])
+def test_fsdp_and_pipeline_over_two_gpus(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128")
+    memory = run["epochs"][0]["peak_memory_mb"]
+    assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "mp"])
+def test_devices_listed_in_reverse_keep_their_order(parallax_home, strategy):
+    """--devices 1,0: rank 0 (ddp), DataParallel's gathering GPU and mp's first stage are cuda:1."""
+    run = train(parallax_home, "--strategy", strategy, "--devices", "1,0")
+    assert run["config"]["devices"] == ["cuda:1", "cuda:0"]
+    memory = run["epochs"][0]["peak_memory_mb"]
+    assert set(memory) == {"cuda:0", "cuda:1"} and all(v > 0 for v in memory.values())
+
+
+@one_gpu
+def test_out_of_memory_fails_with_the_hint_and_frees_the_gpu(parallax_home):
+    from trainer_backend.worker.preflight import OOM_HINT
+
+    free_before, _ = torch.cuda.mem_get_info(0)
+    # All 1437 training images in one batch of resnet50 at 384 px: hundreds of GB of activations.
+    result = run_cli("run", "--dataset", "digits", "--model", "resnet50", "--image-size", "384", "--batch-size",
+                     "2048", "--epochs", "1", "--amp", "off", "--devices", "0", home=parallax_home, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run = run_of(parallax_home, result)
+    assert run["status"] == "failed" and run["error"].startswith(OOM_HINT), run["error"]
+    free_after, _ = torch.cuda.mem_get_info(0)
+    assert free_after > free_before - 2**30  # the failed run's memory went back to the GPU
+    train(parallax_home, "--strategy", "single", "--devices", "0")  # and the GPU trains again
+
+
+@one_gpu
+def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
+    """So that reading it back puts nothing on the GPU of the rank that saved it."""
+    from torch import nn
+
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.strategies import Strategy
+
+    strategy = Strategy(RunConfig(strategy="single", devices="0"))
+    model = strategy.wrap(nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4, device="cuda:0")).sum().backward()
+    optimizer.step()
+    state = strategy.resume_state(model, optimizer)
+    tensors = [*state["model"].values(), *state["optimizer"]["state"][0].values()]
+    assert any(t.numel() > 1 for t in tensors) and all(t.device.type == "cpu" for t in tensors)
+
+
+# --- steps and system samples ---
+# NVML's fields and counters on a real GPU, and step points timed by CUDA events.
+
+
+def series_of(home, run):
+    from sqlalchemy import select
+
+    from db import make_engine
+    from db.models import StepMetric, SystemSample
+
+    with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:
+        steps = connection.execute(select(StepMetric).where(StepMetric.run_id == run["run_id"])).mappings().all()
+        samples = connection.execute(select(SystemSample).where(SystemSample.run_id == run["run_id"])).mappings().all()
+    return steps, samples
+
+
+@one_gpu
+def test_gpu_run_samples_nvml_fields_and_records_steps_and_energy(parallax_home, monkeypatch):
+    monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.2")
+    run = train(parallax_home, "--strategy", "single", "--devices", "0")
+    steps, samples = series_of(parallax_home, run)
+    assert steps and all(math.isfinite(s["train_loss"]) and s["images_per_s"] > 0 for s in steps)
+    gpus = [g for s in samples for g in s["gpus"]]
+    assert gpus and {g["index"] for g in gpus} == {0}
+    for field in ("util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz"):
+        assert any(g[field] is not None and g[field] > 0 for g in gpus), field
+    extra = run["epochs"][0]["extra"]
+    # Volta and later keep an energy counter; older boards are integrated from power readings.
+    assert extra["energy_j"]["gpu0"] > 0 and extra["energy_j_per_image"] > 0
+
+
+@two_gpus
+def test_ddp_over_two_gpus_samples_both(parallax_home, monkeypatch):
+    monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.2")
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128")
+    _, samples = series_of(parallax_home, run)
+    assert any({g["index"] for g in s["gpus"]} == {0, 1} for s in samples)
+    assert any([p["rank"] for p in s["processes"]] == [0, 1] for s in samples)
+    assert set(run["epochs"][0]["extra"]["energy_j"]) >= {"gpu0", "gpu1"}
+
+
+@one_gpu
+def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine, served):
+    """A torchrun machine other than rank 0's samples its GPU 0 (NVML) and sends the rows through a
+    real c10d store; rank 0's sampler writes them with its own, the GPU fields intact."""
+    import os
+    import time
+    from db import series, store
+    from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
+    from trainer_backend.telemetry.sampler import SystemSampler
+
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
+                                       "devices": ["cuda:0", "cuda:0"], "epochs": 1}, status="running")
+    started_at_s = time.time()
+    drain = StoreDrain(sample_store(run_id, 0, host="127.0.0.1", port=served), {1: "node 1 (b)"}, started_at_s)
+    remote = SystemSampler(None, run_id, 0.0, [0], interval_s=0.1, flush_s=0.3, node=1, machine="node 1 (b)",
+                           sink=StorePusher(sample_store(run_id, 0, host="127.0.0.1", port=served), node=1))
+    remote.watch({1: os.getpid()})
+    with SystemSampler(engine, run_id, started_at_s, [], interval_s=0.1, flush_s=0.3, extra=drain):
+        with remote:
+            time.sleep(1.0)
+    theirs = [r for r in series.read_system(engine, [run_id], max_points=None) if r["node"] == 1]
+    assert len(theirs) >= 5 and all(0 <= r["t_s"] < 5 for r in theirs)
+    gpus = [g for r in theirs for g in r["gpus"]]
+    assert gpus and {g["index"] for g in gpus} == {0}
+    for field in ("memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz"):
+        assert any(g[field] is not None and g[field] > 0 for g in gpus), field
+    assert store.get_run(engine, run_id).notes == []
+
+
+@one_gpu
+def test_a_machines_gpu_energy_reaches_the_job_through_an_object_gather_on_nccl(tmp_path):
+    """Across machines, each machine's local rank 0 meters its GPUs and every process of the job
+    joins one object all-gather on NCCL per epoch: here a world of one process on GPU 0."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
+
+    torch.cuda.set_device(0)
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30))
+    dist.init_process_group("nccl", store=server, rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        energy = JobEnergy.open(EnergyPart({0: "node 0 (a)"}, node=0, meters=True, cuda_indices=(0,)),
+                                powercap_dir=tmp_path / "no-rapl")
+        (note,) = energy.take_notes()
+        assert note.startswith("node 0 (a): ") and "counts the GPUs only" in note
+        energy.start()
+        x = torch.randn(2048, 2048, device="cuda")
+        for _ in range(10):  # about a second of work, with ticks for a board that integrates power
+            for _ in range(50):
+                x = (x @ x).tanh()
+            torch.cuda.synchronize()
+            energy.tick()
+            time.sleep(0.05)
+        fields = energy.epoch_fields(energy.stop(), images=100)
+        energy.close()
+    finally:
+        dist.destroy_process_group()
+    assert set(fields["energy_j"]) == {"node0:gpu0"} and fields["energy_j"]["node0:gpu0"] > 0
+    assert fields["energy_j_per_image"] == pytest.approx(fields["energy_j"]["node0:gpu0"] / 100)
+
+
+# --- training recipe ---
+
+
+@one_gpu
+def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
+    """Under fp16 the loss is scaled by 2**16: clipping before unscaling would leave gradients 65,536 times too small."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.loop import make_grad_scaler, train_one_epoch
+    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.engine.trainer import build_optimizer
+
+    config = RunConfig(strategy="single", devices="0", amp="fp16", grad_clip=0.05, optimizer="sgd", lr=0.1)
+    strategy = Strategy(config)
+    torch.manual_seed(0)
+    model = strategy.wrap(nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3)))
+    images, labels = torch.randn(8, 1, 8, 8) * 5, torch.randint(0, 3, (8,))
+    with torch.autocast("cuda", dtype=torch.float16):
+        F.cross_entropy(model(images.cuda()), labels.cuda()).backward()
+    raw_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    model.zero_grad(set_to_none=True)
+    assert raw_norm > 0.5
+    optimizer = build_optimizer(config, model.parameters())
+    norms: list[float] = []
+    optimizer.register_step_pre_hook(
+        lambda *_: norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()))
+    train_one_epoch(model, [(images, labels)], optimizer, strategy, amp_dtype=torch.float16,
+                    scaler=make_grad_scaler(torch.float16))
+    assert norms == [pytest.approx(0.05, rel=1e-2)]
+
+
+# --- MFU, ranks, memory breakdown ---
+# MFU against the datasheet peak of the GPU this runs on, comm wait from CUDA events, and the
+# memory breakdown with the activations only CUDA's allocator can tell.
+
+RESNET18_DIGITS_PARAMS_MB = 42.63  # resnet18, 10 classes, one input channel, fp32
+
+
+@one_gpu
+def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
+    from trainer_backend.telemetry.flops import gpu_peak
+
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", "bf16")
+    measured, extra = run["measurements"], run["epochs"][0]["extra"]
+    name = torch.cuda.get_device_name(0)
+    found = gpu_peak(name, "bf16")
+    assert measured["flops_per_image"] > 0 and extra["achieved_tflops"] > 0
+    if found is None:  # a GPU the table does not know: no MFU, and the run says why
+        assert extra["mfu"] is None and measured["peak_tflops"] is None
+        assert any(name in note for note in run["notes"])
+    else:
+        assert measured["peak_tflops"] == found[0] and measured["peak_source"] == f"{found[1]}: autocast bf16"
+        assert 0 < extra["mfu"] <= 1
+    (rank,) = extra["ranks"]
+    assert rank["comm_wait_s"] == 0.0 and rank["compute_time_s"] > 0
+    (label, entry), = extra["memory_breakdown"].items()
+    assert label == "cuda:0"
+    assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB, rel=0.01)
+    assert entry["activations_other_mb"] > 0
+    held = entry["parameters_mb"] + entry["gradients_mb"] + entry["optimizer_mb"] + entry["activations_other_mb"]
+    assert held == pytest.approx(run["epochs"][0]["peak_memory_mb"]["cuda:0"], rel=0.01)
+
+
+@one_gpu
+def test_fsdp_on_one_gpu_reads_its_comm_wait_from_cuda_events(parallax_home):
+    # A world of one gathers nothing, but FSDP's hooks run and are timed by events on the compute stream.
+    run = train(parallax_home, "--strategy", "fsdp", "--devices", "0")
+    (rank,) = run["epochs"][0]["extra"]["ranks"]
+    assert isinstance(rank["comm_wait_s"], float) and 0 <= rank["comm_wait_s"] < rank["train_time_s"]
+    parts = rank["data_time_s"] + rank["compute_time_s"] + rank["comm_wait_s"]
+    assert parts == pytest.approx(rank["train_time_s"], abs=1e-3)
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, params_share", [("ddp", 1.0), ("fsdp", 0.5)])
+def test_two_gpus_record_comm_wait_from_cuda_events_and_each_devices_memory(parallax_home, strategy, params_share):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128")
+    extra = run["epochs"][0]["extra"]
+    assert [r["rank"] for r in extra["ranks"]] == [0, 1]
+    for rank in extra["ranks"]:
+        parts = rank["data_time_s"] + rank["compute_time_s"] + rank["comm_wait_s"]
+        assert parts == pytest.approx(rank["train_time_s"], abs=1e-3)
+        # From events on the compute stream (FSDP's around its hooks): a positive wait, shorter than the epoch.
+        assert 0 < rank["comm_wait_s"] < rank["train_time_s"]
+    assert extra["mfu"] is not None and 0 < extra["mfu"] <= 1  # every GPU this runs on is in the peak table
+    breakdown = extra["memory_breakdown"]
+    assert set(breakdown) == {"cuda:0", "cuda:1"}
+    for entry in breakdown.values():
+        assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB * params_share, rel=0.15)
+        assert entry["activations_other_mb"] > 0
+
+
+# --- devices, batches, precision and recipe flags as only GPUs run them ---
+
+def nvml_gpus_by_torch_index() -> dict[int, object]:
+    """NVML's handle for each cuda:N (by UUID, so CUDA_VISIBLE_DEVICES and PCI bus order cannot mislead)."""
+    import pynvml
+
+    from trainer_backend.contract import devices
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
+        pytest.skip("needs NVML and whole GPUs")
+    return {s.index: pynvml.nvmlDeviceGetHandleByUUID(s.uuid) for s in statuses}
+
+
+def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | None = None,
+                        timeout_s: float = 600) -> tuple[dict, dict[int, set[int]]]:
+    """Run ``command`` (a ``trainer_backend run`` or a torchrun of one) to its end while NVML is asked
+    every 0.2 s which processes hold a context on which GPU. Returns the run and, per rank, the
+    cuda indices its process appeared on."""
+    import os
+    import subprocess
+    import time
+
+    import pynvml
+
+    from tests.support import ROOT, run_dir
+
+    handles = nvml_gpus_by_torch_index()
+    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    env.pop("PARALLAX_DB_URL", None)
+    seen: dict[int, set[int]] = {}
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "the run did not end in time"
+                for index, handle in handles.items():
+                    try:
+                        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                            seen.setdefault(process.pid, set()).add(index)
+                    except pynvml.NVMLError:
+                        pass
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    output = (tmp_path / "out.txt").read_text() + (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 0, output[-6000:]
+    listed = run_cli("list", home=home).stdout.strip().splitlines()
+    run = json.loads(run_cli("export", listed[0].split()[0].split("=")[1], home=home).stdout)
+    assert run["status"] == "completed", run["error"]
+    folder = run_dir(home, run["run_id"])
+    pids = {int(p.name[len("rank"):-len(".pid")]): int(p.read_text()) for p in folder.glob("rank*.pid")}
+    if not any(pid in seen for pid in pids.values()):
+        pytest.skip("NVML names none of the run's processes (a PID namespace hides them)")
+    return run, {rank: seen.get(pid, set()) for rank, pid in pids.items()}
+
+
+def engine_command(*flags: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "trainer_backend", "run", "--dataset", "digits", "--model", "resnet18",
+            "--epochs", "2", *flags]
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, devices", [("fsdp", "1,0"), ("pp", "1,0"), ("fsdp", "1"), ("ddp", "1,0")])
+def test_each_rank_makes_a_context_on_its_own_gpu_only(parallax_home, tmp_path, strategy, devices):
+    """Bound process groups: NCCL's communicators and the first barrier live on the rank's GPU, not
+    on GPU rank % count (cuda:0 for rank 0 of --devices 1,0)."""
+    run, gpus = train_watching_gpus(parallax_home, engine_command("--strategy", strategy, "--devices", devices,
+                                                                  "--batch-size", "128"), tmp_path)
+    wanted = [int(d) for d in devices.split(",")]
+    assert gpus == {rank: {index} for rank, index in enumerate(wanted)}, gpus
+
+
+@two_gpus
+@pytest.mark.parametrize("batch_size", ["6", "7", "130"])
+def test_dataparallel_batches_that_do_not_split_evenly(parallax_home, batch_size):
+    """1437 images: a last batch of 3 (batch 6) would be 2 and 1 on two GPUs, and train-mode BatchNorm
+    refuses a replica of one; batch 7 splits 4 and 3 every step; 130 leaves a last batch of 7."""
+    run = train(parallax_home, "--strategy", "dp", "--devices", "0,1", "--batch-size", batch_size)
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+
+
+@one_gpu
+@pytest.mark.parametrize("amp, arithmetic", [("off", "convolutions in TF32, matrix multiplies in fp32"),
+                                             ("fp16", "autocast fp16")])
+def test_mfu_of_amp_off_and_fp16_divides_by_the_peak_of_what_ran(parallax_home, amp, arithmetic):
+    from trainer_backend.telemetry.flops import gpu_peak
+
+    if torch.cuda.get_device_capability(0) < (8, 0) and amp == "off":
+        arithmetic = "fp32 (no TF32 before Ampere)"
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp)
+    measured, extra = run["measurements"], run["epochs"][0]["extra"]
+    dtype = "fp16" if amp == "fp16" else ("tf32" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp32")
+    found = gpu_peak(torch.cuda.get_device_name(0), dtype)
+    if found is None:
+        assert extra["mfu"] is None and arithmetic in " ".join(run["notes"])
+        return
+    assert measured["peak_source"] == f"{found[1]}: {arithmetic}" and measured["peak_tflops"] == found[0]
+    assert 0 < extra["mfu"] <= 1
+    assert not any("CPU peak" in note for note in run["notes"])
+
+
+@one_gpu
+def test_step_points_never_outrun_the_training_on_a_gpu(parallax_home):
+    """The first window begins before step 1 is queued: no point above twice the best epoch's images/s
+    (epoch 1's own figure is held down by cuDNN's algorithm search in its first step), and epoch 2's
+    first point, which has no search in it, within twice its own epoch's."""
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "3",
+                env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
+    steps, _ = series_of(parallax_home, run)
+    by_epoch = {e["epoch"]: e["images_per_s"] for e in run["epochs"]}
+    assert len(steps) >= 6
+    for step in steps:
+        assert 0 < step["images_per_s"] <= 2 * max(by_epoch.values()), (step["step"], step["images_per_s"], by_epoch)
+    first_of_2 = min((s for s in steps if s["epoch"] == 2), key=lambda s: s["step"])
+    assert first_of_2["images_per_s"] <= 2 * by_epoch[2], (first_of_2, by_epoch)
+
+
+@two_gpus
+def test_model_parallel_step_losses_are_read_after_their_copy_lands(parallax_home):
+    """mp: the losses and their host copy are on the last stage's GPU, and so is the event guarding it:
+    a point read before its copy landed would hold pinned memory's stale values."""
+    run = train(parallax_home, "--strategy", "mp", "--devices", "0,1", "--epochs", "2",
+                env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
+    steps, _ = series_of(parallax_home, run)
+    assert steps and all(math.isfinite(s["train_loss"]) and s["train_loss"] > 0 for s in steps)
+    for epoch in run["epochs"]:
+        losses = [s["train_loss"] for s in steps if s["epoch"] == epoch["epoch"]]
+        assert min(losses) <= epoch["train_loss"] <= max(losses)
+
+
+SPEED_SWITCHES = ("--compile", "--channels-last")
+
+
+@one_gpu
+@pytest.mark.parametrize("switches", [("--compile",), ("--channels-last",), SPEED_SWITCHES])
+def test_speed_switches_on_a_single_gpu(parallax_home, switches):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--epochs", "2", *switches)
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+    if "--compile" in switches:
+        assert run["measurements"]["compile_time_s"] > 0
+        assert any(note.startswith("torch.compile:") for note in run["notes"])
+
+
+@two_gpus
+@pytest.mark.parametrize("switches", [("--compile",), ("--channels-last",), SPEED_SWITCHES])
+def test_speed_switches_under_ddp_over_two_gpus(parallax_home, switches):
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128", *switches)
+    assert set(run["epochs"][0]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+    if "--compile" in switches:
+        assert run["measurements"]["compile_time_s"] > 0
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "dp"])
+def test_fp16_with_a_gradient_scaler_over_two_gpus(parallax_home, strategy):
+    """The scaler's skipped steps must be the same on every rank (the gradients it checks are reduced,
+    or sharded DTensors): a rank that stepped while another skipped would leave them apart."""
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128", "--amp", "fp16",
+                "--image-size", "64", "--epochs", "2", "--grad-clip", "1.0")
+    for epoch in run["epochs"]:
+        assert epoch["extra"]["forward_dtype"] == "float16"
+        assert 0 < epoch["extra"]["grad_scale"] <= 2.0**16
+    assert run["epochs"][-1]["train_loss"] < run["epochs"][0]["train_loss"]  # it learns
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_accumulation_and_clipping_over_nccl(parallax_home, strategy):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "64",
+                "--accumulate-steps", "2", "--grad-clip", "0.5", "--epochs", "2")
+    assert run["measurements"]["effective_batch"] == 128
+    assert run["epochs"][-1]["train_loss"] < run["epochs"][0]["train_loss"]
+
+
+@one_gpu
+def test_augmentation_draws_from_a_cuda_generator(parallax_home):
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--augment", "flip,crop", "--epochs", "2")
+    assert run["config"]["augment"] == "flip,crop"
+    assert all(0 < e["train_acc"] <= 1 for e in run["epochs"])
+
+
+@two_gpus
+def test_batchnorm_reestimation_with_buffers_broadcast_over_nccl(parallax_home):
+    """Every rank re-estimates over the same images and rank 0's buffers are broadcast: the saved
+    checkpoint, evaluated in one process, scores what the run recorded for its best epoch."""
+    from tests.support import evaluate_checkpoint
+
+    run = train(parallax_home, "--strategy", "ddp", "--devices", "0,1", "--batch-size", "128",
+                "--bn-stats-images", "512", "--epochs", "2")
+    best = max(run["epochs"], key=lambda e: e["val_acc"])
+    _, accuracy, _, images = evaluate_checkpoint(parallax_home, run)
+    assert images == 360
+    assert accuracy == pytest.approx(best["val_acc"], abs=3 / 360)  # GPU and CPU kernels differ in rounding
+
+
+@two_gpus
+@pytest.mark.parametrize("strategy, ranks", [("dp", [0]), ("pp", [0, 1]), ("fsdp", [0, 1])])
+def test_profiler_under_dp_pp_and_fsdp_on_two_gpus(parallax_home, strategy, ranks):
+    run = train(parallax_home, "--strategy", strategy, "--devices", "0,1", "--batch-size", "128", "--profile",
+                "--profile-active", "2")
+    ops, steps = profiled_steps(parallax_home, run)
+    assert any(op["self_device_us"] > 0 for op in ops), "no kernel with device time"
+    assert sorted({s["rank"] for s in steps}) == ranks
+    for step in steps:
+        assert sum(step[f] for f in PHASE_FIELDS) <= step["total_ms"] * (1 + 1e-6)
+
+
+@one_gpu
+def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subset(parallax_home):
+    """cuda:0 of a process started with CUDA_VISIBLE_DEVICES=<the last GPU> is that GPU: the picker,
+    the samples and the energy counter read it, not NVML's GPU 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    from trainer_backend.contract import devices
+    statuses = devices.gpu_statuses()
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")
+    last = statuses[-1]
+    probe = ("import json, torch\nfrom trainer_backend import devices\n"
+             "print(json.dumps([[s.index, s.uuid] for s in devices.gpu_statuses()] + "
+             "[str(torch.cuda.get_device_properties(0).uuid)]))")
+    for visible in (last.uuid, str(last.index)):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+        *seen, torch_uuid = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen == [[0, last.uuid]], (visible, seen)
+        assert torch_uuid.lower().removeprefix("gpu-") == last.uuid.lower().removeprefix("gpu-")
+        run = train(parallax_home, "--strategy", "single", "--devices", "0",
+                    env_extra={"CUDA_VISIBLE_DEVICES": visible, "PARALLAX_SAMPLE_S": "0.2"})
+        _, samples = series_of(parallax_home, run)
+        gpus = [g for s in samples for g in s["gpus"]]
+        assert gpus and {g["index"] for g in gpus} == {0}
+        assert max(g["memory_used_mb"] or 0 for g in gpus) > 0
+        assert run["epochs"][0]["extra"]["energy_j"]["gpu0"] > 0
+
+
+@two_gpus
+def test_torchrun_maps_local_ranks_to_gpus_and_a_restart_resumes(parallax_home, tmp_path):
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "--max-restarts", "1", "-m", "trainer_backend", "run", "--dataset", "digits",
+               "--model", "parallax_fails_in_epoch2_once", "--image-size", "32", "--epochs", "3",
+               "--strategy", "ddp", "--devices", "cuda"]
+    run, gpus = train_watching_gpus(parallax_home, command, tmp_path,
+                                    env_extra={"PARALLAX_PLUGINS": "tests.plugins.failing_model"})
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
+    assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
+    assert set(run["epochs"][-1]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
+    assert gpus == {0: {0}, 1: {1}}, gpus  # LOCAL_RANK r on cuda:r, and nowhere else
+
+
+# --- the memory estimate against the allocator's peak ---
+
+@pytest.mark.parametrize("model", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("strategy, devices", [("single", "0"), ("ddp", "0,1"), ("fsdp", "0,1")])
+def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, model, strategy, devices):
+    if GPUS < len(devices.split(",")):
+        pytest.skip(f"needs {len(devices.split(','))} CUDA GPU(s)")
+    result = run_cli("run", "--dataset", "digits", "--model", model, "--epochs", "1", "--image-size", "128",
+                     "--batch-size", "128", "--strategy", strategy, "--devices", devices, "--amp", "bf16",
+                     "--bn-stats-images", "0", home=parallax_home)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = run_of(parallax_home, result)
+    estimate = run["measurements"]["memory_estimate"]["devices"]
+    peaks = run["epochs"][0]["peak_memory_mb"]
+    assert set(estimate) == set(peaks)
+    for device, parts in estimate.items():
+        assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks)

@@ -1,0 +1,290 @@
+"""The memory estimate: its trace against a hand count, and its parameters, gradients and
+optimizer state against what every strategy really holds after a step on CPU (real gloo ranks).
+
+    .venv/bin/python -m pytest tests/trainer_backend/engine/forecast/test_memory_estimate.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from tests.support import leave_with_results, world_results
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
+from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
+from trainer_backend.engine.forecast.memory_fit import fits, format_table, suggestions, verdict
+from trainer_backend.engine.forecast.memory_trace import trace_step
+from trainer_backend.engine.models import create_model
+
+MB = 2**20
+SPAWN_TIMEOUT_S = 240
+MODEL, SIZE, CLASSES, CHANNELS = "resnet18", 16, 10, 3
+
+
+def test_a_small_nets_step_is_counted_as_counted_by_hand():
+    """Linear(8,16) -> ReLU -> Linear(16,4), cross-entropy, SGD with momentum, b images, fp32.
+    Forward keeps the input (8 floats an image), ReLU's output (16, which the second Linear also
+    saves), the logits (4), log-softmax's output (4) and the labels (one int64), and the loss with
+    nll's total weight (two scalars). The first Linear's output (16) is freed once ReLU has run.
+    Backward peaks in ReLU's backward: on top of that, minus log-softmax's output and its own
+    gradients, which are freed by then, the gradient of ReLU's output (16) and ReLU's own gradient
+    (16), with the second Linear's weight and bias gradients already made."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    b = 1024
+    with FakeTensorMode():
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        trace = trace_step(net, optimizer, (b, 8))
+    floats, int64 = 4, 8
+    assert trace.input_bytes == 8 * floats * b
+    assert trace.forward_kept == (8 + 16 + 4 + 4) * floats * b + int64 * b + 2 * floats
+    second_linear_grads = (16 * 4 + 4) * floats
+    assert trace.grads_at_peak == second_linear_grads
+    assert trace.backward_peak == (8 + 16 + 4 + 16 + 16) * floats * b + int64 * b + second_linear_grads + 2 * floats
+    all_grads = (8 * 16 + 16 + 16 * 4 + 4) * floats
+    assert trace.optimizer_peak == 2 * all_grads  # the gradients and SGD's momentum, made from them
+
+
+def test_activations_scale_with_the_batch_and_halve_under_bf16():
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
+
+    config = RunConfig(model=MODEL, image_size=32, batch_size=32)
+    small = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices[0]
+    large = estimate_memory(config.replace(batch_size=64), num_classes=CLASSES, in_chans=CHANNELS).devices[0]
+    assert (small.parameters, small.gradients, small.optimizer) == (large.parameters, large.gradients, large.optimizer)
+    fp32 = MemoryPlan(config, CLASSES, CHANNELS, None)
+    kept = {b: fp32.trace(b).forward_kept - fp32.trace(b).input_bytes for b in (32, 64)}
+    assert kept[64] == pytest.approx(2 * kept[32], rel=0.01)
+    plan = MemoryPlan(config, CLASSES, CHANNELS, torch.bfloat16)
+    bf16 = plan.trace(64)
+    # Autocast keeps a bf16 copy of each convolution's and linear layer's weight for backward;
+    # their outputs are bf16, while BatchNorm's saved statistics and the input stay fp32.
+    weight_copies = 2 * sum(m.weight.numel() for m in plan.model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
+    assert 0.45 * kept[64] < bf16.forward_kept - bf16.input_bytes - weight_copies < 0.75 * kept[64]
+
+
+def test_a_batch_of_one_per_device_is_refused_in_one_line():
+    config = RunConfig(model=MODEL, image_size=SIZE, batch_size=2, strategy="ddp", devices=("cpu", "cpu"))
+    with pytest.raises(EstimateError, match="on 1 image"):
+        estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+
+
+def test_verdicts_say_what_is_to_spare_or_missing():
+    assert verdict(10 * 1024, 41 * 1024) == "fits, 31 GB to spare"
+    assert verdict(52 * 1024, 39 * 1024) == "needs about 52 GB, 39 GB free"
+    assert verdict(1.5 * 1024, 1 * 1024) == "needs about 1.5 GB, 1.0 GB free"
+    assert verdict(21.4 * 1024, 21.1 * 1024) == "needs about 21.4 GB, 21.1 GB free"
+    estimate = MemoryEstimate("ddp", [DeviceMemory("rank0:cpu", activations=3 * MB),
+                                      DeviceMemory("rank1:cpu", activations=3 * MB)], None)
+    (fit,) = fits(estimate, {"cpu": 5.0})  # CPU processes share the host's memory
+    assert fit.needed_mb == 6.0 and not fit.fits
+
+
+def test_suggestions_are_estimated_and_fit():
+    config = RunConfig(model=MODEL, image_size=64, batch_size=256)
+    needed = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).largest.total_mb
+    free = {"cpu": needed * 0.6}
+    (found,) = suggestions(config, CLASSES, CHANNELS, free)
+    batch = int(found.removeprefix("a global batch of "))
+    assert 64 < batch < 256 and batch != 128  # not a mere halving: the step between is filled in
+    smaller = estimate_memory(config.replace(batch_size=batch), num_classes=CLASSES, in_chans=CHANNELS)
+    assert smaller.largest.total_mb <= free["cpu"]
+    larger = estimate_memory(config.replace(batch_size=batch + batch // 16), num_classes=CLASSES, in_chans=CHANNELS)
+    assert larger.largest.total_mb > free["cpu"]  # close to the largest that fits
+    assert "fits, " in format_table(smaller, free)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def test_the_cli_prints_every_strategys_table_and_json(cli):
+    flags = ("--model", MODEL, "--image-size", str(SIZE), "--batch-size", "8", "--devices", "cpu,cpu")
+    result = cli("estimate", *flags, "--strategies", "single,ddp,fsdp,pp")
+    assert result.returncode == 0, result.stderr
+    for label in ("cpu ", "rank0:cpu", "rank1:cpu"):
+        assert label in result.stdout
+    assert result.stdout.count("strategy ") == 4 and result.stdout.count("On CPU the run measures") == 1
+    result = cli("estimate", *flags, "--strategy", "fsdp", "--json")
+    assert result.returncode == 0, result.stderr
+    (report,) = json.loads(result.stdout)
+    assert report["strategy"] == "fsdp" and set(report["devices"]) == {"rank0:cpu", "rank1:cpu"}
+    expected = estimate_memory(world_config("fsdp").replace(optimizer="adam"), num_classes=10, in_chans=1)
+    assert report["devices"] == {d.label: d.to_dict() for d in expected.devices}  # digits: 10 classes, 1 channel
+    (fit,) = report["fits"]
+    assert fit["device"] == "cpu" and fit["fits"] and fit["verdict"].startswith("fits, ")
+
+
+def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
+    result = cli("estimate", "--model", MODEL, "--image-size", "16", "--batch-size", "2", "--strategy", "ddp",
+                 "--devices", "cpu,cpu")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "on 1 image(s) per device fails" in result.stderr
+    result = cli("estimate", "--model", "resnet5O")
+    assert result.returncode == 2 and "unknown model 'resnet5O'" in result.stderr
+
+
+# --- parameters, gradients and optimizer state against what the strategies hold ------------
+
+def _one_step(strategy, model, optimizer, loader):
+    from trainer_backend.engine.loop import train_epoch
+
+    train_epoch(model, loader, optimizer, strategy)
+
+
+def _loader(batch: int, steps: int) -> DataLoader:
+    images = torch.randn(batch * steps, CHANNELS, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(batch * steps) % CLASSES
+    return DataLoader(list(zip(images, labels)), batch_size=batch)
+
+
+def _held(config: RunConfig, rank: int = 0, port: int = 0):
+    from trainer_backend.engine.trainer import build_optimizer, make_strategy
+
+    strategy = make_strategy(config, rank, in_chans=CHANNELS, store_host="127.0.0.1", store_port=port)
+    strategy.setup()
+    torch.manual_seed(0)
+    model = strategy.wrap(create_model(MODEL, num_classes=CLASSES, in_chans=CHANNELS))
+    optimizer = build_optimizer(config, model.parameters())
+    held = HeldMemory(model, optimizer, strategy.devices)
+    _one_step(strategy, model, optimizer, _loader(config.process_batch, 2))
+    return strategy, held
+
+
+def _assert_state_matches(estimate: MemoryEstimate, measured: dict[str, dict]):
+    assert set(measured) == {d.label for d in estimate.devices}
+    for device in estimate.devices:
+        got = device.to_dict()
+        for part in ("parameters_mb", "gradients_mb", "optimizer_mb"):
+            assert got[part] == pytest.approx(measured[device.label][part], rel=0.01), (device.label, part)
+
+
+@pytest.mark.parametrize("strategy,devices", [("single", ("cpu",)), ("dp", ("cpu", "cpu")), ("mp", ("cpu", "cpu"))])
+def test_one_process_strategies_hold_what_the_estimate_says(strategy, devices):
+    config = RunConfig(model=MODEL, image_size=SIZE, batch_size=8, strategy=strategy, devices=devices,
+                       optimizer="adam")
+    _, held = _held(config)
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    _assert_state_matches(estimate, local_breakdown(held.mb, {}))
+
+
+WORLD_CONFIGS = {
+    "ddp": dict(strategy="ddp", optimizer="adam"),
+    "fsdp": dict(strategy="fsdp", optimizer="adamw"),
+    "pp": dict(strategy="pp", optimizer="sgd", microbatches=2),
+    "pp_1f1b": dict(strategy="pp", optimizer="adam", microbatches=4, pipeline_schedule="1f1b"),
+}
+
+
+def world_config(name: str) -> RunConfig:
+    return RunConfig(model=MODEL, image_size=SIZE, batch_size=8, devices=("cpu", "cpu"), **WORLD_CONFIGS[name])
+
+
+def _world(rank: int, port: int, out_path: str) -> None:
+    results, strategies = {}, []
+    try:
+        for name in WORLD_CONFIGS:
+            strategy, held = _held(world_config(name), rank, port)
+            strategies.append(strategy)
+            results[name] = memory_breakdown(strategy, held.mb, {})
+    finally:
+        if strategies:
+            strategies[0].teardown()
+    leave_with_results(rank, results, out_path)
+
+
+@pytest.fixture(scope="module")
+def world_of_two(tmp_path_factory) -> dict:
+    return world_results(tmp_path_factory, _world, 2, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.mark.parametrize("name", list(WORLD_CONFIGS))
+def test_each_rank_holds_what_the_estimate_says(world_of_two, name):
+    estimate = estimate_memory(world_config(name), num_classes=CLASSES, in_chans=CHANNELS)
+    _assert_state_matches(estimate, world_of_two[name])
+
+
+def test_a_run_stores_its_estimate_and_it_matches_what_the_run_measured(shared_runs):
+    """ddp on two CPU processes, through the CLI: the estimate made before training is in the
+    run's measurements, and its parameters, gradients and optimizer state are what each rank held."""
+    import pandas as pd
+
+    from reports.memory_check import STATE, estimate_check_frame
+
+    run = shared_runs["ddp_tiny"]
+    assert run["status"] == "completed", run["error"]
+    estimate = run["measurements"]["memory_estimate"]
+    assert estimate["strategy"] == "ddp" and set(estimate["devices"]) == {"rank0:cpu", "rank1:cpu"}
+    epochs = pd.DataFrame(run["epochs"]).assign(run_id=run["run_id"])
+    frame = estimate_check_frame([{"id": run["run_id"], "measurements": run["measurements"]}], epochs)
+    assert frame["device"].tolist() == ["rank0:cpu", "rank1:cpu"] and set(frame["compared"]) == {STATE}
+    assert frame["error"].abs().max() < 0.01, frame
+
+
+# --- how each strategy places memory on GPUs (estimated here without one) -------------------
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    from tests.nvml_machines import pin_cuda_count
+
+    pin_cuda_count(monkeypatch, 2)
+
+
+def gpu_estimate(strategy: str, **changes) -> dict[str, DeviceMemory]:
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy=strategy,
+                       devices=("cuda:0",) if strategy == "single" else ("cuda:0", "cuda:1"), **changes)
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    return {d.label: d for d in estimate.devices}
+
+
+def test_each_strategy_places_its_parts_on_the_gpus_as_it_runs(two_gpus):
+    single = gpu_estimate("single", amp="bf16")["cuda:0"]
+    whole = single.parameters
+    ddp = gpu_estimate("ddp", amp="bf16")
+    assert set(ddp) == {"cuda:0", "cuda:1"}
+    for device in ddp.values():  # a full replica, its buckets, half the batch
+        assert (device.parameters, device.comm) == (whole, device.gradients)
+        assert device.activations < single.activations
+    dp = gpu_estimate("dp", amp="bf16")
+    assert dp["cuda:0"].parameters == whole and dp["cuda:1"].parameters == dp["cuda:1"].optimizer == 0
+    assert dp["cuda:1"].activations > whole  # the replica made each step, with its gradients
+    mp = gpu_estimate("mp", amp="bf16")
+    assert mp["cuda:0"].parameters + mp["cuda:1"].parameters == whole
+    fsdp = gpu_estimate("fsdp", amp="bf16")
+    assert all(d.parameters == pytest.approx(whole / 2, rel=0.01) for d in fsdp.values())
+    from trainer_backend.engine.strategies import sharded_blocks
+
+    with torch.device("meta"):
+        units = [sum(p.numel() * 4 for p in block.parameters())
+                 for block in sharded_blocks(create_model(MODEL, num_classes=CLASSES, in_chans=CHANNELS))]
+    # The unit computing, the next one gathered ahead and the unsharded gradients: the largest unit thrice.
+    assert all(d.comm == 3 * max(units) for d in fsdp.values())
+    pp = gpu_estimate("pp", amp="bf16", microbatches=4)
+    assert pp["cuda:0"].comm == pp["cuda:1"].comm > 0  # 4 activations coming in, 4 gradients going back
+
+
+def test_gpipe_keeps_every_microbatch_and_1f1b_fewer(two_gpus):
+    """GPipe runs all 8 forwards before any backward; 1F1B keeps 2 in flight on the first of 2
+    stages and 1 on the last."""
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
+
+    gpipe = gpu_estimate("pp", amp="off", microbatches=8)
+    one_f_one_b = gpu_estimate("pp", amp="off", microbatches=8, pipeline_schedule="1f1b")
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="pp", devices=("cuda:0", "cuda:1"),
+                       amp="off", microbatches=8)
+    last = MemoryPlan(config, CLASSES, CHANNELS, None).trace(16, 1)
+    kept = last.forward_kept - last.input_bytes
+    assert gpipe["cuda:1"].activations - one_f_one_b["cuda:1"].activations == 7 * kept
+    assert one_f_one_b["cuda:0"].activations < gpipe["cuda:0"].activations
+
+
+def test_amp_auto_without_cuda_is_estimated_as_bf16_and_says_so(two_gpus):
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",))
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    assert estimate.amp_dtype == "bfloat16" and estimate.notes[0].startswith("AMP auto is estimated as bf16")
+    fp32 = estimate_memory(config.replace(amp="off"), num_classes=CLASSES, in_chans=CHANNELS)
+    assert fp32.devices[0].activations > estimate.devices[0].activations

@@ -1,0 +1,215 @@
+"""Live pages cost little to watch: on a timer tick the Run page rebuilds its status and progress,
+never its charts, and rebuilds the charts once when an epoch lands (at most every
+``live.EPOCH_REDRAW_S``) or at once when the status changes.
+
+A tick is what the browser asks for every few seconds: a rerun of the page's fragment alone.
+AppTest has no call for that, so ``tick`` asks its script runner for one, as the browser would.
+
+    .venv/bin/python -m pytest tests/ui/test_live_page.py -q
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from unittest import mock
+
+import pytest
+from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
+from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1 import app_test, local_script_runner
+
+from tests.support import ROOT
+from db import lifecycle, store
+from ui import charts, live
+
+APP = str(ROOT / "app.py")
+TIMEOUT_S = 90
+
+
+def log_epoch(engine, run_id: int, epoch: int) -> None:
+    store.log_epoch(engine, run_id, {"epoch": epoch, "train_loss": 1 / epoch, "val_loss": 1.1 / epoch,
+                                     "train_acc": 0.3 * epoch, "val_acc": 0.25 * epoch, "epoch_time_s": 2.0,
+                                     "train_time_s": 1.8, "images_per_s": 100.0,
+                                     "peak_memory_mb": {"cpu": 900.0}})
+
+
+@pytest.fixture
+def running_run(engine) -> int:
+    """A running run with one epoch, alive as far as any page can tell (its pid is this process)."""
+    config = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "devices": ["cpu"],
+              "batch_size": 128, "image_size": 32, "amp": "auto", "epochs": 3, "tags": []}
+    run_id = store.create_run(engine, config, status="running")
+    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+    log_epoch(engine, run_id, 1)
+    return run_id
+
+
+@pytest.fixture
+def loss_figures(monkeypatch) -> list[int]:
+    """One entry per call of the Run page's first chart builder."""
+    calls: list[int] = []
+    real = charts.loss_figure
+
+    def counted(epochs):
+        calls.append(len(epochs))
+        return real(epochs)
+
+    monkeypatch.setattr(charts, "loss_figure", counted)
+    return calls
+
+
+def tick(at: AppTest) -> AppTest:
+    """Rerun only the page's fragments, as their timer does in the browser.
+
+    AppTest starts each run with a new script runner and page registry; a browser session keeps
+    both. So the runner is asked for a fragment rerun, and the registry is given the pages that
+    app.py's navigation registered (links in a fragment look them up)."""
+    fragment_ids = list(at._fragment_storage._fragments)
+    assert fragment_ids, "the page declared no fragment"
+
+    class KnownPages(app_test.PagesManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._set_pages(at._registered_pages)
+
+    rerun = functools.partial(RerunData, fragment_id_queue=fragment_ids, is_auto_rerun=True)
+    with mock.patch.object(local_script_runner, "RerunData", rerun), \
+            mock.patch.object(app_test, "PagesManager", KnownPages):
+        return at.run()
+
+
+def progress_texts(at: AppTest) -> list[str]:
+    return [p.text for p in at.get("progress")]
+
+
+def open_run_page(run_id: int) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.session_state["run_id"] = run_id
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_a_tick_without_a_new_epoch_updates_progress_but_builds_no_chart(parallax_home, engine, running_run,
+                                                                         loss_figures):
+    at = open_run_page(running_run)
+    assert loss_figures == [1] and len(at.get("plotly_chart")) == 5
+
+    lifecycle.set_progress(engine, running_run, epoch=2, step=5, total_steps=12)
+    tick(at)
+    assert not at.exception, at.exception
+    assert not at.title  # the fragment alone ran, not the page
+    assert progress_texts(at) == ["Epoch 1 of 3 done", "Step 5 of 12 in epoch 2"]
+    tick(at)
+    assert loss_figures == [1]  # neither tick built a chart
+    assert not at.get("plotly_chart")  # nor sent one: the browser keeps those of the last full run
+
+
+def test_a_tick_after_an_epoch_lands_redraws_the_charts_once(parallax_home, engine, running_run, loss_figures,
+                                                           monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 0.0)
+    at = open_run_page(running_run)
+    log_epoch(engine, running_run, 2)
+    tick(at)
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == [f"Run #{running_run}"]  # the whole page ran again
+    assert loss_figures == [1, 2] and len(at.get("plotly_chart")) == 5
+    assert progress_texts(at)[0] == "Epoch 2 of 3 done"
+    tick(at)
+    assert loss_figures == [1, 2]
+
+
+def test_epochs_landing_fast_redraw_the_page_at_most_every_few_seconds_and_a_new_status_at_once(
+        parallax_home, engine, running_run, loss_figures, monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 3600.0)
+    at = open_run_page(running_run)
+    log_epoch(engine, running_run, 2)
+    tick(at)
+    assert not at.exception, at.exception
+    assert not at.title and loss_figures == [1]  # too soon after the last drawing: the charts wait
+    assert progress_texts(at)[0] == "Epoch 2 of 3 done"  # while the bars move on
+
+    lifecycle.finish(engine, running_run, "completed")
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{running_run}"]  # a new status: the whole page, at once
+    assert loss_figures == [1, 2]
+
+
+def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(parallax_home, engine, monkeypatch):
+    monkeypatch.setattr(live, "EPOCH_REDRAW_S", 0.0)
+    from reports import sweep as sweep_report
+
+    built: list[int] = []
+    real = sweep_report.scaling_figure
+    monkeypatch.setattr(sweep_report, "scaling_figure", lambda table: built.append(len(table)) or real(table))
+    config = {"dataset": "digits", "model": "test_resnet", "devices": ["cpu", "cpu"], "batch_size": 64,
+              "epochs": 3}
+    sweep_id = store.create_sweep(engine, config, ["single", "ddp"])
+    single = store.create_run(engine, {**config, "strategy": "single", "devices": ["cpu"]}, status="running",
+                              sweep_id=sweep_id)
+    store.set_process(engine, single, pid=os.getpid(), host=socket.gethostname())
+    store.create_run(engine, {**config, "strategy": "ddp"}, status="queued", sweep_id=sweep_id)
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["sweep"] = str(sweep_id)
+    at.switch_page("pages/sweep.py").run()
+    assert not at.exception, at.exception
+    assert built == [2]
+
+    lifecycle.set_progress(engine, single, epoch=1, step=3, total_steps=12)
+    tick(at)
+    assert not at.exception, at.exception
+    assert built == [2] and not at.table  # the report was neither rebuilt nor resent
+    assert progress_texts(at) == ["Epoch 1 of 3, step 3 of 12"]
+
+    log_epoch(engine, single, 1)
+    tick(at)
+    assert built == [2, 2] and at.table  # the whole page, report included, ran again
+
+
+# --- per-step and system charts -----------------------------------------------------------
+
+
+def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_only_on_new_rows(
+        parallax_home, engine, running_run, loss_figures, monkeypatch):
+    from db import series
+    from ui import series_charts
+
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
+    built: list[int] = []
+    real = series_charts.step_figure
+    monkeypatch.setattr(series_charts, "step_figure",
+                        lambda steps, *args: built.append(len(steps)) or real(steps, *args))
+    points = [{"epoch": 1, "step": s, "t_s": 0.5 * s, "train_loss": 1.0, "images_per_s": 90.0, "lr": 0.1}
+              for s in range(1, 13)]
+    series.add_steps(engine, running_run, points)
+    series.add_system_samples(engine, running_run, [{"t_s": 1.0, "host_cpu_pct": 70.0, "host_memory_mb": 3000.0,
+                                                     "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": 700.0}],
+                                                     "gpus": []}])
+    at = open_run_page(running_run)
+    assert built == [12, 12] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 5 + 4  # epoch charts; loss and images/s per step, CPU, memory
+
+    tick(at)  # nothing new: the step figures are not rebuilt, the epoch charts neither built nor sent
+    assert not at.exception, at.exception
+    assert built == [12, 12] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 4
+
+    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 13, "t_s": 7.0}])
+    tick(at)  # a new step: the step and system charts alone are rebuilt, from the new rows
+    assert built == [12, 12, 13, 13] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 4
+
+    monkeypatch.setattr(series_charts, "REBUILD_SHARE", 1e-12)  # as if each rebuild were very costly
+    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 14, "t_s": 7.5}])
+    tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
+    assert built == [12, 12, 13, 13] and len(at.get("plotly_chart")) == 4
+
+
+def test_step_charts_tick_on_their_own_only_while_epochs_outlast_the_pages_redraws():
+    assert live.series_refresh_s(True, None) == live.SERIES_REFRESH_S  # no epoch yet: the first one may be long
+    assert live.series_refresh_s(True, 10 * live.EPOCH_REDRAW_S) == live.SERIES_REFRESH_S
+    assert live.series_refresh_s(True, live.EPOCH_REDRAW_S / 5) is None  # the page's redraws draw them
+    assert live.series_refresh_s(False, 10 * live.EPOCH_REDRAW_S) is None  # ended: nothing moves

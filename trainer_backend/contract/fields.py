@@ -1,0 +1,213 @@
+"""The catalogue of run-config fields a user sets: each one's label, help, bounds or choices, and flag, once.
+
+    FIELDS["epochs"]          # Field(name='epochs', kind=int, default=3, low=1, high=10000, ...)
+    FIELDS["epochs"].flag     # '--epochs'
+    FIELDS["lr"].allowed      # 'a number in (0.0, 10.0]'
+
+Three readers: ``RunConfig`` validates the simple bounds and choices from it (config.py), the command line
+builds its flags from it (control/cli.py) and the Launch form its widgets (ui/fields.py). A field whose rules
+say more than bounds or a list (devices, tags, bands, dataset paths ...) names the config.py function that
+checks it in ``check``. Below config.py, so it holds the lists and limits config.py validates against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+AMP_MODES = ("auto", "off", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "cosine", "step", "onecycle")
+# The linear scaling rule (Goyal et al., 2017): the given learning rate is for this global batch.
+SCALE_LR_REFERENCE_BATCH = 256
+MAX_ACCUMULATE_STEPS = 1024
+MAX_GRAD_CLIP = 1e6
+AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
+VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
+DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
+MAX_EPOCHS = 10_000
+MAX_BATCH_SIZE = 65_536
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
+MAX_TAGS, MAX_TAG_LENGTH = 64, 200
+MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
+SET_BY_TORCHRUN = ("nodes",)  # RunConfig fields no user sets: torchrun's world gives them
+
+
+def split_commas(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', ' b', '', 'c']: the items of a comma list, cleaned by the field's own check."""
+    return text.split(",")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One user-settable RunConfig field. ``low``/``high`` bound numbers (``low_open``/``high_open``: the bound
+    itself is refused; ``high`` None: no fixed upper bound); ``choices`` is the fixed list a choice takes, and
+    ``registry`` names where the choices live when the list is not fixed here ("strategies": config.STRATEGIES;
+    "datasets", "models": free text, offered from their registries by the dashboard)."""
+
+    name: str
+    kind: type  # int, float, bool or str
+    default: Any
+    label: str  # the Launch form's label
+    help: str  # one sentence, for the form's tooltip and the flag's --help
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    registry: str | None = None
+    check: str | None = None  # the config.py function holding rules beyond bounds and choices
+    parse: Callable[[str], Any] | None = None  # text -> value for the flag; None: a --x/--no-x switch
+    step: float | None = None  # the form's increment for a number
+    choice_labels: dict[str, str] = field(default_factory=dict)  # how the form words each choice
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def simple(self) -> bool:
+        """Its bounds, list or type say all there is to check, so ``allows`` is its whole validation."""
+        return self.check is None and (self.kind is bool or self.choices is not None or self.low is not None)
+
+    @property
+    def allowed(self) -> str:
+        """What the field takes, in the words its refusal uses: 'a whole number from 1 to 10000'."""
+        if self.kind is bool:
+            return "true or false"
+        if self.choices is not None:
+            return f"one of {', '.join(self.choices)}"
+        if self.kind is int and self.low is not None and self.high is not None:
+            return f"a whole number from {self.low} to {self.high}"
+        if self.kind is float and self.low is not None and self.high is not None:
+            return f"a number in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+        return "a text" if self.kind is str else f"a number from {self.low}"
+
+    def allows(self, value: Any) -> bool:
+        """Whether ``value`` has the field's type and lies in its bounds or list (None where None is the default)."""
+        if value is None and self.default is None:
+            return True
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if self.choices is not None:
+            return isinstance(value, str) and value in self.choices
+        if self.kind is str:
+            return isinstance(value, str)
+        numbers = int if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numbers):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):  # an int may be too large for a float
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+
+def _number(name, kind, default, label, help, low, high=None, *, step, **more) -> Field:
+    return Field(name, kind, default, label, help, low=low, high=high, parse=kind, step=step, **more)
+
+
+def _choice(name, default, label, help, choices, **more) -> Field:
+    return Field(name, str, default, label, help, choices=choices, parse=str, **more)
+
+
+def _switch(name, label, help) -> Field:
+    return Field(name, bool, False, label, help)
+
+
+# In the order the command line lists them; RunConfig validates the simple ones in this order too.
+FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("dataset", str, "digits", "Dataset", "A built-in set (digits, mnist, fashion_mnist, cifar10, eurosat) or a "
+          "folder with one sub-folder per class.", registry="datasets", check="_check_dataset", parse=str),
+    _number("image_size", int, 32, "Image size (pixels, square)", "Every image is resized to N×N pixels before "
+            "training.", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, step=8),
+    _choice("decode", "cache", "Decode images", "The cache decodes a dataset once into a file every process maps; "
+            "workers decode an image folder's files in the data-loader workers every epoch, caching nothing.",
+            DECODE_MODES, choice_labels={"cache": "once, into a cache every process maps",
+                                         "workers": "every epoch, in the data-loader workers"}),
+    _number("stored_size", int, 0, "Stored image size (0: the image size)", "Store the dataset cache at this size, "
+            "at least the image size: training batches take random-resized crops of it and validation a centre "
+            "crop, as ImageNet recipes do; 0 stores at the image size.", 0, MAX_IMAGE_SIZE, step=8),
+    Field("bands", str, None, "Bands (multi-band TIFFs, zero-based, e.g. 3,2,1; blank: default)", "Zero-based band "
+          "indices of multi-band TIFFs, e.g. 3,2,1 (blank: the default for 13-band files).", check="_parse_bands",
+          parse=str),
+    _number("band_scale", float, None, "Band scale", "Band values are divided by this, then clipped to [0, 1] "
+            "(4000 for 13-band files when not given).", 0.0, 1e9, low_open=True, step=100.0),
+    Field("model", str, "resnet18", "timm model (type to search)", "A timm model name, e.g. resnet18.",
+          registry="models", check="_check_model_name", parse=str),
+    _switch("pretrained", "Start from pretrained weights (from the local cache when offline)",
+            "Start from the model's pretrained weights, from the local cache when offline."),
+    Field("strategy", str, "single", "Strategy", "How the run spreads over its devices.", registry="strategies",
+          check="STRATEGIES", parse=str),
+    Field("devices", str, ("cpu",), "Devices", "Comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU "
+          "processes for ddp) and a bare integer N means cuda:N.", check="parse_devices", parse=str),
+    _number("batch_size", int, 128, "Global batch size", "The global batch: ddp and fsdp give each of N processes "
+            "batch/N, dp splits it over its GPUs, pp cuts it into microbatches.", 1, MAX_BATCH_SIZE, step=16),
+    _number("epochs", int, 3, "Epochs", "Passes over the training images.", 1, MAX_EPOCHS, step=1),
+    _number("lr", float, 1e-3, "Learning rate", "The learning rate, the peak of its schedule.", 0.0, 10.0,
+            low_open=True, step=1e-4),
+    _choice("optimizer", "adam", "Optimizer", "The optimizer that steps the weights.", OPTIMIZERS),
+    _number("weight_decay", float, 0.0, "Weight decay", "Weight decay the optimizer applies to the weights.",
+            0.0, 1.0, step=1e-4),
+    _choice("amp", "auto", "Mixed precision (AMP)", "Mixed precision on CUDA: auto is bf16 where the GPU supports "
+            "it, else fp16 with a gradient scaler; CPU runs train in fp32.", AMP_MODES),
+    _number("num_workers", int, 0, "Data-loader workers per process", "Data-loader worker processes per training "
+            "process; the decoded set is one cache file every process maps, so workers mostly add hand-over cost.",
+            0, 64, step=1),
+    _number("seed", int, 0, "Seed", "Seed of the run's random numbers: the same seed repeats a run.", 0, 2**31 - 1,
+            step=1),
+    _number("val_fraction", float, 0.2, "Validation share", "Share of the training images held out, stratified, "
+            "where the dataset has no official test split or validation is from train.", 0.0, 0.9, low_open=True,
+            step=0.05),
+    _choice("val_from", "test", "Validate on", "test validates on the official test split of mnist, fashion_mnist "
+            "and cifar10, so their accuracies compare with published ones (other datasets hold out the validation "
+            "share); train always holds out the validation share of the training images.", VAL_SOURCES,
+            choice_labels={"test": "the official test split (where the dataset has one)",
+                           "train": "a share of the training images"}),
+    _number("bn_stats_images", int, 512, "BatchNorm statistics from N training images", "BatchNorm statistics are "
+            "re-estimated from this many training images with the current weights before each validation, so that "
+            "short runs validate what they learnt; 0 validates on the running averages.", 0, 1_000_000, step=256),
+    _choice("lr_schedule", "constant", "Learning-rate schedule", "The learning rate per optimizer step after the "
+            "warmup: constant; cosine (down to 0); step (a tenth after each third of the run); onecycle (from lr/25 "
+            "up over the warmup, 30 % of the run by default, then cosine down to lr/250000).", LR_SCHEDULES),
+    _number("warmup_epochs", float, 0.0, "Warmup epochs (linear, fractions allowed)", "Linear warmup from 0 to the "
+            "learning rate over this many epochs, at most the run's epochs; fractions are allowed.", 0.0,
+            check="_validate_recipe", step=0.5),
+    _switch("scale_lr", f"Scale the learning rate with the batch (lr given for {SCALE_LR_REFERENCE_BATCH})",
+            f"The linear scaling rule: the learning rate given is for a global batch of {SCALE_LR_REFERENCE_BATCH} "
+            f"and is scaled by the effective batch / {SCALE_LR_REFERENCE_BATCH}; the run's notes state the result."),
+    _number("label_smoothing", float, 0.0, "Label smoothing", "Label smoothing of the training loss; the validation "
+            "loss stays the plain cross-entropy.", 0.0, 1.0, high_open=True, check="_validate_recipe", step=0.05),
+    _number("grad_clip", float, 0.0, "Gradient clipping (max norm, 0 = off)", "The global gradient norm is scaled "
+            "down to this (under fp16 AMP after unscaling); 0 = no clipping.", 0.0, MAX_GRAD_CLIP,
+            check="_validate_recipe", step=0.5),
+    _number("accumulate_steps", int, 1, "Gradient accumulation steps", "Batches whose gradients add up to one "
+            "optimizer step: the effective batch is the global batch × N; DDP and FSDP reduce gradients only on "
+            "the last of them; not with pp, whose microbatches do this.", 1, MAX_ACCUMULATE_STEPS, step=1),
+    _number("microbatches", int, 4, "Microbatches per batch", "Pipeline parallel: the microbatches each batch is "
+            "cut into.", 1, 1024, step=1),
+    _choice("pipeline_schedule", "gpipe", "Pipeline schedule", "Pipeline parallel: the schedule the stages "
+            "follow.", PIPELINE_SCHEDULES),
+    Field("tags", str, (), "Tags (comma-separated)", "Comma-separated labels for finding the run later.",
+          check="parse_tags", parse=split_commas),
+    Field("augment", str, "none", "Augmentation (training batches, on the device)", "none, or a comma list of "
+          "flip (random horizontal flip) and crop (random-resized crop) of training batches, on the device; "
+          "validation images are never augmented.", check="parse_augment", parse=str),
+    _switch("channels_last", "channels_last memory format", "Model and images in channels_last memory format: "
+            "faster convolutions on recent GPUs (tensor cores); not with pp or fsdp."),
+    _switch("compile", "torch.compile the model", "torch.compile the model before the first epoch; the compile "
+            "time is recorded apart and left out of images/s; not with dp, pp or fsdp."),
+    _switch("profile", "Profile the first steps (torch.profiler)", "Profile a window of first-epoch steps with "
+            "torch.profiler: op table, step breakdown, traces."),
+    _number("profile_wait", int, 1, "Profiler: steps skipped", "Profiler: steps skipped before the window.", 0, 100,
+            step=1),
+    _number("profile_warmup", int, 1, "Profiler: warm-up steps", "Profiler: steps recorded and discarded.", 0, 100,
+            step=1),
+    _number("profile_active", int, 3, "Profiler: steps kept", "Profiler: steps kept, the knob for trace size.", 1,
+            100, step=1),
+    _switch("profile_stack", "Profiler: record Python stacks", "Profiler: record Python stacks too (larger "
+            "traces)."),
+)}
