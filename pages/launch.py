@@ -16,7 +16,7 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED,
+from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
 from trainer_backend.contract.strategy_specs import find, spec
@@ -381,7 +381,7 @@ if model_problem is None:
     count_slot.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
                        "Parameter count unavailable for this architecture.")
 
-if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
+if not sweeping and spec(values["strategy"]).distributed and config is not None:
     with st.expander("Run across machines with torchrun"):
         st.caption("Run the same command on every machine. torchrun starts nodes × processes per node processes, "
                    "one device each (cuda:LOCAL_RANK, or the CPU): the world comes from torchrun, the devices above "

@@ -19,13 +19,11 @@ from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MO
                                              MAX_GRAD_CLIP, MAX_IMAGE_SIZE, MAX_TAG_LENGTH, MAX_TAGS, MIN_IMAGE_SIZE,
                                              OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
                                              Field)
-
 from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spoken
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
 
 # The names and descriptions the dashboard and the CLI offer, from the strategies' specs.
 STRATEGIES: dict[str, str] = {name: s.description for name, s in STRATEGY_SPECS.items()}
-DISTRIBUTED = tuple(names_where(lambda s: s.distributed))  # one process per device
 MAX_NODES = 4096
 MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
 MAX_BAND_INDEX = 4095
