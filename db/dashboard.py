@@ -136,6 +136,7 @@ def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]]) -
             Run.config["image_size"].as_integer().label("image_size"),
             Run.config["amp"].as_string().label("amp"),
         )
+        # The baseline strategy by name: the database sits beneath the contract that holds its spec.
         .where(Run.strategy == "single", Run.status == "completed",
                Run.dataset.in_({key[0] for key in wanted}), Run.model.in_({key[1] for key in wanted}))
         .order_by(Run.id.desc())

@@ -11,6 +11,7 @@ import streamlit as st
 from db import dashboard, series, store
 from reports import efficiency, scaling
 from reports.sweep import strategy_advice
+from trainer_backend.contract.strategy_specs import names_where, spec
 from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.text import escape_markdown
 
@@ -46,7 +47,8 @@ def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
 
 def show_speedups(table: pd.DataFrame) -> None:
     """The headline: how much faster each multi-device run is than one device."""
-    measured = table[(table["devices"] > 1) | (table["strategy"] != "single")].dropna(subset=["speedup"])
+    baselines = names_where(lambda s: s.baseline)
+    measured = table[(table["devices"] > 1) | ~table["strategy"].isin(baselines)].dropna(subset=["speedup"])
     if measured.empty:
         return
     rows = list(measured.itertuples())
@@ -62,7 +64,7 @@ def show_speedups(table: pd.DataFrame) -> None:
 def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
     """The sweep report's one-sentence verdict, when the picked runs hold their own single-device
     baseline: without one, "fastest" would compare runs against nothing measured here."""
-    if len(runs) < 2 or not any(r["strategy"] == "single" and r["status"] == "completed" for r in runs):
+    if len(runs) < 2 or not any(spec(r["strategy"]).baseline and r["status"] == "completed" for r in runs):
         return
     with_status = table.assign(status=[run["status"] for run in runs])
     st.success(strategy_advice(with_status), icon=":material/lightbulb:")

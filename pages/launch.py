@@ -16,9 +16,10 @@ import streamlit as st
 
 from db import dashboard
 from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE, DISTRIBUTED,
+from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
+from trainer_backend.contract.strategy_specs import find, spec
 from trainer_backend.contract.fields import FIELDS
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import memory_views, options, state
@@ -45,15 +46,16 @@ def device_batch_caption(config) -> str:
     """What the global batch means for each device under the chosen strategy."""
     if config is None:
         return ""
-    if config.strategy == "pp":
+    strategy = spec(config.strategy)
+    if strategy.microbatched:
         return (f"Each of the {config.world_size} stages sees the whole batch of {config.batch_size}, "
                 f"in {config.microbatches} microbatches of {config.batch_size // config.microbatches}.")
     if config.world_size > 1:
         return (f"Global batch: each of the {config.world_size} processes takes {config.per_device_batch} "
                 "images per step.")
-    if config.strategy == "dp" and config.uses_cuda:
+    if strategy.scatters_batch and config.uses_cuda:
         return f"DataParallel splits each batch: about {config.per_device_batch} images per GPU."
-    if config.strategy == "mp":
+    if strategy.staged:
         return f"Every stage sees the whole batch of {config.batch_size} images, one stage after the other."
     return f"One device takes all {config.batch_size} images per step."
 
@@ -94,23 +96,26 @@ def gpu_load_table() -> None:
 
 
 def choose_devices(strategy: str) -> tuple[str, ...]:
+    known = find(strategy)  # None for "sweep": several strategies on the same devices
+    one_device = known is not None and known.one_device
+    one_process_staged = known is not None and known.staged and not known.distributed
     gpus = device_info.gpu_statuses()
     kind = "GPUs"
     if gpus:
         kind = st.radio("Train on", ["GPUs", "CPU processes"], horizontal=True, key="device_kind")
     if gpus and kind == "GPUs":
         # One key per strategy, so switching strategy brings that strategy's sensible default.
-        default = [gpus[0].index] if strategy == "single" else [g.index for g in gpus]
+        default = [gpus[0].index] if one_device else [g.index for g in gpus]
         picked = st.multiselect("GPUs", [g.index for g in gpus], default=default, key=f"gpus_{strategy}",
                                 format_func=lambda i: gpu_label(gpus[i]))
         gpu_load_table()
         return tuple(f"cuda:{i}" for i in picked)
     cores = device_info.cpu_cores()
-    if strategy == "single":
+    if one_device:
         st.caption(f"One CPU process, using all {cores} cores.")
         return ("cpu",)
-    label = {"mp": "CPU model stages (one process)", "dp": "CPU devices",
-             "sweep": "CPU devices (processes or model stages)"}.get(strategy, "CPU worker processes")
+    label = ("CPU devices (processes or model stages)" if known is None else "CPU model stages (one process)"
+             if one_process_staged else "CPU devices" if known.scatters_batch else "CPU worker processes")
     try:
         most = max_cpu_processes()
     except ConfigError as exc:  # PARALLAX_MAX_CPU_PROCESSES is not a number: say so, offer the default
@@ -122,13 +127,13 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         + (f"; at most {most} on this machine ({CPU_PROCESSES_PER_CORE} per core)." if most else "."))
     if not isinstance(processes, int) or processes < 1:
         return ()
-    if strategy == "dp":
+    if known is not None and known.scatters_batch:
         st.info("DataParallel on CPU is a pass-through: one process trains with all CPU threads, exactly like "
                 "single. Pick GPUs to see DataParallel split the batch.", icon=":material/info:")
-    elif strategy == "sweep":
+    elif known is None:
         st.caption(f"single trains in one process; the other strategies use all {processes} CPU devices "
                    f"({cores} cores shared).")
-    elif strategy == "mp":
+    elif one_process_staged:
         st.caption("The model is cut into one stage per device, all in one process; on a CPU this shows the "
                    "mechanics, not a speed-up.")
     else:
@@ -200,7 +205,7 @@ with strategy_col:
         values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
                                       label_visibility="collapsed")
         field_slot("strategy")
-    if (sweeping and "pp" in sweep_strategies) or values.get("strategy") == "pp":
+    if any(spec(name).microbatched for name in (sweep_strategies if sweeping else [values["strategy"]])):
         values["microbatches"] = field_widget(FIELDS["microbatches"], DEFAULTS.microbatches)
         field_slot("microbatches")
         values["pipeline_schedule"] = field_widget(FIELDS["pipeline_schedule"], DEFAULTS.pipeline_schedule)
@@ -376,7 +381,7 @@ if model_problem is None:
     count_slot.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
                        "Parameter count unavailable for this architecture.")
 
-if not sweeping and values["strategy"] in DISTRIBUTED and config is not None:
+if not sweeping and spec(values["strategy"]).distributed and config is not None:
     with st.expander("Run across machines with torchrun"):
         st.caption("Run the same command on every machine. torchrun starts nodes × processes per node processes, "
                    "one device each (cuda:LOCAL_RANK, or the CPU): the world comes from torchrun, the devices above "

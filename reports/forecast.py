@@ -33,16 +33,13 @@ import numpy as np
 import pandas as pd
 
 from db import dashboard, profiles, store
+from trainer_backend.contract.strategy_specs import spec
 
 from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
 from .scaling import device_count, epochs_frame, throughput_images_per_s
 
 FORECAST_MULTIPLES = (2, 4)
-# Bytes each device sends per gradient byte, times (n-1)/n.
-COMM_VOLUME = {"ddp": 2.0, "fsdp": 3.0}
-PIPELINES = ("pp", "mp")
-SHARDED = ("fsdp", "pp", "mp")  # parameters, gradients and optimizer state split over the devices
 FORECAST_COLUMNS = ("strategy", "devices", "kind", "images_per_s_predicted", "images_per_s_measured", "error",
                     "speedup_predicted", "speedup_measured", "memory_mb_predicted", "memory_mb_measured",
                     "memory_error", "run_id", "measured_in")
@@ -51,7 +48,7 @@ STATE_PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb")
 
 def ring_volume(strategy: str, n: int) -> float:
     """Gradient passes each device sends per step (ring all-reduce = reduce-scatter + all-gather)."""
-    return COMM_VOLUME[strategy] * (n - 1) / n if n > 1 else 0.0
+    return spec(strategy).grad_sync_passes * (n - 1) / n if n > 1 else 0.0
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
@@ -189,11 +186,11 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
         "the core count are optimistic.",
     ]
     notes: list[str] = []
-    singles = [m for m in measured if m.strategy == "single" and m.step_s]
+    singles = [m for m in measured if spec(m.strategy).baseline and m.step_s]
     for strategy in dict.fromkeys(m.strategy for m in measured):
-        if strategy == "single":
+        if spec(strategy).baseline:
             continue
-        if strategy == "dp":
+        if spec(strategy).scatters_batch:
             notes.append("DP: not forecast — DataParallel is one process driving its GPUs (a pass-through on CPU); "
                          "DDP is the strategy to scale.")
             continue
@@ -205,7 +202,7 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
             notes.append(f"{strategy.upper()}: no forecast — it needs {what} in the sweep.")
             continue
         predict, source = _predictor(strategy, base, calibration)
-        if strategy in COMM_VOLUME:
+        if spec(strategy).grad_sync_passes:
             assumptions.append(f"{strategy.upper()} fitted on run #{calibration.run_id} ({calibration.devices} "
                                f"devices): {source}.")
         largest = max(m.devices for m in own)
@@ -247,18 +244,19 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
     """(n -> (step s, memory MB per device or None), one line on what the fit found)."""
     t1, nc, step_c = base.step_s * calibration.batch_size / base.batch_size, calibration.devices, calibration.step_s
     memory = calibration.memory
+    shards_state, microbatched = spec(strategy).shards_state, spec(strategy).microbatched
 
     def memory_at(n: int) -> float | None:
         if not memory:
             return None
-        state = sum(memory[k] for k in STATE_PARTS) * (nc / n if strategy in SHARDED else 1.0)
+        state = sum(memory[k] for k in STATE_PARTS) * (nc / n if shards_state else 1.0)
         return state + memory["activations_other_mb"] * nc / n
 
-    if strategy in PIPELINES:
-        m = calibration.microbatches if strategy == "pp" else 1
+    if spec(strategy).staged:
+        m = calibration.microbatches if microbatched else 1
         per_boundary = max(0.0, step_c - pipeline_step_s(t1, nc, m)) / (nc - 1)
         source = f"{per_boundary * 1000:.1f} ms per stage boundary"
-        return (lambda n: (pipeline_step_s(t1, n, max(m, n) if strategy == "pp" else 1) + per_boundary * (n - 1),
+        return (lambda n: (pipeline_step_s(t1, n, max(m, n) if microbatched else 1) + per_boundary * (n - 1),
                            memory_at(n))), source
     exposed = calibration.exposed_comm_s
     if exposed is None:  # no comm measured: all of the step above the ideal share is counted as comm
@@ -272,7 +270,7 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
               f"{compute_scale:.2f}× the ideal share")
     grad_mb = (memory or {}).get("gradients_mb") or 0.0
     if grad_mb and comm.pass_s > 0:
-        full_grad_mb = grad_mb * (nc if strategy in SHARDED else 1)
+        full_grad_mb = grad_mb * (nc if shards_state else 1)
         source += f", ≈ {full_grad_mb / 1024 / comm.pass_s:.2f} GB/s effective over {full_grad_mb:.0f} MB of gradients"
     return (lambda n: (compute_scale * t1 / n + comm.time_s(strategy, n), memory_at(n))), source
 

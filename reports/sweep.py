@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from db import profiles, series, store
+from trainer_backend.contract.strategy_specs import spec
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
 from .forecast import forecast_display, sweep_forecast
@@ -176,16 +177,20 @@ def strategy_advice(table: pd.DataFrame) -> str:
     parts = [
         f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
         f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"
-        for row in done.itertuples() if row.strategy != "single" and pd.notna(row.speedup)
+        for row in done.itertuples() if not spec(row.strategy).baseline and pd.notna(row.speedup)
     ]
     best = done.loc[done["throughput_images_per_s"].idxmax()]
-    if best["strategy"] == "single":
+    if spec(best["strategy"]).baseline:
         verdict = ("Fastest: SINGLE — on these devices no parallel strategy beats one device "
                    "(on CPU the processes share the same cores); parallelism pays off on GPUs.")
     else:
         verdict = f"Fastest: {best['strategy'].upper()}"
-        data_parallel_ok = done["strategy"].isin(["ddp", "fsdp"]).any()
-        if best["strategy"] in ("ddp", "fsdp", "dp") and (done["strategy"].isin(["mp", "pp"])).any() and data_parallel_ok:
+        # Data parallel (every device holds the whole model) beat model or pipeline parallel, and a
+        # process-per-device data-parallel run was among them.
+        kinds = [spec(name) for name in done["strategy"]]
+        data_parallel_ok = any(s.splits_batch for s in kinds)
+        best_replicates = spec(best["strategy"]).splits_batch or spec(best["strategy"]).scatters_batch
+        if best_replicates and any(s.staged for s in kinds) and data_parallel_ok:
             verdict += " — the model fits one device, so prefer it over model and pipeline parallel."
         else:
             verdict += "."

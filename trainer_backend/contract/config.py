@@ -19,21 +19,11 @@ from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MO
                                              MAX_GRAD_CLIP, MAX_IMAGE_SIZE, MAX_TAG_LENGTH, MAX_TAGS, MIN_IMAGE_SIZE,
                                              OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
                                              Field)
+from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spoken
+from trainer_backend.contract.strategy_specs import spec as strategy_spec
 
-STRATEGIES: dict[str, str] = {
-    "single": "One device, one process: the baseline every other strategy is measured against.",
-    "dp": "torch.nn.DataParallel: one process scatters each batch over the listed GPUs "
-    "(a pass-through on CPU). Simple, but GPU 0 gathers everything; DDP is usually faster.",
-    "ddp": "DistributedDataParallel: one process per device, gradients all-reduced. "
-    "The default choice when the model fits on one device.",
-    "mp": "Model parallel: the model cut into stages on different devices, one stage busy at a "
-    "time. Pays off only when the model does not fit on one device.",
-    "pp": "Pipeline parallel: stages as in mp, one process each, with the batch cut into "
-    "microbatches so stages work at once. Pays off for models too big for one device.",
-    "fsdp": "Fully sharded data parallel (FSDP2): like DDP, but parameters, gradients and optimizer "
-    "state are sharded over the devices. Pays off when the model does not fit with DDP.",
-}
-DISTRIBUTED = ("ddp", "fsdp", "pp")  # one process per device
+# The names and descriptions the dashboard and the CLI offer, from the strategies' specs.
+STRATEGIES: dict[str, str] = {name: s.description for name, s in STRATEGY_SPECS.items()}
 MAX_NODES = 4096
 MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
 MAX_BAND_INDEX = 4095
@@ -208,7 +198,7 @@ class RunConfig:
     @property
     def world_size(self) -> int:
         """Processes the run starts: one per device for ddp, fsdp and pp, one otherwise."""
-        return len(self.devices) if self.strategy in DISTRIBUTED else 1
+        return len(self.devices) if strategy_spec(self.strategy).distributed else 1
 
     @property
     def processes_per_node(self) -> int:
@@ -219,7 +209,8 @@ class RunConfig:
     def per_device_batch(self) -> int:
         """The batch each DDP/FSDP rank (or DataParallel GPU replica, rounded down) sees. Pipeline
         stages all see the whole batch, cut into microbatches."""
-        if self.strategy in ("ddp", "fsdp") or (self.strategy == "dp" and self.uses_cuda):
+        strategy = strategy_spec(self.strategy)
+        if strategy.splits_batch or (strategy.scatters_batch and self.uses_cuda):
             return self.batch_size // len(self.devices)
         return self.batch_size
 
@@ -227,7 +218,7 @@ class RunConfig:
     def process_batch(self) -> int:
         """The batch each process's data loader yields: the global batch split over DDP/FSDP ranks,
         whole otherwise. DataParallel is given the whole batch because it splits it over its GPUs itself."""
-        return self.batch_size // self.world_size if self.strategy in ("ddp", "fsdp") else self.batch_size
+        return self.batch_size // self.world_size if strategy_spec(self.strategy).splits_batch else self.batch_size
 
     @property
     def effective_batch(self) -> int:
@@ -372,19 +363,14 @@ def _validate(cfg: RunConfig) -> None:
 
 
 def _validate_speed_switches(cfg: RunConfig) -> None:
-    if cfg.compile and cfg.strategy in ("dp", "pp", "fsdp"):
-        why = {"dp": "DataParallel copies the module into threads every step, which a compiled module does not survive",
-               "pp": "pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile does "
-               "not trace",
-               "fsdp": "TorchInductor fails to compile the fully sharded (FSDP2) model with this PyTorch"}[cfg.strategy]
-        raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {why}; "
-                          "use single, ddp or mp")
-    if cfg.channels_last and cfg.strategy in ("pp", "fsdp"):
-        why = ("pipeline stages send their activations to the next process as contiguous (NCHW) tensors"
-               if cfg.strategy == "pp" else "FSDP2 shards only contiguous parameters, and channels_last "
-               "convolution weights are not")
-        raise ConfigError("channels_last", f"channels_last is not allowed with strategy {cfg.strategy}: {why}; "
-                          "use it with single, dp, ddp or mp")
+    strategy = strategy_spec(cfg.strategy)
+    if cfg.compile and strategy.compile_refusal:
+        raise ConfigError("compile", f"compile is not allowed with strategy {cfg.strategy}: {strategy.compile_refusal}; "
+                          f"use {spoken(names_where(lambda s: not s.compile_refusal))}")
+    if cfg.channels_last and strategy.channels_last_refusal:
+        raise ConfigError("channels_last", f"channels_last is not allowed with strategy {cfg.strategy}: "
+                          f"{strategy.channels_last_refusal}; "
+                          f"use it with {spoken(names_where(lambda s: not s.channels_last_refusal))}")
 
 
 def _validate_recipe(cfg: RunConfig) -> None:
@@ -402,9 +388,9 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
         raise ConfigError("grad_clip", f"grad_clip {_shown(clip)} is not allowed: give the largest gradient norm, a number "
                           f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
-    if cfg.strategy == "pp" and cfg.accumulate_steps > 1:
+    if strategy_spec(cfg.strategy).microbatched and cfg.accumulate_steps > 1:
         raise ConfigError(
-            "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy pp: a "
+            "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy {cfg.strategy}: a "
             "pipeline already accumulates gradients over its microbatches; use 1 and raise --batch-size and "
             "--microbatches instead"
         )
@@ -424,58 +410,20 @@ def _validate_devices(cfg: RunConfig) -> None:
         if here > limit:
             why = _process_limit_why(limit)
             raise ConfigError(
-                "devices", f"devices ask for {here} CPU {'processes' if cfg.strategy in DISTRIBUTED else 'devices'} "
+                "devices", f"devices ask for {here} CPU {'processes' if strategy_spec(cfg.strategy).distributed else 'devices'} "
                 f"on one machine, more than the {limit} allowed ({why}): use at most {limit}"
             )
     gpus = [d for d in devices if d.startswith("cuda")]
-    if cfg.nodes > 1 and (cfg.strategy not in DISTRIBUTED or n < cfg.nodes):
+    if cfg.nodes > 1 and (not strategy_spec(cfg.strategy).distributed or n < cfg.nodes):
         raise ConfigError(
             "nodes", f"nodes {cfg.nodes}: only ddp, fsdp and pp run across machines, with at least one "
             "process per machine; start them with torchrun"
         )
     if cfg.nodes == 1 and len(set(gpus)) != len(gpus):
         raise ConfigError("devices", f"devices {','.join(devices)} list a GPU twice: each GPU once")
-    if cfg.strategy == "single" and n != 1:
-        raise ConfigError(
-            "devices", f"strategy single runs on one device, got {n} ({','.join(devices)}): "
-            "list one, or pick dp, ddp or mp for several"
-        )
-    if cfg.strategy in ("mp", "pp") and n < 2:
-        raise ConfigError(
-            "devices", f"strategy {cfg.strategy} cuts the model into one stage per device and needs at "
-            f"least 2 devices, got {','.join(devices)} (on CPU: --devices cpu,cpu)"
-        )
-    if cfg.strategy in ("ddp", "fsdp") and cfg.batch_size % n:
-        raise ConfigError(
-            "batch_size", f"batch_size {cfg.batch_size} is the global batch and must divide evenly "
-            f"over {n} {cfg.strategy.upper()} processes: use a multiple of {n}"
-        )
-    if cfg.strategy == "pp" and cfg.batch_size % cfg.microbatches:
-        raise ConfigError(
-            "batch_size", f"batch_size {cfg.batch_size} must divide evenly into {cfg.microbatches} "
-            f"microbatches: use a multiple of {cfg.microbatches}, or change the number of microbatches"
-        )
-    if cfg.strategy == "dp" and gpus and cfg.batch_size < n:
-        raise ConfigError(
-            "batch_size", f"batch_size {cfg.batch_size} is smaller than the {n} GPUs DataParallel "
-            "splits it over: use at least one image per GPU"
-        )
-    if cfg.strategy == "dp" and gpus and 1 in (shares := chunk_sizes(cfg.batch_size, n)):
-        fits = next(b for b in range(cfg.batch_size + 1, cfg.batch_size + 2 * n + 2) if 1 not in chunk_sizes(b, n))
-        raise ConfigError(
-            "batch_size", f"batch_size {cfg.batch_size} over {n} GPUs gives DataParallel's replicas "
-            f"{', '.join(map(str, shares))} images (it splits as Tensor.chunk does), and BatchNorm cannot train on "
-            f"one image: use a batch that leaves every replica two or more, e.g. {fits}"
-        )
-    if cfg.strategy == "pp" and n > cfg.microbatches:
-        raise ConfigError(
-            "microbatches", f"strategy pp with {n} stages needs at least {n} microbatches, got "
-            f"{cfg.microbatches}: every stage must have a microbatch to work on (use --microbatches {n} or more)"
-        )
-    if cfg.strategy == "pp" and cfg.amp == "fp16":
-        raise ConfigError(
-            "amp", "amp 'fp16' needs a gradient scaler, which pipeline schedules do not apply: use bf16, auto or off"
-        )
+    problem = strategy_spec(cfg.strategy).problem(cfg)  # its own rules: how many devices, how the batch divides over them
+    if problem is not None:
+        raise ConfigError(*problem)
     if cfg.amp in ("bf16", "fp16") and not gpus:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
@@ -530,12 +478,6 @@ def threads_per_process(config: RunConfig) -> int:
     return max(1, cpu_cores() // config.processes_per_node)
 
 
-def chunk_sizes(images: int, parts: int) -> list[int]:
-    """How ``Tensor.chunk`` splits ``images`` into at most ``parts`` pieces, as DataParallel scatters a batch:
-    pieces of ceil(images / parts), the last one smaller (3 over 2: 2 and 1; 9 over 8: 2, 2, 2, 2, 1)."""
-    size = -(-images // parts)
-    return [size] * (images // size) + ([images % size] if images % size else [])
-
 def max_cpu_processes() -> int:
     """CPU devices one machine may run for a run: PARALLAX_MAX_CPU_PROCESSES, default 4 per core."""
     from db.settings import whole_number_from_env
@@ -549,35 +491,15 @@ def max_cpu_processes() -> int:
 def strategy_notes(config: RunConfig) -> list[str]:
     """What a user should know about how their strategy really runs on these devices."""
     notes = []
-    if config.strategy == "dp" and not config.uses_cuda:
-        notes.append(
-            "DataParallel on CPU is a pass-through: one process trains on the CPU with all its "
-            "threads, exactly like single. Pick GPUs to see DataParallel split the batch."
-        )
-    if config.strategy in ("ddp", "fsdp") and config.world_size == 1:
-        notes.append(
-            f"{config.strategy.upper()} on one device: a world of one process (its own process group), "
-            "so the run does single's work plus the wrapper's overhead. List more devices to spread it."
-        )
     if config.world_size > 1 and not config.uses_cuda:
         threads = threads_per_process(config)
-        batch = (f"per-process batch {config.per_device_batch}" if config.strategy != "pp"
+        batch = (f"per-process batch {config.per_device_batch}" if not strategy_spec(config.strategy).microbatched
                  else f"{config.microbatches} microbatches of {config.batch_size // config.microbatches}")
         notes.append(
             f"{config.strategy.upper()} on CPU: {len(config.devices)} processes on gloo, {threads} thread(s) "
             f"each ({cpu_cores()} cores shared), {batch}."
         )
-    if config.strategy == "pp":
-        notes.append(
-            f"Pipeline parallel ({config.pipeline_schedule}): each epoch records every stage's busy "
-            "fraction; the rest is the pipeline bubble. Forward and backward interleave inside the "
-            "schedule, so the profiler's step breakdown shows them as 'other'."
-        )
-    if config.strategy == "mp" and not config.uses_cuda:
-        notes.append(
-            "Model parallel on CPU: the stages share the same CPU, so this shows the mechanics "
-            "(activations handed from stage to stage), not a speed-up."
-        )
+    notes += strategy_spec(config.strategy).notes(config)  # a process per CPU device is never a world of one
     if config.amp == "auto" and not config.uses_cuda:
         notes.append("AMP auto: CPU runs train in fp32.")
     return notes + recipe_notes(config)
@@ -590,7 +512,7 @@ def recipe_notes(config: RunConfig) -> list[str]:
         notes.append(
             f"Gradient accumulation: {config.accumulate_steps} batches of {config.batch_size} per optimizer step, "
             f"an effective batch of {config.effective_batch}"
-            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if config.strategy in ("ddp", "fsdp")
+            + (" (DDP/FSDP all-reduce gradients only on the last of them)." if strategy_spec(config.strategy).splits_batch
                else ".")
         )
     if config.scale_lr:

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from collections.abc import Mapping
 
-from trainer_backend.contract.config import DISTRIBUTED, ConfigError, RunConfig, cuda_device_count, parse_devices
+from trainer_backend.contract.config import ConfigError, RunConfig, cuda_device_count, parse_devices
+from trainer_backend.contract.strategy_specs import find, spec
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -42,7 +43,7 @@ class TorchrunWorld:
 
     def joined_by(self, config: RunConfig) -> bool:
         """Whether this run takes part in the world (the others run alone, or are refused)."""
-        return config.strategy in DISTRIBUTED or self.world_size > 1
+        return spec(config.strategy).distributed or self.world_size > 1
 
 
 def torchrun_world(environ: Mapping[str, str] | None = None) -> TorchrunWorld | None:
@@ -75,7 +76,8 @@ def values_for_world(values: dict, world: TorchrunWorld) -> dict:
     a machine each, which passes the checks that only the real world can answer."""
     strategy = values.get("strategy") or RunConfig.strategy
     check_joinable(strategy, world)
-    if strategy not in DISTRIBUTED:
+    known = find(strategy)
+    if known is None or not known.distributed:
         return values  # a world of one: it runs as it would without torchrun
     kinds = {device.split(":")[0] for device in parse_devices(values.get("devices") or RunConfig.devices)}
     if len(kinds) > 1:
@@ -88,14 +90,15 @@ def values_for_world(values: dict, world: TorchrunWorld) -> dict:
 
 def check_joinable(strategy: str, world: TorchrunWorld) -> None:
     """Refuse a strategy that cannot join torchrun's world, naming what can."""
-    if strategy not in DISTRIBUTED and world.world_size > 1:
+    known = find(strategy)  # not validated yet: an unknown one is refused as one process, or by RunConfig
+    if not (known and known.distributed) and world.world_size > 1:
         raise ConfigError(
             "strategy", f"strategy {strategy} runs in one process and cannot join torchrun's world of "
             f"{world.world_size} processes: use --strategy ddp, fsdp or pp under torchrun, or run {strategy} "
             "without torchrun")
-    if strategy == "pp" and world.world_size < 2:
+    if known and known.distributed and known.staged and world.world_size < 2:  # a process per stage
         raise ConfigError(
-            "strategy", "strategy pp needs at least 2 processes, one per stage, and torchrun started 1: "
+            "strategy", f"strategy {strategy} needs at least 2 processes, one per stage, and torchrun started 1: "
             "use --nproc-per-node 2 or more")
 
 

@@ -30,6 +30,7 @@ from db.folders import run_folder
 from db.settings import database_url, parallax_home
 
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
+from trainer_backend.contract.strategy_specs import find
 from trainer_backend.datasets.roots import check_under_roots
 from trainer_backend.contract.storage import write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
@@ -159,13 +160,15 @@ def sweep_configs(config: RunConfig, strategies: list[str],
         raise ConfigError("device_counts", "--device-counts lists no count: give e.g. 1,2,4")
     configs = []
     for strategy in dict.fromkeys(strategies):
-        if strategy not in STRATEGIES:
+        known = find(strategy)
+        if known is None:
             raise ConfigError("strategy", f"strategy {strategy!r} is not allowed: choose from {', '.join(STRATEGIES)}")
-        one_device = strategy == "single" or (strategy == "dp" and not config.uses_cuda)
+        # DataParallel on CPU is a pass-through: one process on one CPU, as single.
+        one_device = known.one_device or (known.scatters_batch and not config.uses_cuda)
         if device_counts is None:
             configs.append(config.replace(strategy=strategy, devices=config.devices[:1] if one_device else config.devices))
             continue
-        counts = [1] if one_device else [n for n in device_counts if n >= 2 or strategy not in ("mp", "pp")]
+        counts = [1] if one_device else [n for n in device_counts if n >= 2 or not known.staged]
         if not counts:
             raise ConfigError("device_counts", f"--device-counts {','.join(map(str, device_counts))} gives "
                               f"{strategy} no count it can run: it needs 2 or more devices")

@@ -3,8 +3,9 @@
     totals, train_time_s = train_epoch(model, train_loader, optimizer, strategy, amp_dtype=None)
     val_totals = validate(model, val_loader, strategy)
 
-The loops run steps over a strategy (which knows the devices and collectives); a strategy that
-steps through an epoch itself (``runs_own_loop``: the pipeline's schedule) is handed the epoch.
+The loops run steps over a strategy (which knows the devices and collectives); a strategy whose
+schedule runs a step's forward and backward itself (``runs_own_loop``: the pipeline's) is asked to
+run each step (``strategy.train_step``), in this same epoch loop, and wraps the epoch to time its stages.
 Per-batch numbers are summed on the device and read once per epoch: a ``.item()`` per step
 would force a host-device sync every step and slow GPU training for a progress number.
 """
@@ -104,7 +105,8 @@ def train_one_epoch(
     on_loss: LossCallback | None = None,
     on_start: StartCallback | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds)."""
+    """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds). Each step is
+    the forward and backward below, or the strategy's own (``train_step``) where it runs them itself."""
     model.train()
     phase = phase_ranges(profiler)
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
@@ -125,23 +127,29 @@ def train_one_epoch(
         steps_optimizer = step == group_start + group_size
         with phase("data_loading"), clock.data():
             images, labels = strategy.to_device(*next(batches), train=True)
-        # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
-        with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
-            with phase("forward"), autocast(strategy.input_device, amp_dtype):
-                logits = model(images)
-                loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-            with phase("backward"), clock.backward():
-                # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
-                part = loss / group_size if group_size > 1 else loss
-                (scaler.scale(part) if scaler is not None else part).backward()
-        if steps_optimizer:
-            with phase("optimizer_step"):
-                optimizer_step(model, optimizer, strategy, scaler)
-        accumulate(totals, loss.detach(), logits.detach(), labels)
+        if strategy.runs_own_loop:
+            outcome = strategy.train_step(model, images, labels, optimizer, phase)
+        else:
+            # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
+            with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
+                with phase("forward"), autocast(strategy.input_device, amp_dtype):
+                    logits = model(images)
+                    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+                with phase("backward"), clock.backward():
+                    # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
+                    part = loss / group_size if group_size > 1 else loss
+                    (scaler.scale(part) if scaler is not None else part).backward()
+            if steps_optimizer:
+                with phase("optimizer_step"):
+                    optimizer_step(model, optimizer, strategy, scaler)
+            outcome = loss.detach(), logits.detach(), labels
+        if outcome is not None:  # None on a process that computes no loss (a pipeline's first stages)
+            loss, logits, labels = outcome
+            accumulate(totals, loss, logits, labels)
         if profiler is not None:
             profiler.step()
-        if on_loss is not None:
-            on_loss(loss.detach())
+        if on_loss is not None and outcome is not None:
+            on_loss(loss)
         if on_step is not None:
             on_step(step, total_steps)
     synchronize(strategy.devices)

@@ -52,6 +52,7 @@ from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
 from trainer_backend.engine.strategies.registry import make_strategy
 from trainer_backend.contract.storage import write_problem, writing
+from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.engine.strategies import Strategy, synchronize
 
 EpochPrinter = Callable[[str], None]
@@ -311,7 +312,7 @@ def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store
             compile_model(model, strategy)
         optimizer = build_optimizer(config, model.parameters())
         amp_dtype = resolve_amp(config.amp, strategy.input_device)
-        if config.strategy == "pp" and amp_dtype == torch.float16:
+        if spec(config.strategy).microbatched and amp_dtype == torch.float16:
             amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
         scaler = make_grad_scaler(amp_dtype)
         precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
@@ -413,11 +414,11 @@ def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_i
     only the last stage computes the loss (of the whole batch: every stage sees it) and records
     them itself; rank 0 measures the energy of every epoch it writes, and in a torchrun job across
     machines (``energy_part``) each machine's local rank 0 meters its machine for rank 0 to sum."""
-    records = strategy.rank == strategy.world_size - 1 if config.strategy == "pp" else strategy.is_main
+    records = strategy.rank == spec(config.strategy).recording_rank(strategy.world_size)
     recorder_engine = engine if engine is not None else (make_engine(db_url) if records else None)
     started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
     # ddp and fsdp ranks each train on their own part of the global batch.
-    images_factor = strategy.world_size if config.strategy in ("ddp", "fsdp") else 1
+    images_factor = strategy.world_size if spec(config.strategy).splits_batch else 1
     recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor,
                             device=strategy.output_device) if records else None
     energy, notes = None, [series_note(config, strategy.world_size)]
@@ -441,10 +442,10 @@ def run_started_at_s(engine, run_id: int) -> float:
 
 def series_note(config: RunConfig, world_size: int) -> str | None:
     """Where the step losses come from, when that is not the global batch's loss."""
-    if config.strategy in ("ddp", "fsdp") and world_size > 1:
+    if spec(config.strategy).splits_batch and world_size > 1:
         return ("Step points show rank 0's training loss (its part of the batch; reducing it across ranks every "
                 "step would cost a collective), and images/s of the global batch; epoch losses are over all ranks.")
-    if config.strategy == "pp":
+    if spec(config.strategy).records_on_last_rank:
         return "Step points are recorded by the last pipeline stage, which computes the loss of the whole batch."
     return None
 

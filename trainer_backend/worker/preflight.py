@@ -13,6 +13,7 @@ import re
 import torch
 
 from trainer_backend.contract.config import ConfigError, RunConfig, strategy_notes
+from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
 from trainer_backend.contract.printable import one_line, shown_name
@@ -38,7 +39,7 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     check_every_rank_trains(config, info.num_train, info.in_chans)
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
-    if config.strategy == "mp":
+    if spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
         split_into_stages(model, len(config.devices), in_chans=info.in_chans,
                           image_size=config.image_size, name=config.model)
     else:
@@ -66,18 +67,19 @@ def check_every_rank_trains(config: RunConfig, num_train: int, in_chans: int = 3
     if steps > 0:
         return
     batch = config.process_batch
-    if config.strategy in ("ddp", "fsdp") and config.world_size > 1:
+    strategy = spec(config.strategy)
+    if strategy.splits_batch and config.world_size > 1:
         who = (f"over {config.world_size} {config.strategy.upper()} processes each takes {share}, fewer than its "
                f"batch of {batch} (batch_size {config.batch_size} / {config.world_size})")
     else:
         who = f"fewer than the batch of {batch}"
-    if config.strategy == "pp":
+    if strategy.microbatched:
         why = "a pipeline drops every short batch (its microbatch shapes are fixed)"
     elif config.compile:
         why = "a compiled model drops every short batch (another shape would compile another graph)"
     else:
         why = "a last batch of one image is dropped (BatchNorm cannot train on one)"
-    largest = share * (config.world_size if config.strategy in ("ddp", "fsdp") else 1)
+    largest = share * (config.world_size if strategy.splits_batch else 1)
     fix = (f"use a batch_size of at most {largest}, more training images or fewer processes"
            if share > 1 else "use more training images or fewer processes")
     raise ConfigError("batch_size", f"the training split has {num_train} images; {who}, and {why}, so no step "

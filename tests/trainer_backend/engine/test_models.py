@@ -94,5 +94,5 @@ def test_an_unknown_strategy_name_fails_naming_the_strategies_there_are():
     from trainer_backend.engine.strategies.registry import strategy_class
 
     assert {name: strategy_class(name).name for name in STRATEGIES} == {name: name for name in STRATEGIES}
-    with pytest.raises(ValueError, match=r"unknown strategy 'zero3': use one of single, dp, ddp, mp, pp, fsdp"):
+    with pytest.raises(ValueError, match=r"Unknown strategy \('zero3'\); allowed: single, dp, ddp, mp, pp, fsdp"):
         strategy_class("zero3")

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
 
 MB = 2**20
@@ -257,7 +258,7 @@ def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | Non
                                        "has bf16 (before Ampere it trains in fp16, the same size).")
     else:
         dtype = resolve_amp(config.amp, torch.device(config.devices[0]))
-    if config.strategy == "pp" and dtype == torch.float16:
+    if spec(config.strategy).microbatched and dtype == torch.float16:
         return None, None  # as the trainer: pipelines cannot scale fp16 gradients, so train in fp32
     return dtype, note
 

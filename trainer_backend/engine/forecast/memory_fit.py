@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, estimate_memory
 
 
@@ -106,19 +107,19 @@ def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dic
             return free_mb
         return free_mb if all(d in free_mb for d in changed.devices) else None
 
-    step = len(config.devices) if config.strategy in ("ddp", "fsdp") else (
-        config.microbatches if config.strategy == "pp" else 1)
+    strategy = spec(config.strategy)
+    step = len(config.devices) if strategy.splits_batch else (config.microbatches if strategy.microbatched else 1)
     if (batch := largest_batch(config, num_classes, in_chans, free_mb, step)) is not None:
         found.append(f"a global batch of {batch}")
     if config.uses_cuda and config.amp in ("off",):
         check("mixed precision bf16 (--amp bf16)", amp="bf16")
-    if config.strategy in ("single", "dp", "ddp") and len(config.devices) > 1:
+    if not strategy.shards_state and len(config.devices) > 1:
         check("fsdp on the same devices", strategy="fsdp")
     more = [g for g in (gpus or []) if g not in config.devices]
-    if more and config.strategy != "single":
+    if more and not strategy.one_device:
         devices = (*config.devices, *more)
         check(f"{config.strategy} on {len(devices)} GPUs ({','.join(devices)})", devices=devices)
-    elif more and config.strategy == "single":
+    elif more and strategy.one_device:
         devices = (*config.devices, *more)
         check(f"fsdp on {len(devices)} GPUs ({','.join(devices)})", strategy="fsdp", devices=devices)
     return found

@@ -11,7 +11,7 @@ reverse.
     dp        DataParallelStrategy          ddp   DistributedStrategy
     mp        ModelParallelStrategy         fsdp  FullyShardedStrategy (FSDP2)
     pp        PipelineStrategy (torch.distributed.pipelining; imported only by pipelines)
-    registry  strategy name -> class, and ``make_strategy``: the one place a name is looked up
+    registry  strategy name -> the class its spec names (contract.strategy_specs), and ``make_strategy``
 """
 
 from trainer_backend.engine.strategies.base import (

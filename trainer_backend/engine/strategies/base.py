@@ -44,8 +44,9 @@ class Strategy:
     """Single device, and the defaults every other strategy starts from."""
 
     name = "single"
-    # True where the strategy steps through an epoch itself (its own ``train_epoch`` and
-    # ``evaluate``): a pipeline's schedule interleaves the microbatches' forward and backward.
+    # True where the strategy runs each training step itself (``train_step``, inside the shared epoch
+    # loop, which its ``train_epoch`` wraps) and its own ``evaluate``: a pipeline's schedule interleaves
+    # the microbatches' forward and backward.
     runs_own_loop = False
     # Validation totals are summed across processes (each holds a shard, or zeros); False where
     # every process evaluates the whole set (FSDP) and one copy of the numbers is the answer.

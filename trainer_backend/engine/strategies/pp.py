@@ -21,10 +21,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.batchnorm import reestimate
 from trainer_backend.engine.confusion import add_confusion, val_totals
-from trainer_backend.engine.loop import optimizer_step
+from trainer_backend.engine.loop import optimizer_step, train_one_epoch
 from trainer_backend.engine.models import split_into_stages
-from trainer_backend.engine.strategies import DistributedStrategy, autocast, on_cpu, synchronize
-from trainer_backend.telemetry.profiling import phase_ranges
+from trainer_backend.engine.strategies import DistributedStrategy, autocast, on_cpu
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -100,7 +99,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float)
 
 class PipelineStrategy(DistributedStrategy):
     name = "pp"
-    runs_own_loop = True  # the schedule runs each step's forward and backward, microbatch by microbatch
+    runs_own_loop = True  # the schedule runs each step's forward and backward (train_step), and evaluates
     drop_last_train = True  # microbatch shapes are fixed by the first step
     comm_measure = "stages"  # a stage's time not computing or loading is spent waiting for its neighbours
 
@@ -182,55 +181,36 @@ class PipelineStrategy(DistributedStrategy):
             return method(target=labels, losses=losses)
         return method()
 
-    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, scaler=None, on_step=None, profiler=None,
-                    on_loss=None, on_start=None):
-        model.train()
+    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, **kwargs):
+        """The shared epoch loop (``loop.train_one_epoch``, which asks ``train_step`` for each step),
+        with the stages' compute timed around it."""
         self._amp_dtype = amp_dtype
-        phase = phase_ranges(profiler)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.output_device)
         self._clock.reset()
         self._optimizer_clock.reset()
-        rank_clock = self.rank_clock
-        rank_clock.reset()
-        total_steps = len(loader)
-        batches = iter(loader)
-        self.barrier()  # stages start the clock together, as in loop.train_one_epoch
-        synchronize([self.input_device])
-        start = time.perf_counter()
-        if on_start is not None:
-            on_start()
-        for step in range(1, total_steps + 1):
-            with phase("data_loading"), rank_clock.data():
-                images, labels = self.to_device(*next(batches), train=True)
-            losses: list[torch.Tensor] = []
-            # Forward and backward interleave inside the schedule (they show as "other"); the
-            # forwards alone run under autocast (_AutocastForward).
-            logits = self._run_schedule(self._schedule.step, images, labels, losses)
-            with phase("optimizer_step"):
-                # Clip (when asked), step (the lr schedule with it, schedule.py), clear: as every loop does.
-                self._optimizer_clock.timed(optimizer_step)(model, optimizer, self, None)
-            if self.is_last:
-                # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
-                batch_loss = torch.stack(losses).detach().double().mean()
-                totals[0] += batch_loss * labels.numel()
-                if on_loss is not None:  # only the last stage computes the loss
-                    on_loss(batch_loss)
-                totals[1] += (logits.argmax(dim=1) == labels).sum()
-                totals[2] += labels.numel()
-            if profiler is not None:
-                profiler.step()
-            if on_step is not None:
-                on_step(step, total_steps)
-            self._clock.collect()
-            self._optimizer_clock.collect()
-        synchronize([self.input_device])
-        self._wall_s = time.perf_counter() - start
+        totals, self._wall_s = train_one_epoch(model, loader, optimizer, self, amp_dtype=amp_dtype, **kwargs)
         self._clock.collect(wait=True)
         self._optimizer_clock.collect(wait=True)
         # Read now: validation and BatchNorm re-estimation run the same timed chunks after this.
         self._busy_s = self._clock.busy_s
-        rank_clock.compute_s = self._busy_s + self._optimizer_clock.busy_s
+        self.rank_clock.compute_s = self._busy_s + self._optimizer_clock.busy_s
         return totals, self._wall_s
+
+    def train_step(self, model, images, labels, optimizer, phase):
+        """One batch through the schedule and the optimizer step. Returns (the batch's loss, logits,
+        labels) on the last stage, the only one that computes them, and None on the others."""
+        losses: list[torch.Tensor] = []
+        # Forward and backward interleave inside the schedule (they show as "other"); the
+        # forwards alone run under autocast (_AutocastForward).
+        logits = self._run_schedule(self._schedule.step, images, labels, losses)
+        with phase("optimizer_step"):
+            # Clip (when asked), step (the lr schedule with it, schedule.py), clear: as every loop does.
+            self._optimizer_clock.timed(optimizer_step)(model, optimizer, self, None)
+        self._clock.collect()
+        self._optimizer_clock.collect()
+        if not self.is_last:
+            return None
+        # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
+        return torch.stack(losses).detach().double().mean(), logits, labels
 
     @torch.no_grad()
     def evaluate(self, model, loader, *, amp_dtype=None) -> torch.Tensor:

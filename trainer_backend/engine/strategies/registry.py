@@ -3,36 +3,24 @@
     strategy_class("ddp")                    # DistributedStrategy
     make_strategy(config, rank, in_chans=3, store_host="127.0.0.1", store_port=29500)
 
-An unknown name fails with the names allowed, never falls back to another strategy. The names and their
-descriptions are the config's (``STRATEGIES``, torch-free, what the dashboard and the CLI offer).
+The class is the one the strategy's spec names (``contract.strategy_specs``, torch-free, what the
+dashboard and the CLI offer), imported when first asked for: torch.distributed.pipelining is imported
+by pipelines only. An unknown name fails with the names allowed, never falls back to another strategy.
 """
 
 from __future__ import annotations
 
-from trainer_backend.contract.config import STRATEGIES, RunConfig
-from trainer_backend.engine.strategies import (
-    DataParallelStrategy,
-    DistributedStrategy,
-    FullyShardedStrategy,
-    ModelParallelStrategy,
-    Strategy,
-)
+import importlib
 
-CLASSES: dict[str, type[Strategy]] = {"single": Strategy, "dp": DataParallelStrategy, "ddp": DistributedStrategy,
-                                      "mp": ModelParallelStrategy, "fsdp": FullyShardedStrategy}
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.engine.strategies.base import Strategy
 
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class that runs strategy ``name``; ValueError naming the strategies there are for any other name."""
-    if name == "pp":
-        from trainer_backend.engine.strategies.pp import (
-            PipelineStrategy,  # torch.distributed.pipelining: imported by pipelines only
-        )
-
-        return PipelineStrategy
-    if name not in CLASSES:
-        raise ValueError(f"unknown strategy {name[:40]!r}: use one of {', '.join(STRATEGIES)}")
-    return CLASSES[name]
+    module, _, class_name = spec(name).implementation.partition(":")
+    return getattr(importlib.import_module(module), class_name)
 
 
 def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
