@@ -272,6 +272,7 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
     from db import make_engine, store
     from db.models import StepMetric
     from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.telemetry.recorder import Recorder
     from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 
     engine = make_engine(db_url)
@@ -283,7 +284,7 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
     strategy = Strategy(RunConfig(strategy="single", devices="cpu"))
     model = QueuesGpuWork(first_ms, step_ms, host_s=0.06)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    recorder = StepRecorder(engine, run_id, time.time(), min_interval_s=0.05, device=torch.device("cuda:1"))
+    recorder = StepRecorder(Recorder(engine, run_id), time.time(), min_interval_s=0.05, device=torch.device("cuda:1"))
     hooks = StepHooks(recorder=recorder)
     hooks.start_epoch(1, loader, optimizer)
     train_one_epoch(model, loader, optimizer, strategy, on_start=hooks.begin_training, on_step=hooks,

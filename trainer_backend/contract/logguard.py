@@ -1,6 +1,6 @@
 """Keep training when the run's log cannot be written (a full disk, a removed folder).
 
-    guard_output(on_failure=lambda error: note_log_incomplete(engine, run_id, error))
+    guard_output(on_failure=Recorder(engine, run_id).log_incomplete)
 
 A launched run's stdout and stderr are its ``run.log``. A failed write there raises in whatever
 printed (an epoch line, a warning) and would fail the run over a log line, though its metrics go

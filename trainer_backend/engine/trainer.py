@@ -1,8 +1,12 @@
 """One training process: setup -> build -> train -> teardown.
 
-``train_process(rank, ...)`` is what the runner starts with ``torch.multiprocessing`` for each rank, and
-what the runner calls directly (rank 0) for the single-process strategies. Only rank 0 touches
-the database; every number it writes is already reduced across ranks.
+    main(RankSpec(config, rank, run_id, db_url, folder_name=folder_name))
+
+``main`` is what the runner starts with ``torch.multiprocessing`` for each rank (the spec's rank
+replaced), what it calls directly (rank 0) for the single-process strategies, and what every
+process of a torchrun job calls. Only rank 0 touches the database, through its ``Recorder``
+(telemetry/recorder.py); every number it writes is already reduced across ranks, and every other
+rank gets a recorder that writes nothing, so the loop is the same on every rank.
 """
 
 from __future__ import annotations
@@ -16,15 +20,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from db import lifecycle as state
-from db import make_engine, profiles, store
-from db.engine import LockBackoff, retry_when_locked
+from db import make_engine
 from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from trainer_backend.engine import resume
@@ -38,7 +40,7 @@ from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
-from trainer_backend.contract.logguard import LOG_INCOMPLETE_NOTE, describe, guard_output
+from trainer_backend.contract.logguard import guard_output
 from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, resolve_amp, train_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
@@ -46,16 +48,15 @@ from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_mem
 from trainer_backend.engine.forecast.memory_estimate import stored_estimate
 from trainer_backend.engine.models import create_model
 from trainer_backend.contract.plugins import load_plugins
-from trainer_backend.telemetry.profiling import LARGE_TRACE_BYTES, StepProfiler, read_rank_outputs
+from trainer_backend.telemetry.profiling import StepProfiler
+from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 from trainer_backend.engine.schedule import attach_schedule, build_optimizer
 from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
 from trainer_backend.engine.strategies.registry import make_strategy
 from trainer_backend.contract.storage import write_problem, writing
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import spec as strategy_spec
 from trainer_backend.engine.strategies import Strategy, synchronize
-
-EpochPrinter = Callable[[str], None]
 
 
 def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData:
@@ -160,24 +161,6 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
     return {rank_device_label(strategy, r, kind): float(v) for r, v in enumerate(slots.tolist())}
 
 
-class ProgressWriter:
-    """Writes (epoch, step of total) for the progress bars, at most about once a second, and less
-    often while the database is locked (see LockBackoff)."""
-
-    def __init__(self, engine, run_id: int, min_interval_s: float = 1.0):
-        self.engine, self.run_id, self.min_interval_s = engine, run_id, min_interval_s
-        self.epoch = 0
-        self._last = 0.0
-        self._backoff = LockBackoff()
-
-    def __call__(self, step: int, total_steps: int) -> None:
-        now = time.monotonic()
-        if (step == total_steps or now - self._last >= self.min_interval_s) and self._backoff.due(now):
-            self._last = now
-            landed = state.set_progress(self.engine, self.run_id, epoch=self.epoch, step=step, total_steps=total_steps)
-            self._backoff.tried(landed, time.monotonic())
-
-
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
               bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
@@ -230,45 +213,101 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     )
 
 
-def save_checkpoint(path, state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> None:
-    # Through a part file: a crash or a full disk mid-save never leaves a truncated best.pt, and
-    # a file object (not a path) keeps the errno that says the disk is full.
-    with writing(path, "checkpoint") as handle:
-        torch.save(
-            {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
-             "epoch": metrics.epoch, "val_acc": metrics.val_acc},
-            handle,
-        )
+def checkpoint_payload(state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> dict:
+    """What best.pt holds: the weights and what is needed to use them."""
+    return {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
+            "epoch": metrics.epoch, "val_acc": metrics.val_acc}
 
 
-def train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str = "", store_port: int = 0,
-                  echo: bool = True, resumable: bool = False, folder_name: str | None = None,
-                  data_roots: list | None = None, energy_part: EnergyPart | None = None) -> None:
-    """Train one process's part of run ``run_id``. Raises on any failure; the runner records it.
+@dataclass(frozen=True)
+class RankSpec:
+    """What one rank is told: the run's config, validated once by whoever launched the run (a rank
+    does not validate it again), and this rank's place in the run.
 
     ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
     if any, and write one after every epoch. ``folder_name`` names the run's folder
     (``db.folders.run_folder_name``; looked up in the database when not given); ``data_roots``
-    confines the data read (``load_data``). ``energy_part`` (a torchrun job across machines):
-    this process's part in metering the job's energy (``job_energy``)."""
-    if folder_name is None:
-        folder_name = run_folder_name(make_engine(db_url), run_id)
+    confines the data read (``load_data``). ``store_port``: the spawned world's rendezvous store
+    (0 under torchrun or in one process). ``energy_part`` (a torchrun job across machines): this
+    process's part in metering the job's energy (``job_energy``)."""
+
+    config: RunConfig
+    rank: int
+    run_id: int
+    db_url: str
+    store_host: str = ""
+    store_port: int = 0
+    echo: bool = True
+    resumable: bool = False
+    folder_name: str | None = None
+    data_roots: list | None = None
+    energy_part: EnergyPart | None = None
+
+    @property
+    def records(self) -> bool:
+        """Whether this rank writes the run: rank 0, whose numbers are already reduced across ranks."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a rank trains with, built once (``build``)."""
+
+    spec: RankSpec
+    folder: Path
+    strategy: Strategy
+    data: PreparedData
+    on_device: bool  # the splits were copied onto the device (keep_on_device)
+    decode_note: str | None  # where decoding runs, when the run should be told (place_decoding)
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    loaders: tuple[DataLoader, DataLoader]
+    bn_loader: DataLoader | None
+    amp_dtype: torch.dtype | None
+    scaler: torch.amp.GradScaler | None
+    precision: PrecisionRecord | None
+    measures: RunMeasures
+    has_batchnorm: bool
+
+
+def main(spec: RankSpec) -> None:
+    """Train one rank's part of run ``spec.run_id``: setup -> build -> train -> teardown. Raises on
+    any failure; the runner records it."""
+    folder = open_run_folder(spec)
     try:
-        folder = named_run_folder(folder_name, create=True)
+        setup(spec, folder)
+        built = build(spec, folder)
+        try:
+            train(built, open_recorder(spec))
+        finally:
+            built.strategy.teardown()
+    except Exception as exc:
+        leave_failure_note(folder, spec.rank, exc)
+        raise
+
+
+def open_run_folder(spec: RankSpec) -> Path:
+    folder_name = spec.folder_name or run_folder_name(make_engine(spec.db_url), spec.run_id)
+    try:
+        return named_run_folder(folder_name, create=True)
     except OSError as exc:  # a read-only or full PARALLAX_HOME: one line, not a traceback
         raise write_problem(exc, "the run's folder", named_run_folder(folder_name)) from None
-    try:
-        _train_process(rank, config_dict, run_id, db_url, store_host, store_port, echo, resumable, folder, data_roots,
-                       energy_part)
-    except Exception as exc:
-        # When one rank fails its peers fail too, mid-collective; the time tells the runner
-        # which failure came first, i.e. which one to report.
-        failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
-                   "type": type(exc).__name__, "message": str(exc)}
-        with contextlib.suppress(OSError):  # on a full disk this note cannot be written; the error itself must win
-            with writing(folder / f"rank{rank}.failure.json", "failure note") as handle:
-                handle.write(json.dumps(failure).encode())
-        raise
+
+
+def open_recorder(spec: RankSpec) -> Recorder | NoRecorder:
+    """The recording rank's recorder, or one that writes nothing for every other rank."""
+    return Recorder(make_engine(spec.db_url), spec.run_id, echo=spec.echo) if spec.records else NoRecorder()
+
+
+def leave_failure_note(folder: Path, rank: int, exc: Exception) -> None:
+    """When one rank fails its peers fail too, mid-collective; the time tells the runner which
+    failure came first, i.e. which one to report."""
+    failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
+               "type": type(exc).__name__, "message": str(exc)}
+    with contextlib.suppress(OSError):  # on a full disk this note cannot be written; the error itself must win
+        with writing(folder / f"rank{rank}.failure.json", "failure note") as handle:
+            handle.write(json.dumps(failure).encode())
 
 
 def read_rank_failures(folder) -> list[dict]:
@@ -280,184 +319,204 @@ def read_rank_failures(folder) -> list[dict]:
     return failures
 
 
-def _train_process(rank: int, config_dict: dict, run_id: int, db_url: str, store_host: str, store_port: int, echo: bool,
-                   resumable: bool, folder, data_roots: list | None, energy_part: EnergyPart | None = None) -> None:
-    if store_port:
+def setup(spec: RankSpec, folder: Path) -> None:
+    """What a rank does before it builds: die with its parent, guard its log, leave its pid, load plugins."""
+    if spec.store_port:
         _die_with_parent()
-        # A spawned rank writes to the run's log too; only rank 0 may note in the run that it failed.
-        guard_output(on_failure=(lambda exc: note_log_incomplete(make_engine(db_url), run_id, exc)) if rank == 0 else None)
+        # A spawned rank writes to the run's log too; only the recording rank notes in the run that it failed.
+        guard_output(on_failure=lambda exc: open_recorder(spec).log_incomplete(exc))
     # Lets an operator (or a test) find and signal one rank of a run.
     try:
-        with writing(folder / f"rank{rank}.pid", "the rank's pid file") as handle:
+        with writing(folder / f"rank{spec.rank}.pid", "the rank's pid file") as handle:
             handle.write(str(os.getpid()).encode())
     except OSError as exc:
-        raise write_problem(exc, "the rank's pid file", folder / f"rank{rank}.pid") from None
+        raise write_problem(exc, "the rank's pid file", folder / f"rank{spec.rank}.pid") from None
     load_plugins()
-    config = RunConfig.from_dict(config_dict)
-    torch.manual_seed(config.seed)  # identical initial weights on every rank
-    data = load_data(config, data_roots)
-    strategy = make_strategy(config, rank, in_chans=data.info.in_chans, store_host=store_host, store_port=store_port)
+    torch.manual_seed(spec.config.seed)  # identical initial weights on every rank
+
+
+def build(spec: RankSpec, folder: Path) -> Built:
+    """The data, the strategy (set up: its process group joined) and what trains on it. A failure
+    after the strategy is set up tears it down before it is raised."""
+    config = spec.config
+    data = load_data(config, spec.data_roots)
+    strategy = make_strategy(config, spec.rank, in_chans=data.info.in_chans, store_host=spec.store_host,
+                             store_port=spec.store_port)
     strategy.setup()
-    hooks = None
     try:
-        model = create_model(config.model, num_classes=data.info.num_classes,
-                             in_chans=data.info.in_chans, pretrained=config.pretrained)
-        flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
-                 if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
-        model = strategy.wrap(to_memory_format(model, config))
-        # Decoded in the loader workers: where the uint8 -> float step (or, for JPEGs on a GPU, the decode) runs.
-        data, decode_note = place_decoding(data, strategy.input_device, config.num_workers)
-        strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device, rank)
-        if config.compile:
-            compile_model(model, strategy)
-        optimizer = build_optimizer(config, model.parameters())
-        amp_dtype = resolve_amp(config.amp, strategy.input_device)
-        if spec(config.strategy).microbatched and amp_dtype == torch.float16:
-            amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
-        scaler = make_grad_scaler(amp_dtype)
-        precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
-        measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
-        resident = keep_on_device(data, strategy.input_device)
-        if resident is not None:
-            data = resident
-        loaders = build_loaders(data, config, strategy)
-        schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
-        bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
-                                      full_batches=strategy.drop_last_train) if config.bn_stats_images else None
-        has_batchnorm, lag_noted = bool(batchnorm_layers(strategy.unwrap(model))), False
-        engine = make_engine(db_url) if strategy.is_main else None
-        if config.compile:
-            _record_compile_time(engine, run_id, strategy, compile_warmup(model, loaders, strategy, amp_dtype))
-        progress = ProgressWriter(engine, run_id) if engine is not None else None
-        hooks = step_hooks(config, strategy, engine, db_url, run_id, progress, energy_part)
-        if engine is not None and resident is not None:
-            retry_when_locked(lambda: store.add_notes(engine, run_id, [device_data_note(data, strategy.input_device)]),
-                              what="record the run's notes")
-        if engine is not None and decode_note is not None:
-            retry_when_locked(lambda: store.add_notes(engine, run_id, [decode_note]), what="record the run's notes")
-        if engine is not None:
-            once = {**measures.once_per_run(), "effective_batch": config.effective_batch,
-                    **stored_estimate(config, data.info.num_classes, data.info.in_chans)}
-            retry_when_locked(lambda: store.set_measurements(engine, run_id, once), what="record the run's measurements")
-        checkpoint = folder / "best.pt"
-        start_epoch, best_acc = 1, -1.0
-        if resumable:
-            start_epoch, best_acc = resume.restore(folder, strategy, model, optimizer, loaders[0], schedule=schedule)
-            if engine is not None and resume.restart_count() > 0:
-                store.add_notes(engine, run_id, [resume.resume_note(start_epoch, resume.restart_count())])
-        for epoch in range(start_epoch, config.epochs + 1):
-            if progress is not None:
-                progress.epoch = epoch
-            profiler = _start_profiler(config, strategy, folder) if config.profile and epoch == 1 else None
-            hooks.start_epoch(epoch, loaders[0], optimizer)
-            metrics = run_epoch(epoch, model, loaders, optimizer, strategy, amp_dtype, scaler,
-                                on_step=hooks, profiler=profiler, precision=precision, bn_loader=bn_loader,
-                                on_loss=hooks.loss, measures=measures, on_start=hooks.begin_training)
-            metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
-            if profiler is not None:
-                strategy.barrier()  # every rank has written its profile
-                if engine is not None:
-                    store_profiles(engine, run_id, profiler.out_dir, config)
-            # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
-            # assembling a sharded or pipelined state dict needs every rank.
-            improved = metrics.val_acc > best_acc
-            best_acc = max(best_acc, metrics.val_acc)
-            state = strategy.checkpoint_state(model) if improved else None
-            confusion = metrics.extra.pop("confusion", None)
-            if engine is not None:
-                # The one write that must not be lost: wait out another process's lock (with backoff)
-                # rather than fail the run, up to PARALLAX_DB_LOCK_WAIT_S.
-                retry_when_locked(lambda metrics=metrics: store.log_epoch(engine, run_id, vars(metrics)),
-                                  what=f"record epoch {epoch}")
-                if improved and confusion:
-                    record = {"confusion": confusion_record(epoch, data.info.class_names, confusion)}
-                    retry_when_locked(lambda record=record: store.set_measurements(engine, run_id, record),
-                                      what=f"record epoch {epoch}'s confusion matrix")
-                if echo:
-                    print(metrics.line(config.epochs), flush=True)
-                if notes := measures.take_notes() + hooks.take_notes():
-                    retry_when_locked(lambda: store.add_notes(engine, run_id, notes), what="record the run's notes")
-                if peak := measures.take_remeasured():
-                    retry_when_locked(lambda: store.set_measurements(engine, run_id, peak), what="record the CPU peak")
-                note = None if lag_noted else lag_note(
-                    train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(loaders[0]),
-                    reestimated=bn_loader is not None, has_batchnorm=has_batchnorm)
-                if note is not None:
-                    retry_when_locked(lambda note=note: store.add_notes(engine, run_id, [note]),
-                                      what="record the run's notes")
-                    lag_noted = True
-                if state is not None:
-                    save_checkpoint(checkpoint, state, config, data, metrics)
-            if resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
-                resume.save_resume_point(folder, strategy, model, optimizer, loaders[0], epoch=epoch, best_acc=best_acc,
-                                         schedule=schedule)
+        return build_on(strategy, spec, data, folder)
+    except BaseException:
+        strategy.teardown()
+        raise
+
+
+def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
+    config = spec.config
+    model = create_model(config.model, num_classes=data.info.num_classes,
+                         in_chans=data.info.in_chans, pretrained=config.pretrained)
+    flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
+             if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
+    model = strategy.wrap(to_memory_format(model, config))
+    # Decoded in the loader workers: where the uint8 -> float step (or, for JPEGs on a GPU, the decode) runs.
+    data, decode_note = place_decoding(data, strategy.input_device, config.num_workers)
+    strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device, spec.rank)
+    if config.compile:
+        compile_model(model, strategy)
+    optimizer = build_optimizer(config, model.parameters())
+    amp_dtype = resolve_amp(config.amp, strategy.input_device)
+    if strategy_spec(config.strategy).microbatched and amp_dtype == torch.float16:
+        amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
+    scaler = make_grad_scaler(amp_dtype)
+    precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
+    measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
+    resident = keep_on_device(data, strategy.input_device)
+    data = resident if resident is not None else data
+    loaders = build_loaders(data, config, strategy)
+    schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
+    bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
+                                  full_batches=strategy.drop_last_train) if config.bn_stats_images else None
+    return Built(spec=spec, folder=folder, strategy=strategy, data=data, on_device=resident is not None,
+                 decode_note=decode_note, model=model,
+                 optimizer=optimizer, schedule=schedule, loaders=loaders, bn_loader=bn_loader, amp_dtype=amp_dtype,
+                 scaler=scaler, precision=precision, measures=measures,
+                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))))
+
+
+def train(built: Built, recorder: Recorder | NoRecorder) -> None:
+    """Train every epoch left and record each through ``recorder``; the step hooks are closed
+    however it ends."""
+    if built.spec.config.compile:
+        _record_compile_time(recorder, built.strategy,
+                             compile_warmup(built.model, built.loaders, built.strategy, built.amp_dtype))
+    hooks = step_hooks(built, recorder)
+    try:
+        record_run_start(built, recorder)
+        train_epochs(built, recorder, hooks)
     except BaseException:
         # Closing the hooks writes notes, and may fail for the reason the run failed (a database
         # locked for good): that must not take the place of the run's own error.
-        if hooks is not None:
-            try:
-                hooks.close()
-            except Exception as exc:
-                print(f"parallax: the step notes of run {run_id} are incomplete: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)
-            hooks = None
-        raise
-    finally:
-        if hooks is not None:
+        try:
             hooks.close()
-        strategy.teardown()
+        except Exception as exc:
+            print(f"parallax: the step notes of run {built.spec.run_id} are incomplete: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+        raise
+    hooks.close()
 
 
-def step_hooks(config: RunConfig, strategy: Strategy, engine, db_url: str, run_id: int, progress,
-               energy_part: EnergyPart | None = None) -> StepHooks:
+def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
+    """The notes and measurements known before the first epoch."""
+    config, data = built.spec.config, built.data
+    if built.on_device:
+        recorder.notes([device_data_note(data, built.strategy.input_device)])
+    recorder.notes([built.decode_note])
+    recorder.once_per_run(lambda: {**built.measures.once_per_run(), "effective_batch": config.effective_batch,
+                                   **stored_estimate(config, data.info.num_classes, data.info.in_chans)})
+
+
+def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks) -> None:
+    spec, strategy = built.spec, built.strategy
+    start_epoch, best_acc = restore_resume_point(built, recorder)
+    lag_noted = False
+    for epoch in range(start_epoch, spec.config.epochs + 1):
+        metrics = train_and_validate(built, recorder, hooks, epoch)
+        # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
+        # assembling a sharded or pipelined state dict needs every rank.
+        improved = metrics.val_acc > best_acc
+        best_acc = max(best_acc, metrics.val_acc)
+        state = strategy.checkpoint_state(built.model) if improved else None
+        lag_noted = record_epoch(built, recorder, hooks, metrics, improved, state, lag_noted)
+        if spec.resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
+            resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
+                                     epoch=epoch, best_acc=best_acc, schedule=built.schedule)
+
+
+def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple[int, float]:
+    """(first epoch to train, best accuracy so far): from the run's last resume point when the run
+    is resumable, else (1, -1.0)."""
+    if not built.spec.resumable:
+        return 1, -1.0
+    start_epoch, best_acc = resume.restore(built.folder, built.strategy, built.model, built.optimizer,
+                                           built.loaders[0], schedule=built.schedule)
+    if resume.restart_count() > 0:
+        recorder.notes([resume.resume_note(start_epoch, resume.restart_count())])
+    return start_epoch, best_acc
+
+
+def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks, epoch: int) -> EpochMetrics:
+    """One epoch of training and validation (profiled when the run asks, in epoch 1)."""
+    config, strategy = built.spec.config, built.strategy
+    profiler = _start_profiler(config, strategy, built.folder) if config.profile and epoch == 1 else None
+    hooks.start_epoch(epoch, built.loaders[0], built.optimizer)
+    metrics = run_epoch(epoch, built.model, built.loaders, built.optimizer, strategy, built.amp_dtype, built.scaler,
+                        on_step=hooks, profiler=profiler, precision=built.precision, bn_loader=built.bn_loader,
+                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training)
+    metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
+    if profiler is not None:
+        strategy.barrier()  # every rank has written its profile
+        recorder.profiles(profiler.out_dir, config)
+    return metrics
+
+
+def record_epoch(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks, metrics: EpochMetrics,
+                 improved: bool, state: dict | None, lag_noted: bool) -> bool:
+    """The epoch's row, what it adds to the run's notes and measurements, and the checkpoint when
+    it improved; whether the BatchNorm lag has been noted (once per run)."""
+    config, epoch = built.spec.config, metrics.epoch
+    confusion = metrics.extra.pop("confusion", None)  # only the best epoch's is kept, in the measurements
+    recorder.epoch(epoch, vars(metrics), metrics.line(config.epochs))
+    if improved and confusion:
+        recorder.confusion(epoch, confusion_record(epoch, built.data.info.class_names, confusion))
+    recorder.notes(built.measures.take_notes() + hooks.take_notes())
+    recorder.measurements(built.measures.take_remeasured(), what="record the CPU peak")
+    note = None if lag_noted else lag_note(
+        train_acc=metrics.train_acc, val_acc=metrics.val_acc, epoch=epoch, steps_per_epoch=len(built.loaders[0]),
+        reestimated=built.bn_loader is not None, has_batchnorm=built.has_batchnorm)
+    recorder.notes([note])
+    if state is not None:
+        recorder.checkpoint(built.folder / "best.pt", checkpoint_payload(state, config, built.data, metrics))
+    return lag_noted or note is not None
+
+
+def step_hooks(built: Built, recorder: Recorder | NoRecorder) -> StepHooks:
     """This process's per-step hooks. Step points come from rank 0, except in a pipeline, where
     only the last stage computes the loss (of the whole batch: every stage sees it) and records
     them itself; rank 0 measures the energy of every epoch it writes, and in a torchrun job across
     machines (``energy_part``) each machine's local rank 0 meters its machine for rank 0 to sum."""
-    records = strategy.rank == spec(config.strategy).recording_rank(strategy.world_size)
-    recorder_engine = engine if engine is not None else (make_engine(db_url) if records else None)
-    started_at_s = run_started_at_s(recorder_engine, run_id) if recorder_engine is not None else time.time()
+    spec, config, strategy = built.spec, built.spec.config, built.strategy
+    records = strategy.rank == strategy_spec(config.strategy).recording_rank(strategy.world_size)
+    writer = Recorder(make_engine(spec.db_url), spec.run_id) if records and not recorder.writes else recorder
+    started_at_s = writer.started_at_s()
     # ddp and fsdp ranks each train on their own part of the global batch.
-    images_factor = strategy.world_size if spec(config.strategy).splits_batch else 1
-    recorder = StepRecorder(recorder_engine, run_id, started_at_s, images_factor=images_factor,
-                            device=strategy.output_device) if records else None
+    images_factor = strategy.world_size if strategy_spec(config.strategy).splits_batch else 1
+    points = StepRecorder(writer, started_at_s, images_factor=images_factor,
+                          device=strategy.output_device) if records else None
     energy, notes = None, [series_note(config, strategy.world_size)]
-    if energy_part is not None:  # every process of the job, at this same point: a collective
-        energy = JobEnergy.open(energy_part)
+    if spec.energy_part is not None:  # every process of the job, at this same point: a collective
+        energy = JobEnergy.open(spec.energy_part)
         notes += energy.take_notes()
-    elif engine is not None:
+    elif strategy.is_main:
         energy = EnergyMeter.open(cuda_indices(config.devices))
         notes.append(energy.note())
-    if engine is not None:
-        retry_when_locked(lambda: store.add_notes(engine, run_id, [n for n in notes if n]), what="record the series notes")
-    return StepHooks(progress=progress, recorder=recorder, energy=energy, started_at_s=started_at_s,
+    recorder.notes(notes, what="record the series notes")
+    return StepHooks(progress=recorder.progress, recorder=points, energy=energy, started_at_s=started_at_s,
                      devices=strategy.devices)
-
-
-def run_started_at_s(engine, run_id: int) -> float:
-    """The run's ``started_at`` as a Unix time: every series' ``t_s`` counts from it."""
-    run = retry_when_locked(lambda: store.get_run(engine, run_id), what="read when the run started")
-    return run.started_at.timestamp() if run is not None and run.started_at is not None else time.time()
 
 
 def series_note(config: RunConfig, world_size: int) -> str | None:
     """Where the step losses come from, when that is not the global batch's loss."""
-    if spec(config.strategy).splits_batch and world_size > 1:
+    if strategy_spec(config.strategy).splits_batch and world_size > 1:
         return ("Step points show rank 0's training loss (its part of the batch; reducing it across ranks every "
                 "step would cost a collective), and images/s of the global batch; epoch losses are over all ranks.")
-    if spec(config.strategy).records_on_last_rank:
+    if strategy_spec(config.strategy).records_on_last_rank:
         return "Step points are recorded by the last pipeline stage, which computes the loss of the whole batch."
     return None
 
 
-def _record_compile_time(engine, run_id: int, strategy: Strategy, seconds: float) -> None:
-    """The slowest process's compile warm-up, in runs.measurements and a run note (rank 0)."""
+def _record_compile_time(recorder: Recorder | NoRecorder, strategy: Strategy, seconds: float) -> None:
+    """The slowest process's compile warm-up, in runs.measurements and a run note."""
     slowest = strategy.all_reduce(torch.tensor([seconds], dtype=torch.float64, device=strategy.output_device), "max")
-    if engine is not None:
-        retry_when_locked(lambda: store.set_measurements(engine, run_id, {"compile_time_s": round(slowest.item(), 3)}),
-                          what="record the compile time")
-        retry_when_locked(lambda: store.add_notes(engine, run_id, [compile_note(slowest.item())]),
-                          what="record the compile note")
+    recorder.compile_time(slowest.item(), compile_note(slowest.item()))
 
 
 def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfiler:
@@ -468,28 +527,6 @@ def _start_profiler(config: RunConfig, strategy: Strategy, folder) -> StepProfil
     )
     profiler.start()
     return profiler
-
-
-def store_profiles(engine, run_id: int, out_dir, config: RunConfig) -> None:
-    """Rank 0 moves every rank's profile files into the database."""
-    notes = [f"Epoch 1 was profiled (steps {config.profile_wait + config.profile_warmup + 1}-"
-             f"{config.profile_wait + config.profile_warmup + config.profile_active}); its timings include the profiler's cost."]
-    for summary, trace_gz in read_rank_outputs(out_dir):
-        profiles.save_profile(engine, run_id, summary["rank"], ops=summary["ops"], steps=summary["steps"],
-                              trace_gz=trace_gz, trace_bytes=summary["trace_bytes"])
-        if summary["trace_bytes"] > LARGE_TRACE_BYTES:
-            notes.append(f"The profiler trace of rank {summary['rank']} is large "
-                         f"({summary['trace_bytes'] / 2**20:.0f} MB): profile fewer active steps (--profile-active).")
-        if not summary["steps"]:
-            notes.append(f"Rank {summary['rank']} recorded no complete profiled step: the first epoch is "
-                         "shorter than the profiling window (--profile-wait/--profile-warmup/--profile-active).")
-    store.add_notes(engine, run_id, notes)
-
-
-def note_log_incomplete(engine, run_id: int, exc: OSError) -> None:
-    """Tell the run's reader that its log has gaps (the metrics are in the database)."""
-    note = LOG_INCOMPLETE_NOTE.format(error=describe(exc))
-    retry_when_locked(lambda: store.add_notes(engine, run_id, [note]), what="note that the log is incomplete")
 
 
 def _die_with_parent() -> None:

@@ -2,7 +2,7 @@
 end-of-training marks of each epoch (``t_end_s``, energy), recorded by the process that writes
 the run.
 
-    hooks = StepHooks(progress=progress, recorder=StepRecorder(engine, run_id, started_at_s, images_factor=2),
+    hooks = StepHooks(progress=recorder.progress, recorder=StepRecorder(recorder, started_at_s, images_factor=2),
                       energy=EnergyMeter.open([]), started_at_s=started_at_s)
     hooks.start_epoch(epoch, train_loader, optimizer)
     train_one_epoch(..., on_start=hooks.begin_training, on_step=hooks, on_loss=hooks.loss)
@@ -24,11 +24,11 @@ import time
 
 import torch
 
-from db import series, store
-from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, LockBackoff, retry_when_locked
+from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError
 
 from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.job_energy import JobEnergy
+from trainer_backend.telemetry.recorder import Recorder
 from trainer_backend.telemetry.sampler import step_point_s
 from trainer_backend.telemetry.rank_times import synchronize
 
@@ -47,14 +47,15 @@ def step_images(loader) -> list[int]:
 
 
 class StepRecorder:
-    """Step points of one run, written by one process. ``images_factor`` turns this process's
+    """Step points of one run, written through ``writer`` (the recorder of the process that
+    records them, see recorder.py). ``images_factor`` turns this process's
     batch into the global one (the data-parallel ranks, each with its own batch). ``device``: where
     the step losses live (the strategy's output device; taken from the first loss when not given);
     on CUDA every event is recorded on its stream, the one the losses and their host copy are on."""
 
-    def __init__(self, engine, run_id: int, started_at_s: float, *, images_factor: int = 1,
+    def __init__(self, writer: Recorder, started_at_s: float, *, images_factor: int = 1,
                  min_interval_s: float | None = None, flush_s: float = FLUSH_S, device: torch.device | None = None):
-        self.engine, self.run_id, self.started_at_s = engine, run_id, started_at_s
+        self.writer, self.started_at_s = writer, started_at_s
         self.images_factor = images_factor
         self.device = device
         self.min_interval_s = step_point_s() if min_interval_s is None else min_interval_s
@@ -62,7 +63,6 @@ class StepRecorder:
         self.cost_s = 0.0  # seconds the training thread spent in the recorder
         self.written = self.dropped = 0
         self._unwritten: list[dict] = []  # rows a locked database refused, written with the next ones
-        self._backoff = LockBackoff()
         self._pending = None  # (host copy of losses, its CUDA event, the points it resolves)
 
     def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer) -> None:
@@ -130,8 +130,8 @@ class StepRecorder:
     def note_dropped(self) -> None:
         self.finish()
         if self.dropped:
-            retry_when_locked(lambda: store.add_notes(self.engine, self.run_id, [
-                f"{self.dropped} step points were not recorded: the database stayed locked."]), what="note missing steps")
+            self.writer.notes([f"{self.dropped} step points were not recorded: the database stayed locked."],
+                              what="note missing steps")
 
     def _point(self, step: int, now: float) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
@@ -186,21 +186,16 @@ class StepRecorder:
 
     def _write(self, *, window_s: float | None) -> None:
         """Write the rows not yet written. While training, a locked database is waited out for about
-        a second only, and tried again after a growing pause (the rows stay for the next write):
-        the epoch's own record, which must not be lost, gets the whole PARALLAX_DB_LOCK_WAIT_S, and
-        step points must not spend it first."""
+        a second only, and tried again after a growing pause (``Recorder.step_points``); the rows
+        stay for the next write."""
         rows = self._unwritten
-        training = window_s is not None
-        if not rows or (training and not self._backoff.due(time.monotonic())):
+        if not rows:
             return
         try:
-            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points",
-                              window_s=window_s)
-            self.written += len(rows)
-            self._unwritten = []
-            self._backoff.tried(True, time.monotonic())
+            if self.writer.step_points(rows, window_s=window_s):
+                self.written += len(rows)
+                self._unwritten = []
         except DatabaseLockedError:
-            self._backoff.tried(False, time.monotonic())
             if len(rows) > MAX_UNWRITTEN_ROWS:  # a chart loses its oldest points; the notes say so
                 self.dropped += len(rows) - MAX_UNWRITTEN_ROWS
                 self._unwritten = rows[-MAX_UNWRITTEN_ROWS:]
@@ -225,7 +220,8 @@ def _event(device: torch.device) -> torch.cuda.Event:
 
 
 class StepHooks:
-    """What runs after each training step on this process: the progress bar, the step recorder
+    """What runs after each training step on this process: the progress bar (``progress(epoch,
+    step, total_steps)``, ``Recorder.progress``), the step recorder
     (where this process records steps) and the energy meter (on the process that writes epochs; in a
     torchrun job across machines, on every process, metering where it is its machine's local rank 0).
     ``devices``: this process's devices, synchronised before the energy meter stops, so that the
@@ -235,6 +231,7 @@ class StepHooks:
                  energy: EnergyMeter | JobEnergy | None = None,
                  started_at_s: float = 0.0, devices: list[torch.device] = ()):
         self.progress, self.recorder, self.energy = progress, recorder, energy
+        self.epoch = 0
         self.devices = list(devices)
         self.started_at_s = started_at_s
         self.loss = recorder.loss if recorder is not None else None
@@ -243,6 +240,7 @@ class StepHooks:
         self._joules: dict[str, float] | None = None
 
     def start_epoch(self, epoch: int, loader, optimizer) -> None:
+        self.epoch = epoch
         if self.recorder is not None:
             self.recorder.start_epoch(epoch, loader, optimizer)
         self._t_end_s, self._joules = None, None
@@ -257,7 +255,7 @@ class StepHooks:
 
     def __call__(self, step: int, total_steps: int) -> None:
         if self.progress is not None:
-            self.progress(step, total_steps)
+            self.progress(self.epoch, step, total_steps)
         if self.recorder is not None:
             self.recorder.step(step, total_steps)
         if self.energy is not None and time.monotonic() - self._energy_tick >= ENERGY_TICK_S:

@@ -12,6 +12,7 @@ cancel, Ctrl-C — is written to it, and metrics already written stay.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import logging
@@ -44,7 +45,9 @@ from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, r
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
-from trainer_backend.engine.trainer import note_log_incomplete, read_rank_failures, run_started_at_s, train_process
+from trainer_backend.engine.trainer import RankSpec, read_rank_failures
+from trainer_backend.engine.trainer import main as train_rank
+from trainer_backend.telemetry.recorder import Recorder, run_started_at_s
 
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
@@ -79,7 +82,7 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
     if run is None:
         raise LookupError(f"no run with id {run_id}")
     # stdout and stderr are the run's log: a full disk there must not end the run.
-    guard_output(on_failure=lambda exc: note_log_incomplete(engine, run_id, exc))
+    guard_output(on_failure=Recorder(engine, run_id).log_incomplete)
     config = RunConfig.from_dict(run.config)
     if data_roots is not None:
         try:
@@ -145,11 +148,12 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
     folder_name = run_folder_name(engine, run_id)
     try:
         with SystemSampler(engine, run_id, run_started_at_s(engine, run_id), cuda_indices(config.devices)) as sampler:
+            spec = RankSpec(config, 0, run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
             if config.world_size > 1:
-                _spawn_ranks(config, run_id, url, echo, folder_name, data_roots, watch=sampler.watch)
+                _spawn_ranks(spec, watch=sampler.watch)
             else:
                 sampler.watch({0: os.getpid()})
-                train_process(0, config.to_dict(), run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
+                train_rank(spec)
         return "completed", None
     except (RunCancelled, KeyboardInterrupt):
         _stop_children()
@@ -166,8 +170,10 @@ class RankFailure(Exception):
     """A rank of a multi-process run failed; the message names the rank that failed first."""
 
 
-def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_name: str, data_roots: list | None,
-                 watch=None) -> None:
+def _spawn_ranks(spec: RankSpec, watch=None) -> None:
+    """Start one process per rank of ``spec.config`` (each with ``spec``, its own rank in it) and
+    wait for them; a rank that fails stops the others and raises RankFailure."""
+    config = spec.config
     collective_timeout()  # a bad PARALLAX_COLLECTIVE_TIMEOUT_S is refused here, in one line
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
@@ -178,10 +184,10 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
         # instead of each importing it again: about 3 s of CPU per rank. CUDA ranks are spawned
         # afresh, so that none can inherit a process whose imports touched the driver.
         multiprocessing.set_forkserver_preload(["trainer_backend.worker.runner"])
+    spec = dataclasses.replace(spec, store_host="127.0.0.1", store_port=store_server.port)
     context = mp.start_processes(
         _rank_main,
-        args=(dict(os.environ), config.to_dict(), run_id, url, "127.0.0.1", store_server.port, echo, False, folder_name,
-              data_roots),
+        args=(dict(os.environ), spec),
         nprocs=config.world_size,
         join=False,
         start_method=start_method,
@@ -195,12 +201,12 @@ def _spawn_ranks(config: RunConfig, run_id: int, url: str, echo: bool, folder_na
             # not act on SIGTERM (one stopped by SIGSTOP) and then SIGKILLs it: the run would end
             # late, and that SIGKILL would read as the cause. What this process ends is known.
             stopped = _stop_ranks(context.processes)
-            raise RankFailure(_root_cause(context, named_run_folder(folder_name), first, stopped))
+            raise RankFailure(_root_cause(context, named_run_folder(spec.folder_name), first, stopped))
     finally:
         del store_server
 
 
-def _rank_main(rank: int, environ: dict, *args) -> None:
+def _rank_main(rank: int, environ: dict, spec: RankSpec) -> None:
     """One rank: train, then leave without interpreter shutdown; the runner waits for every rank
     to exit. ``environ`` is the runner's environment when it started the ranks: a forked CPU rank
     would otherwise see the environment its server started with (the first run of the process).
@@ -215,7 +221,7 @@ def _rank_main(rank: int, environ: dict, *args) -> None:
         os.environ.clear()
         os.environ.update(environ)
     try:
-        train_process(rank, *args)
+        train_rank(dataclasses.replace(spec, rank=rank))
     except BaseException:
         gc.freeze()
         raise

@@ -6,7 +6,7 @@
 Every process torchrun starts runs ``python -m trainer_backend run``. Under ddp, fsdp and pp each
 joins torchrun's world (``init_process_group`` by ``env://``) on ``cuda:LOCAL_RANK``, or on the CPU
 with ``cores // LOCAL_WORLD_SIZE`` threads, and trains its part with the same per-rank code as a
-spawned run (``trainer.train_process``), so the metrics are the same global ones. The world comes
+spawned run (``trainer.main``), so the metrics are the same global ones. The world comes
 from torchrun; ``--devices`` only says which kind of device. Global rank 0 alone writes the
 database: one run for the whole job with its world size, machines and their hosts, and torchrun's
 job id (``--rdzv-id``), by which a job restarted under ``--max-restarts N`` finds its run again and
@@ -51,7 +51,9 @@ from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, s
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import collective_timeout
-from trainer_backend.engine.trainer import read_rank_failures, run_started_at_s, train_process
+from trainer_backend.engine.trainer import RankSpec, read_rank_failures
+from trainer_backend.engine.trainer import main as train_rank
+from trainer_backend.telemetry.recorder import run_started_at_s
 from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
 class Member(NamedTuple):
@@ -157,9 +159,9 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
     samples = remote_sampler(run_id, joined, sampling, decision.attempt) if world.local_rank == 0 and sampling.remote \
         else None
     with samples or contextlib.nullcontext():
-        train_process(world.rank, joined.to_dict(), run_id, url, echo=False,
-                      resumable=world.max_restarts > 0 or resume_job, folder_name=decision.folder_name,
-                      energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+        train_rank(RankSpec(joined, world.rank, run_id, url, echo=False, resumable=world.max_restarts > 0 or resume_job,
+                            folder_name=decision.folder_name,
+                            energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
     return 0
 
 
@@ -259,9 +261,9 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         # and a sampler that fails leaves a note in the run, never a failed rank.
         with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
             try:
-                train_process(0, joined.to_dict(), run_id, url, echo=echo,
-                              resumable=world.max_restarts > 0 or resume_job, folder_name=folder_name,
-                              energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
+                train_rank(RankSpec(joined, 0, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+                                    folder_name=folder_name,
+                                    energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
             except Exception:
                 # Another process's failure often reaches rank 0 first as an error in a collective,
                 # and torchrun's SIGTERM follows: it must not cut short the sampler's last write

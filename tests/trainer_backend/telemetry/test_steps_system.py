@@ -36,8 +36,8 @@ from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.energy import EnergyMeter, RaplPackages
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy, combine
 from trainer_backend.telemetry.sampler import SystemSampler
+from trainer_backend.telemetry.recorder import Recorder
 from trainer_backend.telemetry.steps import StepRecorder, step_images
-from trainer_backend.engine.trainer import ProgressWriter
 
 SAMPLE_S = 0.2
 RUN_TIMEOUT_S = 240
@@ -407,7 +407,7 @@ def test_step_recorder_thins_points_and_averages_their_losses(run_row):
     loader = DataLoader(TensorDataset(torch.zeros(10, 1)), batch_size=3)  # batches of 3, 3, 3, 1
     assert step_images(loader) == [3, 3, 3, 1]
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    recorder = StepRecorder(engine, run_id, time.time() - 100, images_factor=2, min_interval_s=0.15)
+    recorder = StepRecorder(Recorder(engine, run_id), time.time() - 100, images_factor=2, min_interval_s=0.15)
     recorder.start_epoch(2, loader, optimizer)
     for step, (loss, pause_s) in enumerate([(4.0, 0.2), (1.0, 0.01), (3.0, 0.2), (9.0, 0.01)], start=1):
         time.sleep(pause_s)
@@ -450,9 +450,9 @@ def test_a_locked_database_costs_training_a_few_tries_not_a_wait_per_step(run_ro
     engine, run_id = run_row
     loader = DataLoader(TensorDataset(torch.zeros(1000, 1)), batch_size=1)
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    progress = ProgressWriter(engine, run_id, min_interval_s=0.05)
-    progress.epoch = 1
-    recorder = StepRecorder(engine, run_id, time.time(), min_interval_s=0.0, flush_s=0.05)
+    writer = Recorder(engine, run_id, progress_interval_s=0.05)  # one recorder: a back-off for each kind
+    progress = writer.progress
+    recorder = StepRecorder(writer, time.time(), min_interval_s=0.0, flush_s=0.05)
     recorder.start_epoch(1, loader, optimizer)
     holder = sqlite3.connect(engine.url.database, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
@@ -462,7 +462,7 @@ def test_a_locked_database_costs_training_a_few_tries_not_a_wait_per_step(run_ro
         while time.monotonic() - started < 2.5:  # steps of 20 ms while another process holds the lock
             step += 1
             time.sleep(0.02)
-            for name, call in (("progress", lambda step=step: progress(step, 1000)),
+            for name, call in (("progress", lambda step=step: progress(1, step, 1000)),
                                ("steps", lambda step=step: (recorder.loss(torch.tensor(1.0)), recorder.step(step, 1000)))):
                 before = time.monotonic()
                 call()

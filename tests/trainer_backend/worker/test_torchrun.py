@@ -197,7 +197,7 @@ def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(
 
     write = sampler_module.DatabaseSink.write
     monkeypatch.setattr(sampler_module.DatabaseSink, "write", write_as_torchrun_signals)
-    monkeypatch.setattr(torchrun_worker, "train_process", train_until_a_peer_is_gone)
+    monkeypatch.setattr(torchrun_worker, "train_rank", train_until_a_peer_is_gone)
     monkeypatch.setenv("PARALLAX_SAMPLE_S", "0.1")
     world = TorchrunWorld(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, job_id="job",
                           restart_count=0, max_restarts=1)
