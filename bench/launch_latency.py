@@ -130,14 +130,14 @@ def import_times(module: str = "trainer_backend.worker.runner") -> dict[str, flo
 
 
 def probe_rank(rank: int, port: int, world_size: int, settings: dict, out_dir: str) -> None:
-    """What a DDP rank does before its first step, timed (mirrors trainer.train_process)."""
+    """What a DDP rank does before its first step, timed (mirrors trainer.main)."""
     entered = time.time()
     import torch
     import torch.distributed as dist
 
     from trainer_backend.datasets import prepare_data
     from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.trainer import train_process  # noqa: F401  (the rest of a rank's imports)
+    from trainer_backend.engine.trainer import main  # noqa: F401  (the rest of a rank's imports)
 
     imported = time.time()
     torch.set_num_threads(1)

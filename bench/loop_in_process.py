@@ -23,6 +23,7 @@ Prints one JSON line: per epoch, each side's seconds and images, and the per-ste
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -42,7 +43,8 @@ from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
 from trainer_backend.worker.liveness import Heartbeat  # noqa: E402
 from trainer_backend.engine.loop import accumulate, train_one_epoch  # noqa: E402
 from trainer_backend.engine.strategies import Strategy  # noqa: E402
-from trainer_backend.engine.trainer import ProgressWriter, build_loaders, load_data  # noqa: E402
+from trainer_backend.engine.trainer import build_loaders, load_data  # noqa: E402
+from trainer_backend.telemetry.recorder import PROGRESS_INTERVAL_S, Recorder  # noqa: E402
 
 
 class PlainSteps:
@@ -128,7 +130,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="parallax-loop-") as folder:
         db = make_engine(f"sqlite:///{folder}/parallax.db")
         run_id = store.create_run(db, config.to_dict(), status="running", world_size=1)
-        progress = ProgressWriter(db, run_id)
+        progress = functools.partial(Recorder(db, run_id).progress, 0)  # (step, total_steps) of epoch 0
         with Heartbeat(db, run_id):
             for plain_first in (False, True):  # warm-up: allocator growth, kernel selection
                 interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain, plain_first)
@@ -164,7 +166,7 @@ def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epoc
     sums = per_call_s(lambda: accumulate(totals, loss, logits, labels), 200)
     steps = len(engine_loader)
     write = per_call_s(lambda: progress(steps, steps), 20)  # the last step always writes
-    writes_per_step = min(1.0, step_s / progress.min_interval_s)
+    writes_per_step = min(1.0, step_s / PROGRESS_INTERVAL_S)
     parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": sums,
              "progress write (amortised)": write * writes_per_step}
     return {"step_s": step_s, "parts_s": parts, "share": sum(parts.values()) / step_s,

@@ -2,7 +2,8 @@
 
     each rank ─▶ steps (loss and images/s per step), profiling (torch.profiler windows), flops and
         measures (MFU), memory_breakdown (what each device holds), rank_times (stragglers),
-        energy and job_energy (counters of the hardware)
+        energy and job_energy (counters of the hardware); recorder writes what the rank that records
+        the run writes (and waits out a locked database), a no-op one on every other rank
     the worker ─▶ sampler (CPU, memory, GPU of every process, in a thread), machine_samples (other
         machines' samples through torchrun's store)
 
