@@ -15,12 +15,14 @@ first (``Image.draft``).
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
 import torch
 
 from .base import resize_unit_images, to_uint8
+from .errors import DatasetError
 from .paths import open_checked
 
 
@@ -61,11 +63,12 @@ class DeviceJpegDecode:
 
     def __init__(self, image_size: int, normalisation):
         self.image_size, self.normalisation = image_size, normalisation
+        self.batches_on_cpu = 0  # batches the device refused, decoded on the CPU instead
 
     def stored_pixels(self, encoded: EncodedImages) -> torch.Tensor:
         """The batch as the CPU decode stores it: (N, 3, S, S) uint8, on the device."""
         size, device = self.image_size, encoded.device or torch.device("cpu")
-        images = decode_on_device(encoded.files(), device)
+        images = self.decoded(encoded.files(), device)
         stored = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=device)
         rows_by_shape: dict[tuple[int, ...], list[int]] = {}
         for row, image in enumerate(images):
@@ -79,6 +82,26 @@ class DeviceJpegDecode:
 
     def __call__(self, encoded: EncodedImages) -> torch.Tensor:
         return self.normalisation(self.stored_pixels(encoded))
+
+    def decoded(self, files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        """The files decoded on ``device``; a batch it refuses (one file nvJPEG does not take:
+        CMYK, 12-bit, a damaged file the first file's check could not foresee) is decoded on the
+        CPU instead, and the run's log says so the first time."""
+        try:
+            return decode_on_device(files, device)
+        except RuntimeError as device_error:
+            if device.type == "cpu":
+                raise DatasetError(f"a JPEG of this batch could not be decoded: {str(device_error)[:200]}") from None
+            try:
+                images = [image.to(device) for image in decode_on_device(files, torch.device("cpu"))]
+            except RuntimeError as cpu_error:
+                raise DatasetError(f"a JPEG of this batch could not be decoded on {device} "
+                                   f"({str(device_error)[:200]}) nor on the CPU ({str(cpu_error)[:200]})") from None
+            self.batches_on_cpu += 1
+            if self.batches_on_cpu == 1:
+                print(f"parallax: {device} refused a batch of JPEGs ({str(device_error)[:200]}); such batches "
+                      "are decoded on the CPU", file=sys.stderr, flush=True)
+            return images
 
 
 def device_decode_problem(path: Path, roots, device: torch.device) -> str | None:

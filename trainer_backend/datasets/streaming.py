@@ -116,8 +116,10 @@ class StreamingImages(Dataset):
             return (pixels.astype(np.float32) / 255).astype(np.float16)
         return pixels
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | EncodedImages, torch.Tensor]:
         images, labels = self.__getitems__([index])
+        if isinstance(images, EncodedImages):  # bytes decode as a batch only: a batch of one
+            return images, labels[0]
         return images[0], labels[0]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor | EncodedImages, torch.Tensor]:

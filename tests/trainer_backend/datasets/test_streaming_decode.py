@@ -132,3 +132,41 @@ def test_batches_normalised_in_worker_processes_reach_the_training_process_whole
     batches = [images for images, _ in loader]
     expected = data.train.normalise(data.train.__getitems__(list(range(len(data.train))))[0])
     assert torch.equal(torch.cat(batches), expected)
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_batch_the_device_refuses_is_decoded_on_the_cpu_and_the_log_says_so_once(parallax_home, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """nvJPEG refuses some JPEGs the first file's check cannot foresee (CMYK, 12-bit): such a batch
+    is decoded on the CPU and moved to the device, not a failed run; a file no decoder takes is one
+    line naming both. The device here is "meta", refused as a GPU's decoder would refuse."""
+    from trainer_backend.datasets import DatasetError, device_decode, prepare_data
+
+    make_jpeg_folder(tmp_path / "jpegs", 6, 24)
+    data = prepare_data(str(tmp_path / "jpegs"), image_size=24, decode="workers")
+    split = data.train.with_output("encoded")
+    real_decode = device_decode.decode_on_device
+
+    def gpu_refuses(files, device):
+        if device.type != "cpu":
+            raise RuntimeError("nvJPEG: unsupported JPEG")
+        return real_decode(files, device)
+
+    monkeypatch.setattr(device_decode, "decode_on_device", gpu_refuses)
+    encoded, _ = split.__getitems__([0, 1, 2])
+    on_cpu = real_decode(encoded.files(), torch.device("cpu"))
+    for _ in range(2):
+        images = split.normalise.decoded(encoded.files(), torch.device("meta"))
+        assert [i.device.type for i in images] == ["meta"] * 3
+        assert [i.shape for i in images] == [i.shape for i in on_cpu]
+    assert split.normalise.batches_on_cpu == 2
+    assert capsys.readouterr().err.count("meta refused a batch of JPEGs (nvJPEG: unsupported JPEG)") == 1
+    # One item of the encoded split is a batch of one, as the loader would make it.
+    one, label = split[1]
+    assert len(one) == 1 and label.ndim == 0
+    # Bytes no decoder takes: one line naming what each said.
+    damaged = [torch.frombuffer(bytearray(b"\xff\xd8\xff\xe0 not a JPEG at all"), dtype=torch.uint8)]
+    with pytest.raises(DatasetError, match=r"could not be decoded on meta \(nvJPEG: unsupported JPEG\) nor on the CPU"):
+        split.normalise.decoded(damaged, torch.device("meta"))
+    with pytest.raises(DatasetError, match="a JPEG of this batch could not be decoded: "):
+        split.normalise.decoded(damaged, torch.device("cpu"))

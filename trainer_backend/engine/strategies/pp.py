@@ -220,10 +220,11 @@ class PipelineStrategy(DistributedStrategy):
         batch = self.config.batch_size
         for images, labels in loader:
             real = labels.numel()
+            # On the device first: a batch decoded there (JPEG bytes) has pixels only from then on.
+            images, labels = self.to_device(images, labels)
             if real < batch:  # pad to the fixed microbatch shapes; the padding is not counted
                 images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
                 labels = torch.cat([labels, labels.new_zeros(batch - real)])
-            images, labels = self.to_device(images, labels)
             logits = self._run_schedule(self._schedule.eval, images, labels, None)
             if self.is_last:
                 logits, labels = logits[:real].float(), labels[:real]
