@@ -255,40 +255,43 @@ def _forget_failures(engine, run_id: int) -> None:
 def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: TorchrunWorld, echo: bool,
                       folder_name: str, resume_job: bool, sampling: Sampling, attempt: str) -> str:
     """Rank 0 trains its part and records how the attempt ended; returns the run's status."""
-    started = time.time()
+    status = None
     try:
-        # As in a spawned run, the sampler stops and writes what it holds however training ends,
-        # and a sampler that fails leaves a note in the run, never a failed rank.
-        with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
-            try:
-                train_rank(RankSpec(joined, 0, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
-                                    folder_name=folder_name,
-                                    energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
-            except Exception:
-                # Another process's failure often reaches rank 0 first as an error in a collective,
-                # and torchrun's SIGTERM follows: it must not cut short the sampler's last write
-                # (the attempt's samples) or the record of how the attempt ended.
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                raise
-        state.finish(engine, run_id, "completed")
-    except KeyboardInterrupt:
-        state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
-    except RunCancelled:
-        # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
-        # stopping the job, which it does when another of its processes has failed.
-        if store.get_run(engine, run_id).status != "cancelled":
-            _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or (
-                "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
-                "torchrun's output names it"))
-    except Exception as exc:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above, where the sampler itself failed to start
-        own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
-        _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
-    status = store.get_run(engine, run_id).status
-    if status != "completed":
-        # Recorded: from here on torchrun's SIGTERM may end this process at once, even if
-        # leaving a process group whose peers are gone would hang.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        started = time.time()
+        try:
+            # As in a spawned run, the sampler stops and writes what it holds however training ends,
+            # and a sampler that fails leaves a note in the run, never a failed rank.
+            with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
+                try:
+                    train_rank(RankSpec(joined, 0, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+                                        folder_name=folder_name,
+                                        energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
+                except Exception:
+                    # Another process's failure often reaches rank 0 first as an error in a collective,
+                    # and torchrun's SIGTERM follows: it must not cut short the sampler's last write
+                    # (the attempt's samples) or the record of how the attempt ended.
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    raise
+            state.finish(engine, run_id, "completed")
+        except KeyboardInterrupt:
+            state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
+        except RunCancelled:
+            # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
+            # stopping the job, which it does when another of its processes has failed.
+            if store.get_run(engine, run_id).status != "cancelled":
+                _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or (
+                    "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
+                    "torchrun's output names it"))
+        except Exception as exc:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above, where the sampler itself failed to start
+            own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+            _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
+        status = store.get_run(engine, run_id).status
+    finally:
+        if status != "completed":
+            # Recorded (or recording failed): from here on torchrun's SIGTERM may end this process
+            # at once, even if leaving a process group whose peers are gone would hang.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
 
 
