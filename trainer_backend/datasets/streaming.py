@@ -213,7 +213,9 @@ def place_decoding(data, device: torch.device, workers: int) -> tuple:
         problem = device_decode_problem(data.train.paths[0], data.train.roots, device)
         if problem is None:
             note = (f"JPEGs are decoded on {device} (torchvision decode_jpeg, nvJPEG): the loader workers read the "
-                    "files' bytes only, and each batch is decoded, resized and normalised on the device")
+                    "files' bytes only, and each batch is decoded, resized and normalised on the device (a JPEG "
+                    "far larger than the training size differs from a CPU run's pixels by a few levels: the CPU "
+                    "decode shrinks it in libjpeg first)")
         else:
             output = "stored"
             note = f"JPEGs are decoded in the loader workers: decoding on {device} failed on a test file ({problem})"
