@@ -24,6 +24,7 @@ sample of the training images, decoded once at the start.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import math
@@ -77,23 +78,26 @@ class StreamingImages(Dataset):
     def __init__(self, paths: list, labels: torch.Tensor, *, image_size: int, bands, band_scale, roots,
                  dtype: torch.dtype, mean: torch.Tensor, std: torch.Tensor, num_classes: int, channels: int,
                  jpeg: bool = False, output: str = "stored"):
-        if output not in LOADER_OUTPUTS:
-            raise ValueError(f"Unknown loader output ({output}); allowed: {', '.join(LOADER_OUTPUTS)}")
         self.paths, self.labels = list(paths), labels.to(torch.int64)
         self.image_size, self.bands, self.band_scale, self.roots = image_size, bands, band_scale, roots
         self.dtype, self.mean, self.std, self.num_classes = dtype, mean.float(), std.float(), num_classes
-        self.channels, self.jpeg, self.output = channels, jpeg, output
+        self.channels, self.jpeg = channels, jpeg
         self.stored_normalise = Normalisation(self.mean, self.std, stored_dtype=dtype)
-        self.normalise = {"stored": self.stored_normalise, "normalised": identity,
-                          "encoded": DeviceJpegDecode(image_size, self.stored_normalise)}[output]
         self.on_device = False
+        self._hand_over(output)
 
     def with_output(self, output: str) -> StreamingImages:
         """These images, handed over as ``output``."""
-        return StreamingImages(self.paths, self.labels, image_size=self.image_size, bands=self.bands,
-                               band_scale=self.band_scale, roots=self.roots, dtype=self.dtype, mean=self.mean,
-                               std=self.std, num_classes=self.num_classes, channels=self.channels, jpeg=self.jpeg,
-                               output=output)
+        placed = copy.copy(self)
+        placed._hand_over(output)
+        return placed
+
+    def _hand_over(self, output: str) -> None:
+        if output not in LOADER_OUTPUTS:
+            raise ValueError(f"Unknown loader output ({output}); allowed: {', '.join(LOADER_OUTPUTS)}")
+        self.output = output
+        self.normalise = {"stored": self.stored_normalise, "normalised": identity,
+                          "encoded": DeviceJpegDecode(self.image_size, self.stored_normalise)}[output]
 
     @property
     def stored_bytes(self) -> int:
