@@ -320,12 +320,12 @@ def test_fsdp_records_every_ranks_comm_wait_and_the_fast_rank_waits_for_the_slow
             assert entry["comm_wait_s"] >= 0 and entry["compute_time_s"] > 0, fsdp_ranks
             parts = entry["data_time_s"] + entry["compute_time_s"] + entry["comm_wait_s"]
             assert parts == pytest.approx(entry["train_time_s"], abs=1e-3)
-    even_fast, (fast, slow) = world_of_two["fsdp2"]["ranks"][0], world_of_two["fsdp3"]["ranks"]
+    fast, slow = world_of_two["fsdp3"]["ranks"]
     assert slow["data_time_s"] >= STEPS * DELAY_S
     # Its first all-gather of each step waits about as long as its peer loads data; the peer does not.
-    # (Across epochs the margin is looser: on shared cores the even epoch's waits vary by a tenth of a second.)
+    # The two ranks are compared within the one epoch: across epochs, on two busy shared cores, the
+    # even epoch's waits alone have measured 1.9 s, more than the delay being looked for.
     assert fast["comm_wait_s"] >= slow["comm_wait_s"] + 0.7 * STEPS * DELAY_S, world_of_two
-    assert fast["comm_wait_s"] >= even_fast["comm_wait_s"] + 0.5 * STEPS * DELAY_S, world_of_two
 
 
 # --- one process: a single entry ---
