@@ -118,15 +118,17 @@ class Recorder:
                  f"{config.profile_wait + config.profile_warmup + config.profile_active}); its timings include the "
                  "profiler's cost."]
         for summary, trace_gz in read_rank_outputs(out_dir):
-            profiles.save_profile(self.engine, self.run_id, summary["rank"], ops=summary["ops"],
-                                  steps=summary["steps"], trace_gz=trace_gz, trace_bytes=summary["trace_bytes"])
+            # One transaction per rank that replaces what it stored: waited out and tried again whole.
+            retry_when_locked(lambda summary=summary, trace_gz=trace_gz: profiles.save_profile(
+                self.engine, self.run_id, summary["rank"], ops=summary["ops"], steps=summary["steps"],
+                trace_gz=trace_gz, trace_bytes=summary["trace_bytes"]), what=f"record rank {summary['rank']}'s profile")
             if summary["trace_bytes"] > LARGE_TRACE_BYTES:
                 notes.append(f"The profiler trace of rank {summary['rank']} is large "
                              f"({summary['trace_bytes'] / 2**20:.0f} MB): profile fewer active steps (--profile-active).")
             if not summary["steps"]:
                 notes.append(f"Rank {summary['rank']} recorded no complete profiled step: the first epoch is "
                              "shorter than the profiling window (--profile-wait/--profile-warmup/--profile-active).")
-        store.add_notes(self.engine, self.run_id, notes)
+        self.notes(notes, what="record the profiler's notes")
 
     def checkpoint(self, path, payload: dict) -> None:
         """Save the best model so far. Through a part file: a crash or a full disk mid-save never
