@@ -159,10 +159,17 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
     samples = remote_sampler(run_id, joined, sampling, decision.attempt) if world.local_rank == 0 and sampling.remote \
         else None
     with samples or contextlib.nullcontext():
-        train_rank(RankSpec(joined, world.rank, run_id, url, echo=False, resumable=world.max_restarts > 0 or resume_job,
-                            folder_name=decision.folder_name,
-                            energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
+        train_rank(_rank_spec(joined, world, run_id, url, echo=False, folder_name=decision.folder_name,
+                              resume_job=resume_job, sampling=sampling))
     return 0
+
+
+def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *, echo: bool, folder_name: str,
+               resume_job: bool, sampling: Sampling) -> RankSpec:
+    """What this process of the job trains: its rank's part of the one run, resumable where torchrun
+    may restart it or the job asks to resume; its machine's local rank 0 meters the machine."""
+    return RankSpec(joined, world.rank, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+                    folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
 
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
@@ -261,17 +268,11 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         try:
             # As in a spawned run, the sampler stops and writes what it holds however training ends,
             # and a sampler that fails leaves a note in the run, never a failed rank.
-            with Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt):
-                try:
-                    train_rank(RankSpec(joined, 0, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
-                                        folder_name=folder_name,
-                                        energy_part=sampling.energy_part(joined, meters=world.local_rank == 0)))
-                except Exception:
-                    # Another process's failure often reaches rank 0 first as an error in a collective,
-                    # and torchrun's SIGTERM follows: it must not cut short the sampler's last write
-                    # (the attempt's samples) or the record of how the attempt ended.
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    raise
+            # The SIGTERM guard is the innermost context: it acts before the sampler writes.
+            with (Heartbeat(engine, run_id), machine_sampler(engine, run_id, joined, sampling, attempt),
+                  _sigterm_ignored_once_training_raises()):
+                train_rank(_rank_spec(joined, world, run_id, url, echo=echo, folder_name=folder_name,
+                                      resume_job=resume_job, sampling=sampling))
             state.finish(engine, run_id, "completed")
         except KeyboardInterrupt:
             state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
@@ -293,6 +294,18 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
             # at once, even if leaving a process group whose peers are gone would hang.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
+
+
+@contextlib.contextmanager
+def _sigterm_ignored_once_training_raises():
+    """Another process's failure often reaches rank 0 first as an error in a collective, and
+    torchrun's SIGTERM follows: it must not cut short the sampler's last write (the attempt's
+    samples) or the record of how the attempt ended. ``_train_and_record`` restores the default."""
+    try:
+        yield
+    except Exception:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise
 
 
 class Sampling:
