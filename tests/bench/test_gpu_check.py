@@ -1,6 +1,7 @@
 """``make gpu-check`` (bench/gpu_check.py) where this machine can show it: the one line and exit 0
 without CUDA, the same through make with no virtual environment, and its runs, figures and
-docs section on real CPU runs (on a GPU machine ``make gpu-check`` itself runs them on cuda:0)."""
+docs section on real CPU runs (on a GPU machine ``make gpu-check`` itself runs them on cuda:0).
+The two tests that train run with the benchmark scripts, in ``make bench-check``."""
 
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ def test_make_gpu_check_runs_with_the_python_it_is_given_and_no_virtual_environm
     assert not (tmp_path / "no-venv").exists()  # nothing was installed
 
 
-@pytest.mark.processes  # real engine runs
+# Real engine runs of a benchmark script: with the benchmarks' own runs in make bench-check (CI runs it
+# after make test), not in make test.
+@pytest.mark.bench
+@pytest.mark.processes
 def test_its_runs_figures_and_docs_section_on_real_cpu_runs(parallax_home, db_url, monkeypatch):
     monkeypatch.setattr(gpu_check, "WORKLOAD", ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
                                                 "--batch-size", "128", "--epochs", "1", "--quiet"))
@@ -80,7 +84,8 @@ def test_a_figure_out_of_bounds_is_a_problem(bad, problem):
         assert summary["problems"] and summary["problems"][0].startswith(problem)
 
 
-@pytest.mark.processes  # real engine runs and the GPU suite
+@pytest.mark.bench  # a real engine run, as the test above
+@pytest.mark.processes
 def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monkeypatch, capsys):
     """main() as on a GPU machine (torch.cuda faked in this process only; the run itself trains on the
     CPU): the run's line is printed, the section names the GPU, and a CPU peak fails the check."""
