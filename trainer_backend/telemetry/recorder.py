@@ -15,6 +15,7 @@ about a second; after one found the database locked, the next comes 2, 4, 8 ... 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -119,9 +120,9 @@ class Recorder:
                  "profiler's cost."]
         for summary, trace_gz in read_rank_outputs(out_dir):
             # One transaction per rank that replaces what it stored: waited out and tried again whole.
-            retry_when_locked(lambda summary=summary, trace_gz=trace_gz: profiles.save_profile(
-                self.engine, self.run_id, summary["rank"], ops=summary["ops"], steps=summary["steps"],
-                trace_gz=trace_gz, trace_bytes=summary["trace_bytes"]), what=f"record rank {summary['rank']}'s profile")
+            save = functools.partial(profiles.save_profile, self.engine, self.run_id, summary["rank"], ops=summary["ops"],
+                                     steps=summary["steps"], trace_gz=trace_gz, trace_bytes=summary["trace_bytes"])
+            retry_when_locked(save, what=f"record rank {summary['rank']}'s profile")
             if summary["trace_bytes"] > LARGE_TRACE_BYTES:
                 notes.append(f"The profiler trace of rank {summary['rank']} is large "
                              f"({summary['trace_bytes'] / 2**20:.0f} MB): profile fewer active steps (--profile-active).")
