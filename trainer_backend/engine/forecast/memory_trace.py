@@ -15,6 +15,7 @@ CPU's casting rules, which cast convolutions and matrix products as CUDA's do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -117,9 +118,21 @@ class FakeModel:
                 self.model = create_model(name, num_classes=num_classes, in_chans=in_chans)
             except (ValueError, LookupError):
                 raise
-            except Exception as exc:  # an architecture that computes values from tensors in __init__
-                raise EstimateError(f"model {name!r} cannot be built without its weights to estimate "
-                                    f"its memory: {type(exc).__name__}: {exc}") from None
+            except Exception as exc:
+                # The architecture reads values off tensors as it is built, which no fake tensor
+                # has: ViT, DeiT, BEiT, Swin and ConvNeXt take their drop-path rates from
+                # torch.linspace(...).item(), RegNet its widths from a quantisation.
+                first_failure = exc
+        if not hasattr(self, "model"):
+            try:
+                with parameters_on_meta():
+                    model = create_model(name, num_classes=num_classes, in_chans=in_chans)
+                self.model = faked(model, self.mode)
+            except (ValueError, LookupError):
+                raise
+            except Exception:
+                raise EstimateError(f"model {name!r} cannot be built without its weights to estimate its memory: "
+                                    f"{type(first_failure).__name__}: {first_failure}") from None
         self.model.train()
         self._stages: dict[tuple[int, int], tuple[list[nn.Sequential], list[tuple[int, ...]]]] = {}
 
@@ -172,6 +185,70 @@ class FakeModel:
             except ValueError as exc:  # e.g. BatchNorm in training on one image
                 raise EstimateError(f"one training step of {self.name!r} on {shape[0]} image(s) per device "
                                     f"fails: {exc}") from None
+
+
+_ON_META = threading.local()  # set in the thread building under parameters_on_meta()
+_META_LOCK = threading.Lock()
+_meta_builds = 0  # builds under way, in any thread: the patch stays while there is one
+_registers: tuple = ()
+
+
+def _parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    _registers[0](module, name, param)
+    if param is not None and getattr(_ON_META, "active", False):
+        module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+
+def _buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+    _registers[1](module, name, tensor, persistent=persistent)
+    if tensor is not None and getattr(_ON_META, "active", False):
+        module._buffers[name] = tensor.to("meta")
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside (in this thread) put each parameter and buffer on the meta device as
+    they register it: no memory, no initialisation work. Every other tensor of ``__init__`` stays
+    real, so values read off those (``.item()``) are there. Models built at the same time in other
+    threads (the dashboard's) are built as usual."""
+    global _meta_builds, _registers
+    with _META_LOCK:
+        if _meta_builds == 0:
+            _registers = (nn.Module.register_parameter, nn.Module.register_buffer)
+            nn.Module.register_parameter, nn.Module.register_buffer = _parameter_on_meta, _buffer_on_meta
+        _meta_builds += 1
+    _ON_META.active = True
+    try:
+        yield
+    finally:
+        _ON_META.active = False
+        with _META_LOCK:
+            _meta_builds -= 1
+            if _meta_builds == 0:
+                nn.Module.register_parameter, nn.Module.register_buffer = _registers
+
+
+def faked(model: nn.Module, mode) -> nn.Module:
+    """``model`` with each parameter and buffer replaced by a fake tensor of ``mode`` of the same
+    shape, dtype and ``requires_grad`` (tied ones stay tied)."""
+    made: dict[int, torch.Tensor] = {}
+    replaced: list[torch.Tensor] = []  # alive to the end, so that no id is reused by another tensor
+
+    def fake_of(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            replaced.append(tensor)
+            empty = torch.empty(tensor.shape, dtype=tensor.dtype)
+            made[id(tensor)] = (nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                                if isinstance(tensor, nn.Parameter) else empty)
+        return made[id(tensor)]
+
+    with mode:
+        for module in model.modules():
+            for tensors in (module._parameters, module._buffers):
+                for key, tensor in tensors.items():
+                    if tensor is not None:
+                        tensors[key] = fake_of(tensor)
+    return model
 
 
 TRACE_LOCK = threading.Lock()

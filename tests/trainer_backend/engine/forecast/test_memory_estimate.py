@@ -51,6 +51,61 @@ def test_a_small_nets_step_is_counted_as_counted_by_hand():
     assert trace.optimizer_peak == 2 * all_grads  # the gradients and SGD's momentum, made from them
 
 
+@pytest.mark.parametrize("model", ["test_vit", "test_convnext"])
+def test_a_model_that_reads_values_off_tensors_as_it_is_built_is_traced_as_the_real_model_steps(model):
+    """ViT, DeiT, BEiT, Swin and ConvNeXt take their drop-path rates from torch.linspace(...).item()
+    in __init__, which no fake tensor can answer. They are built with parameters and buffers on the
+    meta device and the rest real, then faked: the step counted is byte for byte a real model's."""
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
+
+    config = RunConfig(model=model, image_size=32, batch_size=8, optimizer="adam")  # ConvNeXt halves it 5 times
+    plan = MemoryPlan(config, CLASSES, CHANNELS, None)
+    real = create_model(model, num_classes=CLASSES, in_chans=CHANNELS).train()
+    assert [(p.shape, p.requires_grad) for p in plan.model.parameters()] == [
+        (p.shape, p.requires_grad) for p in real.parameters()]
+    assert [b.shape for b in plan.model.buffers()] == [b.shape for b in real.buffers()]
+    assert plan.trace(8) == trace_step(real, torch.optim.Adam(real.parameters()), (8, CHANNELS, 32, 32))
+    (device,) = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices
+    assert device.parameters == sum(p.numel() * p.element_size() for p in real.parameters())
+
+
+def test_only_the_thread_building_for_an_estimate_puts_parameters_on_meta():
+    """The dashboard estimates in one session's thread while another may build a real model."""
+    import threading
+
+    from trainer_backend.engine.forecast.memory_trace import parameters_on_meta
+
+    built = {}
+    with parameters_on_meta():
+        built["estimating"] = nn.Linear(2, 2)
+        other = threading.Thread(target=lambda: built.setdefault("other thread", nn.Linear(2, 2)))
+        other.start()
+        other.join()
+    built["after"] = nn.Linear(2, 2)
+    assert {name: m.weight.device.type for name, m in built.items()} == {
+        "estimating": "meta", "other thread": "cpu", "after": "cpu"}
+    assert nn.Module.register_parameter.__module__ == "torch.nn.modules.module"
+
+
+def test_a_model_that_cannot_be_built_without_its_weights_is_refused_in_one_line():
+    from timm.models import register_model
+
+    class CountsItsWeights(nn.Module):
+        def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
+            super().__init__()
+            self.head = nn.Linear(in_chans, num_classes)
+            self.width = int(self.head.weight.abs().sum().item() * 0)  # a value read off a parameter
+
+    @register_model
+    def parallax_counts_its_weights(pretrained: bool = False, **kwargs) -> nn.Module:
+        return CountsItsWeights(**kwargs)
+
+    with pytest.raises(EstimateError, match=r"^model 'parallax_counts_its_weights' cannot be built without its "
+                                            r"weights to estimate its memory: DataDependentOutputException"):
+        estimate_memory(RunConfig(model="parallax_counts_its_weights", image_size=SIZE, batch_size=8),
+                        num_classes=CLASSES, in_chans=CHANNELS)
+
+
 def test_activations_scale_with_the_batch_and_halve_under_bf16():
     from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
 
