@@ -411,7 +411,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    """Peak memory per device, for one strategy or several, with each device's free memory."""
+    """Peak memory per device, for one strategy or several, with each device's free memory. Of
+    several strategies, one that cannot be estimated (a model whose layers do not run in sequence,
+    under mp or pp) is named in one line on stderr, and the others are still shown; exit 2 then."""
     config = config_from_args(args, sweep=bool(args.strategies))
     from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory
     from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
@@ -423,11 +425,16 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     else:
         configs = [config]
     num_classes, in_chans = dataset_shape(config)
-    reports = []
+    reports, refused = [], []
     for each in configs:
-        estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans)
-        free = available_memory_mb(each)
-        reports.append((each, estimate, free))
+        try:
+            estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans)
+        except ValueError as exc:
+            if len(configs) == 1:
+                raise
+            refused.append(f"strategy {each.strategy}: {exc}")
+            continue
+        reports.append((each, estimate, available_memory_mb(each)))
     if args.json:
         print(json.dumps([{**estimate.to_dict(), "devices_asked": list(each.devices), "batch_size": each.batch_size,
                            "table": table_rows(estimate, free),
@@ -435,14 +442,16 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                                      "free_mb": round(f.free_mb, 1), "fits": f.fits, "verdict": f.verdict}
                                     for f in fits(estimate, free)]}
                           for each, estimate, free in reports], indent=2))
-        return 0
-    for index, (_each, estimate, free) in enumerate(reports):
-        if index:
-            print()
-        print(format_table(estimate, free, notes=False))
-    for note in dict.fromkeys(note for _, estimate, _ in reports for note in estimate.notes):
-        print(note)
-    return 0
+    else:
+        for index, (_each, estimate, free) in enumerate(reports):
+            if index:
+                print()
+            print(format_table(estimate, free, notes=False))
+        for note in dict.fromkeys(note for _, estimate, _ in reports for note in estimate.notes):
+            print(note)
+    for line in refused:
+        print(f"error: {one_line(line)}", file=sys.stderr)
+    return 2 if refused else 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -174,6 +174,23 @@ def test_the_cli_prints_every_strategys_table_and_json(cli):
     assert fit["device"] == "cpu" and fit["fits"] and fit["verdict"].startswith("fits, ")
 
 
+def test_of_several_strategies_one_that_cannot_be_estimated_is_named_and_the_others_are_shown(parallax_home, capsys):
+    """A ViT's layers do not run in sequence, so no pipeline can be cut from it: that strategy gets
+    its line, and the others their tables (as the Launch page's table gives each its row)."""
+    from trainer_backend.control.cli import main
+
+    flags = ["estimate", "--model", "test_vit", "--image-size", "32", "--batch-size", "8", "--devices", "cpu,cpu",
+             "--strategies", "single,pp,fsdp"]
+    assert main(flags) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: strategy pp: model 'test_vit' cannot be split into stages for pp: its layers do not run in sequence\n"
+    assert [line.split(",")[0] for line in out.splitlines() if line.startswith("strategy ")] == [
+        "strategy single", "strategy fsdp"]
+    assert main([*flags, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert [report["strategy"] for report in json.loads(out)] == ["single", "fsdp"] and err.count("\n") == 1
+
+
 def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
     result = cli("estimate", "--model", MODEL, "--image-size", "16", "--batch-size", "2", "--strategy", "ddp",
                  "--devices", "cpu,cpu")
