@@ -195,7 +195,8 @@ _registers: tuple = ()
 
 def _parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
     _registers[0](module, name, param)
-    if param is not None and getattr(_ON_META, "active", False):
+    # One already on meta is a tied parameter assigned again (a head sharing the embedding): kept as it is.
+    if param is not None and param.device.type != "meta" and getattr(_ON_META, "active", False):
         module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
 
@@ -217,11 +218,11 @@ def parameters_on_meta():
             _registers = (nn.Module.register_parameter, nn.Module.register_buffer)
             nn.Module.register_parameter, nn.Module.register_buffer = _parameter_on_meta, _buffer_on_meta
         _meta_builds += 1
-    _ON_META.active = True
+    outer, _ON_META.active = getattr(_ON_META, "active", False), True
     try:
         yield
     finally:
-        _ON_META.active = False
+        _ON_META.active = outer
         with _META_LOCK:
             _meta_builds -= 1
             if _meta_builds == 0:

@@ -78,6 +78,9 @@ def test_only_the_thread_building_for_an_estimate_puts_parameters_on_meta():
     built = {}
     with parameters_on_meta():
         built["estimating"] = nn.Linear(2, 2)
+        head = nn.Linear(2, 2)
+        head.weight = built["estimating"].weight  # tied, as a head sharing an embedding
+        assert head.weight is built["estimating"].weight
         other = threading.Thread(target=lambda: built.setdefault("other thread", nn.Linear(2, 2)))
         other.start()
         other.join()
