@@ -124,6 +124,9 @@ class FakeModel:
                 # torch.linspace(...).item(), RegNet its widths from a quantisation.
                 first_failure = exc
         if not hasattr(self, "model"):
+            # Tensors such a model keeps as plain attributes (not parameters or buffers) stay real:
+            # the step takes them as the constants they are.
+            self.mode = FakeTensorMode(allow_non_fake_inputs=True)
             try:
                 with parameters_on_meta():
                     model = create_model(name, num_classes=num_classes, in_chans=in_chans)
@@ -185,6 +188,9 @@ class FakeModel:
             except ValueError as exc:  # e.g. BatchNorm in training on one image
                 raise EstimateError(f"one training step of {self.name!r} on {shape[0]} image(s) per device "
                                     f"fails: {exc}") from None
+            except Exception as exc:  # an architecture fake tensors cannot step: one line, not a traceback
+                raise EstimateError(f"one training step of {self.name!r} could not be counted under fake tensors: "
+                                    f"{type(exc).__name__}: {exc}"[:400]) from None
 
 
 _ON_META = threading.local()  # set in the thread building under parameters_on_meta()
@@ -197,7 +203,12 @@ def _parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None)
     _registers[0](module, name, param)
     # One already on meta is a tied parameter assigned again (a head sharing the embedding): kept as it is.
     if param is not None and param.device.type != "meta" and getattr(_ON_META, "active", False):
-        module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        # One parameter registered in two modules gets one meta copy: the tie is kept. The original
+        # is held beside it, so that its id is not reused during the build.
+        copies = _ON_META.copies
+        if id(param) not in copies:
+            copies[id(param)] = (param, nn.Parameter(param.to("meta"), requires_grad=param.requires_grad))
+        module._parameters[name] = copies[id(param)][1]
 
 
 def _buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
@@ -218,11 +229,16 @@ def parameters_on_meta():
             _registers = (nn.Module.register_parameter, nn.Module.register_buffer)
             nn.Module.register_parameter, nn.Module.register_buffer = _parameter_on_meta, _buffer_on_meta
         _meta_builds += 1
-    outer, _ON_META.active = getattr(_ON_META, "active", False), True
+    outer = getattr(_ON_META, "active", False)
+    if not outer:
+        _ON_META.copies = {}
+    _ON_META.active = True
     try:
         yield
     finally:
         _ON_META.active = outer
+        if not outer:
+            _ON_META.copies = {}
         with _META_LOCK:
             _meta_builds -= 1
             if _meta_builds == 0:

@@ -58,6 +58,10 @@ def test_a_model_that_reads_values_off_tensors_as_it_is_built_is_traced_as_the_r
     meta device and the rest real, then faked: the step counted is byte for byte a real model's."""
     from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
 
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    with pytest.raises(DataDependentOutputException), FakeTensorMode():  # what the meta build is for
+        create_model(model, num_classes=CLASSES, in_chans=CHANNELS)
     config = RunConfig(model=model, image_size=32, batch_size=8, optimizer="adam")  # ConvNeXt halves it 5 times
     plan = MemoryPlan(config, CLASSES, CHANNELS, None)
     real = create_model(model, num_classes=CLASSES, in_chans=CHANNELS).train()
@@ -81,28 +85,66 @@ def test_only_the_thread_building_for_an_estimate_puts_parameters_on_meta():
         head = nn.Linear(2, 2)
         head.weight = built["estimating"].weight  # tied, as a head sharing an embedding
         assert head.weight is built["estimating"].weight
+        with parameters_on_meta():  # a build inside a build: the outer one goes on on meta
+            pass
+        built["after the inner build"] = nn.Linear(2, 2)
         other = threading.Thread(target=lambda: built.setdefault("other thread", nn.Linear(2, 2)))
         other.start()
         other.join()
     built["after"] = nn.Linear(2, 2)
     assert {name: m.weight.device.type for name, m in built.items()} == {
-        "estimating": "meta", "other thread": "cpu", "after": "cpu"}
+        "estimating": "meta", "after the inner build": "meta", "other thread": "cpu", "after": "cpu"}
     assert nn.Module.register_parameter.__module__ == "torch.nn.modules.module"
 
 
-def test_a_model_that_cannot_be_built_without_its_weights_is_refused_in_one_line():
-    from timm.models import register_model
+def register(monkeypatch, name: str, build) -> None:
+    """``build`` as the timm model ``name`` for this test only (timm's registry is restored after)."""
+    from timm.models import _registry
 
-    class CountsItsWeights(nn.Module):
-        def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
-            super().__init__()
-            self.head = nn.Linear(in_chans, num_classes)
-            self.width = int(self.head.weight.abs().sum().item() * 0)  # a value read off a parameter
+    monkeypatch.setitem(_registry._model_entrypoints, name, lambda pretrained=False, **kwargs: build(**kwargs))
 
-    @register_model
-    def parallax_counts_its_weights(pretrained: bool = False, **kwargs) -> nn.Module:
-        return CountsItsWeights(**kwargs)
 
+class RatesFromTensors(nn.Module):
+    """As a ViT: a rate read off torch.linspace(...).item() in __init__ (so the estimate must take the
+    meta build), one parameter object shared by two layers, and a real tensor kept as a plain attribute."""
+
+    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
+        super().__init__()
+        self.rate = torch.linspace(0, 0.1, 4)[-1].item()
+        self.stem = nn.Conv2d(in_chans, 8, 3, padding=1)
+        shared = nn.Parameter(torch.randn(8, 8))
+        self.first, self.second = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+        self.first.weight = self.second.weight = shared
+        self.scale = torch.full((8,), 0.5)
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        x = self.stem(x).mean((2, 3)) * self.scale
+        return self.head(self.second(self.first(x)))
+
+
+def test_a_built_model_keeps_its_ties_and_its_plain_tensors_and_counts_as_the_real_one(monkeypatch):
+    from trainer_backend.engine.forecast.memory_estimate import MemoryPlan
+
+    register(monkeypatch, "parallax_rates_from_tensors", RatesFromTensors)
+    config = RunConfig(model="parallax_rates_from_tensors", image_size=SIZE, batch_size=8, optimizer="adam")
+    plan = MemoryPlan(config, CLASSES, CHANNELS, None)
+    assert plan.model.first.weight is plan.model.second.weight
+    real = RatesFromTensors(num_classes=CLASSES, in_chans=CHANNELS).train()
+    assert plan.trace(8) == trace_step(real, torch.optim.Adam(real.parameters()), (8, CHANNELS, SIZE, SIZE))
+    (device,) = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices
+    assert device.parameters == sum(p.numel() * 4 for p in real.parameters())  # the shared weight once
+
+
+class CountsItsWeights(nn.Module):
+    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
+        super().__init__()
+        self.head = nn.Linear(in_chans, num_classes)
+        self.width = int(self.head.weight.abs().sum().item() * 0)  # a value read off a parameter
+
+
+def test_a_model_that_cannot_be_built_without_its_weights_is_refused_in_one_line(monkeypatch):
+    register(monkeypatch, "parallax_counts_its_weights", CountsItsWeights)
     with pytest.raises(EstimateError, match=r"^model 'parallax_counts_its_weights' cannot be built without its "
                                             r"weights to estimate its memory: DataDependentOutputException"):
         estimate_memory(RunConfig(model="parallax_counts_its_weights", image_size=SIZE, batch_size=8),
