@@ -113,29 +113,19 @@ class FakeModel:
 
         self.name, self.num_classes, self.in_chans = name, num_classes, in_chans
         self.mode = FakeTensorMode()
-        with self.mode:
-            try:
+        try:
+            with self.mode:
                 self.model = create_model(name, num_classes=num_classes, in_chans=in_chans)
-            except (ValueError, LookupError):
-                raise
-            except Exception as exc:
-                # The architecture reads values off tensors as it is built, which no fake tensor
-                # has: ViT, DeiT, BEiT, Swin and ConvNeXt take their drop-path rates from
-                # torch.linspace(...).item(), RegNet its widths from a quantisation.
-                first_failure = exc
-        if not hasattr(self, "model"):
-            # Tensors such a model keeps as plain attributes (not parameters or buffers) stay real:
-            # the step takes them as the constants they are.
+        except (ValueError, LookupError):
+            raise
+        except Exception as exc:
+            # The architecture reads values off tensors as it is built, which no fake tensor has:
+            # ViT, DeiT, BEiT, Swin and ConvNeXt take their drop-path rates from
+            # torch.linspace(...).item(), RegNet its widths from a quantisation. Built again with
+            # parameters and buffers on meta, the rest real; plain tensor attributes of such a
+            # model stay real, and its step takes them as the constants they are.
             self.mode = FakeTensorMode(allow_non_fake_inputs=True)
-            try:
-                with parameters_on_meta():
-                    model = create_model(name, num_classes=num_classes, in_chans=in_chans)
-                self.model = faked(model, self.mode)
-            except (ValueError, LookupError):
-                raise
-            except Exception:
-                raise EstimateError(f"model {name!r} cannot be built without its weights to estimate its memory: "
-                                    f"{type(first_failure).__name__}: {first_failure}") from None
+            self.model = meta_built(name, num_classes, in_chans, self.mode, first_failure=exc)
         self.model.train()
         self._stages: dict[tuple[int, int], tuple[list[nn.Sequential], list[tuple[int, ...]]]] = {}
 
@@ -199,22 +189,34 @@ _meta_builds = 0  # builds under way, in any thread: the patch stays while there
 _registers: tuple = ()
 
 
+def copy_once(copies: dict, tensor: torch.Tensor, make) -> torch.Tensor:
+    """``make(tensor)`` the first time ``tensor`` is seen in ``copies``, the same copy after that, so
+    that tied parameters and shared buffers stay one. The original is held beside its copy, so that
+    its id is not reused by another tensor while ``copies`` lives."""
+    if id(tensor) not in copies:
+        data = make(tensor)
+        copies[id(tensor)] = (tensor, nn.Parameter(data, requires_grad=tensor.requires_grad)
+                              if isinstance(tensor, nn.Parameter) else data)
+    return copies[id(tensor)][1]
+
+
+def _to_meta(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    # One already on meta is a tied parameter assigned again (a head sharing the embedding): kept as it is.
+    if tensor is None or tensor.device.type == "meta" or not getattr(_ON_META, "active", False):
+        return tensor
+    return copy_once(_ON_META.copies, tensor, lambda t: t.to("meta"))
+
+
 def _parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
     _registers[0](module, name, param)
-    # One already on meta is a tied parameter assigned again (a head sharing the embedding): kept as it is.
-    if param is not None and param.device.type != "meta" and getattr(_ON_META, "active", False):
-        # One parameter registered in two modules gets one meta copy: the tie is kept. The original
-        # is held beside it, so that its id is not reused during the build.
-        copies = _ON_META.copies
-        if id(param) not in copies:
-            copies[id(param)] = (param, nn.Parameter(param.to("meta"), requires_grad=param.requires_grad))
-        module._parameters[name] = copies[id(param)][1]
+    if param is not None:
+        module._parameters[name] = _to_meta(module._parameters[name])
 
 
 def _buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
     _registers[1](module, name, tensor, persistent=persistent)
-    if tensor is not None and getattr(_ON_META, "active", False):
-        module._buffers[name] = tensor.to("meta")
+    if tensor is not None:
+        module._buffers[name] = _to_meta(module._buffers[name])
 
 
 @contextlib.contextmanager
@@ -248,24 +250,28 @@ def parameters_on_meta():
 def faked(model: nn.Module, mode) -> nn.Module:
     """``model`` with each parameter and buffer replaced by a fake tensor of ``mode`` of the same
     shape, dtype and ``requires_grad`` (tied ones stay tied)."""
-    made: dict[int, torch.Tensor] = {}
-    replaced: list[torch.Tensor] = []  # alive to the end, so that no id is reused by another tensor
-
-    def fake_of(tensor: torch.Tensor) -> torch.Tensor:
-        if id(tensor) not in made:
-            replaced.append(tensor)
-            empty = torch.empty(tensor.shape, dtype=tensor.dtype)
-            made[id(tensor)] = (nn.Parameter(empty, requires_grad=tensor.requires_grad)
-                                if isinstance(tensor, nn.Parameter) else empty)
-        return made[id(tensor)]
-
+    copies: dict = {}
     with mode:
         for module in model.modules():
             for tensors in (module._parameters, module._buffers):
                 for key, tensor in tensors.items():
                     if tensor is not None:
-                        tensors[key] = fake_of(tensor)
+                        tensors[key] = copy_once(copies, tensor, lambda t: torch.empty(t.shape, dtype=t.dtype))
     return model
+
+
+def meta_built(name: str, num_classes: int, in_chans: int, mode, *, first_failure: Exception) -> nn.Module:
+    """timm's ``name`` built under ``parameters_on_meta``, then ``faked`` in ``mode``; a model that
+    cannot be built so either is refused naming ``first_failure``, what the fake build met."""
+    from trainer_backend.engine.models import create_model
+
+    try:
+        with parameters_on_meta():
+            model = create_model(name, num_classes=num_classes, in_chans=in_chans)
+    except Exception:
+        raise EstimateError(f"model {name!r} cannot be built without its weights to estimate its memory: "
+                            f"{type(first_failure).__name__}: {first_failure}") from None
+    return faked(model, mode)
 
 
 TRACE_LOCK = threading.Lock()

@@ -106,7 +106,7 @@ def register(monkeypatch, name: str, build) -> None:
 
 class RatesFromTensors(nn.Module):
     """As a ViT: a rate read off torch.linspace(...).item() in __init__ (so the estimate must take the
-    meta build), one parameter object shared by two layers, and a real tensor kept as a plain attribute."""
+    meta build), one parameter object and one buffer shared by two layers, and a real tensor kept as a plain attribute."""
 
     def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
         super().__init__()
@@ -115,6 +115,9 @@ class RatesFromTensors(nn.Module):
         shared = nn.Parameter(torch.randn(8, 8))
         self.first, self.second = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
         self.first.weight = self.second.weight = shared
+        steps = torch.zeros((), dtype=torch.long)  # one buffer in two layers, as the parameter
+        self.first.register_buffer("steps", steps)
+        self.second.register_buffer("steps", steps)
         self.scale = torch.full((8,), 0.5)
         self.head = nn.Linear(8, num_classes)
 
@@ -129,7 +132,7 @@ def test_a_built_model_keeps_its_ties_and_its_plain_tensors_and_counts_as_the_re
     register(monkeypatch, "parallax_rates_from_tensors", RatesFromTensors)
     config = RunConfig(model="parallax_rates_from_tensors", image_size=SIZE, batch_size=8, optimizer="adam")
     plan = MemoryPlan(config, CLASSES, CHANNELS, None)
-    assert plan.model.first.weight is plan.model.second.weight
+    assert plan.model.first.weight is plan.model.second.weight and plan.model.first.steps is plan.model.second.steps
     real = RatesFromTensors(num_classes=CLASSES, in_chans=CHANNELS).train()
     assert plan.trace(8) == trace_step(real, torch.optim.Adam(real.parameters()), (8, CHANNELS, SIZE, SIZE))
     (device,) = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices
