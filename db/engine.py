@@ -24,12 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
-from sqlalchemy import URL, Connection, Engine, create_engine, event, func, make_url, select
+from sqlalchemy import URL, Connection, Engine, create_engine, event, func, inspect, make_url, select, text
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -41,6 +36,11 @@ except ImportError:  # Windows has no flock; first-time migrations there are not
     fcntl = None  # type: ignore[assignment]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# The newest revision in MIGRATIONS_DIR (tests/db/test_store.py holds it to Alembic's own head). A
+# database already there is recognised from this with one read, without importing Alembic: that
+# import is about 0.4 s of CPU, paid by every process that opens the database (each CLI command,
+# worker and rank), most of which find nothing to migrate.
+SCHEMA_HEAD = "0009"
 
 # busy_timeout (set per connection, see busy_timeout_ms): a writer waits for another writer
 # instead of failing at once. WAL lets the dashboard read while a worker writes;
@@ -400,8 +400,10 @@ if hasattr(os, "register_at_fork"):
 # --- migrations ---------------------------------------------------------------------------
 
 
-def alembic_config(url: URL | str) -> Config:
+def alembic_config(url: URL | str):
     """An Alembic config for ``url`` built in code, so the app needs no alembic.ini."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     url_text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
@@ -413,7 +415,14 @@ def alembic_config(url: URL | str) -> Config:
 def current_revisions(engine: Engine) -> set[str]:
     """The revisions recorded in the database's ``alembic_version`` table (empty if new)."""
     with engine.connect() as connection:
-        return set(MigrationContext.configure(connection).get_current_heads())
+        return _recorded_revisions(connection)
+
+
+def _recorded_revisions(connection: Connection) -> set[str]:
+    """What Alembic's MigrationContext.get_current_heads reads, for its default version table."""
+    if not inspect(connection).has_table("alembic_version"):
+        return set()
+    return set(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
 
 
 def upgrade_to_head(engine: Engine) -> None:
@@ -425,10 +434,15 @@ def upgrade_to_head(engine: Engine) -> None:
     too. Elsewhere a process whose upgrade fails because another one got there first accepts
     the result.
     """
+    with _first_open(engine.url):
+        current = current_revisions(engine)
+    if current == {SCHEMA_HEAD}:
+        return
+    from alembic.script import ScriptDirectory
+
     config = alembic_config(engine.url)
     scripts = ScriptDirectory.from_config(config)
     heads = set(scripts.get_heads())
-    current = current_revisions(engine)
     if current == heads:
         return
     _refuse_unknown_revisions(engine, scripts, current)
@@ -442,7 +456,7 @@ def upgrade_to_head(engine: Engine) -> None:
                     # Released when the migration commits (or fails); a waiting process, here
                     # or on another machine, then reads the new revision and has nothing to do.
                     connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
-                    if set(MigrationContext.configure(connection).get_current_heads()) == heads:
+                    if _recorded_revisions(connection) == heads:
                         connection.rollback()
                         return
                 _upgrade(config, connection)
@@ -451,7 +465,7 @@ def upgrade_to_head(engine: Engine) -> None:
                 raise
 
 
-def _refuse_unknown_revisions(engine: Engine, scripts: ScriptDirectory, current: set[str]) -> None:
+def _refuse_unknown_revisions(engine: Engine, scripts, current: set[str]) -> None:
     """A revision this code has no migration for was written by a newer Parallax: upgrading is
     impossible and downgrading would lose its data, so say so and touch nothing."""
     unknown = sorted(revision for revision in current if _unknown_revision(scripts, revision))
@@ -463,14 +477,18 @@ def _refuse_unknown_revisions(engine: Engine, scripts: ScriptDirectory, current:
         )
 
 
-def _unknown_revision(scripts: ScriptDirectory, revision: str) -> bool:
+def _unknown_revision(scripts, revision: str) -> bool:
+    from alembic.util.exc import CommandError
+
     try:
         return scripts.get_revision(revision) is None
     except CommandError:  # alembic.util.exc: "Can't locate revision identified by ..."
         return True
 
 
-def _upgrade(config: Config, connection: Connection) -> None:
+def _upgrade(config, connection: Connection) -> None:
+    from alembic import command
+
     is_sqlite = connection.dialect.name == "sqlite"
     if is_sqlite:
         # Batch migrations rebuild a table by drop + rename; with foreign keys on, dropping
@@ -486,6 +504,23 @@ def _upgrade(config: Config, connection: Connection) -> None:
         if is_sqlite:
             # Never hand this connection back to the pool with foreign keys off.
             connection.invalidate()
+
+
+@contextlib.contextmanager
+def _first_open(url: URL) -> Iterator[None]:
+    """The first connection to a new SQLite file switches it to WAL, which needs the file to itself:
+    SQLite answers another process's connection "database is locked" at once, without waiting out
+    busy_timeout. Processes that create the same file at once therefore queue for their first read."""
+    path = sqlite_file(url)
+    try:
+        new = path is not None and path.stat().st_size == 0
+    except FileNotFoundError:
+        new = True
+    with contextlib.ExitStack() as held:
+        if new:
+            with contextlib.suppress(OSError):  # a folder this process cannot write: SQLite's open says why
+                held.enter_context(_migration_lock(url))
+        yield
 
 
 @contextlib.contextmanager

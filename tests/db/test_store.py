@@ -15,6 +15,7 @@ from datetime import timezone
 from pathlib import Path
 
 import pytest
+import alembic.command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -120,7 +121,7 @@ def test_make_engine_creates_folders_and_reopens_without_migrating(tmp_path, mon
     def no_upgrade(*args, **kwargs):
         raise AssertionError("an up-to-date database must not be migrated again")
 
-    monkeypatch.setattr(db_engine.command, "upgrade", no_upgrade)
+    monkeypatch.setattr(alembic.command, "upgrade", no_upgrade)
     reopened = db.make_engine(url)
     assert reopened is not first
     assert db.get_run(reopened, run_id).model == "resnet18"
