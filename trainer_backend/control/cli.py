@@ -26,6 +26,7 @@ from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, 
 from trainer_backend.contract.fields import FIELDS, Field
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
+from trainer_backend.contract.startup import engine_imports
 from trainer_backend.contract.storage import DiskFullError
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -273,14 +274,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
-        from trainer_backend.worker.torchrun import run_in_world
+        with engine_imports():
+            from trainer_backend.worker.torchrun import run_in_world
 
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
                           "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
     open_database(args.db)
-    from trainer_backend.worker.runner import execute_run
+    with engine_imports():
+        from trainer_backend.worker.runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
     if status != "completed":
@@ -367,7 +370,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from trainer_backend.worker.runner import work
+    with engine_imports():
+        from trainer_backend.worker.runner import work
 
     roots = [Path(p) for p in args.data_roots.split(os.pathsep)] if args.data_roots is not None else None
     status = work(args.run_id, db_url=args.db, data_roots=roots)
@@ -415,8 +419,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     several strategies, one that cannot be estimated (a model whose layers do not run in sequence,
     under mp or pp) is named in one line on stderr, and the others are still shown; exit 2 then."""
     config = config_from_args(args, sweep=bool(args.strategies))
-    from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory
-    from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
+    with engine_imports():
+        from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory
+        from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
 
     if args.strategies:
         from trainer_backend.control.lifecycle import sweep_configs

@@ -166,6 +166,10 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
         return "failed", with_oom_hint(printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
 
 
+# What the forkserver of CPU ranks imports (multiprocessing skips a name it cannot import, silently).
+RANK_PRELOAD = "trainer_backend.worker.preload"
+
+
 class RankFailure(Exception):
     """A rank of a multi-process run failed; the message names the rank that failed first."""
 
@@ -183,7 +187,7 @@ def _spawn_ranks(spec: RankSpec, watch=None) -> None:
         # CPU ranks are forked from a server that has imported the engine (torch, timm) once,
         # instead of each importing it again: about 3 s of CPU per rank. CUDA ranks are spawned
         # afresh, so that none can inherit a process whose imports touched the driver.
-        multiprocessing.set_forkserver_preload(["trainer_backend.worker.runner"])
+        multiprocessing.set_forkserver_preload([RANK_PRELOAD])
     spec = dataclasses.replace(spec, store_host="127.0.0.1", store_port=store_server.port)
     context = mp.start_processes(
         _rank_main,

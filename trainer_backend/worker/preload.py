@@ -1,0 +1,8 @@
+"""What the forkserver of a run's CPU ranks imports before it forks them (runner._spawn_ranks): the
+engine, loaded as a process that trains loads it (contract.startup), so that its objects are frozen
+before the first rank is forked and the ranks share the pages that hold them."""
+
+from trainer_backend.contract.startup import engine_imports
+
+with engine_imports():
+    import trainer_backend.worker.runner  # noqa: F401
