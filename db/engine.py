@@ -15,6 +15,7 @@ naming it, password masked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, func, inspect, make_url, select, text
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
@@ -30,17 +31,16 @@ from sqlalchemy.orm import Session
 
 from db.settings import database_url, seconds_from_env
 
+if TYPE_CHECKING:  # imported only where a database is migrated (see schema_head)
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 try:
     import fcntl
-except ImportError:  # Windows has no flock; first-time migrations there are not serialised.
+except ImportError:  # Windows has no flock; first opens and migrations there are not serialised.
     fcntl = None  # type: ignore[assignment]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-# The newest revision in MIGRATIONS_DIR (tests/db/test_store.py holds it to Alembic's own head). A
-# database already there is recognised from this with one read, without importing Alembic: that
-# import is about 0.4 s of CPU, paid by every process that opens the database (each CLI command,
-# worker and rank), most of which find nothing to migrate.
-SCHEMA_HEAD = "0009"
 
 # busy_timeout (set per connection, see busy_timeout_ms): a writer waits for another writer
 # instead of failing at once. WAL lets the dashboard read while a worker writes;
@@ -400,7 +400,17 @@ if hasattr(os, "register_at_fork"):
 # --- migrations ---------------------------------------------------------------------------
 
 
-def alembic_config(url: URL | str):
+@functools.cache
+def schema_head() -> str:
+    """The newest revision in MIGRATIONS_DIR, from the scripts' names (``NNNN_what.py``, revision
+    ``NNNN``; tests/db/test_engine_upgrades.py holds it to Alembic's own head). A database already
+    there is recognised from it with one read, without importing Alembic: about 0.2 s of CPU in
+    every process that opens the database (each CLI command, worker and rank), most of which find
+    nothing to migrate."""
+    return max(path.name.split("_", 1)[0] for path in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
+
+
+def alembic_config(url: URL | str) -> Config:
     """An Alembic config for ``url`` built in code, so the app needs no alembic.ini."""
     from alembic.config import Config
 
@@ -436,7 +446,7 @@ def upgrade_to_head(engine: Engine) -> None:
     """
     with _first_open(engine.url):
         current = current_revisions(engine)
-    if current == {SCHEMA_HEAD}:
+    if current == {schema_head()}:
         return
     from alembic.script import ScriptDirectory
 
@@ -465,7 +475,7 @@ def upgrade_to_head(engine: Engine) -> None:
                 raise
 
 
-def _refuse_unknown_revisions(engine: Engine, scripts, current: set[str]) -> None:
+def _refuse_unknown_revisions(engine: Engine, scripts: ScriptDirectory, current: set[str]) -> None:
     """A revision this code has no migration for was written by a newer Parallax: upgrading is
     impossible and downgrading would lose its data, so say so and touch nothing."""
     unknown = sorted(revision for revision in current if _unknown_revision(scripts, revision))
@@ -477,7 +487,7 @@ def _refuse_unknown_revisions(engine: Engine, scripts, current: set[str]) -> Non
         )
 
 
-def _unknown_revision(scripts, revision: str) -> bool:
+def _unknown_revision(scripts: ScriptDirectory, revision: str) -> bool:
     from alembic.util.exc import CommandError
 
     try:
@@ -486,7 +496,7 @@ def _unknown_revision(scripts, revision: str) -> bool:
         return True
 
 
-def _upgrade(config, connection: Connection) -> None:
+def _upgrade(config: Config, connection: Connection) -> None:
     from alembic import command
 
     is_sqlite = connection.dialect.name == "sqlite"
@@ -508,19 +518,26 @@ def _upgrade(config, connection: Connection) -> None:
 
 @contextlib.contextmanager
 def _first_open(url: URL) -> Iterator[None]:
-    """The first connection to a new SQLite file switches it to WAL, which needs the file to itself:
-    SQLite answers another process's connection "database is locked" at once, without waiting out
-    busy_timeout. Processes that create the same file at once therefore queue for their first read."""
+    """The first connection to a SQLite file not yet in WAL mode switches it, which needs the file to
+    itself: SQLite answers another process's connection "database is locked" at once, without
+    waiting out busy_timeout. Processes that create the same file at once therefore queue for their
+    first read, behind the migration lock."""
     path = sqlite_file(url)
-    try:
-        new = path is not None and path.stat().st_size == 0
-    except FileNotFoundError:
-        new = True
     with contextlib.ExitStack() as held:
-        if new:
+        if path is not None and not _in_wal_mode(path):
             with contextlib.suppress(OSError):  # a folder this process cannot write: SQLite's open says why
                 held.enter_context(_migration_lock(url))
         yield
+
+
+def _in_wal_mode(path: Path) -> bool:
+    """Whether the file's header says WAL (bytes 18 and 19, the read and write versions, are 2)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(100)
+    except OSError:
+        return False
+    return len(header) == 100 and header[18:20] == b"\x02\x02"
 
 
 @contextlib.contextmanager

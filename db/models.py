@@ -2,7 +2,8 @@
 
 These classes are the source of truth for the schema; ``db/migrations/versions`` must
 create exactly the same tables (a test compares the two). Changing a model means adding
-a migration: ``alembic -c db/alembic.ini revision --autogenerate -m "..."``.
+a migration: ``alembic -c db/alembic.ini revision --autogenerate --rev-id NNNN -m "..."`` (the next number: a
+script is named after its revision, which is how ``db.engine.schema_head`` finds the newest).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Alembic environment for the Parallax database.
 
-Two callers: ``db.migrate.upgrade_to_head`` hands over an open connection in
+Two callers: ``db.engine.upgrade_to_head`` hands over an open connection in
 ``config.attributes["connection"]``; the ``alembic -c db/alembic.ini ...`` CLI gets none and
 connects to ``db.settings.database_url()`` (``PARALLAX_DB_URL`` or the SQLite file in
 ``PARALLAX_HOME``), or to ``sqlalchemy.url`` when that is set in the config.

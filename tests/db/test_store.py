@@ -14,8 +14,8 @@ import sys
 from datetime import timezone
 from pathlib import Path
 
-import pytest
 import alembic.command
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory

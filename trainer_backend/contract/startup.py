@@ -12,27 +12,32 @@ took about 0.2 s), and a forkserver's ranks, forked from it, do not write to the
 (the pattern the ``gc`` module's documentation gives for a process that forks workers), so those
 pages stay shared.
 
-Long-lived processes that import the engine among objects of their own (the dashboard) do not use
-it: what is frozen is never collected.
+What is frozen is never collected: the objects of the whole process at that moment, which in
+these processes are the imports and a parsed command line. Long-lived processes that import the
+engine among objects of their own (the dashboard) do not use it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections.abc import Iterator
 
 
 @contextlib.contextmanager
 def engine_imports() -> Iterator[None]:
-    """Pause the garbage collector for the imports in the block, then freeze what exists. Where
-    the collector is already off (a nested block, or the caller's own choice), it stays off."""
+    """Pause the garbage collector for the imports in the block; if they loaded modules, freeze
+    what exists then. Where the collector is already off (a nested block, or the caller's own
+    choice) it stays off; where the block raises, nothing is frozen."""
     if not gc.isenabled():
         yield
         return
+    loaded = len(sys.modules)
     gc.disable()
     try:
         yield
+        if len(sys.modules) > loaded:  # a process that has the engine already has nothing new to freeze
+            gc.freeze()
     finally:
-        gc.freeze()
         gc.enable()
