@@ -67,9 +67,9 @@ def runs_of(home) -> list[dict]:
     return [json.loads(run_cli("export", run_id, home=home).stdout) for run_id in ids]
 
 
-def assert_sampled_every(run: dict, interval_s: float) -> None:
+def assert_sampled_every(run: dict, interval_s: float, *, at_least: int = 5) -> None:
     samples = run["system"]
-    assert len(samples) >= 5, samples
+    assert len(samples) >= at_least, samples
     gaps = sorted(b["t_s"] - a["t_s"] for a, b in zip(samples, samples[1:]))
     assert interval_s * 0.75 <= gaps[len(gaps) // 2] <= interval_s * 2  # 2 busy cores: allow a late sample
     assert all(0 <= s["host_cpu_pct"] <= 100 and s["host_memory_mb"] > 0 and s["gpus"] == [] for s in samples)
@@ -164,7 +164,10 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
     assert first_attempt and all([p["rank"] for p in s["processes"]] == [0, 1] for s in first_attempt), \
         (run["system"], run["notes"], err[-3000:])
     # Rank 0 samples both local ranks (each with its DataLoader workers summed in) at the interval.
-    assert_sampled_every(run, SAMPLE_S)
+    # The restarted attempt trains epochs 2 and 3 in well under a second: most samples are the first
+    # attempt's, three or more over epoch 1 (about 0.7 s here), then as many as rank 1 takes to fail.
+    # Four samples keep the median gap one inside an attempt, not the restart's.
+    assert_sampled_every(run, SAMPLE_S, at_least=4)
     assert all({p["rank"] for p in s["processes"]} <= {0, 1} and all(p["rss_mb"] > 50 for p in s["processes"])
                for s in run["system"]), run["system"]
     assert max(sum(p["cpu_pct"] for p in s["processes"]) for s in run["system"]) > 20  # they trained
