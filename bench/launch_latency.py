@@ -13,7 +13,8 @@ Where the time goes inside those phases is measured apart: the import time of th
 modules (``python -X importtime``), loading the dataset cache, building the model, and for DDP
 the parts of a rank's start (``torch.multiprocessing.spawn`` to the rank's first line, the rest
 of its imports, gloo rendezvous, data, model and DDP wrap), timed in two spawned probe ranks: a
-rank on a GPU starts so; a CPU run's ranks fork from a server that has imported the engine.
+rank on a GPU starts so; a CPU run's ranks fork from a fork of the worker, which has the
+engine imported.
 
     python bench/launch_latency.py            # full: 5 launches of each
     python bench/launch_latency.py --quick    # one of each, tiny model
@@ -242,14 +243,15 @@ def main() -> None:
             + ("scikit-learn is not imported: the dataset's split is cached with its pixels. " if "sklearn" not in
                imports else f"scikit-learn {imports['sklearn']:.1f} s. ")
             + "A DDP rank on a GPU is a new interpreter (spawn) and pays the same imports again; CPU ranks are "
-              "forked from a server that imported them once.")
+              "forked from a fork of the worker, which has them already.")
     report.details.update({"imports": imports, "timelines": runs, "single_parts": singles, "rank_parts": ranks})
     report.note(f"Decoding the digits into the dataset cache (first run on a machine only) took "
                 f"{report.details['dataset_decode_s']:.2f} s; every launch above found the cache.")
     report.note("Phases: 'launch returned' is the launch command's own process; 'worker claimed the run' is "
                 "the detached worker's interpreter start and imports; 'checks before training done' is the "
                 "preflight (dataset and model built once, a probe forward); for ddp 'training process started' "
-                "is starting the ranks (forked from a server that has imported the engine, on CPU); 'first step' is the rank's data, model, rendezvous and the step itself.")
+                "is starting the ranks (on CPU forked from a fork of the worker, which has the engine imported); "
+                "'first step' is the rank's data, model, rendezvous and the step itself.")
     report.finish(args)
 
 

@@ -6,11 +6,12 @@ Python objects, all of which live as long as the process.
 
 Python's cyclic garbage collector runs again and again while those objects are created, and finds
 nothing to free: pausing it for the imports takes about 0.6 s of CPU (12 %) off every process that
-loads the engine (each ``parallax run``, launched worker, forkserver of CPU ranks and torchrun
-rank). Then the loaded objects are frozen (``gc.freeze``): later full collections skip them (each
-took about 0.2 s), and a forkserver's ranks, forked from it, do not write to the pages holding them
-(the pattern the ``gc`` module's documentation gives for a process that forks workers), so those
-pages stay shared.
+loads the engine (each ``parallax run``, launched worker and torchrun rank, and a forkserver of
+CPU ranks that multiprocessing starts afresh). Then the loaded objects are frozen (``gc.freeze``):
+later full collections skip them (each took about 0.2 s), and the CPU ranks forked from such a
+process (or from its fork, worker.rank_server) do not write to the pages holding them (the pattern
+the ``gc`` module's documentation gives for a process that forks workers), so those pages stay
+shared.
 
 What is frozen is never collected: the objects of the whole process at that moment, which in
 these processes are the imports and a parsed command line. Long-lived processes that import the

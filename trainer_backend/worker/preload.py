@@ -1,4 +1,5 @@
-"""What the forkserver of a run's CPU ranks imports before it forks them (runner._spawn_ranks): the
+"""What the forkserver of a run's CPU ranks imports before it forks them, where multiprocessing
+starts it afresh rather than as a fork of the worker (rank_server, runner._spawn_ranks): the
 engine, loaded as a process that trains loads it (contract.startup), so that its objects are frozen
 before the first rank is forked and the ranks share the pages that hold them."""
 

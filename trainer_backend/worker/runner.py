@@ -42,6 +42,7 @@ from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from trainer_backend.contract.logguard import guard_output
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
+from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
@@ -63,6 +64,7 @@ RANK_STOP_GRACE_S = 3.0
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
     """Foreground run: preflight, create the run row, wait for its turn, train; (run_id, status)."""
     url = database_url(db_url)
+    _fork_rank_server(config)
     info = preflight(config)
     engine = make_engine(url)
     notes = run_notes(config, info)
@@ -81,9 +83,10 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
     run = store.get_run(engine, run_id)
     if run is None:
         raise LookupError(f"no run with id {run_id}")
+    config = RunConfig.from_dict(run.config)
+    _fork_rank_server(config)  # before stdout is guarded: each rank guards its own
     # stdout and stderr are the run's log: a full disk there must not end the run.
     guard_output(on_failure=Recorder(engine, run_id).log_incomplete)
-    config = RunConfig.from_dict(run.config)
     if data_roots is not None:
         try:
             check_under_roots(config.dataset, data_roots)
@@ -166,8 +169,16 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
         return "failed", with_oom_hint(printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"))
 
 
-# What the forkserver of CPU ranks imports (multiprocessing skips a name it cannot import, silently).
+# What the forkserver of CPU ranks imports where it is started afresh, not forked from this process
+# (rank_server; multiprocessing skips a name it cannot import, silently).
 RANK_PRELOAD = "trainer_backend.worker.preload"
+
+
+def _fork_rank_server(config: RunConfig) -> None:
+    """For a run of several CPU ranks, fork the server of its ranks now, while this process has
+    imported the engine and has not yet started a thread (rank_server)."""
+    if config.world_size > 1 and not cuda_indices(config.devices):
+        start_rank_server()
 
 
 class RankFailure(Exception):
@@ -184,9 +195,11 @@ def _spawn_ranks(spec: RankSpec, watch=None) -> None:
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
     start_method = "spawn" if cuda_indices(config.devices) else "forkserver"
     if start_method == "forkserver":
-        # CPU ranks are forked from a server that has imported the engine (torch, timm) once,
-        # instead of each importing it again: about 3 s of CPU per rank. CUDA ranks are spawned
-        # afresh, so that none can inherit a process whose imports touched the driver.
+        # CPU ranks are forked from a server that holds the imported engine (torch, timm), instead
+        # of each importing it again: about 3 s of CPU per rank. The server is this process's fork
+        # where it could be taken (_fork_rank_server), else a new one that imports the engine.
+        # CUDA ranks are spawned afresh, so that none can inherit a process whose imports touched
+        # the driver.
         multiprocessing.set_forkserver_preload([RANK_PRELOAD])
     spec = dataclasses.replace(spec, store_host="127.0.0.1", store_port=store_server.port)
     context = mp.start_processes(
