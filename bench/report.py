@@ -117,7 +117,7 @@ def merge_results(path: Path, key: str, data: dict[str, Any], *, quick: bool = F
     results["machine"] = machine_info()
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+    temporary.write_text(json.dumps(results, indent=2, sort_keys=False, ensure_ascii=False) + "\n", encoding="utf-8")
     temporary.replace(path)
 
 

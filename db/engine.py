@@ -114,6 +114,16 @@ def dispose_engines() -> None:
         _engines.clear()
 
 
+def close_connections() -> None:
+    """Close the pooled connections of every cached engine, keeping the engines (they connect again
+    when next used): before a fork that outlives the moment, so that the child holds no open
+    database. SQLite keeps what a process has locked per process, and a forked copy of that record
+    would let the child's own connections believe they hold locks they do not."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+
+
 @contextlib.contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
     """A session that commits on success, rolls back on any error, and always closes."""

@@ -10,10 +10,12 @@ instead: ``start_rank_server`` forks it from the runner, before the run has star
 run an operator (a fork is only safe then), and multiprocessing's own server loop runs in it. The
 ranks then fork from a copy of the runner's loaded engine, and share its pages with the runner.
 
-It is taken only where it is safe and known to fit: on a platform with ``fork``, in a process
-with no other Python thread, and on a Python whose forkserver takes no authentication key (3.14
-added one). Anywhere else nothing is started here and multiprocessing starts its own server, with the
-engine as its preload (runner.RANK_PRELOAD), as before.
+It is taken only where it is safe and known to fit (can_fork_server): on a platform with
+``fork``, in a process that has started no thread since it imported the engine and has not
+initialised CUDA, and on a Python whose forkserver takes no authentication key (3.14 added one).
+The runner closes its database connections first (db.close_connections). Anywhere else, or where
+a step of the start fails, nothing is started here and multiprocessing starts its own server,
+with the engine as its preload (runner.RANK_PRELOAD), as before.
 """
 
 from __future__ import annotations
@@ -27,16 +29,29 @@ import traceback
 from multiprocessing import connection, forkserver, resource_tracker, util
 
 
-def can_fork_server() -> bool:
-    """Whether this process may fork the rank server now: no other Python thread (a fork copies no
-    other thread, so a lock one holds would stay held in the copy), and a forkserver of the shape
-    this module drives.
+def _native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: only Python's own count is known
+        return threading.active_count()
 
-    The threads a native library has started by then are allowed: the engine's imports start one,
-    the pool of numpy's OpenBLAS, which stops its threads before any fork (pthread_atfork) and
-    starts them again when next used, as a DataLoader's forked workers rely on. Torch's own pool
-    (OpenMP) starts with the first operator, and the server is forked before any runs."""
-    if not hasattr(os, "fork") or threading.active_count() != 1:
+
+# The threads of this process once the engine is imported (this module is imported with it): the
+# main one, and the pool of numpy's OpenBLAS, which stops its threads before any fork
+# (pthread_atfork) and starts them again when next used, as a DataLoader's forked workers rely on.
+THREADS_AT_IMPORT = _native_threads()
+
+
+def can_fork_server() -> bool:
+    """Whether this process may fork the rank server now: no Python thread but this one (a fork
+    copies no other thread, so a lock one holds would stay held in the copy), no native thread
+    started since the engine was imported (torch's OpenMP pool starts with the first operator run
+    on several threads, and a rank forked after it hangs in its own first one), CUDA not
+    initialised, and a forkserver of the shape this module drives."""
+    if not hasattr(os, "fork") or threading.active_count() != 1 or _native_threads() > THREADS_AT_IMPORT:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
         return False
     server = forkserver._forkserver
     return (not hasattr(server, "_forkserver_authkey")
@@ -45,26 +60,36 @@ def can_fork_server() -> bool:
 
 def start_rank_server() -> int | None:
     """Fork the forkserver of this process's CPU ranks from this process; its pid, or None where
-    nothing was started (one runs already, or forking is not safe here: multiprocessing then
-    starts its own when the ranks are started)."""
+    nothing was started: one runs already, forking is not safe here, or a step of the start failed
+    (a full disk under stdout, no memory left to fork). Multiprocessing then starts its own when
+    the ranks are started, as it always did: this is a saving, never a reason for a run to fail."""
     server = forkserver._forkserver
     if server._forkserver_pid is not None or not can_fork_server():
         return None
-    resource_tracker.ensure_running()  # before the fork, so that the server and its ranks share it
-    sys.stdout.flush()  # what is buffered here would otherwise be written again by each rank
-    sys.stderr.flush()
-    with socket.socket(socket.AF_UNIX) as listener:
-        address = connection.arbitrary_address("AF_UNIX")
-        listener.bind(address)
-        if not util.is_abstract_socket_namespace(address):
-            os.chmod(address, 0o600)
-        listener.listen()
-        # Every process that starts ranks holds the write end; the server ends at its EOF.
-        alive_r, alive_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            _serve(listener.fileno(), alive_r, alive_w)  # never returns
-        os.close(alive_r)
+    try:
+        # What is buffered here would otherwise be written again by each rank.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        resource_tracker.ensure_running()  # before the fork, so that the server and its ranks share it
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            # Every process that starts ranks holds the write end; the server ends at its EOF.
+            alive_r, alive_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(alive_r)
+                os.close(alive_w)
+                raise
+            if pid == 0:
+                _serve(listener.fileno(), alive_r, alive_w)  # never returns
+            os.close(alive_r)
+    except OSError:
+        return None
     server._forkserver_address = address
     server._forkserver_alive_fd = alive_w
     server._forkserver_pid = pid

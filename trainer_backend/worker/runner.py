@@ -31,7 +31,8 @@ import torch.multiprocessing as mp
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, lock_wait_s, retry_when_locked
+from db.engine import (DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, close_connections, lock_wait_s,
+                       retry_when_locked)
 from db.folders import named_run_folder, run_folder_name
 from db.reserve import SpaceReserve
 from db.settings import database_url
@@ -42,7 +43,7 @@ from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from trainer_backend.contract.logguard import guard_output
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
-from trainer_backend.worker.rank_server import start_rank_server
+from trainer_backend.worker.rank_server import can_fork_server, start_rank_server
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
@@ -174,11 +175,15 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
 RANK_PRELOAD = "trainer_backend.worker.preload"
 
 
-def _fork_rank_server(config: RunConfig) -> None:
+def _fork_rank_server(config: RunConfig) -> int | None:
     """For a run of several CPU ranks, fork the server of its ranks now, while this process has
-    imported the engine and has not yet started a thread (rank_server)."""
-    if config.world_size > 1 and not cuda_indices(config.devices):
-        start_rank_server()
+    imported the engine and has neither started a thread nor run an operator (rank_server); the
+    server's pid, or None. Its database connections are closed first: the server and its ranks
+    must not inherit an open database."""
+    if config.world_size > 1 and not cuda_indices(config.devices) and can_fork_server():
+        close_connections()
+        return start_rank_server()
+    return None
 
 
 class RankFailure(Exception):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 
 from tests.support import ROOT
 
@@ -41,14 +42,38 @@ def test_ranks_fork_from_a_fork_of_the_runner_with_its_engine_and_fresh_signal_h
         assert facts["ppid"] == server["server"]
         assert facts["engine_loaded"]  # inherited: the rank imported nothing
         assert facts["sigpipe_ignored"] and facts["sigusr1_default"]  # as a new interpreter has them
+        assert facts["database_files_open"] == []  # the runner's pooled connection was closed before the fork
     assert printed == "buffered before the fork;"  # written by the runner once, not again by each rank
 
 
-def test_with_another_thread_alive_multiprocessing_starts_its_own_server(tmp_path):
-    printed, server, ranks = probe(tmp_path, "--thread")
+@pytest.mark.parametrize("flag", ["--thread", "--operator"])
+def test_after_a_thread_or_an_operator_multiprocessing_starts_its_own_server(tmp_path, flag):
+    """With another Python thread alive, or torch's OpenMP pool up (a rank forked after it would
+    hang in its first operator), nothing is forked from the runner: the ranks come from a new server."""
+    printed, server, ranks = probe(tmp_path, flag)
     assert server["forked"] is None
     assert "multiprocessing.forkserver" in server["server_cmdline"]
     for facts in ranks:
         assert facts["ppid"] == server["server"]
         assert not facts["engine_loaded"]
     assert printed == "buffered before the fork;"
+
+
+def test_a_start_that_fails_leaves_the_ranks_to_multiprocessing(monkeypatch):
+    """A fork refused (no memory, too many processes) is a saving lost, not a run failed."""
+    from multiprocessing import forkserver, resource_tracker
+
+    from trainer_backend.worker import rank_server
+
+    def refused():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(rank_server, "can_fork_server", lambda: True)
+    monkeypatch.setattr(rank_server.os, "fork", refused)
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_pid", None)  # none started in this process yet
+    monkeypatch.setattr(forkserver._forkserver, "_forkserver_address", None)
+    resource_tracker.ensure_running()  # its pipe stays open by design: counted before
+    open_fds = sorted(os.listdir("/proc/self/fd"))
+    assert rank_server.start_rank_server() is None
+    assert forkserver._forkserver._forkserver_pid is None and forkserver._forkserver._forkserver_address is None
+    assert sorted(os.listdir("/proc/self/fd")) == open_fds  # the listener and both ends of the pipe closed
