@@ -26,14 +26,19 @@ from tests.support import SharedRuns, run_cli, session_folder
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# The longest test files (paths under tests/), longest first. Under pytest-xdist (make test: --dist loadfile, in
-# collection order with --no-loadscope-reorder) each file goes
-# whole to the next free worker in collection order; starting the long ones first keeps a worker from
-# being handed a two-minute file when the rest of the suite is almost done.
-LONGEST_FILES = ("bench/test_run_all_smoke.py", "e2e/test_browser.py", "e2e/test_training.py",
-                 "trainer_backend/engine/strategies/test_pp_fsdp.py", "system/test_faults.py",
-                 "trainer_backend/worker/test_torchrun.py", "trainer_backend/telemetry/test_profiling.py",
-                 "trainer_backend/engine/test_schedule_recipe.py", "reports/test_sweep.py")
+# The longest test files (paths under tests/), longest first: their wall time in a whole `make test`
+# (2026-11-27, 2 cores). Under pytest-xdist (make test: --dist loadfile, in collection order with
+# --no-loadscope-reorder) each file goes whole to the next worker with two tests or fewer left to run;
+# starting the long ones first keeps a worker from being handed a two-minute file when the rest of the
+# suite is almost done.
+LONGEST_FILES = ("bench/test_run_all_smoke.py", "e2e/test_training.py", "e2e/test_browser.py",
+                 "trainer_backend/control/test_lifecycle.py", "system/test_faults.py",
+                 "trainer_backend/worker/test_torchrun.py", "db/test_reserve_full_disks.py", "ui/test_serving.py",
+                 "system/test_wrong_process.py", "trainer_backend/engine/forecast/test_memory_estimate.py",
+                 "ui/test_auth_login.py", "trainer_backend/engine/strategies/test_pp_fsdp.py",
+                 "trainer_backend/control/test_cli_bad_input.py", "trainer_backend/telemetry/test_profiling.py",
+                 "trainer_backend/datasets/test_streaming_scale.py", "reports/test_sweep.py",
+                 "trainer_backend/engine/test_schedule_recipe.py")
 TESTS = Path(__file__).resolve().parent
 
 
