@@ -106,22 +106,17 @@ def masked_url(url: URL | str) -> str:
         return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", str(url))
 
 
-def dispose_engines() -> None:
-    """Close every cached engine and forget it (tests use this between databases)."""
+def dispose_engines(*, forget: bool = True) -> None:
+    """Close the pooled connections of every cached engine and forget the engines (tests use this
+    between databases). ``forget=False`` keeps them, to connect again when next used: before a fork
+    that outlives the moment (worker.rank_server), so that the child holds no open database. SQLite
+    keeps what a process has locked per process, and a forked copy of that record would let the
+    child's own connections believe they hold locks they do not."""
     with _engines_lock:
         for engine in _engines.values():
             engine.dispose()
-        _engines.clear()
-
-
-def close_connections() -> None:
-    """Close the pooled connections of every cached engine, keeping the engines (they connect again
-    when next used): before a fork that outlives the moment, so that the child holds no open
-    database. SQLite keeps what a process has locked per process, and a forked copy of that record
-    would let the child's own connections believe they hold locks they do not."""
-    with _engines_lock:
-        for engine in _engines.values():
-            engine.dispose()
+        if forget:
+            _engines.clear()
 
 
 @contextlib.contextmanager

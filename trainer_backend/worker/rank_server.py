@@ -13,7 +13,7 @@ ranks then fork from a copy of the runner's loaded engine, and share its pages w
 It is taken only where it is safe and known to fit (can_fork_server): on a platform with
 ``fork``, in a process that has started no thread since it imported the engine and has not
 initialised CUDA, and on a Python whose forkserver takes no authentication key (3.14 added one).
-The runner closes its database connections first (db.close_connections). Anywhere else, or where
+The runner closes its database connections first (db.dispose_engines). Anywhere else, or where
 a step of the start fails, nothing is started here and multiprocessing starts its own server,
 with the engine as its preload (runner.RANK_PRELOAD), as before.
 """
@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing import connection, forkserver, resource_tracker, util
 
 
@@ -58,14 +59,16 @@ def can_fork_server() -> bool:
             and all(hasattr(server, name) for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")))
 
 
-def start_rank_server() -> int | None:
+def start_rank_server(before_fork: Callable[[], None] = lambda: None) -> int | None:
     """Fork the forkserver of this process's CPU ranks from this process; its pid, or None where
     nothing was started: one runs already, forking is not safe here, or a step of the start failed
     (a full disk under stdout, no memory left to fork). Multiprocessing then starts its own when
-    the ranks are started, as it always did: this is a saving, never a reason for a run to fail."""
+    the ranks are started, as it always did: this is a saving, never a reason for a run to fail.
+    ``before_fork`` runs only where a fork follows (the runner closes its database connections)."""
     server = forkserver._forkserver
     if server._forkserver_pid is not None or not can_fork_server():
         return None
+    before_fork()
     try:
         # What is buffered here would otherwise be written again by each rank.
         sys.stdout.flush()

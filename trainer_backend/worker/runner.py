@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 from db import lifecycle as state
 from db import make_engine, store
-from db.engine import (DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, close_connections, lock_wait_s,
+from db.engine import (DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, dispose_engines, lock_wait_s,
                        retry_when_locked)
 from db.folders import named_run_folder, run_folder_name
 from db.reserve import SpaceReserve
@@ -43,7 +43,7 @@ from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from trainer_backend.contract.logguard import guard_output
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
-from trainer_backend.worker.rank_server import can_fork_server, start_rank_server
+from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
@@ -175,15 +175,25 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
 RANK_PRELOAD = "trainer_backend.worker.preload"
 
 
+def _rank_start_method(config: RunConfig) -> str | None:
+    """How the ranks of ``config`` start: None for one process; CUDA ranks are spawned afresh, so
+    that none can inherit a process whose imports touched the driver; CPU ranks are forked from a
+    server that holds the imported engine (torch, timm), instead of each importing it again (about
+    3 s of CPU per rank): this process's fork where it could be taken (_fork_rank_server), else a
+    new server that imports the engine (RANK_PRELOAD)."""
+    if config.world_size == 1:
+        return None
+    return "spawn" if cuda_indices(config.devices) else "forkserver"
+
+
 def _fork_rank_server(config: RunConfig) -> int | None:
-    """For a run of several CPU ranks, fork the server of its ranks now, while this process has
-    imported the engine and has neither started a thread nor run an operator (rank_server); the
-    server's pid, or None. Its database connections are closed first: the server and its ranks
-    must not inherit an open database."""
-    if config.world_size > 1 and not cuda_indices(config.devices) and can_fork_server():
-        close_connections()
-        return start_rank_server()
-    return None
+    """For a run of CPU ranks, fork the server of its ranks now, while this process has imported the
+    engine and has neither started a thread nor run an operator (rank_server); the server's pid, or
+    None. The database connections are closed just before: the server and its ranks must not
+    inherit an open database."""
+    if _rank_start_method(config) != "forkserver":
+        return None
+    return start_rank_server(before_fork=lambda: dispose_engines(forget=False))
 
 
 class RankFailure(Exception):
@@ -198,13 +208,8 @@ def _spawn_ranks(spec: RankSpec, watch=None) -> None:
     # The run's own rendezvous store on an OS-chosen port, held by this process for the whole
     # run, so two runs started at the same moment can never pick the same port.
     store_server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(minutes=10), wait_for_workers=False)
-    start_method = "spawn" if cuda_indices(config.devices) else "forkserver"
-    if start_method == "forkserver":
-        # CPU ranks are forked from a server that holds the imported engine (torch, timm), instead
-        # of each importing it again: about 3 s of CPU per rank. The server is this process's fork
-        # where it could be taken (_fork_rank_server), else a new one that imports the engine.
-        # CUDA ranks are spawned afresh, so that none can inherit a process whose imports touched
-        # the driver.
+    start_method = _rank_start_method(config)
+    if start_method == "forkserver":  # used where this process has forked no server of its own
         multiprocessing.set_forkserver_preload([RANK_PRELOAD])
     spec = dataclasses.replace(spec, store_host="127.0.0.1", store_port=store_server.port)
     context = mp.start_processes(
