@@ -1,5 +1,5 @@
 """What the tests share that is not a fixture: the checkout's root, the CLI in a subprocess, a finished run's
-export and folder, the session's shared runs, a spawned world of ranks and what its rank 0 wrote, and a
+export and folder, the session's shared runs, a world of ranks and what its rank 0 wrote, and a
 checkpoint evaluated in one process. Imported as ``tests.support`` by test modules, by the fixtures in
 ``conftest.py`` and by the ranks a test spawns (which import the test module that defines their target).
 """
@@ -96,13 +96,24 @@ def session_folder(tmp_path_factory, name: str) -> Path:
 
 
 def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
-    """Run ``target(rank, store_port, *args)`` in ``nprocs`` spawned processes that meet at a TCP
-    store served here; every process is killed if they have not all finished in ``timeout_s``."""
+    """Run ``target(rank, store_port, *args)`` in ``nprocs`` processes that meet at a TCP store served
+    here; every process is killed if they have not all finished in ``timeout_s``.
+
+    The processes start as a run's CPU ranks do (trainer_backend.worker.runner): forked from a server
+    that has imported the engine (one per test worker, started on first use), each with this
+    process's environment as it is now, instead of each importing torch and timm again (about 5 s
+    of CPU per process)."""
+    import multiprocessing
+
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
+    from trainer_backend.worker.runner import RANK_PRELOAD
+
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    context = mp.start_processes(target, args=(store.port, *args), nprocs=nprocs, join=False, start_method="spawn")
+    multiprocessing.set_forkserver_preload([RANK_PRELOAD])
+    context = mp.start_processes(_in_environment, args=(dict(os.environ), target, store.port, *args), nprocs=nprocs,
+                                 join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=1):
@@ -112,6 +123,14 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+
+
+def _in_environment(rank: int, environment: dict[str, str], target, *args) -> None:
+    """A ``run_world`` process: the starting test's environment (the server's is that of its first
+    user), then the target."""
+    os.environ.clear()
+    os.environ.update(environment)
+    target(rank, *args)
 
 
 def world_results(tmp_path_factory, target, nprocs: int, *, timeout_s: float) -> dict:

@@ -5,16 +5,15 @@ training loop (single process, and DDP/FSDP on two gloo processes), plus one rea
 from __future__ import annotations
 
 import math
-import multiprocessing
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tests.support import train_and_export
+from tests.support import run_world, train_and_export
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.loop import evaluate, train_one_epoch
 from trainer_backend.engine.schedule import attach_schedule
@@ -186,7 +185,7 @@ def test_label_smoothing_changes_the_training_loss_as_the_formula_says_and_not_t
 
 # --- accumulation over two gloo processes: gradients reduced once, on the group's last batch ---
 
-def _accumulating_rank(rank: int, strategy_name: str, port: int, out_path: str, max_norm: float) -> None:
+def _accumulating_rank(rank: int, port: int, strategy_name: str, out_dir: str, max_norm: float) -> None:
     torch.set_num_threads(1)
     config = RunConfig(strategy=strategy_name, devices=("cpu", "cpu"), batch_size=4, accumulate_steps=2,
                        optimizer="sgd", lr=0.1, grad_clip=max_norm)
@@ -206,7 +205,7 @@ def _accumulating_rank(rank: int, strategy_name: str, port: int, out_path: str, 
         images, labels = images_and_labels(8)
         mine = slice(rank * 4, rank * 4 + 4)  # two batches of this rank's 2 images
         train_one_epoch(model, batches(images[mine], labels[mine], 2), optimizer, strategy, on_step=after_batch)
-        with open(out_path, "wb") as handle:
+        with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as handle:
             pickle.dump({"steps": seen, "local_first": local_first}, handle)
     finally:
         strategy.teardown()
@@ -217,22 +216,8 @@ def test_accumulation_and_clipping_over_two_processes_equal_the_global_batch(tmp
     """Clipped to half the global batch's gradient norm: FSDP's norm must add up every shard."""
     reference = reference_grads(*images_and_labels(8))
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in reference.values()])).item()
-    store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    spawn = multiprocessing.get_context("spawn")
-    outs = [tmp_path / f"rank{r}.pkl" for r in range(2)]
-    ranks = [spawn.Process(target=_accumulating_rank, args=(r, strategy_name, store.port, str(outs[r]), norm / 2))
-             for r in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        for process in ranks:
-            process.join(timeout=120)
-    finally:
-        for process in ranks:
-            if process.is_alive():
-                process.kill()
-    assert [p.exitcode for p in ranks] == [0, 0]
-    results = [pickle.loads(path.read_bytes()) for path in outs]
+    run_world(_accumulating_rank, 2, strategy_name, str(tmp_path), norm / 2, timeout_s=120)
+    results = [pickle.loads((tmp_path / f"rank{rank}.pkl").read_bytes()) for rank in range(2)]
     for result in results:
         assert len(result["steps"]) == 1
         for name, grad in reference.items():
