@@ -95,23 +95,31 @@ def session_folder(tmp_path_factory, name: str) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
 
 
+def engine_forkserver():
+    """multiprocessing's forkserver context, its server (one per test worker, started on first use)
+    importing the engine first, as the server of a run's CPU ranks does (trainer_backend.worker.runner):
+    a process it starts (a rank, a DataLoader worker) is pickled to it as a spawned one is, but
+    imports nothing again (a fresh interpreter takes about 5 s of CPU for torch, timm and the
+    engine). Such a process has the server's environment, not the caller's (see ``run_world``)."""
+    import multiprocessing
+
+    from trainer_backend.worker.runner import RANK_PRELOAD
+
+    multiprocessing.set_forkserver_preload([RANK_PRELOAD])  # read when the server starts
+    return multiprocessing.get_context("forkserver")
+
+
 def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     """Run ``target(rank, store_port, *args)`` in ``nprocs`` processes that meet at a TCP store served
     here; every process is killed if they have not all finished in ``timeout_s``.
 
-    The processes start as a run's CPU ranks do (trainer_backend.worker.runner): forked from a server
-    that has imported the engine (one per test worker, started on first use), each with this
-    process's environment as it is now, instead of each importing torch and timm again (about 5 s
-    of CPU per process)."""
-    import multiprocessing
-
+    The processes start as a run's CPU ranks do: forked from the engine's server (``engine_forkserver``),
+    each given this process's environment as it is now, as a spawned one would have it."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    from trainer_backend.worker.runner import RANK_PRELOAD
-
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    multiprocessing.set_forkserver_preload([RANK_PRELOAD])
+    engine_forkserver()
     context = mp.start_processes(_in_environment, args=(dict(os.environ), target, store.port, *args), nprocs=nprocs,
                                  join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s

@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.support import engine_forkserver
 from trainer_backend.datasets.streaming import loader_output, place_decoding
 
 
@@ -128,7 +129,7 @@ def test_batches_normalised_in_worker_processes_reach_the_training_process_whole
     data = prepare_data(str(tmp_path / "jpegs"), image_size=32, decode="workers")
     placed, _ = place_decoding(data, torch.device("cpu"), workers=2)
     loader = DataLoader(placed.train, batch_size=4, num_workers=2, collate_fn=collate_batch,
-                        multiprocessing_context="spawn", timeout=120)
+                        multiprocessing_context=engine_forkserver(), timeout=120)
     batches = [images for images, _ in loader]
     expected = data.train.normalise(data.train.__getitems__(list(range(len(data.train))))[0])
     assert torch.equal(torch.cat(batches), expected)

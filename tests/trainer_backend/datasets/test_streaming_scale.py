@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support import ROOT
+from tests.support import ROOT, engine_forkserver
 
 from trainer_backend.engine.augment import centre_crop, random_resized_crop
 from trainer_backend.contract.config import ConfigError, RunConfig
@@ -198,7 +198,7 @@ def test_decoding_in_the_loader_workers_gives_the_cached_pixels_and_caches_nothi
     assert torch.equal(streamed.val.__getitems__(picked)[0], cached.val.__getitems__(picked)[0])
     assert torch.allclose(streamed.train.mean, cached.train.mean, atol=0.05)
     loader = DataLoader(streamed.train, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_batch,
-                        multiprocessing_context="spawn")
+                        multiprocessing_context=engine_forkserver())
     batches = list(loader)
     assert sum(len(labels) for _, labels in batches) == len(streamed.train)
     assert batches[0][0].dtype == torch.uint8 and batches[0][0].shape[1:] == (3, 16, 16)
