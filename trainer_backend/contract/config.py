@@ -19,6 +19,7 @@ from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MO
                                              MAX_GRAD_CLIP, MAX_IMAGE_SIZE, MAX_TAG_LENGTH, MAX_TAGS, MIN_IMAGE_SIZE,
                                              OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
                                              Field)
+from trainer_backend.contract.devices import cpu_cores
 from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spoken
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
 
@@ -466,10 +467,6 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def threads_per_process(config: RunConfig) -> int:
