@@ -33,12 +33,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # suite is almost done.
 LONGEST_FILES = ("bench/test_run_all_smoke.py", "e2e/test_training.py", "e2e/test_browser.py",
                  "trainer_backend/control/test_lifecycle.py", "system/test_faults.py",
-                 "trainer_backend/worker/test_torchrun.py", "db/test_reserve_full_disks.py", "ui/test_serving.py",
-                 "system/test_wrong_process.py", "trainer_backend/engine/forecast/test_memory_estimate.py",
-                 "ui/test_auth_login.py", "trainer_backend/engine/strategies/test_pp_fsdp.py",
-                 "trainer_backend/control/test_cli_bad_input.py", "trainer_backend/telemetry/test_profiling.py",
-                 "trainer_backend/datasets/test_streaming_scale.py", "reports/test_sweep.py",
-                 "trainer_backend/engine/test_schedule_recipe.py")
+                 "trainer_backend/worker/test_torchrun.py", "db/test_reserve_full_disks.py",
+                 "trainer_backend/engine/forecast/test_memory_estimate.py", "system/test_wrong_process.py",
+                 "ui/test_serving.py", "trainer_backend/telemetry/test_profiling.py", "ui/test_auth_login.py",
+                 "trainer_backend/engine/strategies/test_pp_fsdp.py", "trainer_backend/control/test_cli_bad_input.py",
+                 "reports/test_sweep.py", "db/test_store.py", "trainer_backend/datasets/test_streaming_scale.py",
+                 "db/test_folders.py")
 TESTS = Path(__file__).resolve().parent
 
 
