@@ -48,8 +48,9 @@ TESTS = Path(__file__).resolve().parent
 # fails, naming the mark it lacks, so the tiers cannot drift.
 PROCESS_FIXTURES = {"cli", "shared_runs", "served", "postgres_server", "postgres_url"}
 # What a test (or a function or fixture of its module that it uses) names when it starts processes.
-PROCESS_NAMES = {"run_cli", "train_and_export", "run_world", "subprocess", "Popen", "spawn", "start_processes",
-                 "fork", "Process", "launch", "launch_sweep", "sync_playwright", "ThrowawayCluster", "AppTest"}
+PROCESS_NAMES = {"run_cli", "train_and_export", "run_world", "engine_forkserver", "subprocess", "Popen", "spawn",
+                 "start_processes", "fork", "Process", "launch", "launch_sweep", "sync_playwright", "ThrowawayCluster",
+                 "AppTest"}
 BROWSER_NAMES = {"sync_playwright"}
 
 

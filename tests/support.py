@@ -1,7 +1,7 @@
 """What the tests share that is not a fixture: the checkout's root, the CLI in a subprocess, a finished run's
 export and folder, the session's shared runs, a world of ranks and what its rank 0 wrote, and a
 checkpoint evaluated in one process. Imported as ``tests.support`` by test modules, by the fixtures in
-``conftest.py`` and by the ranks a test spawns (which import the test module that defines their target).
+``conftest.py`` and by the ranks a test starts (which import the test module that defines their target).
 """
 
 from __future__ import annotations
@@ -96,11 +96,14 @@ def session_folder(tmp_path_factory, name: str) -> Path:
 
 
 def engine_forkserver():
-    """multiprocessing's forkserver context, its server (one per test worker, started on first use)
-    importing the engine first, as the server of a run's CPU ranks does (trainer_backend.worker.runner):
+    """multiprocessing's forkserver context, its server importing the engine first, as a run's CPU
+    ranks get where their server cannot be forked from the runner (trainer_backend.worker.runner):
     a process it starts (a rank, a DataLoader worker) is pickled to it as a spawned one is, but
-    imports nothing again (a fresh interpreter takes about 5 s of CPU for torch, timm and the
-    engine). Such a process has the server's environment, not the caller's (see ``run_world``)."""
+    imports only what the engine lacks, such as the test's module (a fresh interpreter takes about
+    5 s of CPU for torch, timm and the engine). The server is one per test worker, started on first
+    use and shared with whatever else in the worker uses the forkserver. What it started with stays
+    its own and its children's: the environment (``run_world`` gives each rank the caller's
+    ``os.environ``, not what libraries read at import), umask, CPU affinity and limits."""
     import multiprocessing
 
     from trainer_backend.worker.runner import RANK_PRELOAD
@@ -114,7 +117,8 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     here; every process is killed if they have not all finished in ``timeout_s``.
 
     The processes start as a run's CPU ranks do: forked from the engine's server (``engine_forkserver``),
-    each given this process's environment as it is now, as a spawned one would have it."""
+    each with ``os.environ`` set to this process's as it is now, as a spawned one would have it. They
+    end as the engine's ranks end, without interpreter shutdown (see ``leave_as_a_rank``)."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 

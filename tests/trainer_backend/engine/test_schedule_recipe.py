@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.support import run_world, train_and_export
+from tests.support import leave_as_a_rank, run_world, train_and_export
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.loop import evaluate, train_one_epoch
 from trainer_backend.engine.schedule import attach_schedule
@@ -209,6 +209,7 @@ def _accumulating_rank(rank: int, port: int, strategy_name: str, out_dir: str, m
             pickle.dump({"steps": seen, "local_first": local_first}, handle)
     finally:
         strategy.teardown()
+    leave_as_a_rank()
 
 
 @pytest.mark.parametrize("strategy_name", ["ddp", "fsdp"])
