@@ -95,32 +95,18 @@ def session_folder(tmp_path_factory, name: str) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
 
 
-def engine_forkserver():
-    """multiprocessing's forkserver context, its server importing the engine first, as a run's CPU
-    ranks get where their server cannot be forked from the runner (trainer_backend.worker.runner):
-    a process it starts (a rank, a DataLoader worker) is pickled to it as a spawned one is, but
-    imports only what the engine lacks, such as the test's module (a fresh interpreter takes about
-    5 s of CPU for torch, timm and the engine). The server is one per test worker, started on first
-    use and shared with whatever else in the worker uses the forkserver. What it started with stays
-    its own and its children's: the environment (``run_world`` gives each rank the caller's
-    ``os.environ``, not what libraries read at import), umask, CPU affinity and limits."""
-    import multiprocessing
-
-    from trainer_backend.worker.runner import RANK_PRELOAD
-
-    multiprocessing.set_forkserver_preload([RANK_PRELOAD])  # read when the server starts
-    return multiprocessing.get_context("forkserver")
-
-
 def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     """Run ``target(rank, store_port, *args)`` in ``nprocs`` processes that meet at a TCP store served
     here; every process is killed if they have not all finished in ``timeout_s``.
 
-    The processes start as a run's CPU ranks do: forked from the engine's server (``engine_forkserver``),
-    each with ``os.environ`` set to this process's as it is now, as a spawned one would have it. They
-    end as the engine's ranks end, without interpreter shutdown (see ``leave_as_a_rank``)."""
+    The processes start as a run's CPU ranks do: forked from the engine's server (one per test worker,
+    ``runner.engine_forkserver``), each with ``os.environ`` set to this process's as it is now, as a
+    spawned one would have it (what libraries read at import is the server's). They end as the
+    engine's ranks end, without interpreter shutdown (see ``leave_as_a_rank``)."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
+
+    from trainer_backend.worker.runner import engine_forkserver
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     engine_forkserver()

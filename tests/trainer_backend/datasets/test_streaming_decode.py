@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.support import engine_forkserver
 from trainer_backend.datasets.streaming import loader_output, place_decoding
+from trainer_backend.worker.runner import engine_forkserver
 
 
 def make_jpeg_folder(root, count: int, size: int, seed: int = 0) -> None:

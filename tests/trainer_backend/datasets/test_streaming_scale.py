@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.support import ROOT, engine_forkserver
+from tests.support import ROOT
 
 from trainer_backend.engine.augment import centre_crop, random_resized_crop
 from trainer_backend.contract.config import ConfigError, RunConfig
@@ -184,6 +184,7 @@ def test_decoding_in_the_loader_workers_gives_the_cached_pixels_and_caches_nothi
 
     from trainer_backend.datasets import DatasetError, collate_batch, prepare_data
     from trainer_backend.datasets.streaming import StreamingImages
+    from trainer_backend.worker.runner import engine_forkserver
 
     folder = tmp_path / "folder"
     make_large_png_folder(folder, count=40, size=24)

@@ -58,9 +58,7 @@ def main(out: str, flags: list[str]) -> None:
     sys.stdout = open(sys.stdout.fileno(), "w", buffering=65536, encoding="utf-8", closefd=False)
     print("buffered before the fork;", end="")
     forked = runner._fork_rank_server(RunConfig(strategy="ddp", devices=("cpu", "cpu")))
-    context = mp.start_processes(rank, args=(out, database), nprocs=2, start_method="forkserver", join=False)
-    while not context.join(timeout=60):
-        pass
+    mp.start_processes(rank, args=(out, database), nprocs=2, start_method="forkserver")
     stop.set()
     server = forkserver._forkserver._forkserver_pid
     print("\n" + json.dumps({"forked": forked, "server": server, "server_cmdline": cmdline(server),
