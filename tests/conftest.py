@@ -215,7 +215,7 @@ def backend_db_url(request, parallax_home) -> str:
 
 @pytest.fixture
 def cli(parallax_home):
-    """``cli("run", "--epochs", "1")``: the CLI in a subprocess, on this test's PARALLAX_HOME."""
+    """``cli("run", "--epochs", "1")``: the CLI in a process of its own (``run_cli``), on this test's PARALLAX_HOME."""
     return lambda *args, **kwargs: run_cli(*args, home=parallax_home, **kwargs)
 
 

@@ -1,31 +1,101 @@
-"""What the tests share that is not a fixture: the checkout's root, the CLI in a subprocess, a finished run's
-export and folder, the session's shared runs, a world of ranks and what its rank 0 wrote, and a
+"""What the tests share that is not a fixture: the checkout's root, the CLI in a process of its own, a finished
+run's export and folder, the session's shared runs, a world of ranks and what its rank 0 wrote, and a
 checkpoint evaluated in one process. Imported as ``tests.support`` by test modules, by the fixtures in
 ``conftest.py`` and by the ranks a test starts (which import the test module that defines their target).
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import io
 import json
+import locale
 import os
+import runpy
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m trainer_backend`` as a real subprocess with its own PARALLAX_HOME."""
+def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run ``python -m trainer_backend *args`` as a process of its own, with its own PARALLAX_HOME, and return
+    what it printed and its exit status as ``subprocess.run`` does.
+
+    The process is forked from the engine's server (``runner.engine_forkserver``, one per test worker,
+    as ``run_world``'s are) and runs the package's ``__main__`` as ``python -m`` runs it, so that it does not
+    import torch, timm and the engine again (about 5 s of CPU each time). ``fresh=True``, or an ``env_extra``
+    naming a variable that the interpreter or a library reads as it starts (``READ_AT_START``), starts a new
+    interpreter instead."""
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
     env.update(env_extra or {})
-    return subprocess.run(
-        [sys.executable, "-m", "trainer_backend", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-    )
+    argv = [sys.executable, "-m", "trainer_backend", *args]
+    if fresh or any(name.startswith(READ_AT_START) for name in env_extra or {}):
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    from trainer_backend.worker.runner import engine_forkserver
+
+    with tempfile.TemporaryDirectory(prefix="parallax-cli-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        process = engine_forkserver().Process(target=_as_python_m, args=(list(args), env, str(out), str(err)),
+                                              name="parallax-cli")
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(argv, timeout, output=_printed(out), stderr=_printed(err))
+        return subprocess.CompletedProcess(argv, process.exitcode, _printed(out), _printed(err))
+
+
+# Variables read when the interpreter, torch or a library it loads starts: a forked process would keep the server's.
+READ_AT_START = ("PYTHON", "CUDA_", "OMP_", "MKL_", "KMP_", "TORCH", "NCCL_", "GLOO_", "LD_", "MALLOC_")
+
+
+def _printed(path: Path) -> str:
+    """What a ``run_cli`` process wrote to ``path``, read as ``subprocess.run(text=True)`` reads a pipe."""
+    return path.read_text(encoding=locale.getpreferredencoding(False)) if path.exists() else ""
+
+
+def _as_python_m(args: list[str], env: dict[str, str], stdout_path: str, stderr_path: str) -> None:
+    """A ``run_cli`` process: ``python -m trainer_backend *args`` in the checkout's root with ``env`` and its
+    output in two files, ended as an interpreter ends (other threads joined, atexit handlers run, output
+    flushed) with the status ``sys.exit`` gave, 1 after an uncaught exception."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    # As a fresh interpreter opens them (the server's own are those of one), unbuffered as PYTHONUNBUFFERED asks.
+    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=like.encoding,
+                                               errors=like.errors, write_through=True)
+                              for fd, like in ((1, sys.__stdout__), (2, sys.__stderr__)))
+    sys.argv = ["-m", *args]  # runpy puts the module's path in place of "-m", as python -m does
+    sys.path.insert(0, str(ROOT))  # python -m puts the working directory first
+    try:
+        runpy.run_module("trainer_backend", run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    threading._shutdown()  # what the interpreter does as it exits, in its order
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def train_and_export(home: Path, *flags: str) -> dict:
