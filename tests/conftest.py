@@ -31,14 +31,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # --no-loadscope-reorder) each file goes whole to the next worker with two tests or fewer left to run;
 # starting the long ones first keeps a worker from being handed a two-minute file when the rest of the
 # suite is almost done.
-LONGEST_FILES = ("bench/test_run_all_smoke.py", "e2e/test_training.py", "e2e/test_browser.py",
-                 "trainer_backend/control/test_lifecycle.py", "system/test_faults.py",
-                 "trainer_backend/worker/test_torchrun.py", "db/test_reserve_full_disks.py",
-                 "trainer_backend/engine/forecast/test_memory_estimate.py", "system/test_wrong_process.py",
-                 "ui/test_serving.py", "trainer_backend/telemetry/test_profiling.py", "ui/test_auth_login.py",
-                 "trainer_backend/engine/strategies/test_pp_fsdp.py", "trainer_backend/control/test_cli_bad_input.py",
-                 "reports/test_sweep.py", "db/test_store.py", "trainer_backend/datasets/test_streaming_scale.py",
-                 "db/test_folders.py")
+LONGEST_FILES = ("bench/test_run_all_smoke.py", "e2e/test_browser.py", "system/test_faults.py",
+                 "trainer_backend/control/test_lifecycle.py", "e2e/test_training.py",
+                 "trainer_backend/worker/test_torchrun.py", "ui/test_serving.py", "system/test_wrong_process.py",
+                 "ui/test_auth_login.py", "trainer_backend/engine/forecast/test_memory_estimate.py",
+                 "trainer_backend/control/test_cli_bad_input.py", "db/test_reserve_full_disks.py", "db/test_store.py",
+                 "db/test_folders.py", "reports/test_sweep.py", "trainer_backend/telemetry/test_profiling.py",
+                 "trainer_backend/engine/strategies/test_pp_fsdp.py", "e2e/test_browser_memory_estimate.py")
 TESTS = Path(__file__).resolve().parent
 
 
