@@ -24,6 +24,7 @@ from tests.support import SharedRuns, run_cli, session_folder
 # processes; threads that sleep made the training-heavy files 23 % faster (113 s -> 88 s on 2
 # cores). Set before torch is first imported here and inherited by every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+support.keep_session_environment()  # what the engine's server for run_cli and run_world starts with
 
 
 # The longest test files (paths under tests/), longest first: their wall time in a whole `make test`

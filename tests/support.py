@@ -9,16 +9,18 @@ from __future__ import annotations
 import atexit
 import fcntl
 import io
+import itertools
 import json
 import locale
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,76 +28,149 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None = None,
             fresh: bool = False) -> subprocess.CompletedProcess:
-    """Run ``python -m trainer_backend *args`` as a process of its own, with its own PARALLAX_HOME, and return
-    what it printed and its exit status as ``subprocess.run`` does.
-
-    The process is forked from the engine's server (``runner.engine_forkserver``, one per test worker,
-    as ``run_world``'s are) and runs the package's ``__main__`` as ``python -m`` runs it, so that it does not
-    import torch, timm and the engine again (about 5 s of CPU each time). ``fresh=True``, or an ``env_extra``
-    naming a variable that the interpreter or a library reads as it starts (``READ_AT_START``), starts a new
-    interpreter instead."""
+    """``python -m trainer_backend *args`` with its own PARALLAX_HOME (``run_python``), as
+    ``subprocess.run(capture_output=True, text=True)`` returns it."""
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.pop("PARALLAX_DB_URL", None)
     env.update(env_extra or {})
-    argv = [sys.executable, "-m", "trainer_backend", *args]
-    if fresh or any(name.startswith(READ_AT_START) for name in env_extra or {}):
-        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_python(["-m", "trainer_backend", *args], env=env, timeout=timeout, fresh=fresh)
+
+
+def run_python(argv: list[str], *, env: dict[str, str], timeout: float, fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python *argv`` (``-m module ...`` or ``-c code ...``) as a process of its own in the checkout's root
+    with ``env``, as ``subprocess.run(capture_output=True, text=True)`` returns it.
+
+    The process is forked from the engine's server (``runner.engine_forkserver``, one per test worker, as
+    ``run_world``'s are), made what a new interpreter would be (``_as_new_interpreter``), then runs ``argv``:
+    it does not import torch, timm and the engine again (about 5 s of CPU). Where ``env`` differs from the
+    server's in a variable that something may read as it loads (any but ``FORKABLE``), or with
+    ``fresh=True``, it executes a new interpreter in its place."""
     from trainer_backend.worker.runner import engine_forkserver
 
-    with tempfile.TemporaryDirectory(prefix="parallax-cli-") as folder:
+    command = [sys.executable, *argv]
+    context = engine_forkserver()
+    _start_server_as_the_session_began()
+    with tempfile.TemporaryDirectory(prefix="parallax-python-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        process = engine_forkserver().Process(target=_as_python_m, args=(list(args), env, str(out), str(err)),
-                                              name="parallax-cli")
+        process = context.Process(target=_forked_python, args=(argv, env, str(out), str(err), fresh),
+                                  name="parallax-python")
         process.start()
         process.join(timeout)
         if process.exitcode is None:
             process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(argv, timeout, output=_printed(out), stderr=_printed(err))
-        return subprocess.CompletedProcess(argv, process.exitcode, _printed(out), _printed(err))
+            process.join(10)
+            raise subprocess.TimeoutExpired(command, timeout, output=out.read_bytes(), stderr=err.read_bytes())
+        return subprocess.CompletedProcess(command, process.exitcode, _printed(out), _printed(err))
 
 
-# Variables read when the interpreter, torch or a library it loads starts: a forked process would keep the server's.
-READ_AT_START = ("PYTHON", "CUDA_", "OMP_", "MKL_", "KMP_", "TORCH", "NCCL_", "GLOO_", "LD_", "MALLOC_")
+# What a process may take from the test and still be a fork of the server, as read only when called: Parallax's
+# own variables, pytest's bookkeeping, the terminal's size (argparse's help), the folder where torch.compile
+# caches (torch sets it on first use), and PYTHONUNBUFFERED (the fork's output is unbuffered anyway).
+FORKABLE = ("PARALLAX_", "PYTEST_", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "PYTHONUNBUFFERED")
+_SESSION_ENVIRONMENT: dict[str, str] = {}
+
+
+def keep_session_environment() -> None:
+    """Remember the environment the engine's server is to start with (conftest, before any test runs)."""
+    _SESSION_ENVIRONMENT.update(os.environ)
+
+
+def _start_server_as_the_session_began() -> None:
+    """Start this worker's engine server, if it is not running, with the environment kept before the tests
+    (``keep_session_environment``), not one a test has changed for itself, which every later fork would
+    then differ from."""
+    from multiprocessing import forkserver
+
+    if forkserver._forkserver._forkserver_pid is not None or not _SESSION_ENVIRONMENT:
+        return
+    now = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(_SESSION_ENVIRONMENT)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(now)
 
 
 def _printed(path: Path) -> str:
-    """What a ``run_cli`` process wrote to ``path``, read as ``subprocess.run(text=True)`` reads a pipe."""
+    """What a ``run_python`` process wrote to ``path``, read as ``subprocess.run(text=True)`` reads a pipe."""
     return path.read_text(encoding=locale.getpreferredencoding(False)) if path.exists() else ""
 
 
-def _as_python_m(args: list[str], env: dict[str, str], stdout_path: str, stderr_path: str) -> None:
-    """A ``run_cli`` process: ``python -m trainer_backend *args`` in the checkout's root with ``env`` and its
-    output in two files, ended as an interpreter ends (other threads joined, atexit handlers run, output
-    flushed) with the status ``sys.exit`` gave, 1 after an uncaught exception."""
-    os.environ.clear()
-    os.environ.update(env)
+def _forked_python(argv: list[str], env: dict[str, str], stdout_path: str, stderr_path: str, fresh: bool) -> None:
+    """A ``run_python`` process: ``python *argv`` in the checkout's root with ``env`` and its output in two
+    files; it ends as an interpreter ends (other threads joined, atexit handlers run, output flushed), with
+    the status ``sys.exit`` gave, 1 after an uncaught exception, or SIGINT's after a KeyboardInterrupt."""
     os.chdir(ROOT)
     for fd, path in ((1, stdout_path), (2, stderr_path)):
         opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(opened, fd)
         os.close(opened)
-    # As a fresh interpreter opens them (the server's own are those of one), unbuffered as PYTHONUNBUFFERED asks.
-    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=like.encoding,
-                                               errors=like.errors, write_through=True)
-                              for fd, like in ((1, sys.__stdout__), (2, sys.__stderr__)))
-    sys.argv = ["-m", *args]  # runpy puts the module's path in place of "-m", as python -m does
-    sys.path.insert(0, str(ROOT))  # python -m puts the working directory first
+    differs = {name for name in env.keys() | os.environ.keys() if env.get(name) != os.environ.get(name)}
+    if fresh or not all(name.startswith(FORKABLE) for name in differs):  # os.environ: the server's own
+        os.execve(sys.executable, [sys.executable, *argv], env)
+    os.environ.clear()
+    os.environ.update(env)
+    _as_new_interpreter()
+    option, target, *args = argv
+    sys.argv = [option, *args]  # "-c" stays, as python -c has it; runpy puts the module's path in place of "-m"
+    sys.path.insert(0, str(ROOT) if option == "-m" else "")
     try:
-        runpy.run_module("trainer_backend", run_name="__main__", alter_sys=True)
+        if option == "-m":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            main = sys.modules["__main__"] = types.ModuleType("__main__")
+            exec(compile(target, "<string>", "exec"), main.__dict__)
         status = 0
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        status = -signal.SIGINT
     except BaseException:
-        traceback.print_exc()
+        sys.excepthook(*sys.exc_info())
         status = 1
     threading._shutdown()  # what the interpreter does as it exits, in its order
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    if status == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(status)
+
+
+def _as_new_interpreter() -> None:
+    """Undo what a fork of the server holds and a new interpreter would not: multiprocessing's view of it as
+    a child (a start method forced to forkserver, a parent process, a name, the server's resource tracker),
+    the server's standard streams (input becomes /dev/null on descriptor 0), and the native threads that the engine's import started there
+    (``rank_server`` counts threads from those at its import)."""
+    import multiprocessing.process
+    import multiprocessing.resource_tracker
+    from multiprocessing import context
+
+    from trainer_backend.worker import rank_server
+
+    context._default_context._actual_context = None
+    multiprocessing.process._parent_process = None
+    current = multiprocessing.process._current_process  # as the main process is, whose class is not kept
+    current._name, current._identity, current._parent_pid, current._parent_name = "MainProcess", (), None, None
+    multiprocessing.process._process_counter = itertools.count(1)
+    multiprocessing.process._children = set()
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    tracker._fd = tracker._pid = None
+    rank_server.THREADS_AT_IMPORT = rank_server._native_threads()
+    # As a new interpreter opens them, unbuffered as PYTHONUNBUFFERED asks.
+    sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=like.encoding,
+                                               errors=like.errors, write_through=True)
+                              for fd, like in ((1, sys.__stdout__), (2, sys.__stderr__)))
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+    null = os.open(os.devnull, os.O_RDONLY)  # multiprocessing gave the fork one, not on descriptor 0
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = sys.__stdin__ = open(0, encoding=sys.stdout.encoding, errors=sys.stdout.errors, closefd=False)
 
 
 def train_and_export(home: Path, *flags: str) -> dict:
@@ -180,6 +255,7 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
     engine_forkserver()
+    _start_server_as_the_session_began()
     context = mp.start_processes(_in_environment, args=(dict(os.environ), target, store.port, *args), nprocs=nprocs,
                                  join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s
