@@ -63,11 +63,12 @@ def run_python(argv: list[str], *, env: dict[str, str], timeout: float, fresh: b
         return subprocess.CompletedProcess(command, process.exitcode, _printed(out), _printed(err))
 
 
-# What a process may take from the test and still be a fork of the server, as read only when called: Parallax's
-# own variables, pytest's bookkeeping, the terminal's size (argparse's help), and what libraries loaded in a test
-# worker set there (torch.compile's cache folder and its own private ones; matplotlib's backend, as Streamlit sets it; scikit-learn's two for
-# Intel's OpenMP, which torch does not load; the CUDA device order, read as CUDA initialises, which the server has
-# not done); and PYTHONUNBUFFERED (the fork's output is unbuffered anyway).
+# What a process may take from the test and still be a fork of the server, as read only when called:
+# Parallax's own variables, pytest's bookkeeping, the terminal's size (argparse's help), and what libraries
+# loaded in a test worker set there (torch.compile's cache folder and its private ones; matplotlib's backend,
+# as Streamlit sets it; scikit-learn's two for Intel's OpenMP, which torch does not load; the CUDA device
+# order, read as CUDA initialises, which the server has not done); and PYTHONUNBUFFERED (the fork's output
+# is unbuffered anyway).
 FORKABLE = ("PARALLAX_", "PYTEST_", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_", "MPLBACKEND",
             "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
 _SESSION_ENVIRONMENT: dict[str, str] = {}
