@@ -45,11 +45,8 @@ def run_python(argv: list[str], *, env: dict[str, str], timeout: float, fresh: b
     it does not import torch, timm and the engine again (about 5 s of CPU). Where ``env`` differs from the
     server's in a variable that something may read as it loads (any but ``FORKABLE``), or with
     ``fresh=True``, it executes a new interpreter in its place."""
-    from trainer_backend.worker.runner import engine_forkserver
-
     command = [sys.executable, *argv]
-    context = engine_forkserver()
-    _start_server_as_the_session_began()
+    context = _engine_server()
     with tempfile.TemporaryDirectory(prefix="parallax-python-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         process = context.Process(target=_forked_python, args=(argv, env, str(out), str(err), fresh),
@@ -79,14 +76,17 @@ def keep_session_environment() -> None:
     _SESSION_ENVIRONMENT.update(os.environ)
 
 
-def _start_server_as_the_session_began() -> None:
-    """Start this worker's engine server, if it is not running, with the environment kept before the tests
-    (``keep_session_environment``), not one a test has changed for itself, which every later fork would
-    then differ from."""
+def _engine_server():
+    """The engine's forkserver context (``runner.engine_forkserver``), its server (one per test worker)
+    started if it is not running with the environment kept before the tests (``keep_session_environment``),
+    not one a test has changed for itself, which every later fork would then differ from."""
     from multiprocessing import forkserver
 
+    from trainer_backend.worker.runner import engine_forkserver
+
+    context = engine_forkserver()
     if forkserver._forkserver._forkserver_pid is not None or not _SESSION_ENVIRONMENT:
-        return
+        return context
     now = dict(os.environ)
     os.environ.clear()
     os.environ.update(_SESSION_ENVIRONMENT)
@@ -95,6 +95,7 @@ def _start_server_as_the_session_began() -> None:
     finally:
         os.environ.clear()
         os.environ.update(now)
+    return context
 
 
 def _printed(path: Path) -> str:
@@ -149,8 +150,8 @@ def _forked_python(argv: list[str], env: dict[str, str], stdout_path: str, stder
 def _as_new_interpreter() -> None:
     """Undo what a fork of the server holds and a new interpreter would not: multiprocessing's view of it as
     a child (a start method forced to forkserver, a parent process, a name, the server's resource tracker),
-    the server's standard streams (input becomes /dev/null on descriptor 0), and the native threads that the engine's import started there
-    (``rank_server`` counts threads from those at its import)."""
+    the server's standard streams (input becomes /dev/null on descriptor 0), and the native threads that the
+    engine's import started there (``rank_server`` counts threads from those at its import)."""
     import multiprocessing.process
     import multiprocessing.resource_tracker
     from multiprocessing import context
@@ -255,11 +256,8 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    from trainer_backend.worker.runner import engine_forkserver
-
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    engine_forkserver()
-    _start_server_as_the_session_began()
+    _engine_server()
     context = mp.start_processes(_in_environment, args=(dict(os.environ), target, store.port, *args), nprocs=nprocs,
                                  join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout_s
@@ -274,8 +272,8 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
 
 
 def _in_environment(rank: int, environment: dict[str, str], target, *args) -> None:
-    """A ``run_world`` process: the starting test's environment (the server's is that of its first
-    user), then the target."""
+    """A ``run_world`` process: the starting test's environment (the server's is the session's, as
+    ``_engine_server`` started it), then the target."""
     os.environ.clear()
     os.environ.update(environment)
     target(rank, *args)
