@@ -5,6 +5,7 @@ first attempt, or with CUDA's out-of-memory error — to check how a crash is re
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,11 @@ def parallax_out_of_memory(pretrained: bool = False, **kwargs) -> nn.Module:
 
 class FailsOnRank1InEpoch2Once(FailsOnRank1):
     """Under torchrun: rank 1 fails in its second epoch on the job's first attempt only, so a job
-    started with --max-restarts 1 fails once and then finishes."""
+    started with --max-restarts 1 fails once and then finishes. The first attempt's first epoch
+    lasts at least EPOCH1_S (its ranks wait at its start), so a sampler at a fraction of that has
+    sampled it several times however fast or loaded the machine is."""
+
+    EPOCH1_S = 1.0
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -59,6 +64,8 @@ class FailsOnRank1InEpoch2Once(FailsOnRank1):
     def train(self, mode: bool = True):
         if mode:
             self.epochs_started += 1  # the training loop switches to train mode once per epoch
+            if self.epochs_started == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+                time.sleep(self.EPOCH1_S)
         return super().train(mode)
 
     def forward(self, x):
