@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, run_cli
+from tests.support import run_cli
 from db.reserve import RESERVE_BYTES
 
 # Room left on the database's disk when the run starts, besides the run's reserve: a few dozen
@@ -62,9 +60,7 @@ def test_a_database_that_fills_mid_run_ends_it_with_the_reason_and_keeps_every_e
         created = run_cli("--db", url, "list", home=parallax_home, timeout=120)
         assert created.returncode == 0, created.stderr
         filler = fill(disk, RESERVE_BYTES + ROOM_BYTES)
-        env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1"}
-        result = subprocess.run([sys.executable, "-m", "trainer_backend", *run_args(url, *flags)], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=300)
+        result = run_cli(*run_args(url, *flags), home=parallax_home, timeout=300)
         assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
         assert result.stdout.strip().splitlines()[-1] == "run_id=1 status=failed"
         error_line = result.stderr.strip().splitlines()[-1]

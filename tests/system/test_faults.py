@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.support import ROOT, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
-from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
+from tests.trainer_backend.control.test_lifecycle import SLEEPER, SLEEPER_ENV, assert_group_gone, export, launch, wait_for
 
 # timm's tiny test ResNet on 16x16 digits: these tests are about faults, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16")
@@ -75,7 +75,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     dashboard = start_dashboard(parallax_home, port)
     try:
         wait_healthy(url, dashboard, parallax_home / f"streamlit-{port}.log")
-        run_id = launch(parallax_home, *MODEL, "--epochs", "24")
+        run_id = launch(parallax_home, *SLEEPER, "--epochs", "30", env_extra=SLEEPER_ENV)
         before = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
 
         os.killpg(dashboard.pid, signal.SIGKILL)  # the whole server, as a closed terminal would
@@ -95,7 +95,7 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     finally:
         os.killpg(dashboard.pid, signal.SIGKILL)
         dashboard.wait()
-    assert done["status"] == "completed" and epochs_of(done) == list(range(1, 25))
+    assert done["status"] == "completed" and epochs_of(done) == list(range(1, 31))
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
     at.session_state["run_id"] = run_id
@@ -103,14 +103,14 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
     assert not at.exception
     badge = next(m.value for m in at.markdown if "-badge[" in m.value)
     assert badge.rstrip("]").endswith("completed")
-    assert [p.text for p in at.get("progress")] == ["Epoch 24 of 24 done", "All steps done"]
+    assert [p.text for p in at.get("progress")] == ["Epoch 30 of 30 done", "All steps done"]
     assert len(at.get("plotly_chart")) >= 4  # loss, accuracy, throughput, epoch time
 
 
 def test_a_briefly_locked_database_delays_epochs_but_loses_none(parallax_home):
     # Each write waits 1 s inside SQLite, then retries with backoff for up to 5 s in all.
-    wait = {"PARALLAX_DB_LOCK_WAIT_S": "5"}
-    run_id = launch(parallax_home, *MODEL, "--epochs", "6", env_extra=wait)
+    wait = {"PARALLAX_DB_LOCK_WAIT_S": "5", **SLEEPER_ENV}
+    run_id = launch(parallax_home, *SLEEPER, "--epochs", "6", env_extra=wait)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     holder = hold_write_lock(parallax_home / "parallax.db", 3.5)
     held_from = len(export(parallax_home, run_id)["epochs"])
@@ -123,8 +123,8 @@ def test_a_briefly_locked_database_delays_epochs_but_loses_none(parallax_home):
 
 
 def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earlier_epochs(parallax_home):
-    wait = {"PARALLAX_DB_LOCK_WAIT_S": "1"}
-    run_id = launch(parallax_home, *MODEL, "--epochs", "200", env_extra=wait)
+    wait = {"PARALLAX_DB_LOCK_WAIT_S": "1", **SLEEPER_ENV}
+    run_id = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=wait)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     holder = hold_write_lock(parallax_home / "parallax.db", None)
     try:

@@ -26,7 +26,8 @@ from tests.nvml_machines import fake_nvml  # noqa: F401
 from sqlalchemy import update
 from tests.system.test_checked_input import own_session_processes
 from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
-from tests.trainer_backend.control.test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
+from tests.trainer_backend.control.test_lifecycle import (MODEL, SLEEPER, SLEEPER_ENV, assert_group_gone, export, launch,
+                                                          training_started, wait_for)
 from trainer_backend.contract.config import cpu_cores
 from trainer_backend.control.lifecycle import group_members
 
@@ -44,7 +45,7 @@ def steps_done(home, run_id) -> int:
 
 def test_cancelling_a_dead_run_whose_pid_another_runs_worker_took_leaves_that_run_training(parallax_home):
     engine = engine_of(parallax_home)
-    other = launch(parallax_home, *MODEL, "--image-size", "16", "--epochs", "200")
+    other = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=SLEEPER_ENV)
     worker = wait_for(parallax_home, other, training_started, what="training under way")["pid"]
     try:
         before = steps_done(parallax_home, other)  # read now: a reader marks a run with a reused pid lost
@@ -106,8 +107,8 @@ def test_a_resumed_torchrun_job_records_its_new_process_with_its_pid(parallax_ho
 
 
 def test_a_rank_stopped_by_sigstop_fails_the_run_as_the_collective_timeout(parallax_home):
-    timeout = {"PARALLAX_COLLECTIVE_TIMEOUT_S": "5"}
-    run_id = launch(parallax_home, *MODEL, "--image-size", "16", *DDP, "--epochs", "100", env_extra=timeout)
+    timeout = {"PARALLAX_COLLECTIVE_TIMEOUT_S": "5", **SLEEPER_ENV}
+    run_id = launch(parallax_home, *SLEEPER, *DDP, "--epochs", "100", env_extra=timeout)
     run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     rank1 = int((run_dir(parallax_home, run_id) / "rank1.pid").read_text())
     os.kill(rank1, signal.SIGSTOP)
@@ -164,7 +165,7 @@ def test_ddp_counts_each_ranks_loader_workers(parallax_home):
 
 
 def test_a_second_worker_that_loses_the_claim_leaves_the_run_to_the_winner(parallax_home):
-    blocker = launch(parallax_home, *MODEL, "--image-size", "16", "--epochs", "200")
+    blocker = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=SLEEPER_ENV)
     wait_for(parallax_home, blocker, training_started, what="the first run training")
     run_id = launch(parallax_home, *MODEL, "--image-size", "16", "--epochs", "1")
     assert export(parallax_home, run_id)["status"] == "queued"

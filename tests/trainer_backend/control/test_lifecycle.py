@@ -21,7 +21,11 @@ from trainer_backend.worker.liveness import can_start
 
 # timm's tiny test ResNet: these tests are about processes, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet")
-DDP_FLAGS = (*MODEL, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
+# A run that goes on while a test acts on it (cancels it, kills a rank): a model whose steps
+# sleep (tests.plugins.sleeping_model), so that waiting on it leaves the cores to other work.
+SLEEPER = ("--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16")
+SLEEPER_DDP = (*SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
+SLEEPER_ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model"}
 
 
 def export(home, run_id) -> dict:
@@ -68,7 +72,7 @@ def assert_group_gone(pgid, timeout_s=10.0):
 
 def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(parallax_home):
     start = time.monotonic()
-    run_id = launch(parallax_home, *DDP_FLAGS, "--epochs", "50")
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "50", env_extra=SLEEPER_ENV)
     assert time.monotonic() - start < 10, "launch must return within seconds"
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
     assert run["pid"] and run["heartbeat_at"] and run["progress"]["total_steps"] >= 1
@@ -90,7 +94,7 @@ def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(paralla
 def test_a_cancel_that_can_only_mark_the_run_still_stops_it(parallax_home):
     # What `cancel` does from another host sharing the database: it marks the run and cannot
     # signal it. The run's heartbeat (every 5 s) must see the mark and stop the process.
-    run_id = launch(parallax_home, *MODEL, "--epochs", "200")
+    run_id = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=SLEEPER_ENV)
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
     engine = make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
     assert state.finish(engine, run_id, "cancelled", error="cancelled by the user")
@@ -104,7 +108,7 @@ def test_a_cancel_that_can_only_mark_the_run_still_stops_it(parallax_home):
 
 
 def test_a_rank_killed_by_a_signal_fails_the_run_naming_rank_and_signal(parallax_home):
-    run_id = launch(parallax_home, *DDP_FLAGS, "--epochs", "50")
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "50", env_extra=SLEEPER_ENV)
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
     rank1 = int((run_dir(parallax_home, run_id) / "rank1.pid").read_text())
     os.kill(rank1, signal.SIGKILL)
@@ -115,7 +119,7 @@ def test_a_rank_killed_by_a_signal_fails_the_run_naming_rank_and_signal(parallax
 
 
 def test_killing_the_whole_group_makes_the_run_lost_on_the_next_read(parallax_home):
-    run_id = launch(parallax_home, *DDP_FLAGS, "--epochs", "50")
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "50", env_extra=SLEEPER_ENV)
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
     os.killpg(run["pid"], signal.SIGKILL)
     assert_group_gone(run["pid"])
@@ -139,8 +143,8 @@ def test_an_exception_in_rank_1_fails_the_run_with_its_traceback(parallax_home):
 
 
 def test_a_second_cpu_run_waits_queued_then_runs(parallax_home):
-    first = launch(parallax_home, *MODEL, "--epochs", "2")
-    second = launch(parallax_home, *MODEL, "--epochs", "1")
+    first = launch(parallax_home, *SLEEPER, "--epochs", "4", env_extra=SLEEPER_ENV)
+    second = launch(parallax_home, *SLEEPER, "--epochs", "1", env_extra=SLEEPER_ENV)
     wait_for(parallax_home, first, lambda r: r["status"] == "running", what="first running")
     assert export(parallax_home, second)["status"] == "queued"
     done = wait_for(parallax_home, second, lambda r: r["status"] not in ("queued", "running"), timeout_s=240, what="second done")
@@ -192,8 +196,8 @@ def test_queue_rule(runs, run_id, slots, expected):
 def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_home):
     """With two CPU slots, two DDP runs train side by side while a reader polls the database."""
     slots = {"PARALLAX_CPU_RUNS": "2"}
-    first = launch(parallax_home, *DDP_FLAGS, "--epochs", "2", env_extra=slots)
-    second = launch(parallax_home, *DDP_FLAGS, "--epochs", "2", env_extra=slots)
+    first = launch(parallax_home, *SLEEPER_DDP, "--epochs", "3", env_extra={**slots, **SLEEPER_ENV})
+    second = launch(parallax_home, *SLEEPER_DDP, "--epochs", "3", env_extra={**slots, **SLEEPER_ENV})
     seen_together, reads = False, 0
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -205,7 +209,7 @@ def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_hom
         time.sleep(0.2)
     assert [r["status"] for r in runs] == ["completed", "completed"], [r["error"] for r in runs]
     assert seen_together and reads > 10
-    assert all(len(r["epochs"]) == 2 for r in runs)
+    assert all(len(r["epochs"]) == 3 for r in runs)
     folders = [run_dir(parallax_home, run_id) for run_id in (first, second)]
     for folder, run_id in zip(folders, (first, second)):
         assert (folder / "best.pt").exists()
