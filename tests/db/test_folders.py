@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import db
-from tests.support import ROOT
+from tests.support import ROOT, run_cli
 from db import store
 from db.folders import database_key, run_folder
 from trainer_backend.contract.config import RunConfig
@@ -27,11 +27,15 @@ TIMEOUT_S = 120
 
 
 def launch_cli(*args: str, cwd: Path, home: Path) -> int:
-    """``python -m trainer_backend ... launch`` from ``cwd``; the run id it printed."""
-    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    env.pop("PARALLAX_DB_URL", None)
-    done = subprocess.run([sys.executable, "-m", "trainer_backend", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    """``python -m trainer_backend ... launch`` from ``cwd`` (from the checkout's root, forked as
+    ``run_cli`` forks it); the run id it printed."""
+    if cwd == ROOT:
+        done = run_cli(*args, home=home, timeout=TIMEOUT_S)
+    else:
+        env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        env.pop("PARALLAX_DB_URL", None)
+        done = subprocess.run([sys.executable, "-m", "trainer_backend", *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     return int(done.stdout.split()[0].split("=")[1])
 

@@ -340,8 +340,9 @@ def test_profiles_keep_a_large_trace_byte_for_byte(engine):
 WRITER_EPOCHS = 30
 
 
-def _write_epochs(url: str, run_ids: list[int]) -> None:
+def _write_epochs(url: str, run_ids: list[int], started) -> None:
     engine = db.make_engine(url)
+    started.set()
     for epoch in range(1, WRITER_EPOCHS + 1):
         for run_id in run_ids:
             db.log_epoch(engine, run_id, epoch_metrics(epoch))
@@ -352,8 +353,11 @@ def test_reads_and_writes_while_another_process_writes(engine, db_url):
     own_run = db.create_run(engine, CONFIG)
     expected_rows = WRITER_EPOCHS * len(run_ids)  # 300
 
-    writer = multiprocessing.get_context("spawn").Process(target=_write_epochs, args=(db_url, run_ids))
+    spawn = multiprocessing.get_context("spawn")
+    started = spawn.Event()  # the reads start with the writes, not while the writer's interpreter loads
+    writer = spawn.Process(target=_write_epochs, args=(db_url, run_ids, started))
     writer.start()
+    assert started.wait(timeout=60), "the writer did not start"
     seen_counts: list[int] = []
     while writer.is_alive() or not seen_counts:
         # Any OperationalError ("database is locked") here fails the test.

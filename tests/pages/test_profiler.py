@@ -122,7 +122,8 @@ def test_run_page_shows_the_profile_section_of_a_profiled_run(engine, parallax_h
 
 
 def test_profiler_page_renders_a_real_profiled_run(cli, engine, parallax_home):
-    result = cli("run", "--dataset", "digits", "--model", "test_resnet", "--epochs", "1", "--profile", timeout=300)
+    result = cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--profile",
+                 timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
     assert profiles.profiled_runs(engine) == {run_id}

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support import run_cli, run_python
+from tests.support import SLEEPER_ENV, run_cli, run_python
 
 COMMANDS = {
     "a cancel of a run that is not there": ("cancel", "7"),
@@ -32,10 +32,10 @@ def test_the_cli_forked_prints_and_exits_as_a_new_interpreter(args, tmp_path):
 
 
 def test_a_run_through_the_forked_cli_trains_as_through_a_new_interpreter(tmp_path):
-    tiny = ("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "1",
+    tiny = ("run", "--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16", "--epochs", "1",
             "--strategy", "ddp", "--devices", "cpu,cpu", "--num-workers", "1")
-    forked = run_cli(*tiny, home=tmp_path / "a", timeout=300)
-    fresh = run_cli(*tiny, home=tmp_path / "b", timeout=300, fresh=True)
+    forked = run_cli(*tiny, home=tmp_path / "a", timeout=300, env_extra=SLEEPER_ENV)
+    fresh = run_cli(*tiny, home=tmp_path / "b", timeout=300, env_extra=SLEEPER_ENV, fresh=True)
     for done in (forked, fresh):
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "run_id=1 status=completed"
@@ -77,6 +77,6 @@ def test_a_forked_process_past_its_timeout_is_ended_as_subprocess_run_ends_one(t
     run_cli("cancel", "1", home=tmp_path, timeout=60)  # the server is up: what is timed is the run alone
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        run_cli("run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "500",
-                home=tmp_path, timeout=3)
+        run_cli("run", "--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16", "--epochs",
+                "500", home=tmp_path, timeout=3, env_extra=SLEEPER_ENV)
     assert time.monotonic() - started < 15

@@ -17,12 +17,11 @@ import urllib.request
 
 from streamlit.testing.v1 import AppTest
 
-from tests.support import ROOT, run_dir
+from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
-from tests.trainer_backend.control.test_lifecycle import SLEEPER, SLEEPER_ENV, assert_group_gone, export, launch, wait_for
+from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 
-# timm's tiny test ResNet on 16x16 digits: these tests are about faults, not learning.
-MODEL = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16")
+# The runs train tests.plugins.sleeping_model (SLEEPER): these tests are about faults, not learning.
 DDP = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 
 
@@ -158,7 +157,7 @@ def test_a_full_log_disk_keeps_training_and_notes_the_log_is_incomplete(parallax
     folder = run_dir(parallax_home, 1)
     folder.mkdir(parents=True)
     (folder / "run.log").symlink_to("/dev/full")
-    run_id = launch(parallax_home, *MODEL, *DDP, "--epochs", "2")
+    run_id = launch(parallax_home, *SLEEPER, *DDP, "--epochs", "2", env_extra=SLEEPER_ENV)
     assert run_id == 1
 
     run = wait_for(parallax_home, run_id, ended, timeout_s=120, what="the end")

@@ -17,7 +17,7 @@ import sys
 import time
 
 import db
-from tests.support import ROOT, run_cli, run_dir
+from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_cli, run_dir
 from db import lifecycle as state
 from db import store
 from db.engine import session_scope
@@ -26,8 +26,7 @@ from tests.nvml_machines import fake_nvml  # noqa: F401
 from sqlalchemy import update
 from tests.system.test_checked_input import own_session_processes
 from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
-from tests.trainer_backend.control.test_lifecycle import (MODEL, SLEEPER, SLEEPER_ENV, assert_group_gone, export, launch,
-                                                          training_started, wait_for)
+from tests.trainer_backend.control.test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
 from trainer_backend.contract.config import cpu_cores
 from trainer_backend.control.lifecycle import group_members
 

@@ -2,7 +2,7 @@
 checkpoints streamed from disk, and the same command for tests, benchmarks and users.
 
 One real ``streamlit run app.py`` (started as ``make run`` starts it, with a password and a secrets
-file) and chromium for the module; a finished run holds a 512 MB (sparse) checkpoint.
+file) and chromium for the module; a finished run holds a 256 MB (sparse) checkpoint.
 
     .venv/bin/python -m pytest tests/ui/test_serving.py -q
 """
@@ -31,7 +31,7 @@ PASSWORD = "correct horse"
 PASSWORD_HASH = auth.hash_password(PASSWORD)
 COOKIE_SECRET = "a" * 64
 LOGIN_DAYS = 2
-CHECKPOINT_BYTES = 512 * 2**20
+CHECKPOINT_BYTES = 256 * 2**20
 UI_MS = 60_000
 
 
@@ -215,7 +215,7 @@ def test_the_checkpoint_is_streamed_from_disk(served):
     page.goto(f"{server.url}/run?run={run_id}")
     link = page.get_by_role("link", name=re.compile("Download the best checkpoint"))
     expect(link).to_be_visible(timeout=UI_MS)
-    expect(link).to_contain_text("512.0 MB")
+    expect(link).to_contain_text("256.0 MB")
     href = link.get_attribute("href")
     context.close()
     url = f"{server.url}{href}" if href.startswith("/") else href
@@ -233,7 +233,7 @@ def test_the_checkpoint_is_streamed_from_disk(served):
             received += len(chunk)
             peak_mb = max(peak_mb, process.memory_info().rss / 2**20)
     assert received == CHECKPOINT_BYTES
-    assert peak_mb - before_mb < 64, (before_mb, peak_mb)  # read whole, it would grow by 512 MB
+    assert peak_mb - before_mb < 64, (before_mb, peak_mb)  # read whole, it would grow by 256 MB
 
     other_run = re.sub(r"/download/\d+/", f"/download/{run_id + 1}/", url)
     for bad in (url.replace("sig=", "sig=0"), url[:-1] + ("0" if url[-1] != "0" else "1"), other_run,

@@ -6,8 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, find, spec
 from trainer_backend.engine.strategies import DistributedStrategy, Strategy
 from trainer_backend.engine.strategies.registry import strategy_class
 
-from tests.support import ROOT
+from tests.support import ROOT, run_python
 
 PRODUCT = ("app.py", "pages", "ui", "db", "reports", "trainer_backend")
 # Where strategy names may be tested: the strategies themselves and their specs.
@@ -105,7 +104,7 @@ def test_the_pipeline_module_is_imported_only_for_a_pipeline():
             "[strategy_class(n) for n in ('single', 'dp', 'ddp', 'mp', 'fsdp')]\n"
             "print('torch.distributed.pipelining' in sys.modules)\nstrategy_class('pp')\n"
             "print('torch.distributed.pipelining' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_python(["-c", code], env=dict(os.environ), timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["False", "True"], done.stdout + done.stderr
 
 

@@ -246,7 +246,7 @@ def run_with_a_small_disk(home: Path, *flags: str) -> subprocess.CompletedProces
     command = [sys.executable, "-m", "trainer_backend", "run", *flags]
     try:
         with mounted_tmpfs(home / "runs", "size=48k"):
-            return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            return run_cli("run", *flags, home=home, timeout=300)
     except PermissionError:
         def limit_file_size():
             resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support import ROOT, run_cli, run_dir
+from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
 from db import lifecycle as state
 from db import make_engine, store
 from trainer_backend.control.lifecycle import group_members
@@ -21,11 +21,6 @@ from trainer_backend.worker.liveness import can_start
 
 # timm's tiny test ResNet: these tests are about processes, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet")
-# A run that goes on while a test acts on it (cancels it, kills a rank): a model whose steps
-# sleep (tests.plugins.sleeping_model), so that waiting on it leaves the cores to other work.
-SLEEPER = ("--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16")
-SLEEPER_DDP = (*SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
-SLEEPER_ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model"}
 
 
 def export(home, run_id) -> dict:
@@ -159,15 +154,17 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     launcher = subprocess.Popen(
         [sys.executable, "-c",
          "import time; from trainer_backend.contract.config import RunConfig; from trainer_backend.control.lifecycle import launch;"
-         "print(launch(RunConfig(model='test_resnet', epochs=2)), flush=True); time.sleep(600)"],
-        cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(parallax_home)}, stdout=subprocess.PIPE, text=True,
+         "print(launch(RunConfig(model='parallax_sleeps_each_step', image_size=16, epochs=4)), flush=True);"
+         "time.sleep(600)"],
+        cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(parallax_home), **SLEEPER_ENV}, stdout=subprocess.PIPE,
+        text=True,
     )
     run_id = int(launcher.stdout.readline())
     wait_for(parallax_home, run_id, lambda r: r["status"] == "running", what="running")
     launcher.kill()
     launcher.wait()
     run = wait_for(parallax_home, run_id, lambda r: r["status"] != "running", timeout_s=180, what="the end")
-    assert run["status"] == "completed" and len(run["epochs"]) == 2
+    assert run["status"] == "completed" and len(run["epochs"]) == 4
 
 
 def active(run_id, status, devices, host=None):
@@ -234,11 +231,13 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
 TWO_RUNS_IN_ONE_PROCESS = r"""
 import os, sys
 from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.worker.runner import execute_run
+load_plugins()  # PARALLAX_PLUGINS: the sleeping model
 for home in sys.argv[1:]:
     os.environ["PARALLAX_HOME"] = home
-    config = RunConfig(dataset="digits", model="test_resnet", image_size=16, strategy="ddp", devices=("cpu", "cpu"),
-                       epochs=1, batch_size=64)
+    config = RunConfig(dataset="digits", model="parallax_sleeps_each_step", image_size=16, strategy="ddp",
+                       devices=("cpu", "cpu"), epochs=1, batch_size=64)
     print(execute_run(config, echo=False)[1], flush=True)
 """
 
@@ -248,7 +247,7 @@ def test_a_second_run_in_one_process_gives_its_ranks_its_own_environment(tmp_pat
     # ranks must still write under the second run's PARALLAX_HOME.
     homes = [tmp_path / "first", tmp_path / "second"]
     process = subprocess.Popen([sys.executable, "-c", TWO_RUNS_IN_ONE_PROCESS, *map(str, homes)], cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), **SLEEPER_ENV}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = process.communicate(timeout=240)

@@ -5,12 +5,11 @@ one in C++, where no signal reaches it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
-from tests.support import ROOT, run_cli
+from tests.support import run_cli, run_python
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--batch-size", "64", "--epochs", "1")
 
@@ -32,6 +31,6 @@ def test_a_rank_without_a_store_fails_at_once():
     code = ("from trainer_backend.contract.config import RunConfig\n"
             "from trainer_backend.engine.strategies import DistributedStrategy\n"
             "DistributedStrategy(RunConfig(strategy='ddp', devices='cpu,cpu'), 1).setup()\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = run_python(["-c", code], env=dict(os.environ), timeout=120)
     assert result.returncode != 0
     assert "rank 1 of 2 was started without the run's rendezvous store" in result.stderr
