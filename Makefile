@@ -9,8 +9,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,
-# which overlap; a test file stays on one worker, so its module fixtures are built once.
-TEST_WORKERS ?= 2
+# and on runs that sleep while a test acts on them, which overlap; three keep 2 cores busy (README, Tests).
+# A test file stays on one worker, so its module fixtures are built once.
+TEST_WORKERS ?= 3
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 

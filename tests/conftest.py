@@ -139,7 +139,7 @@ def pytest_runtest_protocol(item, nextitem):
 def shared_data_dir(tmp_path_factory) -> Path:
     """One dataset folder for every test's home and every process a test starts: digits is decoded
     and split once per suite instead of once per home (each decode imports scikit-learn, about 2 s
-    of CPU per run). Both workers of ``make test`` share it; the cache writes under a lock."""
+    of CPU per run). Every worker of ``make test`` shares it; the cache writes under a lock."""
     folder = session_folder(tmp_path_factory, "shared-data")
     os.environ["PARALLAX_DATA_DIR"] = str(folder)
     return folder

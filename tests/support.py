@@ -214,9 +214,9 @@ SHARED_RUNS: dict[str, tuple[str, ...]] = {
 
 class SharedRuns:
     """``shared_runs["ddp_tiny"]``: the run's export (as ``train_and_export``), trained on first use
-    into one PARALLAX_HOME (``.home``) for the whole session. Both workers of ``make test`` share the
+    into one PARALLAX_HOME (``.home``) for the whole session. The workers of ``make test`` share the
     home: the first to ask trains the run under a lock and leaves its export beside the home, and the
-    other reads that. Tests must not change these runs, and must not assume that ``.home`` holds no
+    others read that. Tests must not change these runs, and must not assume that ``.home`` holds no
     other runs."""
 
     def __init__(self, home: Path):
@@ -245,7 +245,7 @@ class SharedRuns:
 
 
 def session_folder(tmp_path_factory, name: str) -> Path:
-    """A folder of this test session that both workers of ``make test`` see (their temporary
+    """A folder of this test session that every worker of ``make test`` sees (their temporary
     folders share a parent); the session's own temporary folder without workers."""
     base = tmp_path_factory.getbasetemp()
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name

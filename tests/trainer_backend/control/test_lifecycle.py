@@ -66,6 +66,7 @@ def assert_group_gone(pgid, timeout_s=10.0):
 
 
 def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(parallax_home):
+    run_cli("list", home=parallax_home, timeout=60)  # the CLI's server is up: what is timed is the launch alone
     start = time.monotonic()
     run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "50", env_extra=SLEEPER_ENV)
     assert time.monotonic() - start < 10, "launch must return within seconds"
