@@ -19,7 +19,7 @@ import pytest
 from tests import pg_server, support
 from tests.support import SharedRuns, run_cli, session_folder
 
-# Two test workers share the cores, and each starts training processes that size their threads to
+# The test workers share the cores, and each starts training processes that size their threads to
 # the cores. libgomp's threads spin while they wait, taking the cores from the other worker's
 # processes; threads that sleep made the training-heavy files 23 % faster (113 s -> 88 s on 2
 # cores). Set before torch is first imported here and inherited by every process a test starts.

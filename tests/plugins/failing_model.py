@@ -1,6 +1,7 @@
 """Test plugin (PARALLAX_PLUGINS=tests.plugins.failing_model): timm-registered models that fail
 on purpose — inside DDP rank 1 on its second step, in rank 1's second epoch of a torchrun job's
-first attempt, or with CUDA's out-of-memory error — to check how a crash is recorded."""
+first attempt (whose first epoch it holds a second), or with CUDA's out-of-memory error — to check
+how a crash is recorded."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Test plugin (PARALLAX_PLUGINS=tests.plugins.sleeping_model): a timm-registered model that
-spends each training step asleep, for tests that need a run to go on while they act on it
-(cancel it, kill a rank or the dashboard, lock or fill the database). Its epochs pass at a
-steady pace, about STEP_S per step, whatever else loads the machine, and cost next to no CPU:
-a real model would burn a core for as long as the test waits."""
+spends each training step asleep, for tests that need a run to go on while they act on it (cancel
+it, kill a rank or the dashboard, lock the database, fill the log's disk), or only need a run to
+exist. Its epochs pass at a steady pace, about STEP_S per step, whatever else loads the machine,
+and cost next to no CPU: a real model would burn a core for as long as the test waits."""
 
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
 from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 
-# The runs train tests.plugins.sleeping_model (SLEEPER): these tests are about faults, not learning.
+# The runs train tests.plugins.sleeping_model (SLEEPER; the hang test its own hanging model): these
+# tests are about faults, not learning.
 DDP = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 
 
@@ -109,16 +110,17 @@ def test_the_dashboard_killed_and_restarted_mid_run_shows_the_run_with_every_epo
 def test_a_briefly_locked_database_delays_epochs_but_loses_none(parallax_home):
     # Each write waits 1 s inside SQLite, then retries with backoff for up to 5 s in all.
     wait = {"PARALLAX_DB_LOCK_WAIT_S": "5", **SLEEPER_ENV}
-    run_id = launch(parallax_home, *SLEEPER, "--epochs", "6", env_extra=wait)
+    run_id = launch(parallax_home, *SLEEPER, "--epochs", "12", env_extra=wait)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     holder = hold_write_lock(parallax_home / "parallax.db", 3.5)
     held_from = len(export(parallax_home, run_id)["epochs"])
+    assert held_from < 12, "the run ended before the lock was taken"
     holder.wait()
     assert len(export(parallax_home, run_id)["epochs"]) <= held_from + 1, "nothing can be written while locked"
 
     done = wait_for(parallax_home, run_id, ended, timeout_s=120, what="the end")
     assert done["status"] == "completed", done["error"]
-    assert epochs_of(done) == list(range(1, 7)) == logged_epochs(parallax_home, run_id)
+    assert epochs_of(done) == list(range(1, 13)) == logged_epochs(parallax_home, run_id)
 
 
 def test_a_lock_held_past_the_wait_fails_the_run_with_the_reason_and_keeps_earlier_epochs(parallax_home):

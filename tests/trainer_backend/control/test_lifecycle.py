@@ -19,7 +19,7 @@ from db import make_engine, store
 from trainer_backend.control.lifecycle import group_members
 from trainer_backend.worker.liveness import can_start
 
-# timm's tiny test ResNet: these tests are about processes, not learning.
+# timm's tiny test ResNet, for the runs other files start: these tests are about processes, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet")
 
 
@@ -155,7 +155,7 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     launcher = subprocess.Popen(
         [sys.executable, "-c",
          "import time; from trainer_backend.contract.config import RunConfig; from trainer_backend.control.lifecycle import launch;"
-         "print(launch(RunConfig(model='parallax_sleeps_each_step', image_size=16, epochs=4)), flush=True);"
+         "print(launch(RunConfig(model='parallax_sleeps_each_step', image_size=16, epochs=10)), flush=True);"
          "time.sleep(600)"],
         cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(parallax_home), **SLEEPER_ENV}, stdout=subprocess.PIPE,
         text=True,
@@ -164,8 +164,9 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     wait_for(parallax_home, run_id, lambda r: r["status"] == "running", what="running")
     launcher.kill()
     launcher.wait()
+    assert export(parallax_home, run_id)["status"] == "running"  # it outlived the launcher, not finished first
     run = wait_for(parallax_home, run_id, lambda r: r["status"] != "running", timeout_s=180, what="the end")
-    assert run["status"] == "completed" and len(run["epochs"]) == 4
+    assert run["status"] == "completed" and len(run["epochs"]) == 10
 
 
 def active(run_id, status, devices, host=None):
