@@ -408,10 +408,18 @@ def _post_from_page(route: str, headers: dict[str, str]) -> None:
 
 
 def _hand_cookie_to_browser() -> None:
+    """The script that trades the session's ticket for the cookie, on every run until the browser has
+    traded it: a run that goes on to another page at once (a bookmarked page, entered through app.py,
+    ui.state.enter_through_app) replaces its elements before the browser can run the script."""
     import streamlit as st
 
-    if ticket := st.session_state.pop(COOKIE_TICKET_KEY, None):
+    ticket = st.session_state.get(COOKIE_TICKET_KEY)
+    if ticket is None:
+        return
+    if login_cookie.BOOK.pending(ticket):
         _post_from_page("login", {"X-Parallax-Ticket": ticket})
+    else:  # traded (a second post is refused, and changes nothing), or stale
+        st.session_state.pop(COOKIE_TICKET_KEY, None)
 
 
 def _log_out(secrets: Mapping[str, Any] | None = None) -> None:

@@ -109,6 +109,12 @@ class LoginBook:
             self._tickets[ticket] = (now + TICKET_TTL_S, token, max_age_s)
         return ticket
 
+    def pending(self, ticket: Any) -> bool:
+        """Whether ``ticket`` still waits to be redeemed (issued, not used, not stale)."""
+        with self._lock:
+            entry = self._tickets.get(ticket) if isinstance(ticket, str) else None
+        return entry is not None and entry[0] > self._clock()
+
     def redeem(self, ticket: Any) -> tuple[str, float] | None:
         """(cookie value, max-age in s) for a ticket, once; None for an unknown, used or stale one."""
         if not isinstance(ticket, str):
