@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli
+from tests.support import SLEEPER, SLEEPER_ENV, run_cli
 from db.reserve import RESERVE_BYTES
 
 # Room left on the database's disk when the run starts, besides the run's reserve: a few dozen
@@ -48,8 +48,9 @@ def fill(folder: Path, leave_bytes: int) -> Path:
 
 
 def run_args(url: str, *flags: str) -> list[str]:
-    return ["--db", url, "run", "--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
-            "--epochs", "40", *flags]
+    """A run that goes on until the database's disk fills: its model sleeps through its steps
+    (SLEEPER), as the writes that fill the disk come with time and steps, not with compute."""
+    return ["--db", url, "run", *SLEEPER, "--epochs", "40", *flags]
 
 
 @pytest.mark.parametrize("flags", [(), ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")],
@@ -60,7 +61,7 @@ def test_a_database_that_fills_mid_run_ends_it_with_the_reason_and_keeps_every_e
         created = run_cli("--db", url, "list", home=parallax_home, timeout=120)
         assert created.returncode == 0, created.stderr
         filler = fill(disk, RESERVE_BYTES + ROOM_BYTES)
-        result = run_cli(*run_args(url, *flags), home=parallax_home, timeout=300)
+        result = run_cli(*run_args(url, *flags), home=parallax_home, timeout=300, env_extra=SLEEPER_ENV)
         assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
         assert result.stdout.strip().splitlines()[-1] == "run_id=1 status=failed"
         error_line = result.stderr.strip().splitlines()[-1]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import run_cli, run_python
 
-TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--batch-size", "64", "--epochs", "1")
+TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--batch-size", "256", "--epochs", "1")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
