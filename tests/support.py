@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SLEEPER = ("--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16")
 SLEEPER_DDP = (*SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 SLEEPER_ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model"}
+# What AppTest says when a test switches to a page behind the gate (ui.auth.stop_with_page): no page's
+# script is registered, only the gate, under every page's path.
+GATED = r"Could not find a navigation page for '[^']*pages/"
 
 
 def run_cli(*args: str, home: Path, timeout: float = 600, env_extra: dict | None = None,

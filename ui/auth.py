@@ -47,6 +47,7 @@ import secrets as random_tokens
 import sys
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ui import login_cookie
@@ -238,11 +239,19 @@ def configured_secrets() -> dict[str, Any]:
 
 
 def stop_with_page(render) -> None:
-    """Show ``render`` as the only page (no navigation to any other, whatever the URL asks) and stop."""
+    """Show ``render`` as the only page (no navigation to any other, whatever the URL asks) and stop.
+
+    It answers under each dashboard page's path too: a bookmarked page (``/runs``) shows it where it
+    was asked, not Streamlit's "Page not found" dialog over it, and is the page that opens once the
+    gate is passed."""
     import streamlit as st
 
-    page = st.Page(render, title="Parallax", icon=":material/lock:", url_path="parallax", default=True)
-    st.navigation([page], position="hidden").run()
+    from ui.state import ALL_PAGES
+
+    gate = st.Page(render, title="Parallax", icon=":material/lock:", url_path="parallax", default=True)
+    asked = [st.Page(render, title="Parallax", icon=":material/lock:", url_path=Path(page).stem)
+             for page in ALL_PAGES]
+    st.navigation([gate, *asked], position="hidden").run()
     st.stop()
 
 
