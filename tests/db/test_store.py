@@ -357,14 +357,19 @@ def test_reads_and_writes_while_another_process_writes(engine, db_url):
     started = spawn.Event()  # the reads start with the writes, not while the writer's interpreter loads
     writer = spawn.Process(target=_write_epochs, args=(db_url, run_ids, started))
     writer.start()
-    assert started.wait(timeout=60), "the writer did not start"
-    seen_counts: list[int] = []
-    while writer.is_alive() or not seen_counts:
-        # Any OperationalError ("database is locked") here fails the test.
-        seen_counts.append(len(db.read_epoch_metrics(engine, run_ids)))
-        db.list_runs(engine)
-        db.add_notes(engine, own_run, [f"read {len(seen_counts)}"])
-    writer.join(timeout=60)
+    try:
+        assert started.wait(timeout=60), "the writer did not start"
+        seen_counts: list[int] = []
+        while writer.is_alive() or not seen_counts:
+            # Any OperationalError ("database is locked") here fails the test.
+            seen_counts.append(len(db.read_epoch_metrics(engine, run_ids)))
+            db.list_runs(engine)
+            db.add_notes(engine, own_run, [f"read {len(seen_counts)}"])
+        writer.join(timeout=60)
+    finally:  # a writer that never started, or hangs, is not left behind
+        if writer.is_alive():
+            writer.kill()
+            writer.join()
 
     assert writer.exitcode == 0
     assert seen_counts == sorted(seen_counts), "a reader saw committed rows disappear"

@@ -17,7 +17,7 @@ import urllib.request
 
 from streamlit.testing.v1 import AppTest
 
-from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_dir
+from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
 from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 
@@ -159,7 +159,7 @@ def test_a_full_log_disk_keeps_training_and_notes_the_log_is_incomplete(parallax
     folder = run_dir(parallax_home, 1)
     folder.mkdir(parents=True)
     (folder / "run.log").symlink_to("/dev/full")
-    run_id = launch(parallax_home, *SLEEPER, *DDP, "--epochs", "2", env_extra=SLEEPER_ENV)
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "2", env_extra=SLEEPER_ENV)
     assert run_id == 1
 
     run = wait_for(parallax_home, run_id, ended, timeout_s=120, what="the end")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_cli
+from tests.support import ROOT, SLEEPER_DDP, SLEEPER_ENV, run_cli
 from tests.trainer_backend.control.test_lifecycle import MODEL, launch, wait_for
 
 
@@ -30,8 +30,7 @@ def modes(paths) -> dict[str, str]:
 
 def test_everything_a_launched_run_writes_is_its_owners_alone(parallax_home):
     parallax_home.chmod(0o755)  # a home made before (or by hand), readable by every account
-    run_id = launch(parallax_home, *SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64",
-                    "--epochs", "1", env_extra=SLEEPER_ENV)
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "1", env_extra=SLEEPER_ENV)
     run = wait_for(parallax_home, run_id, lambda r: r["status"] not in ("queued", "running"), what="the end")
     assert run["status"] == "completed", run["error"]
     written = everything_under(parallax_home)

@@ -17,7 +17,7 @@ import sys
 import time
 
 import db
-from tests.support import ROOT, SLEEPER, SLEEPER_ENV, run_cli, run_dir
+from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
 from db import lifecycle as state
 from db import store
 from db.engine import session_scope
@@ -107,7 +107,7 @@ def test_a_resumed_torchrun_job_records_its_new_process_with_its_pid(parallax_ho
 
 def test_a_rank_stopped_by_sigstop_fails_the_run_as_the_collective_timeout(parallax_home):
     timeout = {"PARALLAX_COLLECTIVE_TIMEOUT_S": "5", **SLEEPER_ENV}
-    run_id = launch(parallax_home, *SLEEPER, *DDP, "--epochs", "100", env_extra=timeout)
+    run_id = launch(parallax_home, *SLEEPER_DDP, "--epochs", "100", env_extra=timeout)
     run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     rank1 = int((run_dir(parallax_home, run_id) / "rank1.pid").read_text())
     os.kill(rank1, signal.SIGSTOP)

@@ -241,13 +241,14 @@ def run_with_a_small_disk(home: Path, *flags: str) -> subprocess.CompletedProces
     """``trainer_backend run`` with ``home/runs`` on a 48 KiB tmpfs (as root), else with a 1.25 MiB
     file size limit in the child (EFBIG), which the database and the digits cache stay under and
     test_resnet's 1.5 MB checkpoint does not."""
-    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    env.pop("PARALLAX_DB_URL", None)
-    command = [sys.executable, "-m", "trainer_backend", "run", *flags]
     try:
         with mounted_tmpfs(home / "runs", "size=48k"):
             return run_cli("run", *flags, home=home, timeout=300)
     except PermissionError:
+        env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        env.pop("PARALLAX_DB_URL", None)
+        command = [sys.executable, "-m", "trainer_backend", "run", *flags]
+
         def limit_file_size():
             resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
