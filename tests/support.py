@@ -25,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # A run that goes on while a test acts on it (cancels it, kills a rank or the dashboard, locks the
-# database), or that a test only needs to exist: a model whose steps sleep (tests.plugins.sleeping_model), so that waiting on it leaves
-# the cores to other work. Its flags, and the environment that loads the plugin.
+# database), or that a test only needs to exist: a model whose steps sleep (tests.plugins.sleeping_model),
+# so that waiting on it leaves the cores to other work. Its flags, and the environment that loads the plugin.
 SLEEPER = ("--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16")
 SLEEPER_DDP = (*SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 SLEEPER_ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model"}

@@ -13,14 +13,14 @@ import torch.distributed as dist
 from timm.models import register_model
 from torch import nn
 
+from tests.plugins.tiny_net import TinyNet
+
 FAILURE = "deliberate failure in rank 1 (test plugin)"
 
 
-class FailsOnRank1(nn.Module):
-    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(in_chans, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Linear(8, num_classes)
+class FailsOnRank1(TinyNet):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.steps = 0
 
     def forward(self, x):
@@ -28,7 +28,7 @@ class FailsOnRank1(nn.Module):
             self.steps += 1
             if dist.is_initialized() and dist.get_rank() == 1 and self.steps == 2:
                 raise RuntimeError(FAILURE)
-        return self.head(self.body(x))
+        return super().forward(x)
 
 
 @register_model
@@ -42,7 +42,7 @@ class RunsOutOfMemory(FailsOnRank1):
     def forward(self, x):
         if self.training:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (test plugin)")
-        return self.head(self.body(x))
+        return TinyNet.forward(self, x)  # not FailsOnRank1's, which fails on its own terms
 
 
 @register_model
@@ -73,7 +73,7 @@ class FailsOnRank1InEpoch2Once(FailsOnRank1):
         if (self.training and self.epochs_started == 2 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
                 and dist.is_initialized() and dist.get_rank() == 1):
             raise RuntimeError(FAILURE)
-        return self.head(self.body(x))
+        return TinyNet.forward(self, x)  # not FailsOnRank1's, which fails on its own terms
 
 
 @register_model

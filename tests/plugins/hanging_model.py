@@ -10,12 +10,12 @@ import torch.distributed as dist
 from timm.models import register_model
 from torch import nn
 
+from tests.plugins.tiny_net import TinyNet
 
-class HangsOnRank1(nn.Module):
-    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(in_chans, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Linear(8, num_classes)
+
+class HangsOnRank1(TinyNet):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.epochs_started = 0
 
     def train(self, mode: bool = True):
@@ -26,7 +26,7 @@ class HangsOnRank1(nn.Module):
         if self.training and self.epochs_started >= 2 and dist.is_initialized() and dist.get_rank() == 1:
             while True:
                 time.sleep(60)
-        return self.head(self.body(x))
+        return super().forward(x)
 
 
 @register_model

@@ -11,19 +11,16 @@ import time
 from timm.models import register_model
 from torch import nn
 
+from tests.plugins.tiny_net import TinyNet
+
 STEP_S = 0.05
 
 
-class SleepsEachStep(nn.Module):
-    def __init__(self, num_classes: int = 10, in_chans: int = 3, **_):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(in_chans, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.head = nn.Linear(8, num_classes)
-
+class SleepsEachStep(TinyNet):
     def forward(self, x):
         if self.training:
             time.sleep(STEP_S)
-        return self.head(self.body(x))
+        return super().forward(x)
 
 
 @register_model
