@@ -155,14 +155,16 @@ def auto_dtype() -> str:
 @one_gpu
 @pytest.mark.parametrize("amp", ["auto", "bf16", "fp16", "off"])
 def test_single_gpu_forward_runs_in_the_dtype_asked_for(parallax_home, amp):
-    # 64 px: larger activation gradients, so fp16's first steps overflow at the scaler's initial 2**16.
     run = train(parallax_home, "--strategy", "single", "--devices", "0", "--amp", amp, "--image-size", "64")
     extra = run["epochs"][0]["extra"]
     expected = {"auto": auto_dtype(), "bf16": "bfloat16", "fp16": "float16", "off": None}[amp]
     assert extra.get("forward_dtype") == expected
     if expected == "float16":
-        # GradScaler starts at 2**16 and halves on every step whose gradients overflow.
-        assert 0 < extra["grad_scale"] < 2.0**16
+        # GradScaler starts at 2**16, halves on every step whose gradients overflow and doubles only after
+        # 2,000 steps without one: within one epoch of the digits it is 2**16 or a power of two below it
+        # (an H100 at 64 px saw no overflow, so 2**16).
+        scale = extra["grad_scale"]
+        assert 0 < scale <= 2.0**16 and math.log2(scale).is_integer(), scale
     else:
         assert "grad_scale" not in extra
 
@@ -367,9 +369,14 @@ def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
     norms: list[float] = []
     optimizer.register_step_pre_hook(
         lambda *_: norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()))
-    train_one_epoch(model, [(images, labels)], optimizer, strategy, amp_dtype=torch.float16,
+    # The scaler skips each step whose scaled gradients overflow fp16 and halves its scale, as these inputs
+    # do at 2**16 (seen on an H100): the same batch again until steps are taken.
+    batches = 40
+    train_one_epoch(model, [(images, labels)] * batches, optimizer, strategy, amp_dtype=torch.float16,
                     scaler=make_grad_scaler(torch.float16))
-    assert norms == [pytest.approx(0.05, rel=1e-2)]
+    assert 0 < len(norms) < batches
+    assert norms[0] == pytest.approx(0.05, rel=1e-2)
+    assert max(norms) <= 0.05 * 1.01, norms
 
 
 # --- MFU, ranks, memory breakdown ---
@@ -659,13 +666,14 @@ def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subs
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
         pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")
     last = statuses[-1]
-    probe = ("import json, torch\nfrom trainer_backend import devices\n"
+    probe = ("import json, torch\nfrom trainer_backend.contract import devices\n"
              "print(json.dumps([[s.index, s.uuid] for s in devices.gpu_statuses()] + "
              "[str(torch.cuda.get_device_properties(0).uuid)]))")
     for visible in (last.uuid, str(last.index)):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
         done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=120)
+        assert done.returncode == 0, done.stderr
         *seen, torch_uuid = json.loads(done.stdout.strip().splitlines()[-1])
         assert seen == [[0, last.uuid]], (visible, seen)
         assert torch_uuid.lower().removeprefix("gpu-") == last.uuid.lower().removeprefix("gpu-")
@@ -710,7 +718,7 @@ def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, 
     peaks = run["epochs"][0]["peak_memory_mb"]
     assert set(estimate) == set(peaks)
     for device, parts in estimate.items():
-        assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks)
+        assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks, run["notes"])
 
 
 # --- JPEGs decoded on the GPU (decode workers) ---
@@ -744,6 +752,10 @@ def test_a_jpeg_folder_trains_decoded_on_the_gpu_as_the_cpu_decodes_it(parallax_
     # nvJPEG and libjpeg round their transforms and upsample chroma differently: a level or so on
     # average, more only along hard colour edges.
     levels = (on_gpu.cpu().float() - stored.float()).abs()
-    assert levels.mean() < 1.5 and levels.max() <= 48, (levels.mean(), levels.max())
+    quantiles = torch.quantile(levels.flatten(), torch.tensor([0.5, 0.9, 0.99, 0.999])).tolist()
+    spread = (levels.mean().item(), quantiles, levels.max().item())
+    # On an H100 the mean was 0.87 of a level and the largest difference 84 levels.
+    assert levels.mean() < 1.5 and (levels > 16).float().mean() < 0.02, spread
     images = placed.train.normalise(encoded.to("cuda:0"))
-    assert torch.allclose(images.cpu(), data.train.normalise(stored), atol=48 * float(data.train.stored_normalise.scale.max()))
+    # ... and the GPU normalises the pixels it decoded as the CPU normalises the same pixels.
+    assert torch.allclose(images.cpu(), data.train.normalise(on_gpu.cpu()), atol=1e-4)
