@@ -74,7 +74,7 @@ def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
         st.caption("Free memory could not be read here: the estimate is shown without a verdict.")
     st.dataframe(estimate_table(estimate), hide_index=True)
     st.caption("State: parameters, gradients and optimizer state; comm: DDP's buckets, FSDP's gathered units, "
-               "a pipeline's receive buffers.")
+               "a pipeline's receive buffers; data: the dataset, kept on the GPU where it takes at most a tenth of it.")
     if any(not fit.fits for fit in rows):
         gpus = tuple(f"cuda:{g.index}" for g in device_info.gpu_statuses()) if config.uses_cuda else ()
         steps = tuple(sorted((label, int(mb // FREE_MB_STEP)) for label, mb in free_mb.items()))
@@ -89,14 +89,14 @@ def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
 
 def estimate_table(estimate: dict) -> list[dict]:
     """The estimate's parts per device, in GB: the model's state (parameters, gradients,
-    optimizer), activations, communication buffers, and the total."""
+    optimizer), activations, communication buffers, the dataset kept there, and the total."""
     def gb(mb: float) -> float:
         return round(mb / 1024, 2)
 
     return [{"device": label,
              "state GB": gb(parts["parameters_mb"] + parts["gradients_mb"] + parts["optimizer_mb"]),
              "activations GB": gb(parts["activations_mb"]), "comm GB": gb(parts["comm_mb"]),
-             "total GB": gb(parts["total_mb"])}
+             "data GB": gb(parts.get("data_mb", 0.0)), "total GB": gb(parts["total_mb"])}
             for label, parts in estimate["devices"].items()]
 
 

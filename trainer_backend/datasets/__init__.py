@@ -22,11 +22,14 @@ _HOMES = {
     "BUILTIN_DATASETS": ".builtin",
     "DatasetError": ".errors",
     "DatasetInfo": ".prepare",
+    "DEVICE_DATA_SHARE": ".tensor_dataset",
     "ImageTensorDataset": ".tensor_dataset",
     "PreparedData": ".prepare",
     "collate_batch": ".tensor_dataset",
     "inspect_dataset": ".prepare",
+    "kept_on_device": ".tensor_dataset",
     "prepare_data": ".prepare",
+    "stored_split_bytes": ".prepare",
 }
 
 
@@ -38,11 +41,14 @@ def __getattr__(name: str):
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "DEVICE_DATA_SHARE",
     "DatasetError",
     "DatasetInfo",
     "ImageTensorDataset",
     "PreparedData",
     "collate_batch",
     "inspect_dataset",
+    "kept_on_device",
     "prepare_data",
+    "stored_split_bytes",
 ]

@@ -327,6 +327,18 @@ def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
     }
 
 
+def stored_split_bytes(dataset: str, image_size: int, bands=None, band_scale=None, val_from: str = "test") -> int:
+    """Bytes of the pixels ``prepare_data`` stores for the run's two splits, from a look at the
+    dataset (nothing decoded, nothing downloaded): what a CUDA run keeps on its GPU when they
+    fit (``kept_on_device``). A folder missing or unreadable raises ``DatasetError``."""
+    if dataset in BUILTIN_DATASETS and dataset != "eurosat":
+        spec = BUILTIN_SPECS[dataset]
+        count = spec.num_images + (spec.num_test if val_from == "test" and has_test_split(dataset) else 0)
+        return decoded_bytes(count, spec.bands, image_size, 1)  # built-ins take no bands
+    root = builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset)
+    return decoded_size(list_image_folder(root), image_size, bands, band_scale)
+
+
 def inspect_builtin(name: str) -> dict:
     spec, available = BUILTIN_SPECS[name], builtin_available(name)
     return {

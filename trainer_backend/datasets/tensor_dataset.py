@@ -17,6 +17,14 @@ from trainer_backend.datasets.base import DecodedPool
 
 # A constant channel (e.g. an all-zero band) has std 0; this floor keeps normalisation finite.
 MIN_STD = 1e-6
+# A dataset whose two splits' stored pixels take at most this share of a GPU's memory is kept on it whole
+# (trainer.keep_on_device), and the memory estimate counts it there.
+DEVICE_DATA_SHARE = 0.10
+
+
+def kept_on_device(stored_bytes: int, device_bytes: int) -> bool:
+    """Whether a CUDA run keeps ``stored_bytes`` of stored pixels on a GPU of ``device_bytes``."""
+    return stored_bytes <= DEVICE_DATA_SHARE * device_bytes
 
 
 class Normalisation:

@@ -33,7 +33,8 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.datasets import ImageTensorDataset, PreparedData, collate_batch, prepare_data
+from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
+                                     prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
@@ -75,10 +76,6 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
     )
 
 
-# A training split whose stored pixels take at most this share of a GPU's memory is kept on it whole.
-DEVICE_DATA_SHARE = 0.10
-
-
 def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int | None = None) -> PreparedData | None:
     """``data`` with both splits' rows copied onto ``device`` when the training split's stored
     pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
@@ -89,7 +86,7 @@ def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int |
         if device.type != "cuda":
             return None
         device_bytes = torch.cuda.get_device_properties(device).total_memory
-    if data.train.stored_bytes + data.val.stored_bytes > DEVICE_DATA_SHARE * device_bytes:
+    if not kept_on_device(data.train.stored_bytes + data.val.stored_bytes, device_bytes):
         return None
     return PreparedData(data.train.to_device(device), data.val.to_device(device), data.info)
 
@@ -410,8 +407,9 @@ def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
     if built.on_device:
         recorder.notes([device_data_note(data, built.strategy.input_device)])
     recorder.notes([built.decode_note])
+    resident = data.train.stored_bytes + data.val.stored_bytes if built.on_device else 0
     recorder.once_per_run(lambda: {**built.measures.once_per_run(), "effective_batch": config.effective_batch,
-                                   **stored_estimate(config, data.info.num_classes, data.info.in_chans)})
+                                   **stored_estimate(config, data.info.num_classes, data.info.in_chans, resident)})
 
 
 def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks) -> None:

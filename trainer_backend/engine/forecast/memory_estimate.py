@@ -16,7 +16,10 @@ one to one:
   the gradients of activations, the optimizer's temporaries, the input batch; autocast runs as in
   training, so bf16/fp16 activations are counted at their size. The model's buffers (BatchNorm
   statistics) are added here too, as the breakdown's "activations and other" holds them;
-- communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers.
+- communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
+- the dataset: a CUDA run keeps both splits' stored pixels on each process's first GPU where they
+  take at most a tenth of its memory (``kept_on_device``); the run passes the bytes it kept, an
+  estimate before launch counts them from a look at the dataset and NVML's total memory.
 
 Each strategy says how it places these (``memory_placement`` on each strategy class, see
 strategies.py and pipeline.py); this module provides the counts they place.
@@ -39,7 +42,7 @@ from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
 
 MB = 2**20
-PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb", "activations_mb", "comm_mb")
+PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb", "activations_mb", "comm_mb", "data_mb")
 # Bytes of each parameter's optimizer state per parameter byte (the step count comes on top).
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
 CPU_NOTE = ("On CPU the run measures parameters, gradients and optimizer state exactly; activations have no "
@@ -57,21 +60,22 @@ class DeviceMemory:
     optimizer: int = 0
     activations: int = 0
     comm: int = 0
+    data: int = 0  # the dataset kept on the device
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.comm
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.comm + self.data
 
     @property
     def total_mb(self) -> float:
         return self.total / MB
 
     def add(self, other: DeviceMemory) -> None:
-        for name in ("parameters", "gradients", "optimizer", "activations", "comm"):
+        for name in ("parameters", "gradients", "optimizer", "activations", "comm", "data"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def to_dict(self) -> dict[str, float]:
-        values = (self.parameters, self.gradients, self.optimizer, self.activations, self.comm)
+        values = (self.parameters, self.gradients, self.optimizer, self.activations, self.comm, self.data)
         return {**{part: round(v / MB, 3) for part, v in zip(PARTS, values)}, "total_mb": round(self.total_mb, 3)}
 
 
@@ -263,8 +267,11 @@ def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | Non
     return dtype, note
 
 
-def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int) -> MemoryEstimate:
-    """Peak memory per device of ``config``'s training step, without a GPU and without weights."""
+def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
+                    resident_bytes: int | None = None) -> MemoryEstimate:
+    """Peak memory per device of ``config``'s training step, without a GPU and without weights.
+    ``resident_bytes``: the dataset's bytes the run keeps on each process's first GPU, where the
+    run knows them; None looks (``resident_data``)."""
     from trainer_backend.engine.strategies.registry import strategy_class
 
     amp_dtype, note = estimate_amp_dtype(config)
@@ -276,9 +283,50 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int) -> Me
             merged[device.label].add(device)
         else:
             merged[device.label] = device
-    notes = ([note] if note else []) + plan.notes + ([] if config.uses_cuda else [CPU_NOTE])
+    data_note = None
+    if resident_bytes is None:
+        resident_bytes, data_note = resident_data(config)
+    if resident_bytes:
+        # Each process keeps the dataset on its first device: every rank's where one process runs per device.
+        labels = plan.labels()
+        for label in labels if spec(config.strategy).distributed else labels[:1]:
+            merged[label].data = resident_bytes
+    notes = ([note] if note else []) + plan.notes + ([data_note] if data_note else []) + \
+        ([] if config.uses_cuda else [CPU_NOTE])
     return MemoryEstimate(config.strategy, list(merged.values()),
                           None if amp_dtype is None else str(amp_dtype).removeprefix("torch."), notes)
+
+
+def resident_data(config: RunConfig) -> tuple[int, str | None]:
+    """(bytes of the dataset a CUDA run would keep on its first GPU, a note where that cannot be
+    told here): both splits' stored pixels where they take at most DEVICE_DATA_SHARE of the GPU's
+    total memory (NVML's), as ``trainer.keep_on_device`` decides; 0 for CPU runs and for files
+    decoded by the loader workers."""
+    if not config.uses_cuda or config.decode == "workers":
+        return 0, None
+    from trainer_backend.contract.devices import gpu_statuses
+    from trainer_backend.datasets import DEVICE_DATA_SHARE, kept_on_device
+
+    try:
+        stored = _stored_split_bytes(config.dataset, config.image_size, config.bands, config.band_scale,
+                                     config.val_from)
+    except (OSError, ValueError) as exc:  # DatasetError is a ValueError
+        return 0, f"The dataset is not counted: its size could not be read ({exc})."[:400]
+    first = config.devices[0]  # the device the (first) process takes its input on
+    totals = {f"cuda:{g.index}": g.memory_total_mb * MB for g in gpu_statuses()}
+    if first not in totals:
+        return 0, (f"The dataset's {stored / MB:,.0f} MB are not counted: this machine cannot read {first}'s "
+                   f"memory, and a run keeps them on the GPU where they take at most {DEVICE_DATA_SHARE:.0%} of it.")
+    return (stored if kept_on_device(stored, int(totals[first])) else 0), None
+
+
+@functools.lru_cache(maxsize=16)
+def _stored_split_bytes(dataset: str, image_size: int, bands, band_scale, val_from: str) -> int:
+    """``stored_split_bytes``, looked up once per dataset and size: a batch search estimates the
+    same config many times."""
+    from trainer_backend.datasets import stored_split_bytes
+
+    return stored_split_bytes(dataset, image_size, bands, band_scale, val_from)
 
 
 def dataset_shape(config: RunConfig) -> tuple[int, int]:
@@ -304,10 +352,12 @@ def estimate_for_config(config: RunConfig) -> MemoryEstimate:
     return estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
 
 
-def stored_estimate(config: RunConfig, num_classes: int, in_chans: int) -> dict:
+def stored_estimate(config: RunConfig, num_classes: int, in_chans: int, resident_bytes: int = 0) -> dict:
     """``{"memory_estimate": ...}`` for the run's measurements, so that what it measures can be
-    set against it; an estimate that cannot be made is stored as its reason, never failing the run."""
+    set against it (``resident_bytes``: the dataset the run keeps on its first GPU); an estimate
+    that cannot be made is stored as its reason, never failing the run."""
     try:
-        return {"memory_estimate": estimate_memory(config, num_classes=num_classes, in_chans=in_chans).to_dict()}
+        return {"memory_estimate": estimate_memory(config, num_classes=num_classes, in_chans=in_chans,
+                                                   resident_bytes=resident_bytes).to_dict()}
     except Exception as exc:  # the run trains whether or not its memory could be estimated
         return {"memory_estimate": {"error": f"{type(exc).__name__}: {exc}"[:500]}}

@@ -176,10 +176,11 @@ def table_rows(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None
 
 def format_table(estimate: MemoryEstimate, free_mb: dict[str, float] | None = None, *, notes: bool = True) -> str:
     """The estimate as a text table (the CLI's output)."""
-    headers = ("device", "parameters", "gradients", "optimizer", "activations", "comm", "total")
+    headers = ("device", "parameters", "gradients", "optimizer", "activations", "comm", "data", "total")
     lines = [f"{headers[0]:<14}" + "".join(f"{h:>13}" for h in headers[1:])]
     for device in estimate.devices:
-        values = (device.parameters, device.gradients, device.optimizer, device.activations, device.comm, device.total)
+        values = (device.parameters, device.gradients, device.optimizer, device.activations, device.comm, device.data,
+                  device.total)
         lines.append(f"{device.label:<14}" + "".join(f"{v / MB:>10.1f} MB" for v in values))
     for fit in fits(estimate, free_mb or {}):
         lines.append(f"{fit.device}: {fit.verdict}")

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from tests.nvml_machines import TWO_GPUS, fake_nvml, two_gpu_machine  # noqa: F401
 from tests.support import leave_with_results, world_results
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
@@ -408,3 +409,60 @@ def test_amp_auto_without_cuda_is_estimated_as_bf16_and_says_so(two_gpus):
     assert estimate.amp_dtype == "bfloat16" and estimate.notes[0].startswith("AMP auto is estimated as bf16")
     fp32 = estimate_memory(config.replace(amp="off"), num_classes=CLASSES, in_chans=CHANNELS)
     assert fp32.devices[0].activations > estimate.devices[0].activations
+
+
+# --- the dataset a CUDA run keeps on its GPU -------------------------------------------------
+
+def test_the_dataset_is_counted_on_the_gpu_each_process_keeps_it_on(two_gpu_machine):
+    """Both splits' stored pixels, as the run stores them, on every rank's GPU where one process
+    runs per device, and on the first GPU only where one process spans them (dp, mp)."""
+    from trainer_backend.datasets import prepare_data
+
+    data = prepare_data("digits", image_size=96)
+    stored = data.train.stored_bytes + data.val.stored_bytes  # what keep_on_device copies
+    single = gpu_estimate("single")["cuda:0"]
+    assert single.data == stored and single.to_dict()["data_mb"] == round(stored / 2**20, 3)
+    assert single.total == single.parameters + single.gradients + single.optimizer + single.activations + stored
+    for strategy in ("ddp", "fsdp", "pp"):  # a process per device (pp's stages too), each building its data
+        assert [d.data for d in gpu_estimate(strategy).values()] == [stored, stored], strategy
+    for strategy in ("dp", "mp"):
+        placed = gpu_estimate(strategy)
+        assert (placed["cuda:0"].data, placed["cuda:1"].data) == (stored, 0), strategy
+    assert "data" in format_table(estimate_memory(RunConfig(model=MODEL, image_size=96, batch_size=128,
+                                                            devices=("cuda:0",)), num_classes=CLASSES,
+                                                  in_chans=CHANNELS)).splitlines()[0]
+
+
+def test_a_dataset_larger_than_a_tenth_of_the_gpu_or_on_a_gpu_nvml_cannot_read_is_not_counted(fake_nvml, two_gpus):
+    small = [{**gpu, "memory_total_mb": 100} for gpu in TWO_GPUS]  # a tenth is 10 MB; digits at 96 px take 16
+    fake_nvml(small)
+    assert all(d.data == 0 for d in gpu_estimate("ddp").values())
+    fake_nvml(None)
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",), amp="bf16")
+    estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    assert estimate.devices[0].data == 0
+    assert any(note.startswith("The dataset's 16 MB are not counted: this machine cannot read cuda:0's memory")
+               for note in estimate.notes), estimate.notes
+    cpu = estimate_memory(RunConfig(model=MODEL, image_size=96, batch_size=128), num_classes=CLASSES, in_chans=CHANNELS)
+    assert cpu.devices[0].data == 0
+
+
+def test_a_run_stores_the_dataset_it_kept_on_its_gpu_in_its_estimate(two_gpus):
+    from trainer_backend.engine.forecast.memory_estimate import stored_estimate
+
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="dp", devices=("cuda:0", "cuda:1"),
+                       amp="bf16")
+    devices = stored_estimate(config, CLASSES, CHANNELS, resident_bytes=3 * 2**20)["memory_estimate"]["devices"]
+    assert (devices["cuda:0"]["data_mb"], devices["cuda:1"]["data_mb"]) == (3.0, 0.0)
+    assert stored_estimate(config, CLASSES, CHANNELS)["memory_estimate"]["devices"]["cuda:0"]["data_mb"] == 0.0
+
+
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_folders_stored_bytes_are_read_from_a_look_as_preparing_it_stores_them(parallax_home, tmp_path):
+    from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
+    from trainer_backend.datasets import prepare_data, stored_split_bytes
+
+    folder = tmp_path / "jpegs"
+    make_jpeg_folder(folder, 12, 40)
+    data = prepare_data(str(folder), image_size=32)
+    assert stored_split_bytes(str(folder), 32) == data.train.stored_bytes + data.val.stored_bytes == 12 * 3 * 32 * 32
