@@ -29,7 +29,7 @@ _HOMES = {
     "inspect_dataset": ".prepare",
     "kept_on_device": ".tensor_dataset",
     "prepare_data": ".prepare",
-    "stored_split_bytes": ".prepare",
+    "stored_split_size": ".prepare",
 }
 
 
@@ -50,5 +50,5 @@ __all__ = [
     "inspect_dataset",
     "kept_on_device",
     "prepare_data",
-    "stored_split_bytes",
+    "stored_split_size",
 ]

@@ -327,16 +327,22 @@ def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
     }
 
 
-def stored_split_bytes(dataset: str, image_size: int, bands=None, band_scale=None, val_from: str = "test") -> int:
-    """Bytes of the pixels ``prepare_data`` stores for the run's two splits, from a look at the
-    dataset (nothing decoded, nothing downloaded): what a CUDA run keeps on its GPU when they
-    fit (``kept_on_device``). A folder missing or unreadable raises ``DatasetError``."""
-    if dataset in BUILTIN_DATASETS and dataset != "eurosat":
+def stored_split_size(dataset: str, image_size: int, bands=None, band_scale=None,
+                      val_from: str = "test") -> tuple[int, int]:
+    """(bytes of the pixels, images) that ``prepare_data`` stores for the run's two splits, from a
+    look at the dataset (nothing decoded, nothing downloaded): what a CUDA run keeps on its GPU
+    when they fit (``kept_on_device``). A built-in set not on disk yet is counted as its download
+    will be (cifar10 with its test split); a folder's storage format is judged by its first file,
+    as the decoded-size limit judges it. A folder missing or unreadable raises ``DatasetError``."""
+    if dataset in BUILTIN_DATASETS and (dataset != "eurosat" or not builtin_available(dataset)):
         spec = BUILTIN_SPECS[dataset]
-        count = spec.num_images + (spec.num_test if val_from == "test" and has_test_split(dataset) else 0)
-        return decoded_bytes(count, spec.bands, image_size, 1)  # built-ins take no bands
+        with_test = has_test_split(dataset) or (dataset == "cifar10" and not builtin_available(dataset))
+        count = spec.num_images + (spec.num_test if val_from == "test" and with_test else 0)
+        channels = len(bands) if bands else spec.bands  # only eurosat (a folder of RGB JPEGs) takes bands
+        return decoded_bytes(count, channels, image_size, 1), count
     root = builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset)
-    return decoded_size(list_image_folder(root), image_size, bands, band_scale)
+    listing = list_image_folder(root)
+    return decoded_size(listing, image_size, bands, band_scale), listing.num_images
 
 
 def inspect_builtin(name: str) -> dict:

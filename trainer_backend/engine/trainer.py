@@ -46,7 +46,7 @@ from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, resol
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
-from trainer_backend.engine.forecast.memory_estimate import stored_estimate
+from trainer_backend.engine.forecast.memory_estimate import run_stored_data, stored_estimate
 from trainer_backend.engine.models import create_model
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
@@ -77,7 +77,7 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
 
 
 def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int | None = None) -> PreparedData | None:
-    """``data`` with both splits' rows copied onto ``device`` when the training split's stored
+    """``data`` with both splits' rows copied onto ``device`` when their stored
     pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
     given), else None. Batches are then gathered on the device: no host-to-device copy per step."""
     if not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
@@ -407,9 +407,9 @@ def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
     if built.on_device:
         recorder.notes([device_data_note(data, built.strategy.input_device)])
     recorder.notes([built.decode_note])
-    resident = data.train.stored_bytes + data.val.stored_bytes if built.on_device else 0
+    stored = run_stored_data(data, built.strategy.devices)
     recorder.once_per_run(lambda: {**built.measures.once_per_run(), "effective_batch": config.effective_batch,
-                                   **stored_estimate(config, data.info.num_classes, data.info.in_chans, resident)})
+                                   **stored_estimate(config, data.info.num_classes, data.info.in_chans, stored)})
 
 
 def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks) -> None:

@@ -17,21 +17,25 @@ one to one:
   training, so bf16/fp16 activations are counted at their size. The model's buffers (BatchNorm
   statistics) are added here too, as the breakdown's "activations and other" holds them;
 - communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
-- the dataset: a CUDA run keeps both splits' stored pixels on each process's first GPU where they
-  take at most a tenth of its memory (``kept_on_device``); the run passes the bytes it kept, an
-  estimate before launch counts them from a look at the dataset and NVML's total memory.
+- the dataset: a CUDA run keeps both splits' stored pixels and labels on each process's first GPU
+  where the pixels take at most a tenth of its memory (``kept_on_device``); a run passes its data
+  and CUDA's memory per GPU (``run_stored_data``), an estimate before launch looks at the dataset
+  and NVML's (``stored_data``).
 
-Each strategy says how it places these (``memory_placement`` on each strategy class, see
-strategies.py and pipeline.py); this module provides the counts they place.
+Each strategy says how it places the model's parts and buffers (``memory_placement`` on each
+strategy class in strategies/); this module provides the counts they place, and puts the dataset
+on each process's first device.
 
 The trace is memory_trace.py's; whether it fits, and what would, is memory_fit.py's. What no
-trace here sees: CUDA's context (not in the allocator's peak either), cuDNN workspaces and the
+trace here sees: CUDA's context (not in the allocator's peak either), cuBLAS and cuDNN workspaces and the
 caching allocator's rounding and fragmentation.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +43,7 @@ from torch import nn
 
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.datasets.tensor_dataset import DEVICE_DATA_SHARE, kept_on_device
 from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
 
 MB = 2**20
@@ -268,10 +273,10 @@ def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | Non
 
 
 def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
-                    resident_bytes: int | None = None) -> MemoryEstimate:
+                    stored: StoredData | None = None) -> MemoryEstimate:
     """Peak memory per device of ``config``'s training step, without a GPU and without weights.
-    ``resident_bytes``: the dataset's bytes the run keeps on each process's first GPU, where the
-    run knows them; None looks (``resident_data``)."""
+    ``stored``: the dataset's bytes and each GPU's memory where the run knows them; None looks
+    (``stored_data``)."""
     from trainer_backend.engine.strategies.registry import strategy_class
 
     amp_dtype, note = estimate_amp_dtype(config)
@@ -283,50 +288,98 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
             merged[device.label].add(device)
         else:
             merged[device.label] = device
-    data_note = None
-    if resident_bytes is None:
-        resident_bytes, data_note = resident_data(config)
-    if resident_bytes:
+    if stored is None:
+        stored = stored_data(config)
+    data_notes = []
+    if stored.bytes:
         # Each process keeps the dataset on its first device: every rank's where one process runs per device.
         labels = plan.labels()
+        unread = []
         for label in labels if spec(config.strategy).distributed else labels[:1]:
-            merged[label].data = resident_bytes
-    notes = ([note] if note else []) + plan.notes + ([data_note] if data_note else []) + \
-        ([] if config.uses_cuda else [CPU_NOTE])
+            kept = stored.kept_on(label)
+            if kept is None:
+                unread.append(label)
+            else:
+                merged[label].data = kept
+        if unread:
+            data_notes.append(f"The dataset's {stored.bytes / MB:,.0f} MB are not counted on {', '.join(unread)}: "
+                              "its memory cannot be read here, and a run keeps them on a GPU where they take at most "
+                              f"{DEVICE_DATA_SHARE:.0%} of it.")
+    data_notes += [stored.note] if stored.note else []
+    notes = ([note] if note else []) + plan.notes + data_notes + ([] if config.uses_cuda else [CPU_NOTE])
     return MemoryEstimate(config.strategy, list(merged.values()),
                           None if amp_dtype is None else str(amp_dtype).removeprefix("torch."), notes)
 
 
-def resident_data(config: RunConfig) -> tuple[int, str | None]:
-    """(bytes of the dataset a CUDA run would keep on its first GPU, a note where that cannot be
-    told here): both splits' stored pixels where they take at most DEVICE_DATA_SHARE of the GPU's
-    total memory (NVML's), as ``trainer.keep_on_device`` decides; 0 for CPU runs and for files
-    decoded by the loader workers."""
+@dataclass(frozen=True)
+class StoredData:
+    """What a CUDA run may keep on its GPUs (``trainer.keep_on_device``): ``bytes`` of both
+    splits' stored pixels and labels, kept on a GPU whose memory (``device_bytes``, by "cuda:N")
+    is at least ten times ``pixel_bytes``; ``note`` says why the dataset could not be sized."""
+
+    bytes: int = 0
+    pixel_bytes: int = 0
+    device_bytes: dict[str, int] = field(default_factory=dict)
+    note: str | None = None
+
+    def kept_on(self, label: str) -> int | None:
+        """Bytes kept on the device ``label`` names ("cuda:1", or "rank3:cuda:1" on another node,
+        judged by this machine's GPU of that index); None where its memory is unknown."""
+        total = self.device_bytes.get(label.split(":", 1)[1] if label.startswith("rank") else label)
+        if total is None:
+            return None
+        return self.bytes if kept_on_device(self.pixel_bytes, total) else 0
+
+
+def stored_data(config: RunConfig) -> StoredData:
+    """``StoredData`` from a look before launch: the dataset's size without decoding or
+    downloading it, and each GPU's total memory from NVML (which reads a little more than the
+    total CUDA gives the run, so a dataset within a few MB of the share can be judged
+    differently). Nothing for CPU runs and for files decoded by the loader workers."""
     if not config.uses_cuda or config.decode == "workers":
-        return 0, None
+        return StoredData()
     from trainer_backend.contract.devices import gpu_statuses
-    from trainer_backend.datasets import DEVICE_DATA_SHARE, kept_on_device
 
     try:
-        stored = _stored_split_bytes(config.dataset, config.image_size, config.bands, config.band_scale,
-                                     config.val_from)
+        pixels, images = _split_size(config.dataset, config.stored_size or config.image_size, config.bands,
+                                     config.band_scale, config.val_from, _looked_at())
     except (OSError, ValueError) as exc:  # DatasetError is a ValueError
-        return 0, f"The dataset is not counted: its size could not be read ({exc})."[:400]
-    first = config.devices[0]  # the device the (first) process takes its input on
-    totals = {f"cuda:{g.index}": g.memory_total_mb * MB for g in gpu_statuses()}
-    if first not in totals:
-        return 0, (f"The dataset's {stored / MB:,.0f} MB are not counted: this machine cannot read {first}'s "
-                   f"memory, and a run keeps them on the GPU where they take at most {DEVICE_DATA_SHARE:.0%} of it.")
-    return (stored if kept_on_device(stored, int(totals[first])) else 0), None
+        return StoredData(note=f"The dataset is not counted: its size could not be read ({exc})."[:400])
+    totals = {f"cuda:{g.index}": int(g.memory_total_mb * MB) for g in gpu_statuses()}
+    return StoredData(pixels + LABEL_BYTES * images, pixels, totals)
+
+
+def run_stored_data(data, devices: list[torch.device]) -> StoredData:
+    """``StoredData`` of a run's prepared ``data``: the splits it may keep on a GPU, with the total
+    memory CUDA gives each of this machine's GPUs (as ``keep_on_device`` reads it)."""
+    from trainer_backend.datasets import ImageTensorDataset
+
+    if not isinstance(data.train, ImageTensorDataset) or not any(d.type == "cuda" for d in devices):
+        return StoredData()
+    pixels = data.train.stored_bytes + data.val.stored_bytes
+    totals = {f"cuda:{i}": torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())}
+    return StoredData(pixels + LABEL_BYTES * (len(data.train) + len(data.val)), pixels, totals)
+
+
+LABEL_BYTES = 8  # int64, copied beside the pixels
+LOOK_TTL_S = 60  # a folder's size is looked at again after this long, as the Launch page's dataset panel
+
+
+def _looked_at() -> tuple:
+    """Part of ``_split_size``'s key: where datasets are, and the minute, so a folder that changes
+    or a dataset that is downloaded is looked at again."""
+    from db.settings import data_dir
+
+    return str(data_dir()), os.getcwd(), int(time.monotonic() // LOOK_TTL_S)
 
 
 @functools.lru_cache(maxsize=16)
-def _stored_split_bytes(dataset: str, image_size: int, bands, band_scale, val_from: str) -> int:
-    """``stored_split_bytes``, looked up once per dataset and size: a batch search estimates the
-    same config many times."""
-    from trainer_backend.datasets import stored_split_bytes
+def _split_size(dataset: str, image_size: int, bands, band_scale, val_from: str, _key: tuple) -> tuple[int, int]:
+    """``stored_split_size``, looked at once per dataset, size and minute: a batch search
+    estimates the same config many times."""
+    from trainer_backend.datasets import stored_split_size
 
-    return stored_split_bytes(dataset, image_size, bands, band_scale, val_from)
+    return stored_split_size(dataset, image_size, bands, band_scale, val_from)
 
 
 def dataset_shape(config: RunConfig) -> tuple[int, int]:
@@ -352,12 +405,12 @@ def estimate_for_config(config: RunConfig) -> MemoryEstimate:
     return estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
 
 
-def stored_estimate(config: RunConfig, num_classes: int, in_chans: int, resident_bytes: int = 0) -> dict:
+def stored_estimate(config: RunConfig, num_classes: int, in_chans: int, stored: StoredData | None = None) -> dict:
     """``{"memory_estimate": ...}`` for the run's measurements, so that what it measures can be
-    set against it (``resident_bytes``: the dataset the run keeps on its first GPU); an estimate
-    that cannot be made is stored as its reason, never failing the run."""
+    set against it (``stored``: what the run may keep on its GPUs, ``run_stored_data``); an
+    estimate that cannot be made is stored as its reason, never failing the run."""
     try:
         return {"memory_estimate": estimate_memory(config, num_classes=num_classes, in_chans=in_chans,
-                                                   resident_bytes=resident_bytes).to_dict()}
+                                                   stored=stored or StoredData()).to_dict()}
     except Exception as exc:  # the run trains whether or not its memory could be estimated
         return {"memory_estimate": {"error": f"{type(exc).__name__}: {exc}"[:500]}}

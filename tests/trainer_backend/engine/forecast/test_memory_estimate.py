@@ -414,12 +414,12 @@ def test_amp_auto_without_cuda_is_estimated_as_bf16_and_says_so(two_gpus):
 # --- the dataset a CUDA run keeps on its GPU -------------------------------------------------
 
 def test_the_dataset_is_counted_on_the_gpu_each_process_keeps_it_on(two_gpu_machine):
-    """Both splits' stored pixels, as the run stores them, on every rank's GPU where one process
-    runs per device, and on the first GPU only where one process spans them (dp, mp)."""
+    """Both splits' stored pixels and labels, as the run stores them, on every rank's GPU where one
+    process runs per device, and on the first GPU only where one process spans them (dp, mp)."""
     from trainer_backend.datasets import prepare_data
 
     data = prepare_data("digits", image_size=96)
-    stored = data.train.stored_bytes + data.val.stored_bytes  # what keep_on_device copies
+    stored = data.train.stored_bytes + data.val.stored_bytes + 8 * (len(data.train) + len(data.val))
     single = gpu_estimate("single")["cuda:0"]
     assert single.data == stored and single.to_dict()["data_mb"] == round(stored / 2**20, 3)
     assert single.total == single.parameters + single.gradients + single.optimizer + single.activations + stored
@@ -428,41 +428,53 @@ def test_the_dataset_is_counted_on_the_gpu_each_process_keeps_it_on(two_gpu_mach
     for strategy in ("dp", "mp"):
         placed = gpu_estimate(strategy)
         assert (placed["cuda:0"].data, placed["cuda:1"].data) == (stored, 0), strategy
-    assert "data" in format_table(estimate_memory(RunConfig(model=MODEL, image_size=96, batch_size=128,
-                                                            devices=("cuda:0",)), num_classes=CLASSES,
-                                                  in_chans=CHANNELS)).splitlines()[0]
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",))
+    assert "data" in format_table(estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)).splitlines()[0]
+    # Stored larger than trained: the pixels are kept at the stored size.
+    larger = estimate_memory(config.replace(image_size=64, stored_size=96), num_classes=CLASSES, in_chans=CHANNELS)
+    assert larger.devices[0].data == stored
 
 
-def test_a_dataset_larger_than_a_tenth_of_the_gpu_or_on_a_gpu_nvml_cannot_read_is_not_counted(fake_nvml, two_gpus):
-    small = [{**gpu, "memory_total_mb": 100} for gpu in TWO_GPUS]  # a tenth is 10 MB; digits at 96 px take 16
-    fake_nvml(small)
-    assert all(d.data == 0 for d in gpu_estimate("ddp").values())
+def test_each_gpu_keeps_the_dataset_by_its_own_memory_and_one_nvml_cannot_read_is_named(fake_nvml, two_gpus):
+    """cuda:1 (the A6000, the higher bus id, given 100 MB here) has a tenth of 10 MB, cuda:0 of 2.4 GB:
+    digits at 96 px (16 MB) stay on cuda:0 only."""
+    fake_nvml([{**TWO_GPUS[0], "memory_total_mb": 100}, TWO_GPUS[1]])
+    ddp = gpu_estimate("ddp")
+    assert ddp["cuda:0"].data > 0 and ddp["cuda:1"].data == 0
     fake_nvml(None)
     config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",), amp="bf16")
     estimate = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
     assert estimate.devices[0].data == 0
-    assert any(note.startswith("The dataset's 16 MB are not counted: this machine cannot read cuda:0's memory")
+    assert any(note.startswith("The dataset's 16 MB are not counted on cuda:0: its memory cannot be read here")
                for note in estimate.notes), estimate.notes
     cpu = estimate_memory(RunConfig(model=MODEL, image_size=96, batch_size=128), num_classes=CLASSES, in_chans=CHANNELS)
-    assert cpu.devices[0].data == 0
+    assert cpu.devices[0].data == 0 and not any("dataset" in note for note in cpu.notes)
+    workers = estimate_memory(config.replace(decode="workers"), num_classes=CLASSES, in_chans=CHANNELS)
+    assert workers.devices[0].data == 0
 
 
-def test_a_run_stores_the_dataset_it_kept_on_its_gpu_in_its_estimate(two_gpus):
-    from trainer_backend.engine.forecast.memory_estimate import stored_estimate
+def test_a_run_stores_the_dataset_its_gpus_keep_in_its_estimate(two_gpus):
+    from trainer_backend.engine.forecast.memory_estimate import StoredData, stored_estimate
 
-    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="dp", devices=("cuda:0", "cuda:1"),
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="ddp", devices=("cuda:0", "cuda:1"),
                        amp="bf16")
-    devices = stored_estimate(config, CLASSES, CHANNELS, resident_bytes=3 * 2**20)["memory_estimate"]["devices"]
-    assert (devices["cuda:0"]["data_mb"], devices["cuda:1"]["data_mb"]) == (3.0, 0.0)
+    stored = StoredData(3 * 2**20, 2 * 2**20, {"cuda:0": 10 * 2**20, "cuda:1": 20 * 2**20})
+    devices = stored_estimate(config, CLASSES, CHANNELS, stored)["memory_estimate"]["devices"]
+    assert (devices["cuda:0"]["data_mb"], devices["cuda:1"]["data_mb"]) == (0.0, 3.0)
     assert stored_estimate(config, CLASSES, CHANNELS)["memory_estimate"]["devices"]["cuda:0"]["data_mb"] == 0.0
 
 
 @pytest.mark.usefixtures("own_data_dir")
-def test_a_folders_stored_bytes_are_read_from_a_look_as_preparing_it_stores_them(parallax_home, tmp_path):
+def test_a_datasets_stored_size_is_read_from_a_look_as_preparing_it_stores_it(parallax_home, tmp_path):
     from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
-    from trainer_backend.datasets import prepare_data, stored_split_bytes
+    from trainer_backend.datasets import prepare_data, stored_split_size
 
     folder = tmp_path / "jpegs"
     make_jpeg_folder(folder, 12, 40)
     data = prepare_data(str(folder), image_size=32)
-    assert stored_split_bytes(str(folder), 32) == data.train.stored_bytes + data.val.stored_bytes == 12 * 3 * 32 * 32
+    assert stored_split_size(str(folder), 32) == (data.train.stored_bytes + data.val.stored_bytes, 12)
+    assert 12 * 3 * 32 * 32 == data.train.stored_bytes + data.val.stored_bytes
+    # Not downloaded yet: counted as the download will be, its test split too.
+    assert stored_split_size("cifar10", 32) == (60_000 * 3 * 32 * 32, 60_000)
+    assert stored_split_size("cifar10", 32, val_from="train") == (50_000 * 3 * 32 * 32, 50_000)
+    assert stored_split_size("eurosat", 64) == (27_000 * 3 * 64 * 64, 27_000)
