@@ -139,7 +139,10 @@ def test_ddp_records_a_step_point_per_step(ddp_run):
 def test_ddp_samples_both_ranks_every_interval(ddp_run):
     _, run, steps, samples, _ = ddp_run
     training = [s for s in samples if steps[0]["t_s"] - 0.5 <= s["t_s"] <= run["epochs"][0]["extra"]["t_end_s"]]
-    assert len(samples) >= 10 and training
+    # As many samples as the run lasted intervals (half of them at least, on 2 busy cores); how many that is
+    # depends on the machine's speed (9 once, in 1.8 s, on a loaded machine), so no fixed count.
+    span = samples[-1]["t_s"] - samples[0]["t_s"]
+    assert len(samples) >= 5 and len(samples) >= span / (2 * SAMPLE_S) and training, (len(samples), span)
     gaps = sorted(b["t_s"] - a["t_s"] for a, b in zip(samples, samples[1:]))
     assert SAMPLE_S * 0.75 <= gaps[len(gaps) // 2] <= SAMPLE_S * 2  # 2 busy cores: allow a late sample
     for sample in training:
