@@ -105,6 +105,7 @@ class Measured:
     comm_source: str = ""
     memory: dict[str, float] | None = None  # breakdown of the fullest device
     peak_memory_mb: float | None = None
+    data_mb: float = 0.0  # the dataset a CUDA run keeps on each process's GPU, in "activations and other"
     sweep_id: int | None = None
 
     @property
@@ -135,6 +136,7 @@ def measure_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Dat
                      images_per_s=throughput_images_per_s(run_epochs) if run["status"] == "completed" else None,
                      sweep_id=run.get("sweep_id"))
         m.memory, m.peak_memory_mb = _memory(run_epochs)
+        m.data_mb = _kept_data_mb(run.get("measurements"))
         m.exposed_comm_s, m.comm_source = _exposed_comm(m, ranks, steps, steady(run_epochs)["epoch"].tolist())
         measured.append(m)
     return measured
@@ -151,6 +153,13 @@ def _memory(run_epochs: pd.DataFrame) -> tuple[dict[str, float] | None, float | 
                    for parts in breakdowns[-1].values() if isinstance(parts, dict)]
         fullest = max(devices, key=lambda parts: sum(parts.values()), default=None)
     return fullest, (max(peaks) if peaks else None)
+
+
+def _kept_data_mb(measurements: dict | None) -> float:
+    """The dataset the run kept on a GPU, by its stored memory estimate (0 where none was kept)."""
+    devices = ((measurements or {}).get("memory_estimate") or {}).get("devices") or {}
+    return max((float(parts.get("data_mb") or 0.0) for parts in devices.values() if isinstance(parts, dict)),
+               default=0.0)
 
 
 def _exposed_comm(m: Measured, ranks: pd.DataFrame, steps: pd.DataFrame, epochs: list[int]) -> tuple[float | None, str]:
@@ -250,7 +259,9 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
         if not memory:
             return None
         state = sum(memory[k] for k in STATE_PARTS) * (nc / n if shards_state else 1.0)
-        return state + memory["activations_other_mb"] * nc / n
+        # The dataset kept on the GPU is whole on each device, whatever the count: only the rest scales.
+        data = min(calibration.data_mb, memory["activations_other_mb"])
+        return state + (memory["activations_other_mb"] - data) * nc / n + data
 
     if spec(strategy).staged:
         m = calibration.microbatches if microbatched else 1
