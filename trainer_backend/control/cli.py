@@ -420,7 +420,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     under mp or pp) is named in one line on stderr, and the others are still shown; exit 2 then."""
     config = config_from_args(args, sweep=bool(args.strategies))
     with engine_imports():
-        from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory
+        from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
         from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
 
     if args.strategies:
@@ -430,10 +430,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     else:
         configs = [config]
     num_classes, in_chans = dataset_shape(config)
+    stored = stored_data(config)  # the strategies share the dataset and the GPUs
     reports, refused = [], []
     for each in configs:
         try:
-            estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans)
+            estimate = estimate_memory(each, num_classes=num_classes, in_chans=in_chans, stored=stored)
         except ValueError as exc:
             if len(configs) == 1:
                 raise

@@ -313,14 +313,18 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
 
 @dataclass(frozen=True)
 class StoredData:
-    """What a CUDA run may keep on its GPUs (``trainer.keep_on_device``): ``bytes`` of both
-    splits' stored pixels and labels, kept on a GPU whose memory (``device_bytes``, by "cuda:N")
+    """What a CUDA run may keep on its GPUs (``trainer.keep_on_device``): both splits' ``images``,
+    their stored pixels and int64 labels, kept on a GPU whose memory (``device_bytes``, by "cuda:N")
     is at least ten times ``pixel_bytes``; ``note`` says why the dataset could not be sized."""
 
-    bytes: int = 0
     pixel_bytes: int = 0
+    images: int = 0
     device_bytes: dict[str, int] = field(default_factory=dict)
     note: str | None = None
+
+    @property
+    def bytes(self) -> int:
+        return self.pixel_bytes + LABEL_BYTES * self.images
 
     def kept_on(self, label: str) -> int | None:
         """Bytes kept on the device ``label`` names ("cuda:1", or "rank3:cuda:1" on another node,
@@ -335,7 +339,8 @@ def stored_data(config: RunConfig) -> StoredData:
     """``StoredData`` from a look before launch: the dataset's size without decoding or
     downloading it, and each GPU's total memory from NVML (which reads a little more than the
     total CUDA gives the run, so a dataset within a few MB of the share can be judged
-    differently). Nothing for CPU runs and for files decoded by the loader workers."""
+    differently). Nothing for CPU runs and for files decoded by the loader workers. A search
+    that estimates many changes of one config looks once and passes the result on."""
     if not config.uses_cuda or config.decode == "workers":
         return StoredData()
     from trainer_backend.contract.devices import gpu_statuses
@@ -346,7 +351,7 @@ def stored_data(config: RunConfig) -> StoredData:
     except (OSError, ValueError) as exc:  # DatasetError is a ValueError
         return StoredData(note=f"The dataset is not counted: its size could not be read ({exc})."[:400])
     totals = {f"cuda:{g.index}": int(g.memory_total_mb * MB) for g in gpu_statuses()}
-    return StoredData(pixels + LABEL_BYTES * images, pixels, totals)
+    return StoredData(pixels, images, totals)
 
 
 def run_stored_data(data, devices: list[torch.device]) -> StoredData:
@@ -356,9 +361,8 @@ def run_stored_data(data, devices: list[torch.device]) -> StoredData:
 
     if not isinstance(data.train, ImageTensorDataset) or not any(d.type == "cuda" for d in devices):
         return StoredData()
-    pixels = data.train.stored_bytes + data.val.stored_bytes
     totals = {f"cuda:{i}": torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())}
-    return StoredData(pixels + LABEL_BYTES * (len(data.train) + len(data.val)), pixels, totals)
+    return StoredData(data.train.stored_bytes + data.val.stored_bytes, len(data.train) + len(data.val), totals)
 
 
 LABEL_BYTES = 8  # int64, copied beside the pixels

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.contract.strategy_specs import spec
-from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, estimate_memory
+from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, StoredData, estimate_memory, stored_data
 
 
 def available_memory_mb(config: RunConfig) -> dict[str, float]:
@@ -79,8 +79,9 @@ def fits(estimate: MemoryEstimate | dict[str, float], free_mb: dict[str, float])
     return [Fit(label, total, free_mb[label]) for label, total in totals.items() if label in free_mb]
 
 
-def all_fit(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float]) -> bool:
-    estimate = estimate_memory(config, num_classes=num_classes, in_chans=in_chans)
+def all_fit(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float],
+            stored: StoredData | None = None) -> bool:
+    estimate = estimate_memory(config, num_classes=num_classes, in_chans=in_chans, stored=stored)
     found = fits(estimate, free_mb)
     return bool(found) and all(f.fits for f in found)
 
@@ -88,14 +89,16 @@ def all_fit(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[st
 def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float],
                 gpus: list[str] | None = None) -> list[str]:
     """Changes that would fit, each checked by estimating it: a smaller batch (the largest that
-    fits, of the ones the strategy allows), bf16, fsdp on the same devices, more devices."""
+    fits, of the ones the strategy allows), bf16, fsdp on the same devices, more devices. None
+    of them changes the dataset, so it is looked at once for all of them."""
     found: list[str] = []
+    stored = stored_data(config)
 
     def check(label: str, **changes) -> bool:
         try:
             changed = config.replace(**changes)
             wanted = available_for(changed)
-            if wanted is None or not all_fit(changed, num_classes, in_chans, wanted):
+            if wanted is None or not all_fit(changed, num_classes, in_chans, wanted, stored):
                 return False
         except ValueError:  # a change the config refuses, or one step that cannot run (ConfigError is one)
             return False
@@ -109,7 +112,7 @@ def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dic
 
     strategy = spec(config.strategy)
     step = len(config.devices) if strategy.splits_batch else (config.microbatches if strategy.microbatched else 1)
-    if (batch := largest_batch(config, num_classes, in_chans, free_mb, step)) is not None:
+    if (batch := largest_batch(config, num_classes, in_chans, free_mb, step, stored)) is not None:
         found.append(f"a global batch of {batch}")
     if config.uses_cuda and config.amp in ("off",):
         check("mixed precision bf16 (--amp bf16)", amp="bf16")
@@ -126,13 +129,14 @@ def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dic
 
 
 def largest_batch(config: RunConfig, num_classes: int, in_chans: int, free_mb: dict[str, float],
-                  step: int) -> int | None:
+                  step: int, stored: StoredData | None = None) -> int | None:
     """The largest global batch below ``config``'s that fits (a multiple of ``step``): halved
     until one fits, then the step between that and the last that did not filled in from the
     activations' growth per image (nearly linear), each candidate checked by an estimate."""
     def needed(batch: int) -> float | None:
         try:
-            estimate = estimate_memory(config.replace(batch_size=batch), num_classes=num_classes, in_chans=in_chans)
+            estimate = estimate_memory(config.replace(batch_size=batch), num_classes=num_classes, in_chans=in_chans,
+                                       stored=stored)
         except ValueError:
             return None
         found = fits(estimate, free_mb)

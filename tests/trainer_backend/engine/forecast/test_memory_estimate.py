@@ -458,7 +458,7 @@ def test_a_run_stores_the_dataset_its_gpus_keep_in_its_estimate(two_gpus):
 
     config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="ddp", devices=("cuda:0", "cuda:1"),
                        amp="bf16")
-    stored = StoredData(3 * 2**20, 2 * 2**20, {"cuda:0": 10 * 2**20, "cuda:1": 20 * 2**20})
+    stored = StoredData(2 * 2**20, 2**17, {"cuda:0": 10 * 2**20, "cuda:1": 20 * 2**20})  # 2 MB of pixels, 1 MB of labels
     devices = stored_estimate(config, CLASSES, CHANNELS, stored)["memory_estimate"]["devices"]
     assert (devices["cuda:0"]["data_mb"], devices["cuda:1"]["data_mb"]) == (0.0, 3.0)
     assert stored_estimate(config, CLASSES, CHANNELS)["memory_estimate"]["devices"]["cuda:0"]["data_mb"] == 0.0
@@ -478,3 +478,20 @@ def test_a_datasets_stored_size_is_read_from_a_look_as_preparing_it_stores_it(pa
     assert stored_split_size("cifar10", 32) == (60_000 * 3 * 32 * 32, 60_000)
     assert stored_split_size("cifar10", 32, val_from="train") == (50_000 * 3 * 32 * 32, 50_000)
     assert stored_split_size("eurosat", 64) == (27_000 * 3 * 64 * 64, 27_000)
+
+
+def test_a_search_of_changes_looks_at_the_dataset_and_the_gpus_once(two_gpu_machine, monkeypatch):
+    """The batch search and the other changes estimate one config many times; none of them changes
+    the dataset, so NVML is read once, and the kept dataset is on every candidate's first GPU."""
+    from trainer_backend.contract import devices
+
+    reads = []
+    real = devices.gpu_statuses
+    monkeypatch.setattr(devices, "gpu_statuses", lambda *a, **k: reads.append(1) or real(*a, **k))
+    config = RunConfig(model=MODEL, image_size=96, batch_size=256, devices=("cuda:0",), amp="off")
+    needed = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).devices[0]
+    assert needed.data > 0 and len(reads) == 1
+    free = {"cuda:0": needed.total_mb * 0.7, "cuda:1": needed.total_mb * 0.7}
+    found = suggestions(config, CLASSES, CHANNELS, free, ["cuda:0", "cuda:1"])
+    assert any(f.startswith("a global batch of ") for f in found), found
+    assert len(reads) == 2, len(reads)  # the search's one look
