@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # database), or that a test only needs to exist: a model whose steps sleep (tests.plugins.sleeping_model),
 # so that waiting on it leaves the cores to other work. Its flags, and the environment that loads the plugin.
 SLEEPER = ("--dataset", "digits", "--model", "parallax_sleeps_each_step", "--image-size", "16")
-SLEEPER_DDP = (*SLEEPER, "--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
+# DDP over two CPU processes, a batch of 32 each.
+DDP_ON_CPU = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
+SLEEPER_DDP = (*SLEEPER, *DDP_ON_CPU)
 SLEEPER_ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model"}
 # What AppTest says when a test switches to a page behind the gate (ui.auth.stop_with_page): no page's
 # script is registered, only the gate, under every page's path.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import SLEEPER, SLEEPER_ENV, run_cli
+from tests.support import DDP_ON_CPU, SLEEPER, SLEEPER_ENV, run_cli
 from db.reserve import RESERVE_BYTES
 
 # Room left on the database's disk when the run starts, besides the run's reserve: a few dozen
@@ -53,7 +53,7 @@ def run_args(url: str, *flags: str) -> list[str]:
     return ["--db", url, "run", *SLEEPER, "--epochs", "40", *flags]
 
 
-@pytest.mark.parametrize("flags", [(), ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")],
+@pytest.mark.parametrize("flags", [(), DDP_ON_CPU],
                          ids=["single", "ddp"])
 def test_a_database_that_fills_mid_run_ends_it_with_the_reason_and_keeps_every_epoch(flags, tmp_path, parallax_home):
     with mounted_tmpfs(tmp_path / "db-disk", "size=4m") as disk:

@@ -17,13 +17,12 @@ import urllib.request
 
 from streamlit.testing.v1 import AppTest
 
-from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_dir
+from tests.support import DDP_ON_CPU, ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_dir
 from bench.browser import free_port, make_run_command, wait_healthy
 from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 
 # The runs train tests.plugins.sleeping_model (SLEEPER; the hang test its own hanging model): these
 # tests are about faults, not learning.
-DDP = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 
 
 def ended(run: dict) -> bool:
@@ -172,7 +171,7 @@ def test_a_full_log_disk_keeps_training_and_notes_the_log_is_incomplete(parallax
 
 def test_a_rank_hung_in_a_collective_fails_the_run_naming_the_timeout_and_the_rank(parallax_home):
     timeout = {"PARALLAX_COLLECTIVE_TIMEOUT_S": "5", "PARALLAX_PLUGINS": "tests.plugins.hanging_model"}
-    flags = ("--dataset", "digits", "--model", "parallax_hangs_on_rank1", "--image-size", "16", *DDP)
+    flags = ("--dataset", "digits", "--model", "parallax_hangs_on_rank1", "--image-size", "16", *DDP_ON_CPU)
     run_id = launch(parallax_home, *flags, "--epochs", "3", env_extra=timeout)
     wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 1, what="epoch 1")
     hang_from = time.monotonic()  # rank 1 stops in the first step of epoch 2

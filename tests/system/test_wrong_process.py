@@ -17,7 +17,7 @@ import sys
 import time
 
 import db
-from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
+from tests.support import DDP_ON_CPU, ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
 from db import lifecycle as state
 from db import store
 from db.engine import session_scope
@@ -29,8 +29,6 @@ from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
 from tests.trainer_backend.control.test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
 from trainer_backend.contract.config import cpu_cores
 from trainer_backend.control.lifecycle import group_members
-
-DDP = ("--strategy", "ddp", "--devices", "cpu,cpu", "--batch-size", "64")
 
 
 def engine_of(home):
@@ -155,7 +153,7 @@ def test_sixty_four_loader_workers_on_two_cores_are_refused_before_any_starts(pa
 
 
 def test_ddp_counts_each_ranks_loader_workers(parallax_home):
-    result = run_cli("run", *MODEL, *DDP, "--num-workers", "2", "--epochs", "1", home=parallax_home, timeout=60,
+    result = run_cli("run", *MODEL, *DDP_ON_CPU, "--num-workers", "2", "--epochs", "1", home=parallax_home, timeout=60,
                      env_extra={"PARALLAX_MAX_CPU_PROCESSES": "9"})
     assert result.returncode == 2
     assert ("2 training processes, each with 2 loader workers for training and 2 for validation make 10 processes "
