@@ -19,9 +19,9 @@ FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_nvml"
 # Listed out of PCI order on purpose, as a driver may: cuda:0 must still be the lowest bus id.
 TWO_GPUS = [
     {"name": "NVIDIA RTX A6000", "uuid": "GPU-b1c2d3e4-0000-1111-2222-333344445555", "bus_id": "00000000:AF:00.0",
-     "memory_total_mb": 49140, "memory_used_mb": 2048, "utilization_pct": 80},
+     "memory_total_mb": 49140, "memory_used_mb": 2048, "utilization_pct": 80, "capability": [8, 6]},
     {"name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-3f2a9c10-aaaa-bbbb-cccc-ddddeeeeffff",
-     "bus_id": "00000000:3B:00.0", "memory_total_mb": 24564, "memory_used_mb": 512, "utilization_pct": 5},
+     "bus_id": "00000000:3B:00.0", "memory_total_mb": 24564, "memory_used_mb": 512, "utilization_pct": 5, "capability": [8, 9]},
 ]
 
 

@@ -7,7 +7,7 @@ the dicts below); without FAKE_NVML_GPUS ``nvmlInit`` fails as it does on a mach
 
     {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-…", "bus_id": "00000000:3B:00.0",
      "memory_total_mb": 40960, "memory_used_mb": 1024, "utilization_pct": 35,
-     "power_w": 250.0, "temperature_c": 61, "sm_clock_mhz": 1410, "energy_counter": true,
+     "power_w": 250.0, "temperature_c": 61, "sm_clock_mhz": 1410, "energy_counter": true, "capability": [8, 0],
      "migs": [{"uuid": "MIG-…", "gpu_instance": 1, "compute_instance": 0, "name": "…",
                "memory_total_mb": 9856, "memory_used_mb": 0}]}
 """
@@ -90,6 +90,10 @@ def nvmlDeviceGetUtilizationRates(handle: dict) -> SimpleNamespace:
     if handle.get("utilization_pct") is None:  # MIG devices report none
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return SimpleNamespace(gpu=handle["utilization_pct"], memory=0)
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: dict) -> tuple[int, int]:
+    return tuple(_reading(handle, "capability"))  # JSON gives a list
 
 
 def nvmlDeviceGetMaxMigDeviceCount(handle: dict) -> int:

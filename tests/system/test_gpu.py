@@ -725,6 +725,36 @@ def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, 
         assert parts["total_mb"] == pytest.approx(peaks[device], rel=0.10), (device, parts, peaks, run["notes"])
 
 
+WORKSPACE_PROBE = """
+import json, torch
+from trainer_backend.engine.forecast.memory_estimate import cublas_workspace_bytes
+layer = torch.nn.Linear(64, 64).cuda()
+images = torch.randn(32, 64, device="cuda")
+before = torch.cuda.memory_allocated()
+layer(images).sum().backward()  # forward in this thread, backward in autograd's
+print(json.dumps({"added": torch.cuda.memory_allocated() - before, "gradients": 4 * (64 * 64 + 64),
+                  "workspace": cublas_workspace_bytes(torch.cuda.get_device_capability(0))}))
+"""
+
+
+@one_gpu
+def test_a_linear_layers_step_takes_the_two_cublas_workspaces_the_estimate_counts():
+    """A fresh process: what a step of a linear layer leaves allocated is its gradients and one workspace
+    for each of the two threads that ran a product, as ``cublas_workspace_bytes`` sizes them; cuBLASLt's
+    own 1 MiB per handle, which the estimate leaves out, may come on top."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    done = subprocess.run([sys.executable, "-c", WORKSPACE_PROBE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout)
+    workspaces = probe["added"] - probe["gradients"]
+    assert 2 * probe["workspace"] <= workspaces <= 2 * probe["workspace"] + 2 * 2**20 + 64 * 1024, probe
+
+
 # --- JPEGs decoded on the GPU (decode workers) ---
 
 @one_gpu

@@ -38,6 +38,7 @@ class GpuStatus:
     memory_used_mb: float
     utilization_pct: float | None  # None where the driver does not report it
     uuid: str = ""  # NVML's GPU-… or MIG-… id: the same physical device whatever the numbering
+    compute_capability: tuple[int, int] | None = None  # CUDA's (major, minor); None where NVML does not say
 
 
 def cpu_cores() -> int:
@@ -143,6 +144,10 @@ def _read_gpu(pynvml, torch_index: int, handle, device_id: str) -> GpuStatus:
         utilization_pct = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except pynvml.NVMLError:  # e.g. MIG instances do not report utilisation
         utilization_pct = None
+    try:
+        compute_capability = tuple(int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    except pynvml.NVMLError:
+        compute_capability = None
     return GpuStatus(
         index=torch_index,
         name=_text(name),
@@ -150,6 +155,7 @@ def _read_gpu(pynvml, torch_index: int, handle, device_id: str) -> GpuStatus:
         memory_used_mb=memory.used / 2**20,
         utilization_pct=utilization_pct,
         uuid=device_id,
+        compute_capability=compute_capability,
     )
 
 

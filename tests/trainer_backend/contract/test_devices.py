@@ -26,7 +26,7 @@ GPUS = [
      "migs": [{"name": "MIG 1g.5gb", "uuid": MIG, "gpu_instance": 7, "compute_instance": 0,
                "memory_total_mb": 4864, "memory_used_mb": 13, "utilization_pct": None}]},
     {"name": "GPU on bus 3B", "uuid": B, "bus_id": "00000000:3B:00.0", "memory_total_mb": 24564,
-     "memory_used_mb": 100, "utilization_pct": 50},
+     "memory_used_mb": 100, "utilization_pct": 50, "capability": [9, 0]},
     {"name": "GPU on bus 1A", "uuid": A, "bus_id": "00000000:1a:00.0", "memory_total_mb": 16384,
      "memory_used_mb": 10, "utilization_pct": 0},
 ]
@@ -69,12 +69,13 @@ def test_the_picker_describes_the_gpu_cuda_numbers_the_same(fake_nvml, monkeypat
     assert names(statuses) == expected
 
 
-def test_each_status_carries_its_memory_utilisation_and_uuid(fake_nvml, monkeypatch):  # noqa: F811
+def test_each_status_carries_its_memory_utilisation_uuid_and_compute_capability(fake_nvml, monkeypatch):  # noqa: F811
     fake_nvml(GPUS)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"1,{MIG}")
     first, mig = devices.gpu_statuses()
     assert (first.uuid, first.memory_total_mb, first.memory_used_mb, first.utilization_pct) == (B, 24564, 100, 50)
-    assert (mig.uuid, mig.memory_total_mb, mig.utilization_pct) == (MIG, 4864, None)
+    assert first.compute_capability == (9, 0)
+    assert (mig.uuid, mig.memory_total_mb, mig.utilization_pct, mig.compute_capability) == (MIG, 4864, None, None)
 
 
 def test_a_machine_without_a_driver_has_no_gpus(fake_nvml):  # noqa: F811

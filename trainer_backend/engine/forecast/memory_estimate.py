@@ -15,26 +15,30 @@ one to one:
   tensors, with every tensor storage it allocates counted while it lives: what backward keeps,
   the gradients of activations, the optimizer's temporaries, the input batch; autocast runs as in
   training, so bf16/fp16 activations are counted at their size. The model's buffers (BatchNorm
-  statistics) are added here too, as the breakdown's "activations and other" holds them;
+  statistics) are added here too, as the breakdown's "activations and other" holds them, and so
+  are cuBLAS's workspaces on a GPU: PyTorch takes one from the caching allocator for each thread
+  that runs a matrix product there (forward's and backward's: two for a model with a linear head),
+  32 MiB each on Hopper and 8 MiB elsewhere (``cublas_workspace_bytes``);
 - communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
 - the dataset: a CUDA run keeps both splits' stored pixels and labels on each process's first GPU
   where the pixels take at most a tenth of its memory (``kept_on_device``); a run passes its data
-  and CUDA's memory per GPU (``run_stored_data``), an estimate before launch looks at the dataset
-  and NVML's (``stored_data``).
+  and CUDA's memory and compute capability per GPU (``run_stored_data``), an estimate before launch
+  looks at the dataset and NVML's (``stored_data``).
 
 Each strategy says how it places the model's parts and buffers (``memory_placement`` on each
 strategy class in strategies/); this module provides the counts they place, and puts the dataset
 on each process's first device.
 
 The trace is memory_trace.py's; whether it fits, and what would, is memory_fit.py's. What no
-trace here sees: CUDA's context (not in the allocator's peak either), cuBLAS and cuDNN workspaces and the
-caching allocator's rounding and fragmentation.
+trace here sees: CUDA's context (not in the allocator's peak either), cuDNN's workspaces (taken and given back
+within each convolution), cuBLASLt's own 1 MiB per handle and the caching allocator's rounding and fragmentation.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -124,11 +128,14 @@ class MemoryPlan:
     """The counts a strategy's ``memory_placement`` places on its devices: the model's parts and
     traces of its steps, each traced once per batch (traces are cached across plans)."""
 
-    def __init__(self, config: RunConfig, num_classes: int, in_chans: int, amp_dtype: torch.dtype | None):
+    def __init__(self, config: RunConfig, num_classes: int, in_chans: int, amp_dtype: torch.dtype | None,
+                 gpus: StoredData | None = None):
         self.config, self.amp_dtype = config, amp_dtype
         self.num_classes, self.in_chans = num_classes, in_chans
         self.device_type = "cuda" if config.uses_cuda else "cpu"
+        self.gpus = gpus or StoredData()  # what is known of the GPUs: their compute capability
         self.notes: list[str] = []
+        self.workspace_unknown: list[str] = []  # GPUs whose cuBLAS workspaces could not be sized
 
     @functools.cached_property
     def fake(self) -> FakeModel:
@@ -175,10 +182,23 @@ class MemoryPlan:
         peak = max(backward, trace.optimizer_peak)
         return max(0, peak - held.gradients - held.optimizer)
 
+    def blas_workspace(self, label: str, trace: StepTrace) -> int:
+        """cuBLAS's workspaces on the GPU ``label`` whose step is ``trace``: one for each thread that runs a
+        matrix product there. None on CPU; none where the GPU's compute capability is unknown, which
+        ``workspace_unknown`` then names."""
+        if self.device_type != "cuda" or not trace.blas_threads:
+            return 0
+        capability = self.gpus.capability(label)
+        if capability is None:
+            self.workspace_unknown.append(label)
+            return 0
+        return trace.blas_threads * cublas_workspace_bytes(capability)
+
     def whole(self, label: str, batch: int) -> DeviceMemory:
         """The model whole on one device, training on ``batch`` images: single's placement."""
         held = self.held(label, self.model)
-        held.activations += self.step_activations(self.trace(batch), held)
+        trace = self.trace(batch)
+        held.activations += self.step_activations(trace, held) + self.blas_workspace(label, trace)
         return held
 
     def stages(self) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
@@ -194,7 +214,7 @@ class MemoryPlan:
         """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch)."""
         held = self.held(label, self.stage(index))
         trace = self.trace(batch, index)
-        held.activations += self.step_activations(trace, held)
+        held.activations += self.step_activations(trace, held) + self.blas_workspace(label, trace)
         return held, trace
 
     def shard(self, label: str, rank: int, world: int) -> DeviceMemory:
@@ -280,7 +300,9 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
     from trainer_backend.engine.strategies.registry import strategy_class
 
     amp_dtype, note = estimate_amp_dtype(config)
-    plan = MemoryPlan(config, num_classes, in_chans, amp_dtype)
+    if stored is None:
+        stored = stored_data(config)
+    plan = MemoryPlan(config, num_classes, in_chans, amp_dtype, stored)
     devices = strategy_class(config.strategy).memory_placement(plan)
     merged: dict[str, DeviceMemory] = {}
     for device in devices:  # CPU "devices" of one process are one memory
@@ -288,8 +310,6 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
             merged[device.label].add(device)
         else:
             merged[device.label] = device
-    if stored is None:
-        stored = stored_data(config)
     data_notes = []
     if stored.bytes:
         # Each process keeps the dataset on its first device: every rank's where one process runs per device.
@@ -306,6 +326,10 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
                               "its memory cannot be read here, and a run keeps them on a GPU where they take at most "
                               f"{DEVICE_DATA_SHARE:.0%} of it.")
     data_notes += [stored.note] if stored.note else []
+    if plan.workspace_unknown:
+        data_notes.append(f"cuBLAS's workspaces (32 MiB on Hopper, 8 MiB on other GPUs, for each thread that runs a "
+                          f"matrix product) are not counted on {', '.join(dict.fromkeys(plan.workspace_unknown))}: "
+                          "the GPU's compute capability cannot be read here.")
     notes = ([note] if note else []) + plan.notes + data_notes + ([] if config.uses_cuda else [CPU_NOTE])
     return MemoryEstimate(config.strategy, list(merged.values()),
                           None if amp_dtype is None else str(amp_dtype).removeprefix("torch."), notes)
@@ -315,12 +339,14 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
 class StoredData:
     """What a CUDA run may keep on its GPUs (``trainer.keep_on_device``): both splits' ``images``,
     their stored pixels and int64 labels, kept on a GPU whose memory (``device_bytes``, by "cuda:N")
-    is at least ten times ``pixel_bytes``; ``note`` says why the dataset could not be sized."""
+    is at least ten times ``pixel_bytes``; ``note`` says why the dataset could not be sized. With
+    each GPU's compute capability (``capabilities``), which sizes cuBLAS's workspaces."""
 
     pixel_bytes: int = 0
     images: int = 0
     device_bytes: dict[str, int] = field(default_factory=dict)
     note: str | None = None
+    capabilities: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -329,40 +355,72 @@ class StoredData:
     def kept_on(self, label: str) -> int | None:
         """Bytes kept on the device ``label`` names ("cuda:1", or "rank3:cuda:1" on another node,
         judged by this machine's GPU of that index); None where its memory is unknown."""
-        total = self.device_bytes.get(label.split(":", 1)[1] if label.startswith("rank") else label)
+        total = self.device_bytes.get(_gpu(label))
         if total is None:
             return None
         return self.bytes if kept_on_device(self.pixel_bytes, total) else 0
+
+    def capability(self, label: str) -> tuple[int, int] | None:
+        return self.capabilities.get(_gpu(label))
+
+
+def _gpu(label: str) -> str:
+    """The GPU of this machine a device label names: "cuda:1" for "cuda:1" and for "rank3:cuda:1" (a rank on
+    another node, judged by this machine's GPU of that index)."""
+    return label.split(":", 1)[1] if label.startswith("rank") else label
+
+
+def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
+    """The workspace PyTorch gives each cuBLAS handle (one per thread and GPU) on a GPU of ``capability``,
+    from the caching allocator, so that the allocator's peak counts it: CUBLAS_WORKSPACE_CONFIG's
+    ``:KiB:COUNT`` pairs added up where it is set, else 32 MiB on Hopper (compute capability 9.0) and
+    8 MiB + 128 KiB on other GPUs (ATen's CublasHandlePool.cpp)."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if pairs:
+        return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
+    return 4096 * 1024 * 8 if tuple(capability) == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 def stored_data(config: RunConfig) -> StoredData:
     """``StoredData`` from a look before launch: the dataset's size without decoding or
     downloading it, and each GPU's total memory from NVML (which reads a little more than the
     total CUDA gives the run, so a dataset within a few MB of the share can be judged
-    differently). Nothing for CPU runs and for files decoded by the loader workers. A search
-    that estimates many changes of one config looks once and passes the result on."""
-    if not config.uses_cuda or config.decode == "workers":
+    differently), with their compute capabilities. Nothing for CPU runs, and no dataset for files
+    decoded by the loader workers. A search that estimates many changes of one config looks once and
+    passes the result on."""
+    if not config.uses_cuda:
         return StoredData()
     from trainer_backend.contract.devices import gpu_statuses
 
+    gpus = gpu_statuses()
+    totals = {f"cuda:{g.index}": int(g.memory_total_mb * MB) for g in gpus}
+    capabilities = {f"cuda:{g.index}": g.compute_capability for g in gpus if g.compute_capability}
+    if config.decode == "workers":
+        return StoredData(capabilities=capabilities)
     try:
         pixels, images = _split_size(config.dataset, config.stored_size or config.image_size, config.bands,
                                      config.band_scale, config.val_from, _looked_at())
     except (OSError, ValueError) as exc:  # DatasetError is a ValueError
-        return StoredData(note=f"The dataset is not counted: its size could not be read ({exc})."[:400])
-    totals = {f"cuda:{g.index}": int(g.memory_total_mb * MB) for g in gpu_statuses()}
-    return StoredData(pixels, images, totals)
+        return StoredData(note=f"The dataset is not counted: its size could not be read ({exc})."[:400],
+                          capabilities=capabilities)
+    return StoredData(pixels, images, totals, capabilities=capabilities)
 
 
 def run_stored_data(data, devices: list[torch.device]) -> StoredData:
     """``StoredData`` of a run's prepared ``data``: the splits it may keep on a GPU, with the total
-    memory CUDA gives each of this machine's GPUs (as ``keep_on_device`` reads it)."""
+    memory CUDA gives each of this machine's GPUs (as ``keep_on_device`` reads it) and their compute
+    capabilities."""
     from trainer_backend.datasets import ImageTensorDataset
 
-    if not isinstance(data.train, ImageTensorDataset) or not any(d.type == "cuda" for d in devices):
+    if not any(d.type == "cuda" for d in devices):
         return StoredData()
-    totals = {f"cuda:{i}": torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())}
-    return StoredData(data.train.stored_bytes + data.val.stored_bytes, len(data.train) + len(data.val), totals)
+    properties = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    capabilities = {f"cuda:{i}": (p.major, p.minor) for i, p in enumerate(properties)}
+    if not isinstance(data.train, ImageTensorDataset):
+        return StoredData(capabilities=capabilities)
+    totals = {f"cuda:{i}": p.total_memory for i, p in enumerate(properties)}
+    return StoredData(data.train.stored_bytes + data.val.stored_bytes, len(data.train) + len(data.val), totals,
+                      capabilities=capabilities)
 
 
 LABEL_BYTES = 8  # int64, copied beside the pixels

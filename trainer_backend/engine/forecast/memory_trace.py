@@ -36,6 +36,13 @@ class EstimateError(ValueError):
 
 # --- counting what exists on the fake devices ------------------------------------------------
 
+# The operators CUDA runs through cuBLAS (and cuBLASLt): matrix products. A phase of the step that runs one
+# gets a cuBLAS handle, and with it a workspace (memory_estimate.cublas_workspace_bytes).
+BLAS_OPS = frozenset(getattr(torch.ops.aten, name) for name in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "mv", "addmv", "dot", "vdot", "_scaled_mm",
+    "_int_mm") if hasattr(torch.ops.aten, name))
+
+
 class LiveBytes(TorchDispatchMode):
     """Counts the bytes of every tensor storage created while it is active, until that storage is
     freed, and the most that were alive at once (with how much of it was parameter gradients)."""
@@ -43,6 +50,7 @@ class LiveBytes(TorchDispatchMode):
     def __init__(self, params: list[nn.Parameter], existing: list[torch.Tensor] = ()):
         super().__init__()
         self.live = self.peak = self.grads = self.grads_at_peak = 0
+        self.phase, self.blas_phases = "forward", set()  # the phases that ran a cuBLAS product
         # Storages made before (parameters, buffers) are not counted, views of them included.
         self._sizes: dict[int, int] = {t.untyped_storage()._cdata: 0 for t in existing}
         self._grad_keys: set[int] = set()
@@ -50,6 +58,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in BLAS_OPS:
+            self.blas_phases.add(self.phase)
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 self._add(tensor.untyped_storage())
@@ -97,6 +107,9 @@ class StepTrace:
     input_bytes: int
     output_bytes: int
     optimizer_extra: int    # of which the step's own: its state and temporaries (the same at any batch)
+    # Threads that run a cuBLAS product in the step on CUDA: forward runs in the calling thread, backward in
+    # autograd's thread for the device; each keeps its own handle and workspace. 0, 1 or 2.
+    blas_threads: int = 0
 
 
 # --- the fake model and its stages ----------------------------------------------------------
@@ -309,6 +322,7 @@ def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple
                     labels = torch.zeros(shape[0], dtype=torch.long)
                     loss = F.cross_entropy(out, labels, label_smoothing=label_smoothing)
             forward_kept, output_bytes = tracker.live, out.numel() * out.element_size()
+            tracker.phase = "backward"
             if last:
                 loss.backward()
                 del loss, labels
@@ -319,10 +333,11 @@ def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple
             after_backward = tracker.live
             if optimizer_extra is None:
                 tracker.restart_peak()
+                tracker.phase = "optimizer"
                 optimizer.step()
                 optimizer_extra = tracker.peak - after_backward
             optimizer.zero_grad()
     finally:
         tracker.close()
     return StepTrace(backward_peak, grads_at_peak, forward_kept, after_backward + optimizer_extra, input_bytes,
-                     output_bytes, optimizer_extra)
+                     output_bytes, optimizer_extra, len(tracker.blas_phases & {"forward", "backward"}))

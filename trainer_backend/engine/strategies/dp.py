@@ -58,7 +58,8 @@ class DataParallelStrategy(Strategy):
         for label in config.devices[1:]:
             replica = plan.held(label, plan.model)
             parameters = replica.parameters + replica.activations  # broadcast weights and buffers
-            replicas.append(type(replica)(label, activations=parameters + trace.backward_peak))
+            replicas.append(type(replica)(label, activations=parameters + trace.backward_peak
+                                          + plan.blas_workspace(label, trace)))
         return [first, *replicas]
 
     def wrap(self, model: nn.Module) -> nn.Module:

@@ -495,3 +495,60 @@ def test_a_search_of_changes_looks_at_the_dataset_and_the_gpus_once(two_gpu_mach
     found = suggestions(config, CLASSES, CHANNELS, free, ["cuda:0", "cuda:1"])
     assert any(f.startswith("a global batch of ") for f in found), found
     assert len(reads) == 2, len(reads)  # the search's one look
+
+
+# --- cuBLAS's workspaces ------------------------------------------------------------------------
+
+def test_a_step_counts_the_threads_that_run_matrix_products():
+    """On CUDA forward runs in the calling thread and backward in autograd's: a linear layer runs a
+    product in both, a network of convolutions in neither."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        linear = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        convolutions = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        traces = [trace_step(net, torch.optim.SGD(net.parameters(), lr=0.1), shape)
+                  for net, shape in ((linear, (64, 8)), (convolutions, (2, 3, 8, 8)))]
+    assert [trace.blas_threads for trace in traces] == [2, 0]
+
+
+def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_nvml, two_gpus, monkeypatch):
+    """resnet18's head runs a product in forward and in backward: two workspaces on each GPU that holds
+    it, 8 MiB + 128 KiB each on the A6000 (8.6) and the 4090 (8.9), 32 MiB on a Hopper GPU (9.0), the
+    sum of CUBLAS_WORKSPACE_CONFIG's pairs where it is set; none on model parallel's first stage, which
+    has no linear layer; none where NVML cannot tell the generation, and the estimate says so."""
+    from trainer_backend.engine.forecast.memory_estimate import cublas_workspace_bytes
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    mib = 2**20
+    fake_nvml([{**gpu, "capability": None} for gpu in TWO_GPUS])
+    config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="ddp", devices=("cuda:0", "cuda:1"),
+                       amp="bf16")
+    unknown = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
+    assert any(note.startswith("cuBLAS's workspaces (32 MiB on Hopper, 8 MiB on other GPUs, for each thread that "
+                               "runs a matrix product) are not counted on cuda:0, cuda:1") for note in unknown.notes)
+    bare = {d.label: d.activations for d in unknown.devices}
+    strategies = ("single", "dp", "ddp", "fsdp", "mp", "pp")
+
+    def activations() -> dict[str, list[int]]:
+        return {name: [d.activations for d in gpu_estimate(name, amp="bf16").values()] for name in strategies}
+
+    before = activations()
+    fake_nvml(TWO_GPUS)
+    two = 2 * (8 * mib + 128 * 1024)
+    added = {name: [a - b for a, b in zip(now, before[name])] for name, now in activations().items()}
+    assert added == {"single": [two], "dp": [two, two], "ddp": [two, two], "fsdp": [two, two], "mp": [0, two],
+                     "pp": [0, two]}
+    assert not any("cuBLAS" in note for note in estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).notes)
+
+    fake_nvml([{**TWO_GPUS[0], "capability": [9, 0]}, TWO_GPUS[1]])  # the first listed is cuda:1 (higher bus id)
+    hopper = gpu_estimate("ddp", amp="bf16")
+    assert (hopper["cuda:0"].activations - bare["cuda:0"], hopper["cuda:1"].activations - bare["cuda:1"]) == (
+        2 * (8 * mib + 128 * 1024), 2 * 32 * mib)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1:16:8")
+    assert cublas_workspace_bytes((9, 0)) == cublas_workspace_bytes((8, 6)) == 4 * mib + 128 * 1024
+    assert gpu_estimate("ddp", amp="bf16")["cuda:1"].activations - bare["cuda:1"] == 2 * (4 * mib + 128 * 1024)
+    # None on CPU, whatever the GPUs.
+    cpu = RunConfig(model=MODEL, image_size=96, batch_size=128)
+    cpu_estimate = estimate_memory(cpu, num_classes=CLASSES, in_chans=CHANNELS)
+    assert not any("cuBLAS" in note for note in cpu_estimate.notes)
