@@ -12,7 +12,8 @@ The model, per strategy, with the global batch ``B`` fixed (as Parallax's batch 
 - a pipeline of p stages and m microbatches idles for the bubble (p-1)/(m+p-1) of its schedule:
   step = t1 (m+p-1)/(m p) plus a measured cost per stage boundary; MP is a pipeline with m = 1;
 - memory per device: parameters, gradients and optimizer state stay whole under DDP and are split
-  n ways under FSDP, PP and MP; activations and the rest follow the per-device batch, B/n.
+  n ways under FSDP, PP and MP; activations and the rest follow the per-device batch, B/n, but for
+  the dataset a CUDA run keeps on each GPU and cuBLAS's workspaces, which stay whole.
 
 The fit uses each strategy's smallest measured multi-device run, so every larger measured run
 tests the forecast (``error`` = predicted / measured - 1). A count the sweep did not measure is
@@ -105,7 +106,9 @@ class Measured:
     comm_source: str = ""
     memory: dict[str, float] | None = None  # breakdown of the fullest device
     peak_memory_mb: float | None = None
-    data_mb: float = 0.0  # the dataset a CUDA run keeps on each process's GPU, in "activations and other"
+    # What "activations and other" holds whatever the batch: the dataset a CUDA run keeps on each process's
+    # GPU and cuBLAS's workspaces there, by the run's stored memory estimate.
+    fixed_mb: float = 0.0
     sweep_id: int | None = None
 
     @property
@@ -136,7 +139,7 @@ def measure_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Dat
                      images_per_s=throughput_images_per_s(run_epochs) if run["status"] == "completed" else None,
                      sweep_id=run.get("sweep_id"))
         m.memory, m.peak_memory_mb = _memory(run_epochs)
-        m.data_mb = _kept_data_mb(run.get("measurements"))
+        m.fixed_mb = _fixed_mb(run.get("measurements"))
         m.exposed_comm_s, m.comm_source = _exposed_comm(m, ranks, steps, steady(run_epochs)["epoch"].tolist())
         measured.append(m)
     return measured
@@ -155,11 +158,12 @@ def _memory(run_epochs: pd.DataFrame) -> tuple[dict[str, float] | None, float | 
     return fullest, (max(peaks) if peaks else None)
 
 
-def _kept_data_mb(measurements: dict | None) -> float:
-    """The dataset the run kept on a GPU, by its stored memory estimate (0 where none was kept)."""
+def _fixed_mb(measurements: dict | None) -> float:
+    """The dataset the run kept on a GPU and cuBLAS's workspaces there, by its stored memory estimate (0 on
+    CPU), on the device that holds the most of them."""
     devices = ((measurements or {}).get("memory_estimate") or {}).get("devices") or {}
-    return max((float(parts.get("data_mb") or 0.0) for parts in devices.values() if isinstance(parts, dict)),
-               default=0.0)
+    return max((float(parts.get("data_mb") or 0.0) + float(parts.get("workspace_mb") or 0.0)
+                for parts in devices.values() if isinstance(parts, dict)), default=0.0)
 
 
 def _exposed_comm(m: Measured, ranks: pd.DataFrame, steps: pd.DataFrame, epochs: list[int]) -> tuple[float | None, str]:
@@ -259,9 +263,10 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
         if not memory:
             return None
         state = sum(memory[k] for k in STATE_PARTS) * (nc / n if shards_state else 1.0)
-        # The dataset kept on the GPU is whole on each device, whatever the count: only the rest scales.
-        data = min(calibration.data_mb, memory["activations_other_mb"])
-        return state + (memory["activations_other_mb"] - data) * nc / n + data
+        # The dataset kept on the GPU and cuBLAS's workspaces are whole on each device, whatever the count:
+        # only the rest scales.
+        fixed = min(calibration.fixed_mb, memory["activations_other_mb"])
+        return state + (memory["activations_other_mb"] - fixed) * nc / n + fixed
 
     if spec(strategy).staged:
         m = calibration.microbatches if microbatched else 1

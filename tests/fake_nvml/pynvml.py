@@ -93,7 +93,14 @@ def nvmlDeviceGetUtilizationRates(handle: dict) -> SimpleNamespace:
 
 
 def nvmlDeviceGetCudaComputeCapability(handle: dict) -> tuple[int, int]:
-    return tuple(_reading(handle, "capability"))  # JSON gives a list
+    return tuple(_reading(handle, "capability"))  # JSON gives a list; a MIG instance says none here
+
+
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle: dict) -> dict:
+    for gpu in _check():
+        if any(mig is handle for mig in gpu.get("migs", [])):
+            return gpu
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
 def nvmlDeviceGetMaxMigDeviceCount(handle: dict) -> int:

@@ -110,14 +110,14 @@ def test_single_and_ddp_on_two_devices_forecast_four_and_eight(engine):
     assert "Scaling forecast" in text and "comm wait per rank" in text and "(p−1)/(m+p−1)" in text
 
 
-def test_the_dataset_a_gpu_keeps_whole_is_not_scaled_with_the_per_device_batch(engine):
-    """40 MB of the 100 MB "activations and other" are the dataset each rank keeps on its GPU (the run's
-    stored estimate says so): at 4 devices only the other 60 MB halve."""
+def test_the_dataset_and_workspaces_a_gpu_keeps_whole_are_not_scaled_with_the_per_device_batch(engine):
+    """40 MB of the 100 MB "activations and other" are the dataset each rank keeps on its GPU and its cuBLAS
+    workspaces (the run's stored estimate says so): at 4 devices only the other 60 MB halve."""
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
     add_run(engine, sweep_id, "single", 1, 100.0)
     ddp = add_run(engine, sweep_id, "ddp", 2, 160.0, comm_share=0.1, breakdown=ddp_parts())
     store.set_measurements(engine, ddp, {"memory_estimate": {"devices": {
-        f"rank{r}:cpu": {"data_mb": 40.0, "total_mb": 300.0} for r in range(2)}}})
+        f"rank{r}:cpu": {"data_mb": 24.0, "workspace_mb": 16.0, "total_mb": 300.0} for r in range(2)}}})
     rows = sweep_forecast(engine, sweep_id).table.set_index("devices")
     assert rows.loc[4, "memory_mb_predicted"] == pytest.approx(170.8 + 60.0 / 2 + 40.0)
     assert rows.loc[8, "memory_mb_predicted"] == pytest.approx(170.8 + 60.0 / 4 + 40.0)

@@ -16,6 +16,8 @@ UUIDs or MIG ids) against the GPUs in that same order.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from dataclasses import dataclass
 
@@ -144,10 +146,13 @@ def _read_gpu(pynvml, torch_index: int, handle, device_id: str) -> GpuStatus:
         utilization_pct = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except pynvml.NVMLError:  # e.g. MIG instances do not report utilisation
         utilization_pct = None
+    compute_capability = None
     try:
         compute_capability = tuple(int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(handle))
     except pynvml.NVMLError:
-        compute_capability = None
+        with contextlib.suppress(pynvml.NVMLError):  # a MIG instance: its GPU's
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            compute_capability = tuple(int(v) for v in pynvml.nvmlDeviceGetCudaComputeCapability(parent))
     return GpuStatus(
         index=torch_index,
         name=_text(name),

@@ -22,7 +22,7 @@ MIG = "MIG-4c5d6e7f-0000-0000-0000-000000000000"
 # NVML's own listing, deliberately not in PCI bus order; by bus: A (0x1A), B (0x3B), C (0xAF, MIG on).
 GPUS = [
     {"name": "GPU on bus AF", "uuid": C, "bus_id": "00000000:AF:00.0", "memory_total_mb": 40960,
-     "memory_used_mb": 0, "utilization_pct": None,
+     "memory_used_mb": 0, "utilization_pct": None, "capability": [8, 0],
      "migs": [{"name": "MIG 1g.5gb", "uuid": MIG, "gpu_instance": 7, "compute_instance": 0,
                "memory_total_mb": 4864, "memory_used_mb": 13, "utilization_pct": None}]},
     {"name": "GPU on bus 3B", "uuid": B, "bus_id": "00000000:3B:00.0", "memory_total_mb": 24564,
@@ -75,7 +75,7 @@ def test_each_status_carries_its_memory_utilisation_uuid_and_compute_capability(
     first, mig = devices.gpu_statuses()
     assert (first.uuid, first.memory_total_mb, first.memory_used_mb, first.utilization_pct) == (B, 24564, 100, 50)
     assert first.compute_capability == (9, 0)
-    assert (mig.uuid, mig.memory_total_mb, mig.utilization_pct, mig.compute_capability) == (MIG, 4864, None, None)
+    assert (mig.uuid, mig.memory_total_mb, mig.utilization_pct, mig.compute_capability) == (MIG, 4864, None, (8, 0))
 
 
 def test_a_machine_without_a_driver_has_no_gpus(fake_nvml):  # noqa: F811

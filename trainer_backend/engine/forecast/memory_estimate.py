@@ -17,8 +17,9 @@ one to one:
   training, so bf16/fp16 activations are counted at their size. The model's buffers (BatchNorm
   statistics) are added here too, as the breakdown's "activations and other" holds them, and so
   are cuBLAS's workspaces on a GPU: PyTorch takes one from the caching allocator for each thread
-  that runs a matrix product there (forward's and backward's: two for a model with a linear head),
-  32 MiB each on Hopper and 8 MiB elsewhere (``cublas_workspace_bytes``);
+  that runs a matrix product there (forward's and backward's: two for a model with a linear head;
+  the batch's crop on the device is one too), 32 MiB each on Hopper and Blackwell and 8 MiB elsewhere
+  (``cublas_workspace_bytes``);
 - communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
 - the dataset: a CUDA run keeps both splits' stored pixels and labels on each process's first GPU
   where the pixels take at most a tenth of its memory (``kept_on_device``); a run passes its data
@@ -31,7 +32,8 @@ on each process's first device.
 
 The trace is memory_trace.py's; whether it fits, and what would, is memory_fit.py's. What no
 trace here sees: CUDA's context (not in the allocator's peak either), cuDNN's workspaces (taken and given back
-within each convolution), cuBLASLt's own 1 MiB per handle and the caching allocator's rounding and fragmentation.
+within each convolution), cuBLASLt's own workspace (1 MiB per handle, where a release keeps it apart from
+cuBLAS's) and the caching allocator's rounding and fragmentation.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class DeviceMemory:
     activations: int = 0
     comm: int = 0
     data: int = 0  # the dataset kept on the device
+    workspace: int = 0  # of ``activations``: cuBLAS's workspaces, which do not follow the batch
 
     @property
     def total(self) -> int:
@@ -80,12 +83,18 @@ class DeviceMemory:
         return self.total / MB
 
     def add(self, other: DeviceMemory) -> None:
-        for name in ("parameters", "gradients", "optimizer", "activations", "comm", "data"):
+        for name in ("parameters", "gradients", "optimizer", "activations", "comm", "data", "workspace"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
+    def add_workspace(self, workspace: int) -> None:
+        self.activations += workspace
+        self.workspace += workspace
+
     def to_dict(self) -> dict[str, float]:
+        """The parts, their total, and how much of the activations are cuBLAS's workspaces (``workspace_mb``)."""
         values = (self.parameters, self.gradients, self.optimizer, self.activations, self.comm, self.data)
-        return {**{part: round(v / MB, 3) for part, v in zip(PARTS, values)}, "total_mb": round(self.total_mb, 3)}
+        return {**{part: round(v / MB, 3) for part, v in zip(PARTS, values)}, "total_mb": round(self.total_mb, 3),
+                "workspace_mb": round(self.workspace / MB, 3)}
 
 
 @dataclass
@@ -182,23 +191,36 @@ class MemoryPlan:
         peak = max(backward, trace.optimizer_peak)
         return max(0, peak - held.gradients - held.optimizer)
 
-    def blas_workspace(self, label: str, trace: StepTrace) -> int:
+    @property
+    def crops_on_device(self) -> bool:
+        """Whether the run crops its batches on the device (a random-resized crop from a larger stored size,
+        or the "crop" augmentation): ``affine_grid``, a matrix product, in the thread that takes the batch."""
+        return self.config.stored_size > self.config.image_size or "crop" in self.config.augment.split(",")
+
+    def blas_workspace(self, label: str, trace: StepTrace, *, takes_input: bool = True,
+                       forward_elsewhere: bool = False) -> int:
         """cuBLAS's workspaces on the GPU ``label`` whose step is ``trace``: one for each thread that runs a
-        matrix product there. None on CPU; none where the GPU's compute capability is unknown, which
+        matrix product there. ``takes_input``: the run's own thread crops each batch there (``crops_on_device``),
+        a thread of its own where the forward runs in other threads (``forward_elsewhere``: DataParallel's)
+        or runs no product. None on CPU; none where the GPU's compute capability is unknown, which
         ``workspace_unknown`` then names."""
-        if self.device_type != "cuda" or not trace.blas_threads:
+        threads = set(trace.blas_phases)
+        if takes_input and self.crops_on_device:
+            threads.add("input" if forward_elsewhere else "forward")
+        if self.device_type != "cuda" or not threads:
             return 0
         capability = self.gpus.capability(label)
         if capability is None:
             self.workspace_unknown.append(label)
             return 0
-        return trace.blas_threads * cublas_workspace_bytes(capability)
+        return len(threads) * cublas_workspace_bytes(capability)
 
-    def whole(self, label: str, batch: int) -> DeviceMemory:
-        """The model whole on one device, training on ``batch`` images: single's placement."""
+    def whole(self, label: str, batch: int, *, forward_elsewhere: bool = False) -> DeviceMemory:
+        """The model whole on one device, training on ``batch`` images it takes: single's placement."""
         held = self.held(label, self.model)
         trace = self.trace(batch)
-        held.activations += self.step_activations(trace, held) + self.blas_workspace(label, trace)
+        held.activations += self.step_activations(trace, held)
+        held.add_workspace(self.blas_workspace(label, trace, forward_elsewhere=forward_elsewhere))
         return held
 
     def stages(self) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
@@ -214,7 +236,8 @@ class MemoryPlan:
         """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch)."""
         held = self.held(label, self.stage(index))
         trace = self.trace(batch, index)
-        held.activations += self.step_activations(trace, held) + self.blas_workspace(label, trace)
+        held.activations += self.step_activations(trace, held)
+        held.add_workspace(self.blas_workspace(label, trace, takes_input=index == 0))
         return held, trace
 
     def shard(self, label: str, rank: int, world: int) -> DeviceMemory:
@@ -327,8 +350,8 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
                               f"{DEVICE_DATA_SHARE:.0%} of it.")
     data_notes += [stored.note] if stored.note else []
     if plan.workspace_unknown:
-        data_notes.append(f"cuBLAS's workspaces (32 MiB on Hopper, 8 MiB on other GPUs, for each thread that runs a "
-                          f"matrix product) are not counted on {', '.join(dict.fromkeys(plan.workspace_unknown))}: "
+        data_notes.append(f"cuBLAS's workspaces (32 MiB on Hopper and Blackwell, 8 MiB on other GPUs, for each thread "
+                          f"that runs a matrix product) are not counted on {', '.join(dict.fromkeys(plan.workspace_unknown))}: "
                           "the GPU's compute capability cannot be read here.")
     notes = ([note] if note else []) + plan.notes + data_notes + ([] if config.uses_cuda else [CPU_NOTE])
     return MemoryEstimate(config.strategy, list(merged.values()),
@@ -370,15 +393,20 @@ def _gpu(label: str) -> str:
     return label.split(":", 1)[1] if label.startswith("rank") else label
 
 
+# Compute capabilities (major) whose cuBLAS handles get 32 MiB: Hopper and Blackwell, as ATen's
+# CublasHandlePool.cpp sizes them; releases before Blackwell gave 32 MiB to 9.0 only, less than counted here.
+WORKSPACE_32MIB_MAJORS = (9, 10, 11, 12)
+
+
 def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
     """The workspace PyTorch gives each cuBLAS handle (one per thread and GPU) on a GPU of ``capability``,
     from the caching allocator, so that the allocator's peak counts it: CUBLAS_WORKSPACE_CONFIG's
-    ``:KiB:COUNT`` pairs added up where it is set, else 32 MiB on Hopper (compute capability 9.0) and
-    8 MiB + 128 KiB on other GPUs (ATen's CublasHandlePool.cpp)."""
+    ``:KiB:COUNT`` pairs added up where it is set, else 32 MiB on Hopper and Blackwell
+    (``WORKSPACE_32MIB_MAJORS``) and 8 MiB + 128 KiB on other GPUs."""
     pairs = re.findall(r":([0-9]+):([0-9]+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
     if pairs:
         return sum(int(kib) * 1024 * int(count) for kib, count in pairs)
-    return 4096 * 1024 * 8 if tuple(capability) == (9, 0) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return 4096 * 1024 * 8 if capability[0] in WORKSPACE_32MIB_MAJORS else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
 def stored_data(config: RunConfig) -> StoredData:

@@ -107,9 +107,13 @@ class StepTrace:
     input_bytes: int
     output_bytes: int
     optimizer_extra: int    # of which the step's own: its state and temporaries (the same at any batch)
-    # Threads that run a cuBLAS product in the step on CUDA: forward runs in the calling thread, backward in
-    # autograd's thread for the device; each keeps its own handle and workspace. 0, 1 or 2.
-    blas_threads: int = 0
+    # The phases that run a cuBLAS product ("forward", "backward"): on CUDA forward runs in the calling
+    # thread and backward in autograd's thread for the device, each with its own handle and workspace.
+    blas_phases: frozenset[str] = frozenset()
+
+    @property
+    def blas_threads(self) -> int:
+        return len(self.blas_phases)
 
 
 # --- the fake model and its stages ----------------------------------------------------------
@@ -340,4 +344,4 @@ def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple
     finally:
         tracker.close()
     return StepTrace(backward_peak, grads_at_peak, forward_kept, after_backward + optimizer_extra, input_bytes,
-                     output_bytes, optimizer_extra, len(tracker.blas_phases & {"forward", "backward"}))
+                     output_bytes, optimizer_extra, frozenset(tracker.blas_phases & {"forward", "backward"}))

@@ -49,7 +49,8 @@ class DataParallelStrategy(Strategy):
         if not config.uses_cuda:
             return [plan.whole("cpu", config.batch_size)]
         share = config.per_device_batch
-        first = plan.whole(config.devices[0], share)
+        # Over several GPUs each replica's forward runs in a thread of its own, apart from the thread that crops.
+        first = plan.whole(config.devices[0], share, forward_elsewhere=len(config.devices) > 1)
         rest_of_batch = config.batch_size - share
         first.activations += (rest_of_batch * plan.input_bytes_per_image()
                               + config.batch_size * plan.num_classes * 4)
@@ -58,8 +59,9 @@ class DataParallelStrategy(Strategy):
         for label in config.devices[1:]:
             replica = plan.held(label, plan.model)
             parameters = replica.parameters + replica.activations  # broadcast weights and buffers
-            replicas.append(type(replica)(label, activations=parameters + trace.backward_peak
-                                          + plan.blas_workspace(label, trace)))
+            replica = type(replica)(label, activations=parameters + trace.backward_peak)
+            replica.add_workspace(plan.blas_workspace(label, trace, takes_input=False))
+            replicas.append(replica)
         return [first, *replicas]
 
     def wrap(self, model: nn.Module) -> nn.Module:

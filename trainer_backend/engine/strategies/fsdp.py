@@ -29,7 +29,8 @@ class FullyShardedStrategy(DistributedStrategy):
         devices = []
         for rank, label in enumerate(plan.labels()):
             device = plan.shard(label, rank, world)
-            device.activations += trace.backward_peak - trace.grads_at_peak + plan.blas_workspace(label, trace)
+            device.activations += trace.backward_peak - trace.grads_at_peak
+            device.add_workspace(plan.blas_workspace(label, trace))
             device.comm = 3 * max(units[:-1], default=0) + units[-1]
             devices.append(device)
         return devices

@@ -514,9 +514,10 @@ def test_a_step_counts_the_threads_that_run_matrix_products():
 
 def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_nvml, two_gpus, monkeypatch):
     """resnet18's head runs a product in forward and in backward: two workspaces on each GPU that holds
-    it, 8 MiB + 128 KiB each on the A6000 (8.6) and the 4090 (8.9), 32 MiB on a Hopper GPU (9.0), the
-    sum of CUBLAS_WORKSPACE_CONFIG's pairs where it is set; none on model parallel's first stage, which
-    has no linear layer; none where NVML cannot tell the generation, and the estimate says so."""
+    it, 8 MiB + 128 KiB each on the A6000 (8.6) and the 4090 (8.9), 32 MiB on Hopper and Blackwell (9.x,
+    10.x, 12.x), the sum of CUBLAS_WORKSPACE_CONFIG's pairs where it is set; none on model parallel's first
+    stage, which has no linear layer, unless it crops the batches; none where NVML cannot tell the
+    generation, and the estimate says so."""
     from trainer_backend.engine.forecast.memory_estimate import cublas_workspace_bytes
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -525,8 +526,9 @@ def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_n
     config = RunConfig(model=MODEL, image_size=96, batch_size=128, strategy="ddp", devices=("cuda:0", "cuda:1"),
                        amp="bf16")
     unknown = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS)
-    assert any(note.startswith("cuBLAS's workspaces (32 MiB on Hopper, 8 MiB on other GPUs, for each thread that "
-                               "runs a matrix product) are not counted on cuda:0, cuda:1") for note in unknown.notes)
+    assert any(note.startswith("cuBLAS's workspaces (32 MiB on Hopper and Blackwell, 8 MiB on other GPUs, for each "
+                               "thread that runs a matrix product) are not counted on cuda:0, cuda:1")
+               for note in unknown.notes), unknown.notes
     bare = {d.label: d.activations for d in unknown.devices}
     strategies = ("single", "dp", "ddp", "fsdp", "mp", "pp")
 
@@ -539,6 +541,15 @@ def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_n
     added = {name: [a - b for a, b in zip(now, before[name])] for name, now in activations().items()}
     assert added == {"single": [two], "dp": [two, two], "ddp": [two, two], "fsdp": [two, two], "mp": [0, two],
                      "pp": [0, two]}
+    stored = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).to_dict()["devices"]
+    assert [parts["workspace_mb"] for parts in stored.values()] == [round(two / mib, 3)] * 2  # of activations_mb
+    # Batches cropped on the GPU: a product in the thread that takes them. That is the forward's thread,
+    # except under DataParallel over two GPUs, and model parallel's first stage runs no product of its own.
+    uncropped = {name: [d.activations for d in gpu_estimate(name, amp="bf16").values()] for name in ("single", "dp", "mp")}
+    for changes in ({"augment": "flip,crop"}, {"stored_size": 128}):
+        cropped = {name: [d.activations - b for d, b in zip(gpu_estimate(name, amp="bf16", **changes).values(), plain)]
+                   for name, plain in uncropped.items()}
+        assert cropped == {"single": [0], "dp": [two // 2, 0], "mp": [two // 2, 0]}, changes
     assert not any("cuBLAS" in note for note in estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).notes)
 
     fake_nvml([{**TWO_GPUS[0], "capability": [9, 0]}, TWO_GPUS[1]])  # the first listed is cuda:1 (higher bus id)
@@ -547,6 +558,9 @@ def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_n
         2 * (8 * mib + 128 * 1024), 2 * 32 * mib)
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1:16:8")
     assert cublas_workspace_bytes((9, 0)) == cublas_workspace_bytes((8, 6)) == 4 * mib + 128 * 1024
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    assert [cublas_workspace_bytes((major, 0)) for major in (7, 8, 9, 10, 12)] == [two // 2] * 2 + [32 * mib] * 3
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1:16:8")
     assert gpu_estimate("ddp", amp="bf16")["cuda:1"].activations - bare["cuda:1"] == 2 * (4 * mib + 128 * 1024)
     # None on CPU, whatever the GPUs.
     cpu = RunConfig(model=MODEL, image_size=96, batch_size=128)
