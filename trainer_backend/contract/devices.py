@@ -17,7 +17,6 @@ UUIDs or MIG ids) against the GPUs in that same order.
 from __future__ import annotations
 
 import contextlib
-
 import os
 from dataclasses import dataclass
 

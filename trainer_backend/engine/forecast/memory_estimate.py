@@ -18,8 +18,8 @@ one to one:
   statistics) are added here too, as the breakdown's "activations and other" holds them, and so
   are cuBLAS's workspaces on a GPU: PyTorch takes one from the caching allocator for each thread
   that runs a matrix product there (forward's and backward's: two for a model with a linear head;
-  the batch's crop on the device is one too), 32 MiB each on Hopper and Blackwell and 8 MiB elsewhere
-  (``cublas_workspace_bytes``);
+  ``blas_workspace`` says when cropping batches on the GPU and DataParallel's threads add one), 32 MiB
+  each on Hopper and Blackwell and 8 MiB + 128 KiB elsewhere (``cublas_workspace_bytes``);
 - communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
 - the dataset: a CUDA run keeps both splits' stored pixels and labels on each process's first GPU
   where the pixels take at most a tenth of its memory (``kept_on_device``); a run passes its data
@@ -201,12 +201,15 @@ class MemoryPlan:
                        forward_elsewhere: bool = False) -> int:
         """cuBLAS's workspaces on the GPU ``label`` whose step is ``trace``: one for each thread that runs a
         matrix product there. ``takes_input``: the run's own thread crops each batch there (``crops_on_device``),
-        a thread of its own where the forward runs in other threads (``forward_elsewhere``: DataParallel's)
-        or runs no product. None on CPU; none where the GPU's compute capability is unknown, which
-        ``workspace_unknown`` then names."""
+        in the forward's thread. ``forward_elsewhere``: the training forward runs in threads of its own
+        (DataParallel's over several GPUs), so the run's thread, which crops and evaluates the model
+        unwrapped there, has a handle of its own. None on CPU; none where the GPU's compute capability is
+        unknown, which ``workspace_unknown`` then names."""
         threads = set(trace.blas_phases)
         if takes_input and self.crops_on_device:
-            threads.add("input" if forward_elsewhere else "forward")
+            threads.add("forward")
+        if forward_elsewhere and "forward" in threads:
+            threads.add("run's thread")
         if self.device_type != "cuda" or not threads:
             return 0
         capability = self.gpus.capability(label)
@@ -232,12 +235,13 @@ class MemoryPlan:
     def input_bytes_per_image(self) -> int:
         return self.in_chans * self.config.image_size ** 2 * 4
 
-    def stage_memory(self, label: str, index: int, batch: int) -> tuple[DeviceMemory, StepTrace]:
-        """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch)."""
+    def stage_memory(self, label: str, index: int, batch: int, *, takes_input: bool) -> tuple[DeviceMemory, StepTrace]:
+        """Stage ``index`` on one device training on ``batch`` images (a whole batch or a microbatch);
+        ``takes_input``: the batches are cropped on this device too (``blas_workspace``)."""
         held = self.held(label, self.stage(index))
         trace = self.trace(batch, index)
         held.activations += self.step_activations(trace, held)
-        held.add_workspace(self.blas_workspace(label, trace, takes_input=index == 0))
+        held.add_workspace(self.blas_workspace(label, trace, takes_input=takes_input))
         return held, trace
 
     def shard(self, label: str, rank: int, world: int) -> DeviceMemory:
@@ -350,8 +354,9 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
                               f"{DEVICE_DATA_SHARE:.0%} of it.")
     data_notes += [stored.note] if stored.note else []
     if plan.workspace_unknown:
-        data_notes.append(f"cuBLAS's workspaces (32 MiB on Hopper and Blackwell, 8 MiB on other GPUs, for each thread "
-                          f"that runs a matrix product) are not counted on {', '.join(dict.fromkeys(plan.workspace_unknown))}: "
+        data_notes.append(f"cuBLAS's workspaces ({cublas_workspace_bytes((9, 0)) / MB:g} MiB on Hopper and Blackwell, "
+                          f"{cublas_workspace_bytes((8, 0)) / MB:g} MiB on other GPUs, for each thread that runs a "
+                          f"matrix product) are not counted on {', '.join(dict.fromkeys(plan.workspace_unknown))}: "
                           "the GPU's compute capability cannot be read here.")
     notes = ([note] if note else []) + plan.notes + data_notes + ([] if config.uses_cuda else [CPU_NOTE])
     return MemoryEstimate(config.strategy, list(merged.values()),

@@ -35,7 +35,9 @@ class ModelParallelStrategy(Strategy):
         config = plan.config
         if len(set(config.devices)) == 1:
             return [plan.whole(config.devices[0], config.batch_size)]
-        return [plan.stage_memory(label, i, config.batch_size)[0] for i, label in enumerate(config.devices)]
+        # One process: its thread crops the batches on the first stage's GPU.
+        return [plan.stage_memory(label, i, config.batch_size, takes_input=i == 0)[0]
+                for i, label in enumerate(config.devices)]
 
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(

@@ -129,7 +129,7 @@ class PipelineStrategy(DistributedStrategy):
         micro = config.batch_size // m
         devices = []
         for i, label in enumerate(plan.labels()):
-            device, trace = plan.stage_memory(label, i, micro)
+            device, trace = plan.stage_memory(label, i, micro, takes_input=True)  # every rank crops its batches
             in_flight = m if config.pipeline_schedule == "gpipe" else min(m, stages - i)
             kept = max(0, trace.forward_kept - trace.input_bytes)
             device.activations += (in_flight - 1) * kept
