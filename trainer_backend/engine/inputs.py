@@ -16,6 +16,23 @@ from trainer_backend.engine.augment import STORED_CROP_AREA, BatchAugment, centr
 from trainer_backend.contract.config import RunConfig
 
 
+def device_augmentations(config: RunConfig) -> tuple[tuple[str, ...], bool]:
+    """The augmentations a run applies to its training batches on the device, and whether it crops
+    them from a larger stored size (the random-resized crop, which then stands for "crop")."""
+    names = () if config.augment == "none" else tuple(config.augment.split(","))
+    cropping = config.stored_size > config.image_size
+    if cropping:  # the crop from the stored size is the random-resized crop; another would crop twice
+        names = tuple(name for name in names if name != "crop")
+    return names, cropping
+
+
+def crops_on_device(config: RunConfig) -> bool:
+    """Whether the run crops its batches on the device: ``affine_grid``, a matrix product, in the thread
+    that takes them (which the memory estimate counts a cuBLAS workspace for)."""
+    names, cropping = device_augmentations(config)
+    return cropping or "crop" in names
+
+
 class DeviceInputs:
     """``train_size`` (set when the cache stores images larger than they train at): training
     batches get a random-resized crop to it (timm's defaults), validation batches a centre crop."""
@@ -28,10 +45,7 @@ class DeviceInputs:
 
     @classmethod
     def for_run(cls, config: RunConfig, normalise, device: torch.device, rank: int = 0) -> DeviceInputs:
-        names = () if config.augment == "none" else tuple(config.augment.split(","))
-        cropping = config.stored_size > config.image_size
-        if cropping:  # the crop from the stored size is the random-resized crop; another would crop twice
-            names = tuple(name for name in names if name != "crop")
+        names, cropping = device_augmentations(config)
         # Each rank draws its own augmentations; one seed per rank keeps a run repeatable.
         augment = BatchAugment(names, seed=config.seed + rank, device=device) if names else None
         generator = None

@@ -51,6 +51,7 @@ from trainer_backend.contract.config import RunConfig
 from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.datasets.tensor_dataset import DEVICE_DATA_SHARE, kept_on_device
 from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
+from trainer_backend.engine.inputs import crops_on_device
 
 MB = 2**20
 PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb", "activations_mb", "comm_mb", "data_mb")
@@ -191,22 +192,16 @@ class MemoryPlan:
         peak = max(backward, trace.optimizer_peak)
         return max(0, peak - held.gradients - held.optimizer)
 
-    @property
-    def crops_on_device(self) -> bool:
-        """Whether the run crops its batches on the device (a random-resized crop from a larger stored size,
-        or the "crop" augmentation): ``affine_grid``, a matrix product, in the thread that takes the batch."""
-        return self.config.stored_size > self.config.image_size or "crop" in self.config.augment.split(",")
-
     def blas_workspace(self, label: str, trace: StepTrace, *, takes_input: bool = True,
                        forward_elsewhere: bool = False) -> int:
         """cuBLAS's workspaces on the GPU ``label`` whose step is ``trace``: one for each thread that runs a
-        matrix product there. ``takes_input``: the run's own thread crops each batch there (``crops_on_device``),
+        matrix product there. ``takes_input``: the run's own thread crops each batch there (``inputs.crops_on_device``),
         in the forward's thread. ``forward_elsewhere``: the training forward runs in threads of its own
         (DataParallel's over several GPUs), so the run's thread, which crops and evaluates the model
         unwrapped there, has a handle of its own. None on CPU; none where the GPU's compute capability is
         unknown, which ``workspace_unknown`` then names."""
         threads = set(trace.blas_phases)
-        if takes_input and self.crops_on_device:
+        if takes_input and crops_on_device(self.config):
             threads.add("forward")
         if forward_elsewhere and "forward" in threads:
             threads.add("run's thread")
