@@ -27,8 +27,10 @@ def add_confusion(totals: torch.Tensor, predictions: torch.Tensor, labels: torch
     if cells <= 0:
         return
     num_classes = round(cells ** 0.5)
-    pairs = labels.to(predictions.device) * num_classes + predictions
-    totals[VAL_TOTALS:] += torch.bincount(pairs, minlength=cells).to(totals.device, torch.float64)
+    pairs = (labels.to(predictions.device) * num_classes + predictions).to(totals.device)
+    # Added in place, on the device: CUDA's bincount reads its input's min and max back to the host to
+    # size its output, two blocking reads per batch that would stall the queue of validation batches.
+    totals[VAL_TOTALS:].index_add_(0, pairs, torch.ones(len(pairs), dtype=totals.dtype, device=totals.device))
 
 
 def confusion_record(epoch: int, class_names: list[str] | tuple[str, ...], counts: list[float]) -> dict:
