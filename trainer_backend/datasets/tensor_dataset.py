@@ -27,6 +27,18 @@ def kept_on_device(stored_bytes: int, device_bytes: int) -> bool:
     return stored_bytes <= DEVICE_DATA_SHARE * device_bytes
 
 
+def copied_without_waiting(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a CPU tensor) on ``device``, its copy queued behind the device's work, not waited for.
+
+    A copy from pageable memory waits on the host for every kernel queued before it (the previous
+    training step's), so the host could never queue a step ahead; copied from page-locked memory
+    with ``non_blocking`` it is one more item in the stream's queue. The page-locked buffer is not
+    reused before the copy has run (the allocator of pinned memory records the copy's stream)."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class Normalisation:
     """Stored pixels -> (x / full_scale - mean) / std per channel, as ``x * scale + shift`` in float32,
     on whatever device the pixels are on (the constants are copied there once)."""
@@ -42,7 +54,8 @@ class Normalisation:
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         device = pixels.device
         if device not in self._on_device:
-            self._on_device[device] = (self.scale.to(device), self.shift.to(device))
+            self._on_device[device] = (copied_without_waiting(self.scale, device),
+                                       copied_without_waiting(self.shift, device))
         scale, shift = self._on_device[device]
         # A multiply and an add in place on the one float copy: on a CPU several times faster than
         # addcmul with these broadcast constants, and what a loader worker does to its batch row by
@@ -74,9 +87,10 @@ class ImageTensorDataset(Dataset):
         if mean.shape != (channels,) or std.shape != (channels,):
             raise ValueError(f"mean and std must have shape ({channels},)")
         self.pool_images = images
-        self.indices = None if indices is None else torch.as_tensor(indices, dtype=torch.int64)
+        # Rows, labels and the pixels on one device: a batch's positions, copied there once, index all three.
+        self.indices = None if indices is None else torch.as_tensor(indices, dtype=torch.int64, device=images.device)
         self.source = source
-        self.labels = labels.to(torch.int64)
+        self.labels = labels.to(images.device, torch.int64)
         self.mean = mean.to(torch.float32)
         self.std = std.to(torch.float32)
         self.num_classes = num_classes
@@ -109,9 +123,9 @@ class ImageTensorDataset(Dataset):
         return self.pool_images[row], self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.as_tensor(indices, dtype=torch.int64)
-        rows = self._rows(batch).to(self.pool_images.device)
-        return self.pool_images.index_select(0, rows), self.labels.index_select(0, batch.to(self.labels.device))
+        # Kept on a GPU, the batch's positions go there once, without a wait (copied_without_waiting).
+        batch = copied_without_waiting(torch.as_tensor(indices, dtype=torch.int64), self.pool_images.device)
+        return self.pool_images.index_select(0, self._rows(batch)), self.labels.index_select(0, batch)
 
     def to_device(self, device: torch.device) -> ImageTensorDataset:
         """This split with only its own rows copied onto ``device`` (gathers then happen there)."""
