@@ -48,13 +48,53 @@ class EncodedImages:
         return EncodedImages(self.data.pin_memory(), self.offsets, self.device)
 
 
-def decode_on_device(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """torchvision's batched decode, as it stands: on a CUDA device its outputs come from the
+    current stream's pool of memory."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     with warnings.catch_warnings():
         # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they still work.
         warnings.simplefilter("ignore", DeprecationWarning)
         return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+
+
+# One stream per GPU for decoding, made on first use in the training process (a loader worker never decodes).
+_decode_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def decode_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _decode_streams:
+        _decode_streams[device] = torch.cuda.Stream(device=device)
+    return _decode_streams[device]
+
+
+def decode_on_device(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The files decoded on ``device``, safe to use on its current (training) stream.
+
+    torchvision allocates the decoded images from the current stream's pool but has nvJPEG write
+    them on a private stream that waits for nothing on the current one, and nvJPEG's hardware
+    decoder writes when it is called, whatever is queued (pytorch/vision#9606,
+    meta-pytorch/torchcodec#1634). Decoding on the training stream could therefore be handed
+    memory that the previous step freed while its queued kernels (its backward) still read it,
+    and overwrite live activations or gradients; no device-side wait can prevent a write that
+    ignores the queue. So the decode runs with a stream of its own current: its outputs come from
+    that stream's pool, whose blocks the caching allocator hands out again only when every use
+    recorded on them (``record_stream``: the training stream's, below) has been seen finished
+    from the host, and which no other work uses. The training stream then waits for the decode
+    stream, as for any producer on another stream. The other way, waiting on the host for the
+    training stream before each decode, is as safe but stalls every step: the host could not
+    queue step k+1 while step k runs."""
+    if device.type != "cuda":
+        return decode_jpegs(files, device)
+    training = torch.cuda.current_stream(device)
+    decoding = decode_stream(device)
+    with torch.cuda.stream(decoding):
+        images = decode_jpegs(files, device)
+    training.wait_stream(decoding)
+    for image in images:
+        image.record_stream(training)
+    return images
 
 
 class DeviceJpegDecode:
@@ -69,16 +109,21 @@ class DeviceJpegDecode:
         """The batch as the CPU decode stores it: (N, 3, S, S) uint8, on the device."""
         size, device = self.image_size, encoded.device or torch.device("cpu")
         images = self.decoded(encoded.files(), device)
-        stored = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=device)
         rows_by_shape: dict[tuple[int, ...], list[int]] = {}
         for row, image in enumerate(images):
             rows_by_shape.setdefault(tuple(image.shape), []).append(row)
-        for shape, rows in rows_by_shape.items():  # one resize per size present (usually one)
+        stored: list[torch.Tensor] = [torch.empty(0)] * len(images)
+        for shape, rows in rows_by_shape.items():  # one resize per size present (a photo folder: nearly one per image)
             group = torch.stack([images[row] for row in rows])
             if shape[-2:] != (size, size):
                 group = to_uint8(resize_unit_images(group.float().div_(255.0), size))
-            stored[torch.as_tensor(rows, device=device)] = group
-        return stored
+            if len(rows) == len(images):
+                return group
+            for row, image in zip(rows, group):
+                stored[row] = image
+        # Put back in the batch's order by one stack on the device: rows scattered through an index
+        # tensor would cost a blocking host-to-device copy per shape.
+        return torch.stack(stored)
 
     def __call__(self, encoded: EncodedImages) -> torch.Tensor:
         return self.normalisation(self.stored_pixels(encoded))
