@@ -793,3 +793,132 @@ def test_a_jpeg_folder_trains_decoded_on_the_gpu_as_the_cpu_decodes_it(parallax_
     images = placed.train.normalise(encoded.to("cuda:0"))
     # ... and the GPU normalises the pixels it decoded as the CPU normalises the same pixels.
     assert torch.allclose(images.cpu(), data.train.normalise(on_gpu.cpu()), atol=1e-4)
+
+
+def jpeg_bytes(folder) -> list[torch.Tensor]:
+    return [torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8) for path in sorted(folder.rglob("*.jpg"))]
+
+
+@one_gpu
+def test_a_gpu_decode_leaves_the_gradients_of_the_step_queued_before_it_intact(tmp_path):
+    """Step k's backward is queued behind a long kernel when batch k+1 is decoded, as when the host runs
+    ahead. Its activations and gradient buffers are freed on the host as backward is queued, while the
+    queued kernels still read them: decoded on the training stream, nvJPEG could be handed those blocks
+    and write pixels into them before backward has read them (pytorch/vision#9606). The blocks here are
+    the decoded images' size (12 x 4096 float32 = 3 x 256 x 256 bytes), which makes that likely; the
+    step's gradients must be those of the same step run with nothing decoded behind it."""
+    from torch import nn
+
+    from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
+    from trainer_backend.datasets.device_decode import DeviceJpegDecode
+
+    device = torch.device("cuda:0")
+    make_jpeg_folder(tmp_path / "jpegs", 8, 256)  # baseline JPEGs: nvJPEG's hardware decoder where there is one
+    files = jpeg_bytes(tmp_path / "jpegs")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                          nn.Linear(4096, 1)).to(device)
+    inputs = torch.randn(12, 4096, device=device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(inputs).square().mean().backward()
+
+    decode = DeviceJpegDecode(256, lambda pixels: pixels)
+    decode.decoded(files, device)  # the decoder's one-off set-up, outside the window below
+    step()
+    torch.cuda.synchronize()
+    reference = [parameter.grad.clone() for parameter in model.parameters()]
+    wrong = 0
+    for _ in range(30):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the step's kernels
+        step()
+        images = decode.decoded(files, device)
+        torch.cuda.synchronize()
+        wrong += not all(torch.allclose(parameter.grad, expected, rtol=1e-4, atol=1e-6)
+                         for parameter, expected in zip(model.parameters(), reference))
+        assert len(images) == len(files) and images[0].shape == (3, 256, 256)
+    assert wrong == 0, f"{wrong} of 30 steps had their gradients overwritten by the decode behind them"
+
+
+def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """One epoch of ``data`` (a PreparedData) on the config's GPU as the engine builds it, then its
+    validation, with CUDA's sync debug mode at "error" from the first training step to the last and
+    through validation: any blocking copy or read of the device raises. (The epoch's own synchronising
+    reads of the clock, before the first step and after the last, are outside it.)"""
+    from trainer_backend.engine.inputs import DeviceInputs
+    from trainer_backend.engine.loop import evaluate, train_one_epoch
+    from trainer_backend.engine.models import create_model
+    from trainer_backend.engine.schedule import build_optimizer
+    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.engine.trainer import build_loaders
+
+    strategy = Strategy(config)
+    strategy.setup()
+    model = strategy.wrap(create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans))
+    strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device)
+    train_loader, val_loader = build_loaders(data, config, strategy)
+    optimizer = build_optimizer(config, model.parameters())
+    steps: list[int] = []
+
+    def on_step(step: int, total: int) -> None:
+        steps.append(step)
+        if step == total:
+            torch.cuda.set_sync_debug_mode(0)
+
+    try:
+        totals, _ = train_one_epoch(model, train_loader, optimizer, strategy, on_step=on_step,
+                                    on_start=lambda: torch.cuda.set_sync_debug_mode("error"))
+        torch.cuda.set_sync_debug_mode("error")
+        val_totals = evaluate(model, val_loader, strategy)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return steps, totals.cpu(), val_totals.cpu()
+
+
+@one_gpu
+@pytest.mark.usefixtures("own_data_dir")
+def test_a_dataset_kept_on_the_gpu_trains_and_validates_without_a_sync(parallax_home):
+    """digits, kept whole on the GPU: 23 training steps and 6 validation batches, each gathered on the
+    device from positions copied without a wait, with no blocking read (the confusion counts included)."""
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.datasets import PreparedData
+    from trainer_backend.engine.trainer import load_data
+
+    config = RunConfig(dataset="digits", model="test_resnet", image_size=32, batch_size=64, devices="0",
+                       bn_stats_images=0)
+    host = load_data(config)
+    device = torch.device("cuda:0")
+    data = PreparedData(host.train.to_device(device), host.val.to_device(device), host.info)
+    steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
+    assert len(steps) >= 20 and totals[2].item() == len(data.train)
+    assert val_totals[2].item() == len(data.val) and val_totals[3:].sum().item() == len(data.val)
+
+
+@one_gpu
+@pytest.mark.usefixtures("own_data_dir")
+def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sync(parallax_home, tmp_path):
+    """A folder of JPEGs of five sizes, decoded on the GPU from the bytes a loader worker read: 20
+    training steps and the validation, none waiting for the device (the resize of each size and the
+    batch put back in order included)."""
+    import numpy as np
+    from PIL import Image
+
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.datasets import prepare_data
+    from trainer_backend.datasets.streaming import place_decoding
+
+    folder, rng = tmp_path / "jpegs", np.random.default_rng(0)
+    for i in range(200):
+        size = 36 + 4 * (i % 5)
+        (folder / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").save(folder / "ab"[i % 2] / f"{i}.jpg", quality=90)
+    config = RunConfig(dataset=str(folder), model="test_resnet", image_size=32, batch_size=8, devices="0",
+                       decode="workers", num_workers=1, bn_stats_images=0, val_fraction=0.2)
+    data, note = place_decoding(prepare_data(str(folder), image_size=32, decode="workers"), torch.device("cuda:0"),
+                                workers=1)
+    assert data.train.output == "encoded", note
+    steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
+    assert len(steps) == 20 and totals[2].item() == len(data.train) == 160
+    assert val_totals[2].item() == len(data.val) == 40
