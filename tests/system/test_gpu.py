@@ -896,6 +896,7 @@ def test_a_dataset_kept_on_the_gpu_trains_and_validates_without_a_sync(parallax_
 
 
 @one_gpu
+@pytest.mark.processes  # a loader worker reads the files
 @pytest.mark.usefixtures("own_data_dir")
 def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sync(parallax_home, tmp_path):
     """A folder of JPEGs of five sizes, decoded on the GPU from the bytes a loader worker read: 20
