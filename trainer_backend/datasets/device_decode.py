@@ -7,8 +7,9 @@
 torchvision's ``decode_jpeg`` takes a list of 1-D uint8 CPU tensors and, with a CUDA ``device``,
 decodes them all with nvJPEG in one call (its documented batched form), returning (3, H, W)
 uint8 tensors on the device; here with a stream of its own current, so that nvJPEG never writes
-into memory the training stream's queued work still reads (``decode_on_device``). Each is then resized to the stored size exactly as the CPU decode
-does (``resize_unit_images``, rounded back to 8 bits), and normalised with the same constants.
+into memory the training stream's queued work still reads (``decode_on_device``). Each is then
+resized to the stored size exactly as the CPU decode does (``resize_unit_images``, rounded back
+to 8 bits), and normalised with the same constants.
 The pixels differ from libjpeg's by the decoders' rounding only, a level or two of 255; a JPEG
 far larger than the stored size differs a little more, as the CPU decode shrinks it in libjpeg
 first (``Image.draft``).
