@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from db import store
+from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
 from reports.forecast import forecast_display, sweep_forecast
@@ -42,7 +43,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "devices": table["devices"],
         "status": table["status"],
         "effective batch": table["effective_batch"],
-        "throughput (images/s)": numbers(table["throughput_images_per_s"], "{:,.0f}"),
+        IMAGES_PER_S_LABEL: numbers(table["throughput_images_per_s"], "{:,.0f}"),
         "MFU": numbers(table["mfu"], "{:.1%}"),
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),
         "efficiency": numbers(table["efficiency"], "{:.0%}"),
