@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
+from db.run_figures import steady_images_per_s
 from db.store import EPOCH_FIELDS
 from trainer_backend.contract.strategy_specs import spec
 from .spreadsheet import frame_for_csv
@@ -25,12 +26,21 @@ SCALING_COLUMNS = (
 )
 # Labels, not work: they never make two runs different experiments.
 IGNORED_CONFIG_FIELDS = ("tags",)
+# Streamlit's own categorical colours, ordered so that neighbours differ most: a run's colour in every chart.
+RUN_COLOURS = ("#0068c9", "#ff2b2b", "#29b09d", "#ff8700", "#6d3fc0", "#83c9ff", "#ffabab", "#7defa1",
+               "#ffd16a", "#9a6324")
 
 
 def run_label(run_id: int, strategy: str, n_devices: int, model: str) -> str:
     """'#12 ddp×2 resnet18': short enough for a legend, enough to tell runs apart."""
     width = f"×{n_devices}" if n_devices > 1 else ""
     return f"#{run_id} {strategy}{width} {model}"
+
+
+def run_colours(run_ids) -> dict[int, str]:
+    """Each run's colour in every chart of a comparison (Compare, Sweeps): by its place among the runs
+    ordered by id, so the same runs get the same colours on every page, in whatever order they were picked."""
+    return {run_id: RUN_COLOURS[i % len(RUN_COLOURS)] for i, run_id in enumerate(sorted(set(map(int, run_ids))))}
 
 
 def device_count(config: dict[str, Any]) -> int:
@@ -87,12 +97,9 @@ def _reserved(row) -> dict[str, float]:
 
 def throughput_images_per_s(run_epochs: pd.DataFrame) -> float | None:
     """Mean images/s over the epochs after the first (start-up costs land in the first), or the
-    only epoch's when there is one. None before any epoch has finished."""
-    measured = run_epochs.dropna(subset=["images_per_s"]).sort_values("epoch")
-    if measured.empty:
-        return None
-    steady = measured.iloc[1:] if len(measured) > 1 else measured
-    return float(steady["images_per_s"].mean())
+    only epoch's when there is one. None before any epoch has finished. ``db.run_figures`` computes
+    it, as it does for every page, the export and ``list``."""
+    return steady_images_per_s(zip(run_epochs["epoch"], run_epochs["images_per_s"]))[0]
 
 
 def time_to_accuracy_s(run_epochs: pd.DataFrame, target_acc: float) -> float | None:

@@ -21,7 +21,7 @@ from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mf
 from .forecast import forecast_display, sweep_forecast
 from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
-from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
+from .scaling import epochs_frame, memory_frame, pick_baselines, run_colours, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
                   "speedup", "efficiency", "peak_memory_mb", "memory_estimate_error", "time_to_target_s",
@@ -198,11 +198,14 @@ def strategy_advice(table: pd.DataFrame) -> str:
 
 
 def scaling_figure(table: pd.DataFrame) -> go.Figure:
-    """Speedup of each strategy against the ideal line (speedup = number of devices)."""
+    """Speedup of each run against the ideal line (speedup = number of devices): each bar named and
+    coloured as the run is in every chart of a comparison (``run_label``, ``run_colours``)."""
     fig = go.Figure()
-    fig.add_bar(x=table["strategy"], y=table["speedup"], name="speedup over single",
+    colours = run_colours(table["run_id"])
+    fig.add_bar(x=table["label"], y=table["speedup"], name="speedup over single",
+                marker_color=[colours[run_id] for run_id in table["run_id"]],
                 text=table["speedup"].map(lambda v: _num(v, "{:.2f}x")), textposition="outside")
-    fig.add_scatter(x=table["strategy"], y=table["devices"], mode="markers+lines", name="ideal (= devices)",
+    fig.add_scatter(x=table["label"], y=table["devices"], mode="markers+lines", name="ideal (= devices)",
                     line=dict(dash="dash", color="gray"))
     fig.update_layout(title="Speedup over one device", yaxis_title="x single", margin=dict(l=10, r=10, t=50, b=40))
     return fig
