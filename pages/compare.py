@@ -11,7 +11,7 @@ import streamlit as st
 from db import dashboard, series, store
 from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
-from reports.sweep import strategy_advice
+from reports.sweep import strategy_advice, waiting_for
 from trainer_backend.contract.strategy_specs import names_where, spec
 from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.text import escape_markdown
@@ -68,7 +68,10 @@ def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
     if len(runs) < 2 or not any(spec(r["strategy"]).baseline and r["status"] == "completed" for r in runs):
         return
     with_status = table.assign(status=[run["status"] for run in runs])
-    st.success(strategy_advice(with_status), icon=":material/lightbulb:")
+    if waiting := waiting_for(with_status):
+        st.info(escape_markdown(waiting), icon=":material/hourglass_top:")
+    else:
+        st.success(strategy_advice(with_status), icon=":material/lightbulb:")
 
 
 def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:

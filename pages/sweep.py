@@ -19,7 +19,8 @@ from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
 from reports.forecast import forecast_display, sweep_forecast
-from reports.sweep import ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
+from reports.sweep import (ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table,
+                           waiting_for)
 from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
@@ -105,6 +106,18 @@ def run_statuses(run_ids: list[int], reported: tuple, reported_at: float) -> Non
             progress_col.caption(escape_markdown(run.error.partition("\n")[0]))
 
 
+def missing_breakdown(runs: list[store.RunRecord]) -> str:
+    """Why the step breakdown is not drawn: profiling off, or the profiled runs have not stored their window yet."""
+    profiled = [run for run in runs if run.config.get("profile")]
+    if not profiled:
+        return ("Launch the sweep with **Profile the first steps** on to see where each strategy's step time goes "
+                "(data loading, forward, backward, optimizer, communication).")
+    if any(run.status in ACTIVE_STATUSES for run in profiled):
+        return ("The sweep is profiled: the step breakdown appears when its runs have stored their profiled steps "
+                "(at the end of each run's first epoch).")
+    return "The sweep was profiled, but none of its runs stored a profile (see each run's log)."
+
+
 def show_report(engine, sweep_id: int, target_acc: float) -> None:
     """The scaling report and the runs' live statuses; the report is redrawn only on a full run."""
     run_ids = store.sweep_run_ids(engine, sweep_id)
@@ -112,7 +125,10 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     runs, last_epochs = sweep_state(engine, run_ids)
     active = any(run.status in ACTIVE_STATUSES for run in runs)
     table = sweep_table(engine, sweep_id, target_acc=target_acc)
-    st.success(strategy_advice(table), icon=":material/lightbulb:")
+    if waiting := waiting_for(table):
+        st.info(escape_markdown(waiting), icon=":material/hourglass_top:")
+    else:
+        st.success(strategy_advice(table), icon=":material/lightbulb:")
     st.fragment(run_statuses, run_every=live.REFRESH_S if active else None)(run_ids, report_version(runs, last_epochs),
                                                                      time.monotonic())
     # A plain table: a handful of rows, every number readable (and selectable) at once.
@@ -132,8 +148,7 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     left.plotly_chart(scaling_figure(table), key="sweep_scaling")
     with right:
         if not step_breakdown_chart(engine, run_ids, key="sweep_breakdown"):
-            st.caption("Launch the sweep with **Profile the first steps** on to see where each strategy's "
-                       "step time goes (data loading, forward, backward, optimizer, communication).")
+            st.caption(missing_breakdown(runs))
     efficiency_views.memory_breakdown(scaling.epochs_frame(store.read_epoch_metrics(engine, run_ids)),
                                       dict(zip(table["run_id"], table["label"])), key="sweep_memory")
     show_forecast(engine, sweep_id)

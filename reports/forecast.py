@@ -34,11 +34,12 @@ import numpy as np
 import pandas as pd
 
 from db import dashboard, profiles, store
+from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.contract.strategy_specs import spec
 
 from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
-from .scaling import device_count, epochs_frame, throughput_images_per_s
+from .scaling import device_count, epochs_frame, run_label, throughput_images_per_s
 
 FORECAST_MULTIPLES = (2, 4)
 FORECAST_COLUMNS = ("strategy", "devices", "kind", "images_per_s_predicted", "images_per_s_measured", "error",
@@ -187,6 +188,12 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
     later sweeps doing the same work, newest first; each count the sweep did not measure is shown
     against the newest of them that measured it (the newest: a run repeated after a disturbed one
     is the one its user trusts)."""
+    active = [run for run in runs if run.get("status") in ACTIVE_STATUSES]
+    if active:
+        names = ", ".join(f"{run_label(run['id'], run['strategy'], device_count(run['config']), run['model'])} "
+                          f"({run['status']})" for run in active)
+        return Forecast(table=pd.DataFrame(columns=list(FORECAST_COLUMNS)),
+                        notes=[f"Waiting for {names} to finish: the forecast is fitted on the sweep's finished runs."])
     measured = measure_runs(runs, epochs, steps if steps is not None else pd.DataFrame())
     rows: list[dict[str, Any]] = []
     assumptions = [

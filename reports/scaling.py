@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
+from db.lifecycle import ACTIVE_STATUSES
 from db.run_figures import steady_images_per_s
 from db.store import EPOCH_FIELDS
 from trainer_backend.contract.strategy_specs import spec
@@ -125,7 +126,8 @@ def pick_baselines(runs: list[dict[str, Any]], stored: dict[tuple, int]) -> dict
 def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: dict[tuple, int],
                   target_acc: float) -> pd.DataFrame:
     """One row per run: throughput, its baseline, speedup = throughput / baseline throughput,
-    efficiency = speedup / devices (1.0 is perfect linear scaling), time to ``target_acc``.
+    efficiency = speedup / devices (1.0 is perfect linear scaling), time to ``target_acc``. A queued or
+    running run gets a speedup once it has measured an epoch after its first.
 
     ``epochs`` must hold the baselines' epochs too. Missing numbers are None.
     """
@@ -135,13 +137,20 @@ def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: d
     def throughput(run_id: int | None) -> float | None:
         return None if run_id is None else throughput_images_per_s(by_run.get(run_id, empty))
 
+    def steady(run: dict[str, Any]) -> bool:
+        """Whether the run's throughput is one to compare: it has finished, or measured an epoch after
+        its first (a running run's first epoch alone carries its start-up costs)."""
+        if run.get("status") not in ACTIVE_STATUSES:
+            return True
+        return by_run.get(run["id"], empty)["images_per_s"].notna().sum() >= 2
+
     rows = []
     for run in runs:
         n_devices = device_count(run["config"])
         own = throughput(run["id"])
         baseline_id = baselines.get(like_key(run["config"]))
         base = throughput(baseline_id)
-        speedup = own / base if own is not None and base else None
+        speedup = own / base if own is not None and base and steady(run) else None
         rows.append({
             "run_id": run["id"],
             "label": label_for(run),

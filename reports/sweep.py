@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from db import profiles, series, store
+from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.contract.strategy_specs import spec
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
@@ -168,12 +169,25 @@ def _num(value, pattern: str, missing: str = "-") -> str:
     return missing if value is None or pd.isna(value) else pattern.format(value)
 
 
+def waiting_for(table: pd.DataFrame) -> str | None:
+    """The line saying which runs a verdict waits for, while any run of ``table`` is queued or running."""
+    active = table[table["status"].isin(ACTIVE_STATUSES)]
+    if active.empty:
+        return None
+    names = [f"{row.label} ({row.status})" for row in active.itertuples()]
+    return (f"Waiting for {', '.join(names)} to finish: the fastest strategy and the speedups it rests on are "
+            "named once every run compared has finished, so that no verdict is drawn from half the runs.")
+
+
 def strategy_advice(table: pd.DataFrame) -> str:
     """One plain sentence from the sweep's numbers, e.g. 'DDP on 2 devices: 1.80x, 90% efficient;
-    MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.'"""
+    MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.' While a run is
+    queued or running, the line saying what it waits for (``waiting_for``)."""
+    if waiting := waiting_for(table):
+        return waiting
     done = table[(table["status"] == "completed") & table["throughput_images_per_s"].notna()]
     if done.empty:
-        return "No run of this sweep has finished an epoch yet."
+        return "No run of this sweep completed: there is nothing measured to compare."
     parts = [
         f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
         f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"

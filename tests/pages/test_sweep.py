@@ -62,12 +62,12 @@ def test_launch_in_compare_mode_checks_every_strategy_and_starts_a_sweep(engine,
 
 
 def add_sweep_run(engine, sweep_id: int | None, strategy: str, images_per_s: float, status: str = "completed",
-                  n_devices: int = 2) -> int:
+                  n_devices: int = 2, epochs: int = 2, **config) -> int:
     devices = ["cpu"] if strategy == "single" else ["cpu"] * n_devices
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": strategy,
                                        "devices": devices, "batch_size": 64, "image_size": 32, "amp": "auto",
-                                       "epochs": 2}, status=status, sweep_id=sweep_id)
-    for epoch in (1, 2):
+                                       "epochs": 2, **config}, status=status, sweep_id=sweep_id)
+    for epoch in range(1, epochs + 1):
         store.log_epoch(engine, run_id, {"epoch": epoch, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5,
                                          "val_acc": 0.5 * epoch, "epoch_time_s": 2.0, "train_time_s": 1.8,
                                          "images_per_s": images_per_s,
@@ -130,3 +130,35 @@ def test_compare_page_gives_the_advice_when_the_runs_hold_a_single_baseline(engi
 
     at.multiselect(key="compare_picker").set_value([ddp_id]).run()  # no single run picked: no verdict
     assert not at.success
+
+
+def test_sweep_page_names_no_verdict_until_every_run_has_finished(engine, parallax_home):
+    config = {"dataset": "digits", "model": "test_resnet", "devices": ["cpu", "cpu"], "batch_size": 64,
+              "profile": True}
+    sweep_id = store.create_sweep(engine, config, ["single", "ddp"])
+    single_id = add_sweep_run(engine, sweep_id, "single", 100.0, profile=True)
+    # In its second epoch: only its first (start-up) epoch is measured.
+    ddp_id = add_sweep_run(engine, sweep_id, "ddp", 80.0, status="running", epochs=1, profile=True)
+
+    at = open_page("pages/sweep.py", sweep=str(sweep_id))
+    assert not at.exception, at.exception
+    assert not at.success  # no "Fastest: SINGLE" while ddp has only its start-up epoch
+    [waiting] = [i.value for i in at.info if i.value.startswith("Waiting for")]
+    assert f"#{ddp_id} ddp×2 test_resnet (running)" in waiting and f"#{single_id}" not in waiting
+    table = at.table[0].value
+    assert table["speedup (×)"].tolist() == ["1.00×", "—"] and table["efficiency"].tolist() == ["100%", "—"]
+    captions = [c.value for c in at.caption]
+    assert not any("Profile the first steps" in c for c in captions)  # it is on: the page says what it waits for
+    assert any(c.startswith("The sweep is profiled: the step breakdown appears") for c in captions)
+    assert any(c.startswith(f"Waiting for #{ddp_id} ddp×2 test_resnet (running) to finish: the forecast")
+               for c in captions)
+    assert len(at.table) == 1  # no forecast table
+
+    store.log_epoch(engine, ddp_id, {"epoch": 2, "images_per_s": 180.0, "epoch_time_s": 2.0, "train_time_s": 1.8,
+                                     "val_acc": 0.9, "peak_memory_mb": {"rank0:cpu": 500.0, "rank1:cpu": 500.0}})
+    store.set_status(engine, ddp_id, "completed")
+    at.run()
+    assert not at.exception, at.exception
+    assert "Fastest: DDP" in at.success[0].value and not [i for i in at.info if i.value.startswith("Waiting")]
+    assert at.table[0].value["speedup (×)"].tolist() == ["1.00×", "1.80×"]
+    assert len(at.table) == 2  # the forecast, now that its runs have finished
