@@ -18,7 +18,7 @@ from db import store
 from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
-from reports.forecast import forecast_display, sweep_forecast
+from reports.forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
 from reports.sweep import (ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table,
                            waiting_for)
 from ui import efficiency_views, live, state, widgets
@@ -156,19 +156,24 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
 
 def show_forecast(engine, sweep_id: int) -> None:
     """What 2x and 4x the devices would give, beside what the sweep (or a later sweep of the same work)
-    measured, and the model's assumptions."""
+    measured, and the model's assumptions; counts this machine cannot give apart, each with its reason."""
     st.subheader("Scaling forecast")
     forecast = sweep_forecast(engine, sweep_id)
-    if not forecast.table.empty:
-        st.table(forecast_display(forecast.table).set_index(["strategy", "devices"]))
-        if forecast.table["memory_mb_predicted"].isna().all():
-            st.caption("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
+    table = forecast.table
+    if not possible(table).empty:
+        st.table(forecast_display(possible(table)).set_index(["strategy", "devices"]))
+    if not hypothetical(table).empty:
+        st.warning(f"{HYPOTHETICAL_HEADING}: what the model gives, not what this machine can measure.",
+                   icon=":material/science:")
+        st.table(forecast_display(hypothetical(table)).set_index(["strategy", "devices"]))
+    if not table.empty and table["memory_mb_predicted"].isna().all():
+        st.caption("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
     for note in forecast.notes:
         st.caption(note)
-    if forecast.table.empty and not forecast.notes:
+    if table.empty and not forecast.notes:
         st.caption("No forecast: the sweep has no multi-device strategy to scale (single and DataParallel on "
                    "CPU run on one device).")
-    if not forecast.table.empty:
+    if not table.empty:
         st.caption(" ".join(forecast.assumptions))
 
 

@@ -19,7 +19,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.contract.strategy_specs import spec
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
-from .forecast import forecast_display, sweep_forecast
+from .forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
 from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
 from .scaling import epochs_frame, memory_frame, pick_baselines, run_colours, scaling_table
@@ -248,6 +248,8 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
 <p>{html.escape(ESTIMATE_ERROR_NOTE)}</p>
 {"".join(f"<p>{html.escape(line)}</p>" for line in filter(None, [mfu_note(table), no_breakdown]))}
 <h2>Scaling forecast</h2>
-{forecast_display(forecast.table).to_html(index=False) if not forecast.table.empty else ""}
+{forecast_display(possible(forecast.table)).to_html(index=False) if not possible(forecast.table).empty else ""}
+{(f"<h3>{HYPOTHETICAL_HEADING}</h3>" + forecast_display(hypothetical(forecast.table)).to_html(index=False))
+ if not hypothetical(forecast.table).empty else ""}
 {"".join(f"<p>{html.escape(line)}</p>" for line in [*forecast.notes, *forecast.assumptions])}
 {charts}</body></html>"""

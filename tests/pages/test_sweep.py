@@ -13,6 +13,8 @@ from tests.support import ROOT
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
 from db.lifecycle import ACTIVE_STATUSES
+from reports.forecast import HYPOTHETICAL_HEADING
+from trainer_backend.contract import devices
 from trainer_backend.control.lifecycle import cancel
 
 APP = str(ROOT / "app.py")
@@ -98,7 +100,8 @@ def test_sweep_page_shows_the_report_and_advice(engine, parallax_home):
     assert len(at.get("plotly_chart")) == 1  # the speedup chart; no breakdown: nothing was profiled
 
 
-def test_sweep_page_shows_a_later_sweeps_measurement_against_the_forecast(engine, parallax_home):
+def test_sweep_page_shows_a_later_sweeps_measurement_against_the_forecast(engine, parallax_home, monkeypatch):
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 2)  # the machine: 2 cores, whatever this one has
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
     add_sweep_run(engine, sweep_id, "single", 100.0)
     add_sweep_run(engine, sweep_id, "ddp", 160.0)
@@ -108,9 +111,17 @@ def test_sweep_page_shows_a_later_sweeps_measurement_against_the_forecast(engine
     at = open_page("pages/sweep.py", sweep=str(sweep_id))
     assert not at.exception, at.exception
     forecast = at.table[1].value.reset_index().set_index("devices")
-    assert forecast.loc[4, "measured in"] == f"sweep #{later_id}, run #{measured}"
-    assert forecast.loc[4, "images/s measured"] == "250" and forecast.loc[8, "measured in"] == "-"
+    # Measured at 4 (in a later sweep): shown, although this machine has 2 cores.
+    assert list(forecast.index) == [4] and forecast.loc[4, "measured in"] == f"sweep #{later_id}, run #{measured}"
+    assert forecast.loc[4, "images/s measured"] == "250"
     assert any("Measured in “sweep #N, run #M”: a later sweep's" in c.value for c in at.caption)
+    # 8 processes on 2 cores: set apart under a warning, the reason in its row, its measured cells blank.
+    assert [w.value for w in at.warning] == [f"{HYPOTHETICAL_HEADING}: what the model gives, not what this machine "
+                                             "can measure."]
+    beyond = at.table[2].value.reset_index().set_index("devices")
+    assert list(beyond.index) == [8]
+    assert beyond.loc[8, "why hypothetical"].startswith("this machine has 2 CPU cores: 8 processes would share them")
+    assert beyond.loc[8, ["images/s measured", "error", "speedup measured", "measured in"]].tolist() == [""] * 4
 
 
 def test_sweep_page_says_how_to_start_a_sweep_when_there_is_none(parallax_home):
