@@ -15,13 +15,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, select, update
 
 from db.engine import session_scope
 from db.models import EpochMetric, Run
+from db.run_figures import run_figures
 
 # What makes two runs the same work: a speedup is only meaningful between runs that agree on these.
 LIKE_FOR_LIKE_FIELDS = ("dataset", "model", "batch_size", "image_size", "amp")
+SUMMARY_COLUMNS = (EpochMetric.run_id, EpochMetric.epoch, EpochMetric.val_acc, EpochMetric.images_per_s,
+                   EpochMetric.train_time_s, EpochMetric.epoch_time_s)
 
 
 @dataclass(frozen=True)
@@ -39,21 +42,10 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
     """One dict per run, newest first, with a summary of its epochs.
 
     Keys: id, status, strategy, model, dataset, devices, batch_size, accumulate_steps, effective_batch, epochs,
-    epochs_done,
-    best_val_acc, mean_images_per_s, train_time_s (sum of epoch_time_s), tags, user_note,
-    created_at, finished_at.
+    epochs_done, best_val_acc, mean_images_per_s (``run_figures``' images_per_s: over the epochs after the
+    first), train_time_s (training steps only), epochs_time_s (with validation), tags, user_note,
+    created_at, finished_at. The epoch figures come from ``db.run_figures``, as every page's do.
     """
-    summary = (
-        select(
-            EpochMetric.run_id,
-            func.count(EpochMetric.id).label("epochs_done"),
-            func.max(EpochMetric.val_acc).label("best_val_acc"),
-            func.avg(EpochMetric.images_per_s).label("mean_images_per_s"),
-            func.sum(EpochMetric.epoch_time_s).label("train_time_s"),
-        )
-        .group_by(EpochMetric.run_id)
-        .subquery()
-    )
     statement = (
         select(
             Run.id, Run.status, Run.strategy, Run.model, Run.dataset,
@@ -61,10 +53,8 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
             Run.config["batch_size"].as_integer().label("batch_size"),
             Run.config["accumulate_steps"].as_integer().label("accumulate_steps"),
             Run.config["epochs"].as_integer().label("epochs"),
-            summary.c.epochs_done, summary.c.best_val_acc, summary.c.mean_images_per_s, summary.c.train_time_s,
             Run.tags, Run.user_note, Run.created_at, Run.finished_at,
         )
-        .outerjoin(summary, summary.c.run_id == Run.id)
         .order_by(Run.created_at.desc(), Run.id.desc())
     )
     for column, wanted in ((Run.status, filters.statuses), (Run.strategy, filters.strategies),
@@ -73,10 +63,18 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
             statement = statement.where(column.in_(wanted))
     with session_scope(engine) as session:
         rows = [row._asdict() for row in session.execute(statement)]
+        # The figures' columns only, never the JSON ones: a few numbers per epoch, whatever the run recorded.
+        epochs: dict[int, list[dict[str, Any]]] = {}
+        listed = statement.with_only_columns(Run.id).order_by(None)
+        for row in session.execute(select(*SUMMARY_COLUMNS).where(EpochMetric.run_id.in_(listed))):
+            epochs.setdefault(row.run_id, []).append(row._asdict())
     for row in rows:
+        figures = run_figures(epochs.get(row["id"], []))
+        row.update(epochs_done=figures.epochs_done, best_val_acc=figures.best_val_acc,
+                   mean_images_per_s=figures.images_per_s, train_time_s=figures.training_time_s,
+                   epochs_time_s=figures.epochs_time_s)
         row["devices"] = list(row["devices"] or [])
         row["tags"] = list(row["tags"] or [])
-        row["epochs_done"] = row["epochs_done"] or 0
         # Runs recorded before gradient accumulation existed stepped once per batch.
         row["accumulate_steps"] = row["accumulate_steps"] or 1
         row["effective_batch"] = None if row["batch_size"] is None else row["batch_size"] * row["accumulate_steps"]

@@ -24,6 +24,7 @@ from db import series
 from db.engine import session_scope
 from db.lifecycle import PROCESS_START_KEY, process_start
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
+from db.run_figures import run_figures
 
 MAX_ID = 2**63 - 1  # ids are 64-bit signed integers in SQLite and PostgreSQL (BIGINT) alike
 
@@ -323,6 +324,8 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "model": run.model,
             "dataset": run.dataset,
         }
+    # The run's summary as every page shows it (db.run_figures), beside the epochs it sums up.
+    exported["figures"] = run_figures(epochs).to_dict()
     # Every point, not downsampled: an export is the record, charts are where points are thinned.
     exported["steps"] = [{name: row[name] for name in series.STEP_FIELDS}
                          for row in series.read_steps(engine, [run_id], max_points=None)]

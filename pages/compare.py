@@ -9,8 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from db import dashboard, series, store
+from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
-from reports.sweep import strategy_advice
+from reports.sweep import strategy_advice, waiting_for
 from trainer_backend.contract.strategy_specs import names_where, spec
 from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.text import escape_markdown
@@ -67,7 +68,10 @@ def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
     if len(runs) < 2 or not any(spec(r["strategy"]).baseline and r["status"] == "completed" for r in runs):
         return
     with_status = table.assign(status=[run["status"] for run in runs])
-    st.success(strategy_advice(with_status), icon=":material/lightbulb:")
+    if waiting := waiting_for(with_status):
+        st.info(escape_markdown(waiting), icon=":material/hourglass_top:")
+    else:
+        st.success(strategy_advice(with_status), icon=":material/lightbulb:")
 
 
 def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:
@@ -76,7 +80,7 @@ def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -
         "run": table["label"],
         "devices": table["devices"],
         "effective batch": table["effective_batch"],
-        "throughput (images/s)": table["throughput_images_per_s"].round(0),
+        IMAGES_PER_S_LABEL: table["throughput_images_per_s"].round(0),
         "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
             figures["mfu"].get(i), figures["achieved_tflops"].get(i))),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
@@ -87,7 +91,7 @@ def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -
     })
 
 
-def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, int]) -> None:
+def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, int], colours: dict[int, str]) -> None:
     st.subheader("Strategy scaling")
     target_col, _ = st.columns([1, 3])
     target_acc = target_col.number_input(
@@ -97,7 +101,8 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     show_advice(runs, table)
     show_speedups(table)
     mfu = efficiency.mfu_by_run(epochs[epochs["run_id"].isin(table["run_id"])])
-    st.dataframe(scaling_display(table, target_acc, mfu), hide_index=True)
+    st.dataframe(scaling_display(table, target_acc, mfu), hide_index=True,
+                 column_config={IMAGES_PER_S_LABEL: st.column_config.NumberColumn(help=IMAGES_PER_S_HELP)})
     if mfu["mfu"].isna().any() and table["throughput_images_per_s"].notna().any():
         st.caption("MFU: '—' where a run recorded none (recorded before FLOPs were counted, or no peak FLOP/s "
                    "is known for its device).")
@@ -115,23 +120,24 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
         st.caption(escape_markdown("No completed single-device run with the same dataset, model, batch size, image "
                                    f"size and AMP for {', '.join(missing['label'])}: launch one to measure a speedup."))
     left, right = st.columns(2)
-    left.plotly_chart(charts.speedup_figure(table), key="speedup")
-    right.plotly_chart(charts.efficiency_figure(table), key="efficiency")
+    left.plotly_chart(charts.speedup_figure(table, colours), key="speedup")
+    right.plotly_chart(charts.efficiency_figure(table, colours), key="efficiency")
     efficiency_views.memory_breakdown(epochs, dict(zip(table["run_id"], table["label"])), key="compare_memory")
     efficiency_views.estimate_check(runs, epochs, dict(zip(table["run_id"], table["label"])),
                                     key="compare_memory_estimate")
 
 
-def show_curves(epochs: pd.DataFrame, labels: dict[int, str]) -> None:
+def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str]) -> None:
     st.subheader("Curves")
     metric_col, x_col = st.columns([2, 1])
     metric = metric_col.selectbox("Metric", list(charts.METRIC_TITLES), format_func=charts.METRIC_TITLES.get,
                                   key="compare_metric")
     x = x_col.radio("x axis", list(charts.X_AXES), format_func=charts.X_AXES.get, horizontal=True, key="compare_x")
-    st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels), key="overlay")
+    st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours),
+                    key="overlay")
 
 
-def show_series(engine, run_ids: list[int], labels: dict[int, str]) -> None:
+def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dict[int, str]) -> None:
     """Per-step loss and images/s, and the machine's utilisation, overlaid across the runs, over
     time or steps; from at most SERIES_MAX_POINTS rows per run, whatever the runs' lengths."""
     st.subheader("Steps and system")
@@ -147,7 +153,7 @@ def show_series(engine, run_ids: list[int], labels: dict[int, str]) -> None:
     x = x_col.radio("x axis", list(series_charts.X_TITLES), format_func=series_charts.X_TITLES.get,
                     horizontal=True, key="compare_series_x")
     frame = series_charts.compare_frame(steps, system, metric)
-    st.plotly_chart(series_charts.compare_figure(frame, metric, x, labels), key="series_overlay")
+    st.plotly_chart(series_charts.compare_figure(frame, metric, x, labels, colours), key="series_overlay")
     drawn = set(frame.dropna(subset=[x, "value"])["run_id"])
     left_out = [labels[run_id] for run_id in run_ids if run_id not in drawn]
     if left_out:
@@ -181,11 +187,13 @@ baselines = scaling.pick_baselines(runs, dashboard.single_device_baselines(engin
 wanted_ids = list(dict.fromkeys([*picked_ids, *baselines.values()]))
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, wanted_ids))
 labels = {run["id"]: scaling.label_for(run) for run in runs}
+# One name and one colour per run in every chart (and on the Sweeps page, for the same runs).
+colours = scaling.run_colours(labels)
 
-show_scaling(runs, epochs, baselines)
-show_curves(epochs, labels)
+show_scaling(runs, epochs, baselines, colours)
+show_curves(epochs, labels, colours)
 
-show_series(engine, picked_ids, labels)
+show_series(engine, picked_ids, labels, colours)
 
 st.subheader("Config differences")
 differences = scaling.config_differences(runs)

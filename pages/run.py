@@ -12,6 +12,7 @@ import streamlit as st
 from db import profiles, series, store
 from db.folders import NotARegularFile
 from db.lifecycle import ACTIVE_STATUSES
+from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
@@ -31,15 +32,19 @@ LIVE_MAX_POINTS = 600
 
 def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
     last = epochs.iloc[-1]
+    figures = run_figures(epochs.to_dict("records"))
     columns = st.columns(5)
     columns[0].metric("Validation accuracy", f"{last.val_acc:.1%}" if pd.notna(last.val_acc) else "—")
-    best = f"{epochs.val_acc.max():.1%}" if epochs.val_acc.notna().any() else "—"
+    best = f"{figures.best_val_acc:.1%}" if figures.best_val_acc is not None else "—"
     columns[1].metric("Best validation accuracy", best)
-    throughput = scaling.throughput_images_per_s(epochs)
-    columns[2].metric("Throughput", f"{throughput:,.0f} images/s" if throughput else "—",
-                      help="Mean over the epochs after the first (the first carries start-up costs).")
+    throughput = figures.images_per_s
+    columns[2].metric("Throughput", f"{throughput:,.0f} images/s" if throughput is not None else "—",
+                      help=IMAGES_PER_S_HELP)
     efficiency_views.mfu_metric(columns[3], epochs, measurements)
-    columns[4].metric("Training time", widgets.format_duration(float(epochs.epoch_time_s.fillna(0).sum())))
+    columns[4].metric("Training time", widgets.format_duration(figures.training_time_s),
+                      help=TRAINING_TIME_HELP + (f" With them, the epochs took "
+                                                 f"{widgets.format_duration(figures.epochs_time_s)}."
+                                                 if figures.epochs_time_s is not None else ""))
 
 
 def show_charts(epochs: pd.DataFrame) -> None:

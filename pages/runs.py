@@ -7,6 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from db import dashboard
+from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
+                            TRAINING_TIME_LABEL)
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 from ui import state
@@ -22,9 +24,9 @@ FILTERS = {"statuses": ("status", "Status"), "strategies": ("strategy", "Strateg
 SORTS = {
     "Newest first": ("run", False),
     "Oldest first": ("run", True),
-    "Best validation accuracy": ("best val acc", False),
-    "Throughput": ("mean images/s", False),
-    "Training time": ("train time (s)", False),
+    "Best validation accuracy": (BEST_VAL_ACC_LABEL, False),
+    "Throughput": (IMAGES_PER_S_LABEL, False),
+    "Training time": (TRAINING_TIME_LABEL, False),
 }
 
 
@@ -39,9 +41,9 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
         "batch": [r["batch_size"] for r in rows],
         "effective batch": [r["effective_batch"] for r in rows],
         "epochs": [f"{r['epochs_done']}/{r['epochs']}" for r in rows],
-        "best val acc": [r["best_val_acc"] for r in rows],
-        "mean images/s": [r["mean_images_per_s"] for r in rows],
-        "train time (s)": [r["train_time_s"] for r in rows],
+        BEST_VAL_ACC_LABEL: [r["best_val_acc"] for r in rows],
+        IMAGES_PER_S_LABEL: [r["mean_images_per_s"] for r in rows],
+        TRAINING_TIME_LABEL: [r["train_time_s"] for r in rows],
         "tags": [", ".join(r["tags"]) for r in rows],
         "note": [r["user_note"] for r in rows],
         "created (UTC)": [r["created_at"].replace(tzinfo=None) for r in rows],
@@ -153,9 +155,9 @@ event = st.dataframe(
     frame, key=table_key, on_select="rerun", selection_mode="multi-row", hide_index=True,
     column_config={
         "run": st.column_config.NumberColumn(format="#%d", width="small"),
-        "best val acc": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
-        "mean images/s": st.column_config.NumberColumn(format="%.0f"),
-        "train time (s)": st.column_config.NumberColumn(format="%.1f"),
+        BEST_VAL_ACC_LABEL: st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
+        IMAGES_PER_S_LABEL: st.column_config.NumberColumn(format="%.0f", help=IMAGES_PER_S_HELP),
+        TRAINING_TIME_LABEL: st.column_config.NumberColumn(format="%.1f", help=TRAINING_TIME_HELP),
         "created (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
     },
 )

@@ -15,10 +15,12 @@ import pandas as pd
 import streamlit as st
 
 from db import store
+from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
-from reports.forecast import forecast_display, sweep_forecast
-from reports.sweep import ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table
+from reports.forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
+from reports.sweep import (ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table,
+                           waiting_for)
 from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
@@ -42,7 +44,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "devices": table["devices"],
         "status": table["status"],
         "effective batch": table["effective_batch"],
-        "throughput (images/s)": numbers(table["throughput_images_per_s"], "{:,.0f}"),
+        IMAGES_PER_S_LABEL: numbers(table["throughput_images_per_s"], "{:,.0f}"),
         "MFU": numbers(table["mfu"], "{:.1%}"),
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),
         "efficiency": numbers(table["efficiency"], "{:.0%}"),
@@ -104,6 +106,18 @@ def run_statuses(run_ids: list[int], reported: tuple, reported_at: float) -> Non
             progress_col.caption(escape_markdown(run.error.partition("\n")[0]))
 
 
+def missing_breakdown(runs: list[store.RunRecord]) -> str:
+    """Why the step breakdown is not drawn: profiling off, or the profiled runs have not stored their window yet."""
+    profiled = [run for run in runs if run.config.get("profile")]
+    if not profiled:
+        return ("Launch the sweep with **Profile the first steps** on to see where each strategy's step time goes "
+                "(data loading, forward, backward, optimizer, communication).")
+    if any(run.status in ACTIVE_STATUSES for run in profiled):
+        return ("The sweep is profiled: the step breakdown appears when its runs have stored their profiled steps "
+                "(at the end of each run's first epoch).")
+    return "The sweep was profiled, but none of its runs stored a profile (see each run's log)."
+
+
 def show_report(engine, sweep_id: int, target_acc: float) -> None:
     """The scaling report and the runs' live statuses; the report is redrawn only on a full run."""
     run_ids = store.sweep_run_ids(engine, sweep_id)
@@ -111,7 +125,10 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     runs, last_epochs = sweep_state(engine, run_ids)
     active = any(run.status in ACTIVE_STATUSES for run in runs)
     table = sweep_table(engine, sweep_id, target_acc=target_acc)
-    st.success(strategy_advice(table), icon=":material/lightbulb:")
+    if waiting := waiting_for(table):
+        st.info(escape_markdown(waiting), icon=":material/hourglass_top:")
+    else:
+        st.success(strategy_advice(table), icon=":material/lightbulb:")
     st.fragment(run_statuses, run_every=live.REFRESH_S if active else None)(run_ids, report_version(runs, last_epochs),
                                                                      time.monotonic())
     # A plain table: a handful of rows, every number readable (and selectable) at once.
@@ -131,8 +148,7 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     left.plotly_chart(scaling_figure(table), key="sweep_scaling")
     with right:
         if not step_breakdown_chart(engine, run_ids, key="sweep_breakdown"):
-            st.caption("Launch the sweep with **Profile the first steps** on to see where each strategy's "
-                       "step time goes (data loading, forward, backward, optimizer, communication).")
+            st.caption(missing_breakdown(runs))
     efficiency_views.memory_breakdown(scaling.epochs_frame(store.read_epoch_metrics(engine, run_ids)),
                                       dict(zip(table["run_id"], table["label"])), key="sweep_memory")
     show_forecast(engine, sweep_id)
@@ -140,19 +156,24 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
 
 def show_forecast(engine, sweep_id: int) -> None:
     """What 2x and 4x the devices would give, beside what the sweep (or a later sweep of the same work)
-    measured, and the model's assumptions."""
+    measured, and the model's assumptions; counts this machine cannot give apart, each with its reason."""
     st.subheader("Scaling forecast")
     forecast = sweep_forecast(engine, sweep_id)
-    if not forecast.table.empty:
-        st.table(forecast_display(forecast.table).set_index(["strategy", "devices"]))
-        if forecast.table["memory_mb_predicted"].isna().all():
-            st.caption("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
+    table = forecast.table
+    if not possible(table).empty:
+        st.table(forecast_display(possible(table)).set_index(["strategy", "devices"]))
+    if not hypothetical(table).empty:
+        st.warning(f"{HYPOTHETICAL_HEADING}: what the model gives, not what this machine can measure.",
+                   icon=":material/science:")
+        st.table(forecast_display(hypothetical(table)).set_index(["strategy", "devices"]))
+    if not table.empty and table["memory_mb_predicted"].isna().all():
+        st.caption("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
     for note in forecast.notes:
         st.caption(note)
-    if forecast.table.empty and not forecast.notes:
+    if table.empty and not forecast.notes:
         st.caption("No forecast: the sweep has no multi-device strategy to scale (single and DataParallel on "
                    "CPU run on one device).")
-    if not forecast.table.empty:
+    if not table.empty:
         st.caption(" ".join(forecast.assumptions))
 
 

@@ -34,16 +34,18 @@ import numpy as np
 import pandas as pd
 
 from db import dashboard, profiles, store
+from db.lifecycle import ACTIVE_STATUSES
+from trainer_backend.contract import devices
 from trainer_backend.contract.strategy_specs import spec
 
 from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
-from .scaling import device_count, epochs_frame, throughput_images_per_s
+from .scaling import device_count, epochs_frame, run_label, throughput_images_per_s
 
 FORECAST_MULTIPLES = (2, 4)
 FORECAST_COLUMNS = ("strategy", "devices", "kind", "images_per_s_predicted", "images_per_s_measured", "error",
                     "speedup_predicted", "speedup_measured", "memory_mb_predicted", "memory_mb_measured",
-                    "memory_error", "run_id", "measured_in")
+                    "memory_error", "run_id", "measured_in", "beyond_machine")
 STATE_PARTS = ("parameters_mb", "gradients_mb", "optimizer_mb")
 
 
@@ -110,6 +112,7 @@ class Measured:
     # GPU and cuBLAS's workspaces there, by the run's stored memory estimate.
     fixed_mb: float = 0.0
     sweep_id: int | None = None
+    device: str = "cpu"  # the run's first device: what kind of device a count of them means
 
     @property
     def step_s(self) -> float | None:
@@ -127,6 +130,35 @@ class Forecast:
     notes: list[str] = field(default_factory=list)  # why a strategy has no forecast
 
 
+@dataclass(frozen=True)
+class Machine:
+    """What a machine can give a run: its CPU cores and its GPUs' names (``cuda:N`` is ``gpus[N]``)."""
+
+    cpu_cores: int
+    gpus: tuple[str, ...] = ()
+
+    @classmethod
+    def this(cls) -> Machine:
+        return cls(devices.cpu_cores(), tuple(gpu.name for gpu in devices.gpu_statuses()))
+
+    def beyond(self, device: str, n: int) -> str | None:
+        """Why ``n`` devices like ``device`` (a run's first, "cpu" or "cuda:N") are more than this machine
+        gives, or None where it gives them."""
+        if not str(device).startswith("cuda"):
+            if n <= self.cpu_cores:
+                return None
+            return (f"this machine has {self.cpu_cores} CPU cores: {n} processes would share them, and the "
+                    "forecast takes devices as independent")
+        index = devices.cuda_indices([device])[0]
+        kind = self.gpus[index] if index < len(self.gpus) else None
+        if kind is None:
+            return f"this machine lists no {device}: {n} GPUs of the sweep's kind cannot be checked here"
+        count = self.gpus.count(kind)
+        if n <= count:
+            return None
+        return f"this machine lists {count} × {kind}: {n} would need {n - count} more of that kind"
+
+
 def measure_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.DataFrame) -> list[Measured]:
     """One ``Measured`` per run of the sweep, from its steady epochs (and its profile, if any)."""
     ranks = ranks_frame(epochs)
@@ -137,7 +169,7 @@ def measure_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Dat
         m = Measured(run_id=run["id"], strategy=run["strategy"], devices=device_count(config),
                      batch_size=int(config.get("batch_size") or 0), microbatches=int(config.get("microbatches") or 1),
                      images_per_s=throughput_images_per_s(run_epochs) if run["status"] == "completed" else None,
-                     sweep_id=run.get("sweep_id"))
+                     sweep_id=run.get("sweep_id"), device=str((config.get("devices") or ["cpu"])[0]))
         m.memory, m.peak_memory_mb = _memory(run_epochs)
         m.fixed_mb = _fixed_mb(run.get("measurements"))
         m.exposed_comm_s, m.comm_source = _exposed_comm(m, ranks, steps, steady(run_epochs)["epoch"].tolist())
@@ -182,11 +214,17 @@ def _exposed_comm(m: Measured, ranks: pd.DataFrame, steps: pd.DataFrame, epochs:
 
 
 def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.DataFrame | None = None,
-                  later: Sequence[Measured] = ()) -> Forecast:
+                  later: Sequence[Measured] = (), machine: Machine | None = None) -> Forecast:
     """The forecast of a sweep's runs (``runs`` as ``reports.sweep`` builds them). ``later``: runs of
     later sweeps doing the same work, newest first; each count the sweep did not measure is shown
     against the newest of them that measured it (the newest: a run repeated after a disturbed one
     is the one its user trusts)."""
+    active = [run for run in runs if run.get("status") in ACTIVE_STATUSES]
+    if active:
+        names = ", ".join(f"{run_label(run['id'], run['strategy'], device_count(run['config']), run['model'])} "
+                          f"({run['status']})" for run in active)
+        return Forecast(table=pd.DataFrame(columns=list(FORECAST_COLUMNS)),
+                        notes=[f"Waiting for {names} to finish: the forecast is fitted on the sweep's finished runs."])
     measured = measure_runs(runs, epochs, steps if steps is not None else pd.DataFrame())
     rows: list[dict[str, Any]] = []
     assumptions = [
@@ -195,8 +233,8 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
         "3(n−1)/n for FSDP), fitted on each strategy's smallest multi-device run; pipelines idle "
         "(p−1)/(m+p−1) of each step; memory: DDP keeps whole parameters, gradients and optimizer state "
         "on every device, FSDP/PP/MP split them n ways, activations follow the batch per device.",
-        "Devices are taken as independent: on one CPU the processes share its cores, so forecasts past "
-        "the core count are optimistic.",
+        "Devices are taken as independent: on CPU the processes share the machine's cores, so counts past "
+        "them are shown apart, as hypothetical.",
     ]
     notes: list[str] = []
     singles = [m for m in measured if spec(m.strategy).baseline and m.step_s]
@@ -242,9 +280,12 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
                                  if actual and memory_mb is not None and actual.memory_mb else None),
                 "run_id": actual.run_id if actual else None,
                 "measured_in": measured_in,
+                # A count this machine cannot give is forecast apart, as hypothetical, with the reason.
+                "beyond_machine": None if actual or machine is None else machine.beyond(calibration.device, n),
             })
     table = pd.DataFrame(rows, columns=list(FORECAST_COLUMNS)).astype(
-        {c: float for c in FORECAST_COLUMNS if c not in ("strategy", "devices", "kind", "run_id", "measured_in")})
+        {c: float for c in FORECAST_COLUMNS
+         if c not in ("strategy", "devices", "kind", "run_id", "measured_in", "beyond_machine")})
     if any(str(where).startswith("sweep #") for where in table["measured_in"]):
         assumptions.append("Measured in “sweep #N, run #M”: a later sweep's completed run of that strategy on that "
                            "many devices (the newest), doing the same work: the same device type, "
@@ -291,8 +332,9 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
     return (lambda n: (compute_scale * t1 / n + comm.time_s(strategy, n), memory_at(n))), source
 
 
-def sweep_forecast(engine, sweep_id: int) -> Forecast:
-    """The forecast of a stored sweep, checked against its own runs and later sweeps' comparable ones."""
+def sweep_forecast(engine, sweep_id: int, machine: Machine | None = None) -> Forecast:
+    """The forecast of a stored sweep, checked against its own runs and later sweeps' comparable ones;
+    counts ``machine`` (this one by default) cannot give are marked ``beyond_machine``."""
     run_ids = store.sweep_run_ids(engine, sweep_id)
     runs = dashboard.runs_for_compare(engine, run_ids)
     epochs = epochs_frame(store.read_epoch_metrics(engine, run_ids))
@@ -304,36 +346,59 @@ def sweep_forecast(engine, sweep_id: int) -> Forecast:
         # Their profiles are left unread: these runs only check the forecast, they fit none of it.
         later_epochs = epochs_frame(store.read_epoch_metrics(engine, [run["id"] for run in later_runs]))
         later = measure_runs(later_runs, later_epochs, pd.DataFrame())
-    return forecast_runs(runs, epochs, pd.DataFrame(profiles.read_steps(engine, run_ids)), later)
+    return forecast_runs(runs, epochs, pd.DataFrame(profiles.read_steps(engine, run_ids)), later,
+                         machine or Machine.this())
 
 
-def _num(value, pattern: str) -> str:
-    return "-" if value is None or pd.isna(value) else pattern.format(value)
+def _num(value, pattern: str, missing: str = "-") -> str:
+    return missing if value is None or pd.isna(value) else pattern.format(value)
+
+
+HYPOTHETICAL_HEADING = "Hypothetical: device counts this machine cannot give"
+BEYOND_COLUMN = "why hypothetical"
+
+
+def possible(table: pd.DataFrame) -> pd.DataFrame:
+    """The forecast's rows this machine can give (or that were measured)."""
+    return table[table["beyond_machine"].isna()]
+
+
+def hypothetical(table: pd.DataFrame) -> pd.DataFrame:
+    """The forecast's rows for counts this machine cannot give, each with its reason."""
+    return table[table["beyond_machine"].notna()]
 
 
 def forecast_display(table: pd.DataFrame) -> pd.DataFrame:
-    """The forecast as text columns (shared by the terminal, the HTML report and the Sweep page)."""
-    return pd.DataFrame({
+    """The forecast as text columns (shared by the terminal, the HTML report and the Sweep page); a cell
+    nothing measured is blank. Rows beyond the machine get their reason in a last column."""
+    shown = pd.DataFrame({
         "strategy": table["strategy"],
         "devices": table["devices"],
         "images/s predicted": table["images_per_s_predicted"].map(lambda v: _num(v, "{:.0f}")),
-        "images/s measured": table["images_per_s_measured"].map(lambda v: _num(v, "{:.0f}")),
-        "error": table["error"].map(lambda v: _num(v, "{:+.0%}")),
+        "images/s measured": table["images_per_s_measured"].map(lambda v: _num(v, "{:.0f}", "")),
+        "error": table["error"].map(lambda v: _num(v, "{:+.0%}", "")),
         "speedup predicted": table["speedup_predicted"].map(lambda v: _num(v, "{:.2f}x")),
-        "speedup measured": table["speedup_measured"].map(lambda v: _num(v, "{:.2f}x")),
+        "speedup measured": table["speedup_measured"].map(lambda v: _num(v, "{:.2f}x", "")),
         "MB/device predicted": table["memory_mb_predicted"].map(lambda v: _num(v, "{:.0f}")),
-        "MB/device measured": table["memory_mb_measured"].map(lambda v: _num(v, "{:.0f}")),
-        "measured in": table["measured_in"].map(lambda v: v if isinstance(v, str) else "-"),
+        "MB/device measured": table["memory_mb_measured"].map(lambda v: _num(v, "{:.0f}", "")),
+        "measured in": table["measured_in"].map(lambda v: v if isinstance(v, str) else ""),
     })
+    if table["beyond_machine"].notna().any():
+        shown[BEYOND_COLUMN] = table["beyond_machine"]
+    return shown
 
 
 def format_forecast(forecast: Forecast) -> str:
-    """The forecast for a terminal: the table, then the model's assumptions and any gaps."""
+    """The forecast for a terminal: the table, the hypothetical counts apart, then the model's assumptions
+    and any gaps."""
     lines = ["Scaling forecast"]
-    if not forecast.table.empty:
-        lines.append(forecast_display(forecast.table).to_string(index=False))
-        if forecast.table["memory_mb_predicted"].isna().all():
-            lines.append("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
+    table = forecast.table
+    if not possible(table).empty:
+        lines.append(forecast_display(possible(table)).to_string(index=False))
+    if not hypothetical(table).empty:
+        lines += [f"{HYPOTHETICAL_HEADING}:", forecast_display(hypothetical(table)).to_string(index=False)]
+    if not table.empty and table["memory_mb_predicted"].isna().all():
+        lines.append("Memory per device: not forecast — the sweep's runs recorded no memory breakdown.")
     lines += forecast.notes
-    lines += forecast.assumptions if not forecast.table.empty else []
+    lines += forecast.assumptions if not table.empty else []
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """One run as CSV files for spreadsheets: what ``export N`` prints as JSON, in three tables.
 
-    python -m trainer_backend export 7 --csv out/    # out/epochs.csv, out/steps.csv, out/system.csv
+    python -m trainer_backend export 7 --csv out/    # out/epochs.csv, steps.csv, system.csv, figures.csv
 
 - ``epochs.csv``: a row per epoch; peak memory per device and the per-epoch extras get a column each
   (``peak_memory_mb[cuda:0]``, ``energy_j[gpu0]``), nested extras are JSON text.
@@ -9,6 +9,9 @@
   row per machine and moment), then a column per process and GPU figure (``rank0_cpu_pct``,
   ``gpu1_power_w``: GPU 1 of that row's machine). A spreadsheet charts a column against ``t_s`` with two clicks; a long table (a
   row per device) would need a pivot first, and a run's processes and GPUs do not change while it runs.
+
+- ``figures.csv``: one row, the run's summary as every page shows it (``db.run_figures``): throughput over
+  the epochs after the first, training time, the epochs' time, best validation accuracy.
 
 Every file starts with ``run_id``, so the files of several runs can be pasted into one sheet. Text
 cells go through ``reports.spreadsheet``'s formula guard.
@@ -28,7 +31,7 @@ from trainer_backend.contract.storage import write_export
 
 from .spreadsheet import frame_for_csv
 
-CSV_FILES = ("epochs.csv", "steps.csv", "system.csv")
+CSV_FILES = ("epochs.csv", "steps.csv", "system.csv", "figures.csv")
 
 
 def epochs_table(exported: dict[str, Any]) -> pd.DataFrame:
@@ -75,6 +78,13 @@ def system_table(exported: dict[str, Any]) -> pd.DataFrame:
     return table[fixed + sorted(set(table.columns) - set(fixed), key=_device_order)]
 
 
+def figures_table(exported: dict[str, Any]) -> pd.DataFrame:
+    """One row: the export's ``figures`` (the epochs the throughput is the mean of as "2 3")."""
+    figures = dict(exported["figures"])
+    figures["images_per_s_epochs"] = " ".join(map(str, figures["images_per_s_epochs"]))
+    return pd.DataFrame([{"run_id": exported["run_id"], **figures}])
+
+
 def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
     """Write ``CSV_FILES`` for the exported run into ``directory`` (made if missing); returns the paths."""
     check_csv_dir(directory)
@@ -83,7 +93,8 @@ def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
     except OSError as exc:
         raise ValueError(f"cannot write into --csv {directory}: {exc.strerror or exc}") from None
     written = []
-    for name, table in zip(CSV_FILES, (epochs_table(exported), steps_table(exported), system_table(exported))):
+    for name, table in zip(CSV_FILES, (epochs_table(exported), steps_table(exported), system_table(exported),
+                                           figures_table(exported))):
         path = directory / name
         # whole or not at all: a full disk is one line naming the file, never half a CSV
         write_export(path, frame_for_csv(table).to_csv(index=False).encode(), "CSV file")

@@ -15,6 +15,8 @@ from typing import Any
 import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
+from db.lifecycle import ACTIVE_STATUSES
+from db.run_figures import steady_images_per_s
 from db.store import EPOCH_FIELDS
 from trainer_backend.contract.strategy_specs import spec
 from .spreadsheet import frame_for_csv
@@ -25,12 +27,21 @@ SCALING_COLUMNS = (
 )
 # Labels, not work: they never make two runs different experiments.
 IGNORED_CONFIG_FIELDS = ("tags",)
+# Streamlit's own categorical colours, ordered so that neighbours differ most: a run's colour in every chart.
+RUN_COLOURS = ("#0068c9", "#ff2b2b", "#29b09d", "#ff8700", "#6d3fc0", "#83c9ff", "#ffabab", "#7defa1",
+               "#ffd16a", "#9a6324")
 
 
 def run_label(run_id: int, strategy: str, n_devices: int, model: str) -> str:
     """'#12 ddp×2 resnet18': short enough for a legend, enough to tell runs apart."""
     width = f"×{n_devices}" if n_devices > 1 else ""
     return f"#{run_id} {strategy}{width} {model}"
+
+
+def run_colours(run_ids) -> dict[int, str]:
+    """Each run's colour in every chart of a comparison (Compare, Sweeps): by its place among the runs
+    ordered by id, so the same runs get the same colours on every page, in whatever order they were picked."""
+    return {run_id: RUN_COLOURS[i % len(RUN_COLOURS)] for i, run_id in enumerate(sorted(set(map(int, run_ids))))}
 
 
 def device_count(config: dict[str, Any]) -> int:
@@ -87,12 +98,9 @@ def _reserved(row) -> dict[str, float]:
 
 def throughput_images_per_s(run_epochs: pd.DataFrame) -> float | None:
     """Mean images/s over the epochs after the first (start-up costs land in the first), or the
-    only epoch's when there is one. None before any epoch has finished."""
-    measured = run_epochs.dropna(subset=["images_per_s"]).sort_values("epoch")
-    if measured.empty:
-        return None
-    steady = measured.iloc[1:] if len(measured) > 1 else measured
-    return float(steady["images_per_s"].mean())
+    only epoch's when there is one. None before any epoch has finished. ``db.run_figures`` computes
+    it, as it does for every page, the export and ``list``."""
+    return steady_images_per_s(zip(run_epochs["epoch"], run_epochs["images_per_s"]))[0]
 
 
 def time_to_accuracy_s(run_epochs: pd.DataFrame, target_acc: float) -> float | None:
@@ -118,7 +126,8 @@ def pick_baselines(runs: list[dict[str, Any]], stored: dict[tuple, int]) -> dict
 def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: dict[tuple, int],
                   target_acc: float) -> pd.DataFrame:
     """One row per run: throughput, its baseline, speedup = throughput / baseline throughput,
-    efficiency = speedup / devices (1.0 is perfect linear scaling), time to ``target_acc``.
+    efficiency = speedup / devices (1.0 is perfect linear scaling), time to ``target_acc``. A queued or
+    running run gets a speedup once it has measured an epoch after its first.
 
     ``epochs`` must hold the baselines' epochs too. Missing numbers are None.
     """
@@ -128,13 +137,20 @@ def scaling_table(runs: list[dict[str, Any]], epochs: pd.DataFrame, baselines: d
     def throughput(run_id: int | None) -> float | None:
         return None if run_id is None else throughput_images_per_s(by_run.get(run_id, empty))
 
+    def steady(run: dict[str, Any]) -> bool:
+        """Whether the run's throughput is one to compare: it has finished, or measured an epoch after
+        its first (a running run's first epoch alone carries its start-up costs)."""
+        if run.get("status") not in ACTIVE_STATUSES:
+            return True
+        return by_run.get(run["id"], empty)["images_per_s"].notna().sum() >= 2
+
     rows = []
     for run in runs:
         n_devices = device_count(run["config"])
         own = throughput(run["id"])
         baseline_id = baselines.get(like_key(run["config"]))
         base = throughput(baseline_id)
-        speedup = own / base if own is not None and base else None
+        speedup = own / base if own is not None and base and steady(run) else None
         rows.append({
             "run_id": run["id"],
             "label": label_for(run),

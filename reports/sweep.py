@@ -15,13 +15,14 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from db import profiles, series, store
+from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.contract.strategy_specs import spec
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
-from .forecast import forecast_display, sweep_forecast
+from .forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
 from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
-from .scaling import epochs_frame, memory_frame, pick_baselines, scaling_table
+from .scaling import epochs_frame, memory_frame, pick_baselines, run_colours, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
                   "speedup", "efficiency", "peak_memory_mb", "memory_estimate_error", "time_to_target_s",
@@ -168,12 +169,25 @@ def _num(value, pattern: str, missing: str = "-") -> str:
     return missing if value is None or pd.isna(value) else pattern.format(value)
 
 
+def waiting_for(table: pd.DataFrame) -> str | None:
+    """The line saying which runs a verdict waits for, while any run of ``table`` is queued or running."""
+    active = table[table["status"].isin(ACTIVE_STATUSES)]
+    if active.empty:
+        return None
+    names = [f"{row.label} ({row.status})" for row in active.itertuples()]
+    return (f"Waiting for {', '.join(names)} to finish: the fastest strategy and the speedups it rests on are "
+            "named once every run compared has finished, so that no verdict is drawn from half the runs.")
+
+
 def strategy_advice(table: pd.DataFrame) -> str:
     """One plain sentence from the sweep's numbers, e.g. 'DDP on 2 devices: 1.80x, 90% efficient;
-    MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.'"""
+    MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.' While a run is
+    queued or running, the line saying what it waits for (``waiting_for``)."""
+    if waiting := waiting_for(table):
+        return waiting
     done = table[(table["status"] == "completed") & table["throughput_images_per_s"].notna()]
     if done.empty:
-        return "No run of this sweep has finished an epoch yet."
+        return "No run of this sweep completed: there is nothing measured to compare."
     parts = [
         f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
         f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"
@@ -198,11 +212,14 @@ def strategy_advice(table: pd.DataFrame) -> str:
 
 
 def scaling_figure(table: pd.DataFrame) -> go.Figure:
-    """Speedup of each strategy against the ideal line (speedup = number of devices)."""
+    """Speedup of each run against the ideal line (speedup = number of devices): each bar named and
+    coloured as the run is in every chart of a comparison (``run_label``, ``run_colours``)."""
     fig = go.Figure()
-    fig.add_bar(x=table["strategy"], y=table["speedup"], name="speedup over single",
+    colours = run_colours(table["run_id"])
+    fig.add_bar(x=table["label"], y=table["speedup"], name="speedup over single",
+                marker_color=[colours[run_id] for run_id in table["run_id"]],
                 text=table["speedup"].map(lambda v: _num(v, "{:.2f}x")), textposition="outside")
-    fig.add_scatter(x=table["strategy"], y=table["devices"], mode="markers+lines", name="ideal (= devices)",
+    fig.add_scatter(x=table["label"], y=table["devices"], mode="markers+lines", name="ideal (= devices)",
                     line=dict(dash="dash", color="gray"))
     fig.update_layout(title="Speedup over one device", yaxis_title="x single", margin=dict(l=10, r=10, t=50, b=40))
     return fig
@@ -231,6 +248,8 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
 <p>{html.escape(ESTIMATE_ERROR_NOTE)}</p>
 {"".join(f"<p>{html.escape(line)}</p>" for line in filter(None, [mfu_note(table), no_breakdown]))}
 <h2>Scaling forecast</h2>
-{forecast_display(forecast.table).to_html(index=False) if not forecast.table.empty else ""}
+{forecast_display(possible(forecast.table)).to_html(index=False) if not possible(forecast.table).empty else ""}
+{(f"<h3>{HYPOTHETICAL_HEADING}</h3>" + forecast_display(hypothetical(forecast.table)).to_html(index=False))
+ if not hypothetical(forecast.table).empty else ""}
 {"".join(f"<p>{html.escape(line)}</p>" for line in [*forecast.notes, *forecast.assumptions])}
 {charts}</body></html>"""

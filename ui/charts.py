@@ -95,23 +95,25 @@ def memory_figure(memory: pd.DataFrame) -> go.Figure:
     return figure
 
 
-def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
-    """One line per run: ``metric`` over ``x`` ("epoch" or "wall_time_s"); ``labels`` names the runs."""
+def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, str],
+                   colours: dict[int, str] | None = None) -> go.Figure:
+    """One line per run: ``metric`` over ``x`` ("epoch" or "wall_time_s"); ``labels`` names the runs and
+    ``colours`` colours them (``reports.scaling.run_colours``)."""
     percent = metric.endswith("_acc")
     figure = base_figure(METRIC_TITLES.get(metric, metric), X_AXES.get(x, x), METRIC_TITLES.get(metric, metric),
                      percent=percent)
     for run_id, rows in epochs.groupby("run_id", sort=False):
         if has_values(rows, metric):
             figure.add_scatter(x=rows[x], y=rows[metric], name=plotly_text(labels.get(run_id, f"#{run_id}")),
-                               mode="lines+markers")
+                               mode="lines+markers", line=dict(color=(colours or {}).get(run_id)))
     if x == "epoch" and epochs["epoch"].nunique() <= 20:
         figure.update_xaxes(dtick=1)
     return figure
 
 
-def speedup_figure(scaling: pd.DataFrame) -> go.Figure:
+def speedup_figure(scaling: pd.DataFrame, colours: dict[int, str] | None = None) -> go.Figure:
     """Speedup over the single-device baseline against the number of devices, with the ideal
-    (speedup = devices) as a dashed line."""
+    (speedup = devices) as a dashed line; each run in its ``colours``."""
     figure = base_figure("Speedup over one device", "devices", "speedup (×)")
     figure.update_layout(hovermode="closest")
     measured = scaling.dropna(subset=["speedup"])
@@ -120,20 +122,23 @@ def speedup_figure(scaling: pd.DataFrame) -> go.Figure:
                        line=dict(dash="dash", color="gray"))
     for row in measured.itertuples():
         figure.add_scatter(x=[row.devices], y=[row.speedup], name=row.label, mode="markers+text",
-                           text=[f"{row.speedup:.2f}×"], textposition="middle right", marker=dict(size=12))
+                           text=[f"{row.speedup:.2f}×"], textposition="middle right",
+                           marker=dict(size=12, color=(colours or {}).get(row.run_id)))
     top_speedup = max([top_devices, *measured["speedup"]])
     figure.update_xaxes(dtick=1, range=[0, top_devices + 0.6])  # room for the labels right of the points
     figure.update_yaxes(range=[0, top_speedup * 1.15])
     return figure
 
 
-def efficiency_figure(scaling: pd.DataFrame) -> go.Figure:
-    """Scaling efficiency (speedup / devices) per run as bars; 100 % is perfect linear scaling."""
+def efficiency_figure(scaling: pd.DataFrame, colours: dict[int, str] | None = None) -> go.Figure:
+    """Scaling efficiency (speedup / devices) per run as bars, each in its ``colours``; 100 % is perfect
+    linear scaling."""
     figure = base_figure("Scaling efficiency", "", "speedup / devices", percent=True)
     figure.update_layout(hovermode="closest", showlegend=False)
     measured = scaling.dropna(subset=["efficiency"])
     figure.add_bar(x=measured["label"], y=measured["efficiency"], name="measured",
-                   text=[f"{e:.0%}" for e in measured["efficiency"]], textposition="auto")
+                   text=[f"{e:.0%}" for e in measured["efficiency"]], textposition="auto",
+                   marker_color=[(colours or {}).get(run_id) for run_id in measured["run_id"]] if colours else None)
     figure.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="ideal 100 %",
                      annotation_position="top left")
     figure.update_yaxes(range=[0, max([1.0, *measured["efficiency"]]) * 1.15])

@@ -238,12 +238,15 @@ def _across_machines(of_run: pd.DataFrame) -> pd.DataFrame:
     return moments
 
 
-def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, str]) -> go.Figure:
-    """One line per run: ``metric`` over ``x`` ("t_s" or "step"); ``labels`` names the runs."""
+def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, str],
+                   colours: dict[int, str] | None = None) -> go.Figure:
+    """One line per run: ``metric`` over ``x`` ("t_s" or "step"); ``labels`` names the runs and ``colours``
+    colours them."""
     title, y_title, _, _ = COMPARE_SERIES[metric]
     figure = base_figure(title, X_TITLES[x], y_title)
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
-        figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines")
+        figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines",
+                           line=dict(color=(colours or {}).get(run_id)))
     return figure
 
 

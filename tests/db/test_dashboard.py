@@ -29,7 +29,8 @@ def config(**changes) -> dict:
 def add_run(engine, *, status="completed", accs=(0.5, 0.7), images_per_s=(100.0, 120.0), **changes) -> int:
     run_id = store.create_run(engine, config(**changes), status=status)
     for epoch, (acc, ips) in enumerate(zip(accs, images_per_s), start=1):
-        store.log_epoch(engine, run_id, {"epoch": epoch, "val_acc": acc, "images_per_s": ips, "epoch_time_s": 2.0})
+        store.log_epoch(engine, run_id, {"epoch": epoch, "val_acc": acc, "images_per_s": ips, "epoch_time_s": 2.0,
+                                          "train_time_s": 1.5})
     return run_id
 
 
@@ -46,7 +47,9 @@ def test_run_table_summarises_epochs_and_reads_config_fields(engine):
     row = rows[run_id]
     assert row["devices"] == ["cpu", "cpu"] and row["batch_size"] == 64 and row["epochs"] == 3
     assert row["epochs_done"] == 2 and row["best_val_acc"] == pytest.approx(0.7)
-    assert row["mean_images_per_s"] == pytest.approx(110.0) and row["train_time_s"] == pytest.approx(4.0)
+    # The epochs after the first (as every page shows it); training steps only, then with validation.
+    assert row["mean_images_per_s"] == pytest.approx(120.0) and row["train_time_s"] == pytest.approx(3.0)
+    assert row["epochs_time_s"] == pytest.approx(4.0)
     assert row["tags"] == ["fast"]
     assert rows[empty_id]["epochs_done"] == 0 and rows[empty_id]["best_val_acc"] is None
 

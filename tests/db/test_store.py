@@ -32,7 +32,7 @@ EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {
     "created_at", "started_at", "finished_at", "host", "world_size", "tags", "user_note",
     "strategy", "model", "dataset", "heartbeat_at", "progress", "sweep_id", "nodes", "hosts", "elastic_run_id",
-    "measurements", "steps", "system",
+    "measurements", "steps", "system", "figures",
 }
 
 

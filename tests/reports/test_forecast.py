@@ -13,7 +13,9 @@ import db
 from tests.support import run_cli
 from db import store
 from reports.forecast import (
+    HYPOTHETICAL_HEADING,
     CommModel,
+    Machine,
     bubble_fraction,
     fit_comm,
     format_forecast,
@@ -233,13 +235,13 @@ def test_the_terminal_and_html_reports_say_where_each_measurement_comes_from(eng
     sweep_id = single_and_ddp_on_two(engine)
     newer = later_sweep(engine)
     measured = add_run(engine, newer, "ddp", 4, 250.0)
-    lines = format_forecast(sweep_forecast(engine, sweep_id)).splitlines()
+    lines = format_forecast(sweep_forecast(engine, sweep_id, Machine(cpu_cores=16))).splitlines()
     header = lines[1]
     assert header.split()[-2:] == ["measured", "in"]
     at4 = next(line for line in lines[2:] if line.split()[:2] == ["ddp", "4"])
     assert at4.endswith(f"sweep #{newer}, run #{measured}") and " 250 " in at4
     at8 = next(line for line in lines[2:] if line.split()[:2] == ["ddp", "8"])
-    assert at8.split()[-1] == "-"
+    assert "sweep #" not in at8 and "-" not in at8  # nothing measured at 8: blank cells, not dashes
     assert f"sweep #{newer}, run #{measured}" in sweep_html(engine, sweep_id)
 
 
@@ -325,3 +327,26 @@ def test_cli_refuses_a_device_count_over_the_cpu_limit_before_recording_anything
         "(max_cpu_processes; PARALLAX_MAX_CPU_PROCESSES sets another limit): use counts up to 4"]
     assert not (parallax_home / "parallax.db").exists() or not store.list_sweeps(
         db.make_engine(f"sqlite:///{parallax_home / 'parallax.db'}"))
+
+
+def test_counts_the_machine_cannot_give_are_forecast_apart_with_the_reason(engine):
+    """On 2 CPU cores, 4 and 8 DDP processes would share them: hypothetical, said in the row. Of GPUs, the
+    count of the kind the sweep ran on bounds it, whatever other GPUs the machine lists."""
+    sweep_id = single_and_ddp_on_two(engine)
+    on_two_cores = sweep_forecast(engine, sweep_id, Machine(cpu_cores=2))
+    rows = on_two_cores.table.set_index("devices")
+    assert rows.loc[4, "beyond_machine"] == ("this machine has 2 CPU cores: 4 processes would share them, and the "
+                                             "forecast takes devices as independent")
+    assert rows.loc[8, "beyond_machine"].startswith("this machine has 2 CPU cores: 8 processes")
+    assert rows.loc[8, "speedup_predicted"] == pytest.approx(4.0)  # the model's figure, kept but set apart
+    text = format_forecast(on_two_cores)
+    assert text.splitlines()[1] == f"{HYPOTHETICAL_HEADING}:" and "why hypothetical" in text.splitlines()[2]
+    assert sweep_forecast(engine, sweep_id, Machine(cpu_cores=8)).table["beyond_machine"].isna().all()
+
+    gpus = store.create_sweep(engine, {"devices": ["cuda:0", "cuda:1"]}, ["single", "ddp"])
+    add_run(engine, gpus, "single", 1, 100.0, device="cuda:0")
+    add_run(engine, gpus, "ddp", 2, 160.0, comm_share=0.1, device="cuda:0")
+    mixed = Machine(cpu_cores=64, gpus=("NVIDIA H100", "NVIDIA H100", "NVIDIA A100", "NVIDIA A100", "NVIDIA A100"))
+    rows = sweep_forecast(engine, gpus, mixed).table.set_index("devices")
+    assert rows.loc[4, "beyond_machine"] == "this machine lists 2 × NVIDIA H100: 4 would need 2 more of that kind"
+    assert sweep_forecast(engine, gpus, Machine(64, ("NVIDIA H100",) * 8)).table["beyond_machine"].isna().all()

@@ -1,0 +1,82 @@
+"""The figures that sum up one run's epochs, each computed here and nowhere else: the Runs, Run,
+Compare and Sweeps pages, ``export``, its CSV files and ``list`` all take them from ``run_figures``,
+so one run shows one throughput and one training time wherever it is read.
+
+    figures = run_figures(store.read_epoch_metrics(engine, [run_id]))
+    figures.images_per_s      # mean over the epochs after the first; the only epoch's for a one-epoch run
+
+Pure Python over epoch rows (dicts with ``epoch``, ``images_per_s``, ``train_time_s``,
+``epoch_time_s``, ``val_acc``; missing keys are unmeasured), beneath both the database's summaries
+and the reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# What each figure is called wherever it is shown, and what it holds (a column's help text).
+IMAGES_PER_S_LABEL = "throughput (images/s)"
+IMAGES_PER_S_HELP = ("Training images per second: the mean over the epochs after the first (the first carries "
+                     "start-up costs, and a profiler's when the run is profiled), or the only epoch's.")
+TRAINING_TIME_LABEL = "training time (s)"
+TRAINING_TIME_HELP = "Time spent on training steps, summed over the epochs: validation and checkpoints left out."
+EPOCHS_TIME_LABEL = "epochs' time (s)"
+EPOCHS_TIME_HELP = "The epochs' whole time, summed: training, validation and BatchNorm re-estimation."
+BEST_VAL_ACC_LABEL = "best val acc"
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's summary. None where no epoch has measured it yet."""
+
+    epochs_done: int
+    best_val_acc: float | None
+    images_per_s: float | None
+    images_per_s_epochs: tuple[int, ...]  # the epochs ``images_per_s`` is the mean of
+    training_time_s: float | None  # summed train_time_s; None unless every recorded epoch has it
+    epochs_time_s: float | None  # summed epoch_time_s (training, validation, BatchNorm re-estimation)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["images_per_s_epochs"] = list(self.images_per_s_epochs)
+        return values
+
+
+def steady_images_per_s(epochs: Iterable[tuple[int, float | None]]) -> tuple[float | None, tuple[int, ...]]:
+    """(Mean images/s over the epochs after the first measured one, those epochs) from
+    (epoch, images/s) pairs; the only epoch's with one; (None, ()) before any."""
+    measured = sorted((int(epoch), float(value)) for epoch, value in epochs if _number(value))
+    if not measured:
+        return None, ()
+    steady = measured[1:] if len(measured) > 1 else measured
+    return sum(value for _, value in steady) / len(steady), tuple(epoch for epoch, _ in steady)
+
+
+def run_figures(epochs: Iterable[Mapping[str, Any]]) -> RunFigures:
+    """The figures of one run's epoch rows (``store.read_epoch_metrics`` rows of that run)."""
+    rows = list(epochs)
+    images_per_s, steady = steady_images_per_s((row["epoch"], row.get("images_per_s")) for row in rows)
+    accuracies = [float(row["val_acc"]) for row in rows if _number(row.get("val_acc"))]
+    return RunFigures(
+        epochs_done=len(rows),
+        best_val_acc=max(accuracies) if accuracies else None,
+        images_per_s=images_per_s,
+        images_per_s_epochs=steady,
+        training_time_s=_total(row.get("train_time_s") for row in rows),
+        epochs_time_s=_total(row.get("epoch_time_s") for row in rows),
+    )
+
+
+def _total(values: Iterable[Any]) -> float | None:
+    """The sum, or None where any value is missing (a partial sum would read as a whole one)."""
+    values = list(values)
+    if not values or not all(_number(v) for v in values):
+        return None
+    return float(sum(values))
+
+
+def _number(value: Any) -> bool:
+    # NaN (pandas' missing value) is not a measurement.
+    return value is not None and isinstance(value, (int, float)) and value == value
