@@ -298,6 +298,10 @@ with st.expander("Advanced"):
     with accumulate_col:
         values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], DEFAULTS.accumulate_steps)
         field_slot("accumulate_steps")
+    nonfinite_col, _, _ = st.columns(3)
+    with nonfinite_col:
+        values["on_nonfinite"] = field_widget(FIELDS["on_nonfinite"], DEFAULTS.on_nonfinite)
+        field_slot("on_nonfinite")
     recipe_hint = st.empty()
     st.markdown("**Augmentation and speed**")
     augment_col, speed_col = st.columns(2)

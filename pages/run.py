@@ -42,6 +42,19 @@ def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
     columns[4].metric("Training time", widgets.format_duration(float(epochs.epoch_time_s.fillna(0).sum())))
 
 
+def nonfinite_line(epochs: pd.DataFrame) -> str | None:
+    """What non-finite losses the run trained through (--on-nonfinite skip or warn), from its epochs' extra."""
+    extras = [extra for extra in epochs.get("extra", pd.Series(dtype=object)) if isinstance(extra, dict)]
+    nonfinite = sum(int(extra.get("nonfinite_steps", 0)) for extra in extras)
+    skipped = sum(int(extra.get("skipped_steps", 0)) for extra in extras)
+    if not nonfinite and not skipped:
+        return None
+    line = f"The training loss was NaN or infinite in {nonfinite:,} step{'s' * (nonfinite != 1)}"
+    if skipped:
+        return line + f"; {skipped:,} optimizer update{'s were' if skipped != 1 else ' was'} skipped (--on-nonfinite skip)."
+    return line + " (--on-nonfinite warn: the run trained on)."
+
+
 def show_charts(epochs: pd.DataFrame) -> None:
     left, right = st.columns(2)
     left.plotly_chart(charts.loss_figure(epochs), key="loss")
@@ -121,6 +134,8 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
         st.caption("Charts appear when the first epoch ends.")
     else:
         show_metrics(epochs, run.measurements)
+        if line := nonfinite_line(epochs):
+            st.warning(line, icon=":material/warning:")
         show_charts(epochs)
         efficiency_views.rank_times(epochs, key="rank_times")
         label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)

@@ -793,3 +793,33 @@ def test_a_jpeg_folder_trains_decoded_on_the_gpu_as_the_cpu_decodes_it(parallax_
     images = placed.train.normalise(encoded.to("cuda:0"))
     # ... and the GPU normalises the pixels it decoded as the CPU normalises the same pixels.
     assert torch.allclose(images.cpu(), data.train.normalise(on_gpu.cpu()), atol=1e-4)
+
+
+@one_gpu
+def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
+    """--on-nonfinite stop on a GPU: 40 steps' observe and check under sync debug mode "error" (any implicit
+    host-device sync raises), a NaN at step 20 stopping the epoch by step 20 + 2 checks, naming step 20."""
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.divergence import CUDA_CHECK_EVERY, NonfiniteGuard, TrainingDiverged
+    from trainer_backend.engine.strategies import Strategy
+
+    strategy = Strategy(RunConfig(strategy="single", devices="0"))
+    model = torch.nn.Linear(4, 1).cuda()
+    watch = NonfiniteGuard("stop", strategy)
+    watch.start_epoch(1, 100, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(8, 4, device="cuda")
+    stopped_at = None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 61):
+            loss = model(x).pow(2).mean() * (float("nan") if step == 20 else 1.0)
+            watch.observe(step, loss, 8)
+            try:
+                watch.check(step)
+            except TrainingDiverged as exc:
+                stopped_at, reason = step, str(exc)
+                break
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert stopped_at is not None and 20 < stopped_at <= 20 + 2 * CUDA_CHECK_EVERY
+    assert reason.startswith("loss became NaN at epoch 1 step 20 (lr 0.1)")

@@ -33,6 +33,7 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.confusion import confusion_record
+from trainer_backend.engine.divergence import NonfiniteGuard
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
                                      prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
@@ -161,16 +162,19 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
               bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
-              on_start=None) -> EpochMetrics:
+              on_start=None, guard: NonfiniteGuard | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
+    if guard is not None:
+        guard.start_epoch(epoch, len(train_loader), optimizer)
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        on_loss=on_loss, on_start=on_start,
+        on_loss=on_loss, on_start=on_start, guard=guard,
     )
+    nonfinite = guard.end_epoch() if guard is not None else {}
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
     if bn_loader is not None:  # counted in the epoch's time, not in its training time
@@ -193,7 +197,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     t_loss, t_correct, t_count, v_loss, v_correct, v_count, *confusion = totals.tolist()
     return EpochMetrics(
         epoch=epoch,
-        train_loss=t_loss / t_count,
+        # Under --on-nonfinite skip, over the images of the finite losses (divergence.py).
+        train_loss=t_loss / max(1, t_count - (guard.left_out_images if guard is not None else 0)),
         train_acc=t_correct / t_count,
         val_loss=v_loss / v_count,
         val_acc=v_correct / v_count,
@@ -204,7 +209,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
-               **(precision.extra() if precision is not None else {}), **measured,
+               **(precision.extra() if precision is not None else {}), **measured, **nonfinite,
                # Taken out by the trainer before the epoch is stored: only the best epoch's is kept.
                **({"confusion": confusion} if confusion else {})},
     )
@@ -266,6 +271,7 @@ class Built:
     precision: PrecisionRecord | None
     measures: RunMeasures
     has_batchnorm: bool
+    guard: NonfiniteGuard
 
 
 def main(spec: RankSpec) -> None:
@@ -376,7 +382,8 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
                  decode_note=decode_note, model=model,
                  optimizer=optimizer, schedule=schedule, loaders=loaders, bn_loader=bn_loader, amp_dtype=amp_dtype,
                  scaler=scaler, precision=precision, measures=measures,
-                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))))
+                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))),
+                 guard=NonfiniteGuard(config.on_nonfinite, strategy, scaler))
 
 
 def train(built: Built, recorder: Recorder | NoRecorder) -> None:
@@ -448,7 +455,8 @@ def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: Ste
     hooks.start_epoch(epoch, built.loaders[0], built.optimizer)
     metrics = run_epoch(epoch, built.model, built.loaders, built.optimizer, strategy, built.amp_dtype, built.scaler,
                         on_step=hooks, profiler=profiler, precision=built.precision, bn_loader=built.bn_loader,
-                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training)
+                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training,
+                        guard=built.guard)
     metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile

@@ -47,6 +47,7 @@ from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
+from trainer_backend.engine.divergence import TrainingDiverged
 from trainer_backend.engine.trainer import RankSpec, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import Recorder, run_started_at_s
@@ -333,6 +334,8 @@ def _root_cause(context, folder, first: int, stopped: set[int]) -> str:
         first_failure = min(failures, key=lambda f: f["time"])
         if _is_collective_timeout(first_failure):
             return _collective_timeout_message(first_failure, failed, len(context.processes))
+        if first_failure.get("type") == TrainingDiverged.__name__:  # one verdict every rank reached together
+            return one_line(first_failure["message"])
         if first_failure.get("type") in PLAIN_FAILURE_TYPES:  # its message says all: no traceback
             return f"rank {first_failure['rank']}: {one_line(first_failure['message'])}"
         return (f"rank {first_failure['rank']} raised an exception: {_last_line(first_failure['traceback'])}\n"
