@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from db.engine import full_reason, read_only_reason, session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
+from db.notify import notify
 
 ACTIVE_STATUSES = ("queued", "running")
 HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.control.lifecycle.Heartbeat)
@@ -68,17 +69,20 @@ def claim(engine: Engine, run_id: int) -> bool:
 
 
 def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -> bool:
-    """End an active run with ``status``; False if it had already ended (the first end stands)."""
+    """End an active run with ``status``; False if it had already ended (the first end stands). The
+    process that ends it posts the end to the home's webhooks (``notify``), in the background."""
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"status {status!r} does not end a run; allowed: {', '.join(sorted(TERMINAL_STATUSES))}")
     values: dict = {"status": status, "finished_at": utcnow()}
     if error is not None:
         values["error"] = error
     with session_scope(engine) as session:
-        result = session.execute(
+        ended = session.execute(
             update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(**values)
-        )
-        return result.rowcount == 1
+        ).rowcount == 1
+    if ended:  # told once, by the process whose write ended the run
+        notify(engine, run_id, f"run.{status}", error)
+    return ended
 
 
 def heartbeat(engine: Engine, run_id: int) -> bool:

@@ -53,6 +53,7 @@ class NonfiniteGuard:
         self.device = strategy.output_device
         self.on_cuda = self.device.type == "cuda"
         self.check_every = check_every or (CUDA_CHECK_EVERY if self.on_cuda else 1)
+        self.told = False  # the run's webhooks were told that it trains on through non-finite losses
 
     def start_epoch(self, epoch: int, total_steps: int, optimizer: torch.optim.Optimizer) -> None:
         self.epoch, self.total_steps, self.optimizer = epoch, total_steps, optimizer

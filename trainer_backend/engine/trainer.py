@@ -470,6 +470,10 @@ def record_epoch(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
     it improved; whether the BatchNorm lag has been noted (once per run)."""
     config, epoch = built.spec.config, metrics.epoch
     confusion = metrics.extra.pop("confusion", None)  # only the best epoch's is kept, in the measurements
+    if metrics.extra.get("nonfinite_steps") and not built.guard.told:  # trained on through it: warn or skip
+        built.guard.told = True
+        recorder.notify("run.diverged", f"the training loss was NaN or infinite in {metrics.extra['nonfinite_steps']} "
+                        f"step(s) of epoch {epoch}; the run trains on (--on-nonfinite {config.on_nonfinite})")
     recorder.epoch(epoch, vars(metrics), metrics.line(config.epochs))
     if improved and confusion:
         recorder.confusion(epoch, confusion_record(epoch, built.data.info.class_names, confusion))

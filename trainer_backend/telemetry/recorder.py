@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from db.notify import notify
 from db import lifecycle as state
 from db import profiles, series, store
 from db.engine import DatabaseLockedError, LockBackoff, retry_when_locked
@@ -138,6 +139,10 @@ class Recorder:
         with writing(path, "checkpoint") as handle:
             torch.save(payload, handle)
 
+    def notify(self, event: str, reason: str) -> None:
+        """Post ``event`` of the run to the home's webhooks, in the background (db/notify.py)."""
+        notify(self.engine, self.run_id, event, reason)
+
     def log_incomplete(self, exc: OSError) -> None:
         """Tell the run's reader that its log has gaps (the metrics are in the database)."""
         self.notes([LOG_INCOMPLETE_NOTE.format(error=describe(exc))], what="note that the log is incomplete")
@@ -161,6 +166,9 @@ class NoRecorder:
         pass
 
     def compile_time(self, seconds: float, note: str) -> None:
+        pass
+
+    def notify(self, event: str, reason: str) -> None:
         pass
 
     def epoch(self, epoch: int, row: dict, line: str | None = None) -> None:

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from tests.db.test_notify import SECRET, Receiver
 from tests.support import DDP_ON_CPU, run_cli
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.divergence import NonfiniteGuard, TrainingDiverged
@@ -82,25 +83,47 @@ def test_skip_is_refused_for_pipelines_in_one_line():
         RunConfig(on_nonfinite="ignore")
 
 
-def run_and_export(home, *flags: str, nan_step: int, nan_rank: int = 0) -> dict:
+def run_and_export(home, *flags: str, nan_step: int, nan_rank: int = 0, webhook: str = "") -> dict:
     env = {"PARALLAX_PLUGINS": "tests.plugins.nan_model", "PARALLAX_TEST_NAN_STEP": str(nan_step),
-           "PARALLAX_TEST_NAN_RANK": str(nan_rank)}
+           "PARALLAX_TEST_NAN_RANK": str(nan_rank), "PARALLAX_WEBHOOKS": webhook}
     result = run_cli("run", *NAN_RUN, *flags, home=home, env_extra=env, timeout=300)
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert last.startswith("run_id="), result.stdout + result.stderr
     exported = run_cli("export", last.split()[0].split("=")[1], home=home)
     assert exported.returncode == 0, exported.stderr
-    return json.loads(exported.stdout)
+    return {**json.loads(exported.stdout), "_printed": result.stdout + result.stderr}
 
 
 @pytest.mark.processes
-def test_a_single_run_stops_at_the_nan_step_and_keeps_the_epochs_before(parallax_home):
-    # digits: 1,437 training images, 23 steps of 64 an epoch; the 30th step is epoch 2's 7th.
-    run = run_and_export(parallax_home, "--epochs", "3", nan_step=30)
+def test_a_single_run_stops_at_the_nan_step_keeps_the_epochs_before_and_tells_its_webhook(parallax_home):
+    receiver = Receiver()
+    try:
+        # digits: 1,437 training images, 23 steps of 64 an epoch; the 30th step is epoch 2's 7th.
+        run = run_and_export(parallax_home, "--epochs", "3", nan_step=30, webhook=receiver.url)
+        [post] = receiver.wait_for(1)
+    finally:
+        receiver.close()
     assert run["status"] == "failed"
     assert run["error"].startswith("loss became NaN at epoch 2 step 7 (lr 0.01)"), run["error"]
     assert [e["epoch"] for e in run["epochs"]] == [1]
     assert math.isfinite(run["epochs"][0]["train_loss"])
+    assert post["body"]["event"] == "run.failed" and post["body"]["run"]["reason"] == run["error"]
+    assert SECRET not in run["_printed"]  # what the run printed (a launched run's log)
+
+
+@pytest.mark.processes
+def test_a_run_that_trains_on_through_a_nan_loss_is_told_as_diverged_then_completed(parallax_home):
+    receiver = Receiver()
+    try:
+        run = run_and_export(parallax_home, "--epochs", "2", "--on-nonfinite", "warn", nan_step=30,
+                             webhook=receiver.url)
+        posts = receiver.wait_for(2)
+    finally:
+        receiver.close()
+    assert run["status"] == "completed"
+    assert run["epochs"][1]["extra"]["nonfinite_steps"] >= 1  # warn: the NaN weights keep later losses NaN
+    assert [p["body"]["event"] for p in posts] == ["run.diverged", "run.completed"]
+    assert "NaN or infinite in" in posts[0]["body"]["run"]["reason"]
 
 
 @pytest.mark.processes
