@@ -179,6 +179,8 @@ class RunConfig:
     # What a NaN or infinite training loss does: stop the run, skip the step's update, or warn
     # (trainer_backend/engine/divergence.py).
     on_nonfinite: str = "stop"
+    # What a run whose steps stop moving does once its stacks are logged: wait or cancel (worker/stall.py).
+    on_stall: str = "wait"
     accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
     # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
     augment: str = "none"

@@ -52,6 +52,7 @@ from trainer_backend.engine.models import create_model
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
+from trainer_backend.telemetry.stacks import register_stack_dump
 from trainer_backend.engine.schedule import attach_schedule, build_optimizer
 from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
@@ -334,6 +335,7 @@ def setup(spec: RankSpec, folder: Path) -> None:
             handle.write(str(os.getpid()).encode())
     except OSError as exc:
         raise write_problem(exc, "the rank's pid file", folder / f"rank{spec.rank}.pid") from None
+    register_stack_dump(folder, spec.rank)  # for a run that stalls (worker/stall.py)
     load_plugins()
     torch.manual_seed(spec.config.seed)  # identical initial weights on every rank
 

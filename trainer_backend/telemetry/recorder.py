@@ -90,7 +90,8 @@ class Recorder:
         """(epoch, step of total) for the progress bars, at most about once a ``progress_interval_s``
         and at an epoch's last step; skipped while the database is locked, then tried less often."""
         now = time.monotonic()
-        if ((step == total_steps or now - self._progress_at >= self.progress_interval_s)
+        # An epoch's start and end always land: the stall watch judges only between them (worker/stall.py).
+        if ((step in (0, total_steps) or now - self._progress_at >= self.progress_interval_s)
                 and self._progress_backoff.due(now)):
             self._progress_at = now
             landed = state.set_progress(self.engine, self.run_id, epoch=epoch, step=step, total_steps=total_steps)

@@ -44,6 +44,7 @@ from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCanc
 from trainer_backend.contract.logguard import guard_output
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
+from trainer_backend.worker.stall import StallWatch
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
@@ -107,8 +108,9 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
     reserve = SpaceReserve(url, run_id).keep()  # room for the last write if the disk fills
+    watch = StallWatch(engine, run_id, named_run_folder(run_folder_name(engine, run_id)), on_stall=config.on_stall)
     try:
-        with Heartbeat(engine, run_id):
+        with Heartbeat(engine, run_id), watch:
             if not wait_for_turn(engine, run_id, echo=echo):
                 status, error = "cancelled", "cancelled while queued"
             else:
@@ -130,6 +132,8 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except Exception as exc:
         status, error = "failed", printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
     finally:
+        if status == "cancelled" and watch.cancel_reason:
+            error = watch.cancel_reason
         if status is not None and log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
