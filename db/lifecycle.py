@@ -63,7 +63,8 @@ def claim(engine: Engine, run_id: int) -> bool:
     with session_scope(engine) as session:
         result = session.execute(
             update(Run).where(Run.id == run_id, Run.status == "queued")
-            .values(status="running", started_at=utcnow(), heartbeat_at=_clock(session))
+            # A resumed run keeps its first start: its times and charts run on across the gap.
+            .values(status="running", started_at=func.coalesce(Run.started_at, utcnow()), heartbeat_at=_clock(session))
         )
         return result.rowcount == 1
 
@@ -83,6 +84,19 @@ def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -
     if ended:  # told once, by the process whose write ended the run
         notify(engine, run_id, f"run.{status}", error)
     return ended
+
+
+RESUMABLE_ENDS = ("failed", "cancelled", "lost")
+
+
+def reopen(engine: Engine, run_id: int) -> bool:
+    """An ended run (failed, cancelled or lost) back to queued, to be resumed as the same run; False if it
+    is not one of those now (another process resumed it first, or it completed)."""
+    with session_scope(engine) as session:
+        return session.execute(
+            update(Run).where(Run.id == run_id, Run.status.in_(RESUMABLE_ENDS))
+            .values(status="queued", error=None, finished_at=None, pid=None, heartbeat_at=None)
+        ).rowcount == 1
 
 
 def heartbeat(engine: Engine, run_id: int) -> bool:

@@ -11,11 +11,11 @@ import streamlit as st
 
 from db import profiles, series, store
 from db.folders import NotARegularFile
-from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
-from trainer_backend.control.lifecycle import CancelNotDelivered, cancel
+from db.lifecycle import ACTIVE_STATUSES, RESUMABLE_ENDS
+from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
+from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import charts, confusion, downloads, efficiency_views, live, series_charts, state, widgets
+from ui import charts, confusion, downloads, efficiency_views, live, options, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -115,6 +115,14 @@ def show_head(run: store.RunRecord) -> None:
                 cancel(run.id)
             except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
                 st.session_state[CANCEL_NOTE_KEY] = str(exc)
+        st.rerun()
+    if (run.status in RESUMABLE_ENDS and "resume.pt" in checkpoint_files(state.engine(), run.id)
+            and cancel_col.button("Resume", icon=":material/play_circle:",
+                                  help="Continue from the last finished epoch, as this same run")):
+        try:
+            resume(run.id, data_roots=options.data_roots())
+        except (ValueError, LookupError) as exc:
+            st.session_state[CANCEL_NOTE_KEY] = str(exc)
         st.rerun()
     if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
         st.warning(escape_markdown(note), icon=":material/warning:")
@@ -250,6 +258,11 @@ def show_static(run: store.RunRecord) -> None:
         # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
         st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),
                        icon=":material/download:")
+    if files := checkpoint_files(state.engine(), run.id):
+        keep = run.config.get("keep_checkpoints", 1)
+        st.caption(f"Checkpoints on disk: {sum(files.values()) / 2**20:,.1f} MB ("
+                   + ", ".join(f"{name} {size / 2**20:,.1f} MB" for name, size in files.items())
+                   + f"; --keep-checkpoints {keep} keeps that many resume points besides the best).")
     show_profile(run.id)
     with st.expander("Config"):
         st.dataframe(

@@ -181,6 +181,8 @@ class RunConfig:
     on_nonfinite: str = "stop"
     # What a run whose steps stop moving does once its stacks are logged: wait or cancel (worker/stall.py).
     on_stall: str = "wait"
+    # Resume points kept on disk, the newest first (engine/resume.py); the best epoch's weights are kept apart.
+    keep_checkpoints: int = 1
     accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
     # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
     augment: str = "none"

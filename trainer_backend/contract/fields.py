@@ -190,6 +190,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
             "keeping every epoch recorded before it; skip drops that step's optimizer update (as fp16's gradient "
             "scaler does) and counts it, not with pp; warn trains on and counts it.", NONFINITE_ACTIONS,
             choice_labels={"stop": "stop the run", "skip": "skip the step's update", "warn": "train on, count it"}),
+    _number("keep_checkpoints", int, 1, "Resume points kept", "Every epoch's end leaves a checkpoint to resume the "
+            "run from (parallax resume); this many of the newest are kept, besides the best epoch's weights.", 1, 1000,
+            step=1),
     _choice("on_stall", "wait", "When no step is taken for minutes", "A run whose steps stop moving for "
             "max(PARALLAX_STALL_AFTER_S, 5 minutes by default, 20 median steps) while its processes live is marked "
             "stalled and every rank's stack goes into its log; then wait keeps it running, cancel ends it.",

@@ -227,8 +227,8 @@ class RankSpec:
     """What one rank is told: the run's config, validated once by whoever launched the run (a rank
     does not validate it again), and this rank's place in the run.
 
-    ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
-    if any, and write one after every epoch. ``folder_name`` names the run's folder
+    ``resumable`` (every run the worker trains, and a torchrun job that may be restarted): start from the
+    run's last resume point, if any, and write one after every epoch. ``folder_name`` names the run's folder
     (``db.folders.run_folder_name``; looked up in the database when not given); ``data_roots``
     confines the data read (``load_data``). ``store_port``: the spawned world's rendezvous store
     (0 under torchrun or in one process). ``energy_part`` (a torchrun job across machines): this
@@ -435,7 +435,8 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
         lag_noted = record_epoch(built, recorder, hooks, metrics, improved, state, lag_noted)
         if spec.resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
-                                     epoch=epoch, best_acc=best_acc, schedule=built.schedule)
+                                     epoch=epoch, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
+                                     keep=spec.config.keep_checkpoints)
 
 
 def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple[int, float]:
@@ -444,9 +445,13 @@ def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple
     if not built.spec.resumable:
         return 1, -1.0
     start_epoch, best_acc = resume.restore(built.folder, built.strategy, built.model, built.optimizer,
-                                           built.loaders[0], schedule=built.schedule)
+                                           built.loaders[0], schedule=built.schedule, scaler=built.scaler)
+    if resume.restart_count() > 0 or start_epoch > 1:
+        recorder.forget_steps_from(start_epoch)  # what the stopped attempt recorded of the epochs trained again
     if resume.restart_count() > 0:
         recorder.notes([resume.resume_note(start_epoch, resume.restart_count())])
+    elif start_epoch > 1:
+        recorder.notes([resume.resumed_note(start_epoch)])
     return start_epoch, best_acc
 
 

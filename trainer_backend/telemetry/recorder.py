@@ -140,6 +140,11 @@ class Recorder:
         with writing(path, "checkpoint") as handle:
             torch.save(payload, handle)
 
+    def forget_steps_from(self, epoch: int) -> None:
+        """A resumed run trains ``epoch`` and later again: their step points from before go first."""
+        retry_when_locked(lambda: series.forget_steps_from(self.engine, self.run_id, epoch),
+                          what=f"clear the step points from epoch {epoch}")
+
     def notify(self, event: str, reason: str) -> None:
         """Post ``event`` of the run to the home's webhooks, in the background (db/notify.py)."""
         notify(self.engine, self.run_id, event, reason)
@@ -170,6 +175,9 @@ class NoRecorder:
         pass
 
     def notify(self, event: str, reason: str) -> None:
+        pass
+
+    def forget_steps_from(self, epoch: int) -> None:
         pass
 
     def epoch(self, epoch: int, row: dict, line: str | None = None) -> None:

@@ -157,7 +157,9 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
     folder_name = run_folder_name(engine, run_id)
     try:
         with SystemSampler(engine, run_id, run_started_at_s(engine, run_id), cuda_indices(config.devices)) as sampler:
-            spec = RankSpec(config, 0, run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
+            # Resumable: a checkpoint after every epoch, and a resumed run starts from the last one.
+            spec = RankSpec(config, 0, run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots,
+                            resumable=True)
             if config.world_size > 1:
                 _spawn_ranks(spec, watch=sampler.watch)
             else:
