@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from db.engine import full_reason, read_only_reason, session_scope, try_write
 from db.models import TERMINAL_STATUSES, Run, utcnow
+from db.notify import notify
 
 ACTIVE_STATUSES = ("queued", "running")
 HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.control.lifecycle.Heartbeat)
@@ -62,23 +63,40 @@ def claim(engine: Engine, run_id: int) -> bool:
     with session_scope(engine) as session:
         result = session.execute(
             update(Run).where(Run.id == run_id, Run.status == "queued")
-            .values(status="running", started_at=utcnow(), heartbeat_at=_clock(session))
+            # A resumed run keeps its first start: its times and charts run on across the gap.
+            .values(status="running", started_at=func.coalesce(Run.started_at, utcnow()), heartbeat_at=_clock(session))
         )
         return result.rowcount == 1
 
 
 def finish(engine: Engine, run_id: int, status: str, error: str | None = None) -> bool:
-    """End an active run with ``status``; False if it had already ended (the first end stands)."""
+    """End an active run with ``status``; False if it had already ended (the first end stands). The
+    process that ends it posts the end to the home's webhooks (``notify``), in the background."""
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"status {status!r} does not end a run; allowed: {', '.join(sorted(TERMINAL_STATUSES))}")
     values: dict = {"status": status, "finished_at": utcnow()}
     if error is not None:
         values["error"] = error
     with session_scope(engine) as session:
-        result = session.execute(
+        ended = session.execute(
             update(Run).where(Run.id == run_id, Run.status.in_(ACTIVE_STATUSES)).values(**values)
-        )
-        return result.rowcount == 1
+        ).rowcount == 1
+    if ended:  # told once, by the process whose write ended the run
+        notify(engine, run_id, f"run.{status}", error)
+    return ended
+
+
+RESUMABLE_ENDS = ("failed", "cancelled", "lost")
+
+
+def reopen(engine: Engine, run_id: int) -> bool:
+    """An ended run (failed, cancelled or lost) back to queued, to be resumed as the same run; False if it
+    is not one of those now (another process resumed it first, or it completed)."""
+    with session_scope(engine) as session:
+        return session.execute(
+            update(Run).where(Run.id == run_id, Run.status.in_(RESUMABLE_ENDS))
+            .values(status="queued", error=None, finished_at=None, pid=None, heartbeat_at=None)
+        ).rowcount == 1
 
 
 def heartbeat(engine: Engine, run_id: int) -> bool:

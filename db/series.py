@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, cast, func, insert, select
+from sqlalchemy import BigInteger, Engine, cast, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from db.engine import session_scope
@@ -35,6 +35,13 @@ def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) ->
 def add_system_samples(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
     """Append system samples (``SYSTEM_FIELDS``) to the run in one statement."""
     _add(engine, run_id, SystemSample, SYSTEM_FIELDS, rows)
+
+
+def forget_steps_from(engine: Engine, run_id: int, epoch: int) -> None:
+    """Remove the run's step points of ``epoch`` and later: a resumed run trains them again, and records
+    each step once."""
+    with session_scope(engine) as session:
+        session.execute(delete(StepMetric).where(StepMetric.run_id == run_id, StepMetric.epoch >= epoch))
 
 
 def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows: Iterable[Mapping[str, Any]]) -> None:

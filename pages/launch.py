@@ -298,6 +298,16 @@ with st.expander("Advanced"):
     with accumulate_col:
         values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], DEFAULTS.accumulate_steps)
         field_slot("accumulate_steps")
+    nonfinite_col, stall_col, keep_col = st.columns(3)
+    with nonfinite_col:
+        values["on_nonfinite"] = field_widget(FIELDS["on_nonfinite"], DEFAULTS.on_nonfinite)
+        field_slot("on_nonfinite")
+    with stall_col:
+        values["on_stall"] = field_widget(FIELDS["on_stall"], DEFAULTS.on_stall)
+        field_slot("on_stall")
+    with keep_col:
+        values["keep_checkpoints"] = field_widget(FIELDS["keep_checkpoints"], DEFAULTS.keep_checkpoints)
+        field_slot("keep_checkpoints")
     recipe_hint = st.empty()
     st.markdown("**Augmentation and speed**")
     augment_col, speed_col = st.columns(2)

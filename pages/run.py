@@ -11,12 +11,12 @@ import streamlit as st
 
 from db import profiles, series, store
 from db.folders import NotARegularFile
-from db.lifecycle import ACTIVE_STATUSES
+from db.lifecycle import ACTIVE_STATUSES, RESUMABLE_ENDS
 from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
-from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
-from trainer_backend.control.lifecycle import CancelNotDelivered, cancel
+from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
+from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import charts, confusion, downloads, efficiency_views, live, series_charts, state, widgets
+from ui import charts, confusion, downloads, efficiency_views, live, options, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -45,6 +45,19 @@ def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
                       help=TRAINING_TIME_HELP + (f" With them, the epochs took "
                                                  f"{widgets.format_duration(figures.epochs_time_s)}."
                                                  if figures.epochs_time_s is not None else ""))
+
+
+def nonfinite_line(epochs: pd.DataFrame) -> str | None:
+    """What non-finite losses the run trained through (--on-nonfinite skip or warn), from its epochs' extra."""
+    extras = [extra for extra in epochs.get("extra", pd.Series(dtype=object)) if isinstance(extra, dict)]
+    nonfinite = sum(int(extra.get("nonfinite_steps", 0)) for extra in extras)
+    skipped = sum(int(extra.get("skipped_steps", 0)) for extra in extras)
+    if not nonfinite and not skipped:
+        return None
+    line = f"The training loss was NaN or infinite in {nonfinite:,} step{'s' * (nonfinite != 1)}"
+    if skipped:
+        return line + f"; {skipped:,} optimizer update{'s were' if skipped != 1 else ' was'} skipped (--on-nonfinite skip)."
+    return line + " (--on-nonfinite warn: the run trained on)."
 
 
 def show_charts(epochs: pd.DataFrame) -> None:
@@ -108,6 +121,14 @@ def show_head(run: store.RunRecord) -> None:
             except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
                 st.session_state[CANCEL_NOTE_KEY] = str(exc)
         st.rerun()
+    if (run.status in RESUMABLE_ENDS and "resume.pt" in checkpoint_files(state.engine(), run.id)
+            and cancel_col.button("Resume", icon=":material/play_circle:",
+                                  help="Continue from the last finished epoch, as this same run")):
+        try:
+            resume(run.id, data_roots=options.data_roots())
+        except (ValueError, LookupError) as exc:
+            st.session_state[CANCEL_NOTE_KEY] = str(exc)
+        st.rerun()
     if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
         st.warning(escape_markdown(note), icon=":material/warning:")
 
@@ -126,6 +147,8 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
         st.caption("Charts appear when the first epoch ends.")
     else:
         show_metrics(epochs, run.measurements)
+        if line := nonfinite_line(epochs):
+            st.warning(line, icon=":material/warning:")
         show_charts(epochs)
         efficiency_views.rank_times(epochs, key="rank_times")
         label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)
@@ -240,6 +263,11 @@ def show_static(run: store.RunRecord) -> None:
         # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
         st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),
                        icon=":material/download:")
+    if files := checkpoint_files(state.engine(), run.id):
+        keep = run.config.get("keep_checkpoints", 1)
+        st.caption(f"Checkpoints on disk: {sum(files.values()) / 2**20:,.1f} MB ("
+                   + ", ".join(f"{name} {size / 2**20:,.1f} MB" for name, size in files.items())
+                   + f"; --keep-checkpoints {keep} keeps that many resume points besides the best).")
     show_profile(run.id)
     with st.expander("Config"):
         st.dataframe(

@@ -278,6 +278,20 @@ def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax
     assert log[0] == "line 60" and log[-1] == "line 99"  # the last 40 lines
 
 
+def test_run_page_counts_the_steps_a_run_skipped_for_a_nan_loss(parallax_home, engine):
+    run_id = add_run(engine, on_nonfinite="skip")
+    store.log_epoch(engine, run_id, {
+        "epoch": 4, "train_loss": 0.2, "val_loss": 0.3, "train_acc": 0.9, "val_acc": 0.9, "epoch_time_s": 2.0,
+        "train_time_s": 1.8, "images_per_s": 100.0, "peak_memory_mb": {"cpu": 900.0},
+        "extra": {"nonfinite_steps": 2, "skipped_steps": 2}})
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    assert ("The training loss was NaN or infinite in 2 steps; 2 optimizer updates were skipped "
+            "(--on-nonfinite skip).") in texts(at.warning)
+
+
 def test_run_page_refreshes_an_active_run_and_shows_its_end(parallax_home, engine):
     run_id = add_run(engine, status="running", images_per_s=(80.0,), val_acc=(0.4,))
     hold_by_this_process(engine, run_id)

@@ -923,3 +923,31 @@ def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sy
     steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
     assert len(steps) == 20 and totals[2].item() == len(data.train) == 160
     assert val_totals[2].item() == len(data.val) == 40
+@one_gpu
+def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
+    """--on-nonfinite stop on a GPU: 40 steps' observe and check under sync debug mode "error" (any implicit
+    host-device sync raises), a NaN at step 20 stopping the epoch by step 20 + 2 checks, naming step 20."""
+    from trainer_backend.contract.config import RunConfig
+    from trainer_backend.engine.divergence import CUDA_CHECK_EVERY, NonfiniteGuard, TrainingDiverged
+    from trainer_backend.engine.strategies import Strategy
+
+    strategy = Strategy(RunConfig(strategy="single", devices="0"))
+    model = torch.nn.Linear(4, 1).cuda()
+    watch = NonfiniteGuard("stop", strategy)
+    watch.start_epoch(1, 100, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(8, 4, device="cuda")
+    stopped_at = None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 61):
+            loss = model(x).pow(2).mean() * (float("nan") if step == 20 else 1.0)
+            watch.observe(step, loss, 8)
+            try:
+                watch.check(step)
+            except TrainingDiverged as exc:
+                stopped_at, reason = step, str(exc)
+                break
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert stopped_at is not None and 20 < stopped_at <= 20 + 2 * CUDA_CHECK_EVERY
+    assert reason.startswith("loss became NaN at epoch 1 step 20 (lr 0.1)")

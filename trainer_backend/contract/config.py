@@ -176,6 +176,13 @@ class RunConfig:
     # Training loss only; validation reports the plain cross-entropy.
     label_smoothing: float = 0.0
     grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
+    # What a NaN or infinite training loss does: stop the run, skip the step's update, or warn
+    # (trainer_backend/engine/divergence.py).
+    on_nonfinite: str = "stop"
+    # What a run whose steps stop moving does once its stacks are logged: wait or cancel (worker/stall.py).
+    on_stall: str = "wait"
+    # Resume points kept on disk, the newest first (engine/resume.py); the best epoch's weights are kept apart.
+    keep_checkpoints: int = 1
     accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
     # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
     augment: str = "none"
@@ -389,6 +396,11 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= MAX_GRAD_CLIP:
         raise ConfigError("grad_clip", f"grad_clip {_shown(clip)} is not allowed: give the largest gradient norm, a number "
                           f"from 0 to {MAX_GRAD_CLIP:g} (e.g. 1.0; 0 = no clipping)")
+    if strategy_spec(cfg.strategy).microbatched and cfg.on_nonfinite == "skip":
+        raise ConfigError(
+            "on_nonfinite", f"on_nonfinite 'skip' is not allowed with strategy {cfg.strategy}: its schedule steps the "
+            "optimizer inside the pipeline, where a step cannot be dropped; use stop or warn"
+        )
     if strategy_spec(cfg.strategy).microbatched and cfg.accumulate_steps > 1:
         raise ConfigError(
             "accumulate_steps", f"accumulate_steps {cfg.accumulate_steps} is not allowed with strategy {cfg.strategy}: a "

@@ -27,7 +27,9 @@ MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
 AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
 VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
-DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
+DECODE_MODES = ("cache", "workers")
+NONFINITE_ACTIONS = ("stop", "skip", "warn")
+STALL_ACTIONS = ("wait", "cancel")  # what a run that stalls does after its stacks are logged (worker/stall.py)  # what a NaN or infinite training loss does (engine/divergence.py)  # decode once into the mapped cache, or every epoch in the loader workers
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -184,6 +186,17 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     _number("grad_clip", float, 0.0, "Gradient clipping (max norm, 0 = off)", "The global gradient norm is scaled "
             "down to this (under fp16 AMP after unscaling); 0 = no clipping.", 0.0, MAX_GRAD_CLIP,
             check="_validate_recipe", step=0.5),
+    _choice("on_nonfinite", "stop", "On a NaN or infinite loss", "stop fails the run at that step on every rank, "
+            "keeping every epoch recorded before it; skip drops that step's optimizer update (as fp16's gradient "
+            "scaler does) and counts it, not with pp; warn trains on and counts it.", NONFINITE_ACTIONS,
+            choice_labels={"stop": "stop the run", "skip": "skip the step's update", "warn": "train on, count it"}),
+    _number("keep_checkpoints", int, 1, "Resume points kept", "Every epoch's end leaves a checkpoint to resume the "
+            "run from (parallax resume); this many of the newest are kept, besides the best epoch's weights.", 1, 1000,
+            step=1),
+    _choice("on_stall", "wait", "When no step is taken for minutes", "A run whose steps stop moving for "
+            "max(PARALLAX_STALL_AFTER_S, 5 minutes by default, 20 median steps) while its processes live is marked "
+            "stalled and every rank's stack goes into its log; then wait keeps it running, cancel ends it.",
+            STALL_ACTIONS, choice_labels={"wait": "mark it stalled and wait", "cancel": "mark it stalled and cancel"}),
     _number("accumulate_steps", int, 1, "Gradient accumulation steps", "Batches whose gradients add up to one "
             "optimizer step: the effective batch is the global batch × N; DDP and FSDP reduce gradients only on "
             "the last of them; not with pp, whose microbatches do this.", 1, MAX_ACCUMULATE_STEPS, step=1),

@@ -18,6 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+# The newest resume point in a run's folder (engine/resume.py writes it; control/lifecycle.py looks for it).
+RESUME_FILE = "resume.pt"
+OLDER_RESUME_FILE = "resume-epoch{epoch}.pt"  # an earlier epoch's point, kept under --keep-checkpoints N > 1
+
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # Writers in C++ (torch.save to a path, the profiler's trace export) drop the errno; after their
 # failure, this little room left on the file system (or a file size limit) is read as the disk being full.

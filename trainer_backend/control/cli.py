@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     cancel = sub.add_parser("cancel", help="stop a queued or running run and every process it started")
     cancel.add_argument("run_id", type=run_id_arg)
+    resume = sub.add_parser("resume", help="continue a failed, cancelled or lost run from its last finished epoch, "
+                            "as the same run, in the background; ends with 'run_id=N status=queued'")
+    resume.add_argument("run_id", type=run_id_arg)
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
                             "metrics, per-step points and system samples")
     export.add_argument("run_id", type=run_id_arg)
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "worker": _cmd_worker,
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "resume": _cmd_resume, "worker": _cmd_worker,
                 "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate}
     try:
         load_plugins()
@@ -366,6 +369,15 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     from trainer_backend.control.lifecycle import cancel
 
     print(f"run_id={args.run_id} status={cancel(args.run_id, db_url=args.db)}", flush=True)
+    return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from trainer_backend.control.lifecycle import resume
+
+    open_database(args.db)
+    run_id = resume(args.run_id, db_url=args.db)
+    print(f"run_id={run_id} status=queued", flush=True)
     return 0
 
 

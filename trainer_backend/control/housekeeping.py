@@ -14,6 +14,8 @@ from db import lifecycle as state
 from db import make_engine, store
 from db.folders import run_folder
 
+from trainer_backend.contract.storage import OLDER_RESUME_FILE, RESUME_FILE
+
 
 class RunActiveError(ValueError):
     """The run is queued or running; deleting it would pull its files from under its processes."""
@@ -32,6 +34,21 @@ def run_file(engine, run_id: int, name: str):
         raise OutsideRunFolder(f"{name} of run {run_id} leads outside the run's folder {folder} (to {path}): "
                                "it is not shown or offered for download")
     return folder / name
+
+
+def checkpoint_files(engine, run_id: int) -> dict[str, int]:
+    """The run's checkpoint files (resume points, the best epoch's weights) and their sizes in bytes."""
+    folder = run_folder(engine, int(run_id))
+    names = [RESUME_FILE, *sorted(p.name for p in folder.glob(OLDER_RESUME_FILE.format(epoch="*"))), "best.pt"]
+    sizes = {}
+    for name in names:
+        try:
+            path = run_file(engine, run_id, name)
+            if path.is_file():
+                sizes[name] = path.stat().st_size
+        except (OSError, OutsideRunFolder):
+            continue
+    return sizes
 
 
 def delete_run_and_files(run_id: int, *, db_url: str | None = None) -> None:

@@ -32,7 +32,7 @@ from db.settings import database_url, parallax_home
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
 from trainer_backend.contract.strategy_specs import find
 from trainer_backend.datasets.roots import check_under_roots
-from trainer_backend.contract.storage import write_problem
+from trainer_backend.contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainer_backend
@@ -82,6 +82,12 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
                               sweep_id=sweep_id)
+    start_worker(engine, url, run_id, data_roots)
+    return run_id
+
+
+def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = None) -> None:
+    """Start the detached worker of the queued run ``run_id``, its output appended to the run's log."""
     # The database URL travels in the environment, not in argv, where ps would show its password.
     env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1", "PARALLAX_DB_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -107,6 +113,27 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
     # Reap the worker when it ends, so a long-lived launcher (the dashboard) holds no zombies.
     threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
+
+
+def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | None = None) -> int:
+    """Continue the failed, cancelled or lost run ``run_id`` from its last finished epoch, as the same run:
+    queued again, then trained by a new detached worker from its resume point (engine/resume.py). Refuses in
+    one line a run that is not one of those, or that has no resume point (it ended before its first epoch)."""
+    check_environment()
+    url = absolute_database_url(database_url(db_url))
+    engine = make_engine(url)
+    run = store.get_run(engine, run_id)
+    if run is None:
+        raise LookupError(f"no run with id {run_id}")
+    if run.status not in state.RESUMABLE_ENDS:
+        raise ValueError(f"run {run_id} is {run.status}: only a {', '.join(state.RESUMABLE_ENDS)} run can be resumed")
+    point = run_folder(engine, run_id) / RESUME_FILE
+    if not point.is_file():
+        raise ValueError(f"run {run_id} has no resume point ({point} is missing): it ended before its first epoch "
+                         "finished; launch it again instead")
+    if not state.reopen(engine, run_id):
+        raise ValueError(f"run {run_id} changed while it was being resumed (now {store.get_run(engine, run_id).status})")
+    start_worker(engine, url, run_id, data_roots)
     return run_id
 
 

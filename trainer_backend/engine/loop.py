@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainer_backend.engine.confusion import add_confusion, val_totals
+from trainer_backend.engine.divergence import NonfiniteGuard
 from trainer_backend.telemetry.profiling import StepProfiler, phase_ranges
 from trainer_backend.engine.strategies import Strategy, autocast, synchronize
 
@@ -104,9 +105,12 @@ def train_one_epoch(
     profiler: StepProfiler | None = None,
     on_loss: LossCallback | None = None,
     on_start: StartCallback | None = None,
+    guard: NonfiniteGuard | None = None,
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds). Each step is
-    the forward and backward below, or the strategy's own (``train_step``) where it runs them itself."""
+    the forward and backward below, or the strategy's own (``train_step``) where it runs them itself.
+    ``guard`` watches the losses for NaN and infinity (divergence.py): it may drop an optimizer step
+    (skip) or end the epoch on every rank at once (stop)."""
     model.train()
     phase = phase_ranges(profiler)
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
@@ -139,13 +143,22 @@ def train_one_epoch(
                     # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
                     part = loss / group_size if group_size > 1 else loss
                     (scaler.scale(part) if scaler is not None else part).backward()
+            if guard is not None:
+                guard.observe(step, loss, labels.numel())
             if steps_optimizer:
                 with phase("optimizer_step"):
-                    optimizer_step(model, optimizer, strategy, scaler)
+                    if guard is not None and guard.skips_update():
+                        optimizer.zero_grad(set_to_none=True)  # dropped on every rank: the weights stay finite
+                    else:
+                        optimizer_step(model, optimizer, strategy, scaler)
             outcome = loss.detach(), logits.detach(), labels
         if outcome is not None:  # None on a process that computes no loss (a pipeline's first stages)
             loss, logits, labels = outcome
-            accumulate(totals, loss, logits, labels)
+            accumulate(totals, guard.finite_loss(loss) if guard is not None else loss, logits, labels)
+        if guard is not None:
+            if strategy.runs_own_loop:  # its loss, where this stage computes one, after its own optimizer step
+                guard.observe(step, *((loss, labels.numel()) if outcome is not None else (None,)))
+            guard.check(step)
         if profiler is not None:
             profiler.step()
         if on_loss is not None and outcome is not None:

@@ -1,13 +1,21 @@
-"""Resumable checkpoints, one per finished epoch, for runs that ``torchrun --max-restarts N`` may restart.
+"""Resumable checkpoints, one per finished epoch, for every run: a failed, cancelled or lost run continues
+from its last finished epoch (``parallax resume RUN``, the Run page's Resume), and a torchrun job that
+``--max-restarts N`` restarts does the same.
 
     save_resume_point(folder, strategy, model, optimizer, train_loader, epoch=3, best_acc=0.91)   # every rank
     start_epoch, best_acc = restore(folder, strategy, model, optimizer, train_loader)            # every rank
 
 Rank 0 writes ``resume.pt`` in the run's folder (model and optimizer state, the learning-rate schedule's
-position, the epoch, the best accuracy so far, the random number generators) after the epoch is recorded, so an epoch is either recorded and
+position, the fp16 gradient scaler, the epoch, the best accuracy so far, the random number generators) after the epoch is recorded, so an epoch is either recorded and
 in the checkpoint or trained again and recorded once, replacing nothing twice. After a restart
 rank 0 may sit on another machine: every rank says which epoch its own machine's checkpoint holds
-and the newest is sent from there to all. Both functions are collectives.
+and the newest is sent from there to all. Both functions are collectives (in a world of one process they
+read and write the folder alone).
+
+``keep`` (``--keep-checkpoints``) bounds the disk: the newest point is ``resume.pt``; with ``keep`` above 1 the
+points of earlier epochs stay beside it as ``resume-epoch<N>.pt`` until ``keep`` are kept
+(``control.housekeeping.checkpoint_files`` says what they all cost the disk). ``best.pt`` (the best
+epoch's weights) is written apart by the recorder and always kept.
 """
 
 from __future__ import annotations
@@ -19,11 +27,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer_backend.contract.storage import writing
+from trainer_backend.contract.storage import OLDER_RESUME_FILE, RESUME_FILE, writing
 from trainer_backend.engine.strategies import Strategy
 from trainer_backend.contract.world import torchrun_world
 
-RESUME_FILE, RESUME_EPOCH_FILE = "resume.pt", "resume.json"
+RESUME_EPOCH_FILE = "resume.json"
 
 
 def restart_count() -> int:
@@ -33,7 +41,7 @@ def restart_count() -> int:
 
 
 def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-                      *, epoch: int, best_acc: float, schedule=None) -> None:
+                      *, epoch: int, best_acc: float, schedule=None, scaler=None, keep: int = 1) -> None:
     state = strategy.resume_state(model, optimizer)
     if not strategy.is_main:
         return
@@ -48,13 +56,26 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "loader_rng": generator.get_state() if generator is not None else None,
         "schedule": schedule.state_dict() if schedule is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
     }
+    if keep > 1:
+        _keep_older_point(folder, keep)
     # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
     with writing(folder / RESUME_FILE, "resume point") as handle:
         torch.save(point, handle)
     # Written after the checkpoint: it may lag behind it, never run ahead of it.
     with writing(folder / RESUME_EPOCH_FILE, "resume point") as handle:
         handle.write(json.dumps({"epoch": epoch}).encode())
+
+
+def _keep_older_point(folder: Path, keep: int) -> None:
+    """Move the newest point aside under its epoch's name, then remove the oldest beyond ``keep`` - 1 of them."""
+    previous = _local_epoch(folder)
+    if previous:
+        (folder / RESUME_FILE).replace(folder / OLDER_RESUME_FILE.format(epoch=previous))
+    older = sorted(folder.glob(OLDER_RESUME_FILE.format(epoch="*")), key=lambda p: int(p.stem.rsplit("epoch", 1)[1]))
+    for path in older[:max(0, len(older) - (keep - 1))]:
+        path.unlink(missing_ok=True)
 
 
 def _local_epoch(folder: Path) -> int:
@@ -66,11 +87,13 @@ def _local_epoch(folder: Path) -> int:
 
 
 def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-            schedule=None) -> tuple[int, float]:
+            schedule=None, scaler=None) -> tuple[int, float]:
     """Load the newest resume point any rank's machine holds: (first epoch to train, best accuracy).
     (1, -1.0) when there is none."""
-    epochs: list[int | None] = [None] * strategy.world_size
-    dist.all_gather_object(epochs, _local_epoch(folder))
+    collective = dist.is_available() and dist.is_initialized()
+    epochs: list[int | None] = [_local_epoch(folder)] * strategy.world_size
+    if collective:
+        dist.all_gather_object(epochs, _local_epoch(folder))
     newest = max(epochs)
     if newest == 0:
         return 1, -1.0
@@ -79,7 +102,8 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
     # that rank's own device (without map_location it would come back on the saving rank's GPU).
     holder = [torch.load(folder / RESUME_FILE, weights_only=True, map_location="cpu")
               if strategy.rank == source else None]
-    dist.broadcast_object_list(holder, src=source)
+    if collective:
+        dist.broadcast_object_list(holder, src=source)
     point = holder[0]
     strategy.load_resume_state(model, optimizer, point["state"])
     torch.set_rng_state(point["rng"])
@@ -90,7 +114,14 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
         generator.set_state(point["loader_rng"])
     if schedule is not None and point.get("schedule") is not None:
         schedule.load_state_dict(point["schedule"])  # after the optimizer's: its saved lr is replaced by the schedule's
+    if scaler is not None and point.get("scaler") is not None:
+        scaler.load_state_dict(point["scaler"])
     return point["epoch"] + 1, point["best_acc"]
+
+
+def resumed_note(start_epoch: int) -> str:
+    return (f"Resumed at epoch {start_epoch} from the checkpoint of epoch {start_epoch - 1} (parallax resume); "
+            f"epochs 1 to {start_epoch - 1} are the ones recorded before.")
 
 
 def resume_note(start_epoch: int, restarts: int) -> str:

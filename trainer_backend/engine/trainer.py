@@ -33,6 +33,7 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine.confusion import confusion_record
+from trainer_backend.engine.divergence import NonfiniteGuard
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
                                      prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
@@ -51,6 +52,7 @@ from trainer_backend.engine.models import create_model
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
+from trainer_backend.telemetry.stacks import register_stack_dump
 from trainer_backend.engine.schedule import attach_schedule, build_optimizer
 from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
@@ -161,16 +163,19 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
               bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
-              on_start=None) -> EpochMetrics:
+              on_start=None, guard: NonfiniteGuard | None = None) -> EpochMetrics:
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
     reset_peak_memory(strategy.devices)
+    if guard is not None:
+        guard.start_epoch(epoch, len(train_loader), optimizer)
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        on_loss=on_loss, on_start=on_start,
+        on_loss=on_loss, on_start=on_start, guard=guard,
     )
+    nonfinite = guard.end_epoch() if guard is not None else {}
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
     if bn_loader is not None:  # counted in the epoch's time, not in its training time
@@ -193,7 +198,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     t_loss, t_correct, t_count, v_loss, v_correct, v_count, *confusion = totals.tolist()
     return EpochMetrics(
         epoch=epoch,
-        train_loss=t_loss / t_count,
+        # Under --on-nonfinite skip, over the images of the finite losses (divergence.py).
+        train_loss=t_loss / max(1, t_count - (guard.left_out_images if guard is not None else 0)),
         train_acc=t_correct / t_count,
         val_loss=v_loss / v_count,
         val_acc=v_correct / v_count,
@@ -204,7 +210,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
         extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
-               **(precision.extra() if precision is not None else {}), **measured,
+               **(precision.extra() if precision is not None else {}), **measured, **nonfinite,
                # Taken out by the trainer before the epoch is stored: only the best epoch's is kept.
                **({"confusion": confusion} if confusion else {})},
     )
@@ -221,8 +227,8 @@ class RankSpec:
     """What one rank is told: the run's config, validated once by whoever launched the run (a rank
     does not validate it again), and this rank's place in the run.
 
-    ``resumable`` (a torchrun job that may be restarted): start from the run's last resume point,
-    if any, and write one after every epoch. ``folder_name`` names the run's folder
+    ``resumable`` (every run the worker trains, and a torchrun job that may be restarted): start from the
+    run's last resume point, if any, and write one after every epoch. ``folder_name`` names the run's folder
     (``db.folders.run_folder_name``; looked up in the database when not given); ``data_roots``
     confines the data read (``load_data``). ``store_port``: the spawned world's rendezvous store
     (0 under torchrun or in one process). ``energy_part`` (a torchrun job across machines): this
@@ -266,6 +272,7 @@ class Built:
     precision: PrecisionRecord | None
     measures: RunMeasures
     has_batchnorm: bool
+    guard: NonfiniteGuard
 
 
 def main(spec: RankSpec) -> None:
@@ -328,6 +335,7 @@ def setup(spec: RankSpec, folder: Path) -> None:
             handle.write(str(os.getpid()).encode())
     except OSError as exc:
         raise write_problem(exc, "the rank's pid file", folder / f"rank{spec.rank}.pid") from None
+    register_stack_dump(folder, spec.rank)  # for a run that stalls (worker/stall.py)
     load_plugins()
     torch.manual_seed(spec.config.seed)  # identical initial weights on every rank
 
@@ -376,7 +384,8 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
                  decode_note=decode_note, model=model,
                  optimizer=optimizer, schedule=schedule, loaders=loaders, bn_loader=bn_loader, amp_dtype=amp_dtype,
                  scaler=scaler, precision=precision, measures=measures,
-                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))))
+                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))),
+                 guard=NonfiniteGuard(config.on_nonfinite, strategy, scaler))
 
 
 def train(built: Built, recorder: Recorder | NoRecorder) -> None:
@@ -426,7 +435,8 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
         lag_noted = record_epoch(built, recorder, hooks, metrics, improved, state, lag_noted)
         if spec.resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
-                                     epoch=epoch, best_acc=best_acc, schedule=built.schedule)
+                                     epoch=epoch, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
+                                     keep=spec.config.keep_checkpoints)
 
 
 def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple[int, float]:
@@ -435,9 +445,13 @@ def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple
     if not built.spec.resumable:
         return 1, -1.0
     start_epoch, best_acc = resume.restore(built.folder, built.strategy, built.model, built.optimizer,
-                                           built.loaders[0], schedule=built.schedule)
+                                           built.loaders[0], schedule=built.schedule, scaler=built.scaler)
+    if resume.restart_count() > 0 or start_epoch > 1:
+        recorder.forget_steps_from(start_epoch)  # what the stopped attempt recorded of the epochs trained again
     if resume.restart_count() > 0:
         recorder.notes([resume.resume_note(start_epoch, resume.restart_count())])
+    elif start_epoch > 1:
+        recorder.notes([resume.resumed_note(start_epoch)])
     return start_epoch, best_acc
 
 
@@ -448,7 +462,8 @@ def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: Ste
     hooks.start_epoch(epoch, built.loaders[0], built.optimizer)
     metrics = run_epoch(epoch, built.model, built.loaders, built.optimizer, strategy, built.amp_dtype, built.scaler,
                         on_step=hooks, profiler=profiler, precision=built.precision, bn_loader=built.bn_loader,
-                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training)
+                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training,
+                        guard=built.guard)
     metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile
@@ -462,6 +477,10 @@ def record_epoch(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
     it improved; whether the BatchNorm lag has been noted (once per run)."""
     config, epoch = built.spec.config, metrics.epoch
     confusion = metrics.extra.pop("confusion", None)  # only the best epoch's is kept, in the measurements
+    if metrics.extra.get("nonfinite_steps") and not built.guard.told:  # trained on through it: warn or skip
+        built.guard.told = True
+        recorder.notify("run.diverged", f"the training loss was NaN or infinite in {metrics.extra['nonfinite_steps']} "
+                        f"step(s) of epoch {epoch}; the run trains on (--on-nonfinite {config.on_nonfinite})")
     recorder.epoch(epoch, vars(metrics), metrics.line(config.epochs))
     if improved and confusion:
         recorder.confusion(epoch, confusion_record(epoch, built.data.info.class_names, confusion))

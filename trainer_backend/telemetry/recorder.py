@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from db.notify import notify
 from db import lifecycle as state
 from db import profiles, series, store
 from db.engine import DatabaseLockedError, LockBackoff, retry_when_locked
@@ -89,7 +90,8 @@ class Recorder:
         """(epoch, step of total) for the progress bars, at most about once a ``progress_interval_s``
         and at an epoch's last step; skipped while the database is locked, then tried less often."""
         now = time.monotonic()
-        if ((step == total_steps or now - self._progress_at >= self.progress_interval_s)
+        # An epoch's start and end always land: the stall watch judges only between them (worker/stall.py).
+        if ((step in (0, total_steps) or now - self._progress_at >= self.progress_interval_s)
                 and self._progress_backoff.due(now)):
             self._progress_at = now
             landed = state.set_progress(self.engine, self.run_id, epoch=epoch, step=step, total_steps=total_steps)
@@ -138,6 +140,15 @@ class Recorder:
         with writing(path, "checkpoint") as handle:
             torch.save(payload, handle)
 
+    def forget_steps_from(self, epoch: int) -> None:
+        """A resumed run trains ``epoch`` and later again: their step points from before go first."""
+        retry_when_locked(lambda: series.forget_steps_from(self.engine, self.run_id, epoch),
+                          what=f"clear the step points from epoch {epoch}")
+
+    def notify(self, event: str, reason: str) -> None:
+        """Post ``event`` of the run to the home's webhooks, in the background (db/notify.py)."""
+        notify(self.engine, self.run_id, event, reason)
+
     def log_incomplete(self, exc: OSError) -> None:
         """Tell the run's reader that its log has gaps (the metrics are in the database)."""
         self.notes([LOG_INCOMPLETE_NOTE.format(error=describe(exc))], what="note that the log is incomplete")
@@ -161,6 +172,12 @@ class NoRecorder:
         pass
 
     def compile_time(self, seconds: float, note: str) -> None:
+        pass
+
+    def notify(self, event: str, reason: str) -> None:
+        pass
+
+    def forget_steps_from(self, epoch: int) -> None:
         pass
 
     def epoch(self, epoch: int, row: dict, line: str | None = None) -> None:

@@ -241,6 +241,8 @@ class StepHooks:
 
     def start_epoch(self, epoch: int, loader, optimizer) -> None:
         self.epoch = epoch
+        if self.progress is not None:
+            self.progress(epoch, 0, len(loader))  # the epoch is under way: its steps are watched from here
         if self.recorder is not None:
             self.recorder.start_epoch(epoch, loader, optimizer)
         self._t_end_s, self._joules = None, None

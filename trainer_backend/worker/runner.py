@@ -44,9 +44,11 @@ from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCanc
 from trainer_backend.contract.logguard import guard_output
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
+from trainer_backend.worker.stall import StallWatch
 from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
+from trainer_backend.engine.divergence import TrainingDiverged
 from trainer_backend.engine.trainer import RankSpec, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import Recorder, run_started_at_s
@@ -106,8 +108,9 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     install_cancel_handler()
     status, error = "failed", "the run ended before recording why"
     reserve = SpaceReserve(url, run_id).keep()  # room for the last write if the disk fills
+    watch = StallWatch(engine, run_id, named_run_folder(run_folder_name(engine, run_id)), on_stall=config.on_stall)
     try:
-        with Heartbeat(engine, run_id):
+        with Heartbeat(engine, run_id), watch:
             if not wait_for_turn(engine, run_id, echo=echo):
                 status, error = "cancelled", "cancelled while queued"
             else:
@@ -129,6 +132,8 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     except Exception as exc:
         status, error = "failed", printable_lines(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
     finally:
+        if status == "cancelled" and watch.cancel_reason:
+            error = watch.cancel_reason
         if status is not None and log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database
@@ -152,7 +157,9 @@ def train_to_end(config: RunConfig, run_id: int, url: str, *, echo: bool = True,
     folder_name = run_folder_name(engine, run_id)
     try:
         with SystemSampler(engine, run_id, run_started_at_s(engine, run_id), cuda_indices(config.devices)) as sampler:
-            spec = RankSpec(config, 0, run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots)
+            # Resumable: a checkpoint after every epoch, and a resumed run starts from the last one.
+            spec = RankSpec(config, 0, run_id, url, echo=echo, folder_name=folder_name, data_roots=data_roots,
+                            resumable=True)
             if config.world_size > 1:
                 _spawn_ranks(spec, watch=sampler.watch)
             else:
@@ -333,6 +340,8 @@ def _root_cause(context, folder, first: int, stopped: set[int]) -> str:
         first_failure = min(failures, key=lambda f: f["time"])
         if _is_collective_timeout(first_failure):
             return _collective_timeout_message(first_failure, failed, len(context.processes))
+        if first_failure.get("type") == TrainingDiverged.__name__:  # one verdict every rank reached together
+            return one_line(first_failure["message"])
         if first_failure.get("type") in PLAIN_FAILURE_TYPES:  # its message says all: no traceback
             return f"rank {first_failure['rank']}: {one_line(first_failure['message'])}"
         return (f"rank {first_failure['rank']} raised an exception: {_last_line(first_failure['traceback'])}\n"

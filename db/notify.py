@@ -1,0 +1,140 @@
+"""Telling people when a run ends, diverges or stalls: a POST to each configured webhook.
+
+    PARALLAX_WEBHOOKS=https://hooks.slack.com/services/T0/B0/XXXX,http://127.0.0.1:9000/parallax
+
+The webhooks of a home are the comma-separated URLs in ``PARALLAX_WEBHOOKS`` and the lines of
+``$PARALLAX_HOME/webhooks`` (written by the dashboard's Settings, readable by its owner only). A URL
+carries its secret (Slack's and Discord's do, in their path), so URLs are read when a message is sent
+and never stored in the database or written to a log: a failed delivery names the URL's scheme and
+host only.
+
+Each message is one JSON object that three kinds of receiver read: generic fields (``event``, ``run``:
+id, link, status, reason, strategy, model, dataset, best accuracy, duration), Slack's ``text`` and
+Discord's ``content`` (the same one line). ``event`` is ``run.completed``, ``run.failed``,
+``run.cancelled``, ``run.lost``, ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
+warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``.
+
+Delivery never holds up the caller: each URL gets a thread of its own, which tries up to
+``ATTEMPTS`` times, ``TIMEOUT_S`` each, waiting ``BACKOFF_S`` between tries; the process waits for
+those threads at exit, so it ends at most about half a minute later when a receiver is down.
+``lifecycle.finish`` sends the end of every run, from whichever process records it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+from sqlalchemy import Engine, func, select
+
+from db.engine import session_scope
+from db.models import EpochMetric, Run
+
+WEBHOOKS_ENV = "PARALLAX_WEBHOOKS"
+WEBHOOKS_FILE = "webhooks"  # in PARALLAX_HOME, one URL a line
+DASHBOARD_URL_ENV = "PARALLAX_DASHBOARD_URL"  # where links in messages point
+DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
+ATTEMPTS, TIMEOUT_S, BACKOFF_S = 3, 5.0, 1.0
+EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.diverged", "run.stalled")
+
+
+def webhook_urls() -> list[str]:
+    """This home's webhooks: ``PARALLAX_WEBHOOKS`` first, then the Settings file; each once."""
+    from db.settings import parallax_home
+
+    urls = [u.strip() for u in os.environ.get(WEBHOOKS_ENV, "").split(",")]
+    try:
+        urls += (parallax_home() / WEBHOOKS_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
+        pass  # no Settings file (or no usable home): the variable alone
+    return list(dict.fromkeys(u.strip() for u in urls if u.strip() and not u.strip().startswith("#")))
+
+
+def check_webhook_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host, else ValueError naming it (shown without its path)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"webhook {shown_url(url)!r} is not allowed: give an http:// or https:// URL with a host")
+    return url.strip()
+
+
+def shown_url(url: str) -> str:
+    """What a log may say of a webhook: its scheme and host, never the path or query that hold its secret."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}/…" if parts.hostname else "(not a URL)"
+
+
+def run_message(engine: Engine, run_id: int, event: str, reason: str | None = None) -> dict:
+    """The JSON object posted for ``event`` of run ``run_id``, read from the database now."""
+    with session_scope(engine) as session:
+        run = session.get(Run, run_id)
+        best = session.scalar(select(func.max(EpochMetric.val_acc)).where(EpochMetric.run_id == run_id))
+        ended = run.finished_at or run.heartbeat_at
+        duration_s = (ended - run.started_at).total_seconds() if run.started_at and ended else None
+        facts = {"status": run.status, "error": run.error, "strategy": run.strategy, "model": run.model,
+                 "dataset": run.dataset, "tags": list(run.tags or [])}
+    reason = reason if reason is not None else facts.pop("error")
+    facts.pop("error", None)
+    link = f"{os.environ.get(DASHBOARD_URL_ENV, DEFAULT_DASHBOARD_URL).rstrip('/')}/run?run={run_id}"
+    headline = reason.strip().splitlines()[0] if reason and reason.strip() else ""
+    line = (f"Parallax run #{run_id} ({facts['strategy']}, {facts['model']} on {facts['dataset']}) "
+            f"{event.removeprefix('run.')}" + (f": {headline}" if headline else "")
+            + (f" (best validation accuracy {best:.1%})" if best is not None else "") + f" {link}")
+    return {"event": event, "text": line, "content": line[:2000],
+            "run": {"id": run_id, "link": link, "reason": reason, "best_val_acc": best, "duration_s": duration_s,
+                    **facts}}
+
+
+def notify(engine: Engine, run_id: int, event: str, reason: str | None = None) -> list[threading.Thread]:
+    """Post ``event`` of run ``run_id`` to every webhook of the home, in the background; the threads, for a
+    caller that wants to wait. Never raises: a notification must not change how a run ends."""
+    urls = webhook_urls()
+    if not urls:
+        return []
+    try:
+        message = run_message(engine, run_id, event, reason)
+    except Exception as exc:  # the run's end is recorded; a message it cannot build is said, not raised
+        print(f"parallax: no notification for run {run_id} ({event}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
+    threads = [threading.Thread(target=deliver, args=(url, message), name="parallax-webhook") for url in urls]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def deliver(url: str, message: dict, *, attempts: int = ATTEMPTS, timeout_s: float = TIMEOUT_S,
+            backoff_s: float = BACKOFF_S) -> bool:
+    """POST ``message`` to ``url``, up to ``attempts`` times; whether it was taken (a 2xx answer)."""
+    try:
+        check_webhook_url(url)
+    except ValueError as exc:
+        print(f"parallax: {exc}", file=sys.stderr)
+        return False
+    body = json.dumps(message).encode()
+    problem = ""
+    for attempt in range(1, attempts + 1):
+        request = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "User-Agent": "parallax"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                if 200 <= answer.status < 300:
+                    return True
+                problem = f"HTTP {answer.status}"
+        except urllib.error.HTTPError as exc:
+            problem = f"HTTP {exc.code}"
+            if 400 <= exc.code < 500 and exc.code != 429:
+                break  # the receiver refuses this message: sending it again changes nothing
+        except (OSError, ValueError) as exc:
+            problem = type(exc).__name__ if not str(exc) else str(getattr(exc, "reason", exc))
+        if attempt < attempts:
+            time.sleep(backoff_s * attempt)
+    print(f"parallax: webhook {shown_url(url)} did not take the {message.get('event')} message of run "
+          f"{message.get('run', {}).get('id')} after {attempt} tr{'ies' if attempt > 1 else 'y'}: {problem}",
+          file=sys.stderr, flush=True)
+    return False

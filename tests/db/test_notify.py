@@ -1,0 +1,149 @@
+"""Webhooks: a real HTTP receiver on 127.0.0.1 takes what a run's end posts (db/notify.py), as generic JSON
+with Slack's ``text`` and Discord's ``content``; delivery retries a bounded number of times; the URL, which
+holds the secret, stays out of the database and the logs.
+
+    .venv/bin/python -m pytest tests/db/test_notify.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from db import lifecycle, notify, store
+
+SECRET = "T0SECRET/B0SECRET/xyzSECRETxyz"
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that keeps every POST and answers ``statuses`` in turn (then 200)."""
+
+    def __init__(self, statuses=()):
+        self.posts: list[dict] = []
+        self.statuses = list(statuses)
+        self.arrived = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with receiver.arrived:
+                    receiver.posts.append({"path": self.path, "body": json.loads(body),
+                                           "type": self.headers["Content-Type"]})
+                    receiver.arrived.notify_all()
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/{SECRET}"
+
+    def wait_for(self, count: int, timeout_s: float = 30) -> list[dict]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.posts) >= count, timeout=timeout_s), self.posts
+        return self.posts
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()
+
+
+def ended_run(engine, receiver, monkeypatch, status: str, error: str | None = None) -> tuple[int, list]:
+    monkeypatch.setenv(notify.WEBHOOKS_ENV, receiver.url)
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "ddp",
+                                       "devices": ["cpu", "cpu"], "tags": ["nightly"]}, status="running")
+    store.log_epoch(engine, run_id, {"epoch": 1, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5, "val_acc": 0.625,
+                                     "epoch_time_s": 1.0, "train_time_s": 1.0, "images_per_s": 10.0,
+                                     "peak_memory_mb": {}})
+    assert lifecycle.finish(engine, run_id, status, error=error)
+    return run_id, receiver.wait_for(1)
+
+
+def test_a_finished_run_posts_generic_slack_and_discord_fields(engine, parallax_home, receiver, monkeypatch):
+    run_id, [post] = ended_run(engine, receiver, monkeypatch, "completed")
+    body = post["body"]
+    assert post["type"] == "application/json" and post["path"] == f"/hooks/{SECRET}"
+    assert body["event"] == "run.completed"
+    assert body["run"]["id"] == run_id and body["run"]["status"] == "completed"
+    assert body["run"]["best_val_acc"] == 0.625 and body["run"]["tags"] == ["nightly"]
+    assert body["run"]["link"] == f"http://127.0.0.1:8501/run?run={run_id}"
+    assert body["text"] == body["content"]
+    assert body["text"].startswith(f"Parallax run #{run_id} (ddp, resnet18 on digits) completed (best validation "
+                                   "accuracy 62.5%)")
+
+
+def test_a_failed_run_posts_its_reason_once(engine, parallax_home, receiver, monkeypatch):
+    reason = "loss became NaN at epoch 2 step 7 (lr 0.01); the run stopped there"
+    run_id, [post] = ended_run(engine, receiver, monkeypatch, "failed", reason)
+    assert post["body"]["event"] == "run.failed" and post["body"]["run"]["reason"] == reason
+    assert f"failed: {reason}" in post["body"]["text"]
+    assert not lifecycle.finish(engine, run_id, "lost", error="later")  # the first end stands, and is told once
+    assert len(receiver.posts) == 1
+
+
+def test_a_run_marked_lost_is_told(engine, parallax_home, receiver, monkeypatch):
+    monkeypatch.setenv(notify.WEBHOOKS_ENV, receiver.url)
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "single"}, status="running")
+    store.set_process(engine, run_id, pid=2**22 + 1, host=__import__("socket").gethostname())  # no such process
+    assert lifecycle.mark_lost_runs(engine) == [run_id]
+    [post] = receiver.wait_for(1)
+    assert post["body"]["event"] == "run.lost" and "is gone" in post["body"]["run"]["reason"]
+
+
+def test_the_webhook_url_stays_out_of_the_database(engine, parallax_home, receiver, monkeypatch, db_url):
+    ended_run(engine, receiver, monkeypatch, "completed")
+    database = db_url.removeprefix("sqlite:///")
+    assert b"SECRET" not in open(database, "rb").read()
+
+
+def test_delivery_retries_a_receiver_that_fails_then_takes_it(receiver):
+    receiver.statuses = [500, 503]
+    assert notify.deliver(receiver.url, {"event": "run.completed"}, backoff_s=0.01)
+    assert len(receiver.posts) == 3
+
+
+def test_delivery_gives_up_after_its_attempts_naming_the_host_not_the_secret(receiver, capsys):
+    receiver.statuses = [500] * 5
+    assert not notify.deliver(receiver.url, {"event": "run.failed", "run": {"id": 7}}, attempts=3, backoff_s=0.01)
+    assert len(receiver.posts) == 3
+    said = capsys.readouterr().err
+    assert "webhook http://127.0.0.1/… did not take the run.failed message of run 7 after 3 tries: HTTP 500" in said
+    assert "SECRET" not in said
+
+
+def test_a_refused_message_is_not_sent_again(receiver):
+    receiver.statuses = [400]
+    assert not notify.deliver(receiver.url, {"event": "run.completed"}, backoff_s=0.01)
+    assert len(receiver.posts) == 1
+
+
+def test_nobody_listening_ends_within_its_bound(capsys):
+    assert not notify.deliver("http://127.0.0.1:9/x", {"event": "run.lost", "run": {"id": 1}}, attempts=2,
+                              timeout_s=1, backoff_s=0.01)
+    assert "after 2 tries" in capsys.readouterr().err
+
+
+def test_webhooks_come_from_the_variable_and_the_homes_file(parallax_home, monkeypatch):
+    monkeypatch.setenv(notify.WEBHOOKS_ENV, "https://a.example/1, https://b.example/2,")
+    (parallax_home / notify.WEBHOOKS_FILE).write_text("# the team's channel\nhttps://b.example/2\nhttps://c.example/3\n")
+    assert notify.webhook_urls() == ["https://a.example/1", "https://b.example/2", "https://c.example/3"]
+
+
+@pytest.mark.parametrize("url", ["ftp://a.example/x", "hooks.slack.com/services/x", "http:///nohost"])
+def test_a_webhook_that_is_not_an_http_url_is_refused_in_one_line(url):
+    with pytest.raises(ValueError, match="is not allowed: give an http:// or https:// URL with a host"):
+        notify.check_webhook_url(url)

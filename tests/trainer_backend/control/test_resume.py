@@ -1,0 +1,93 @@
+"""Resuming a run (engine/resume.py, control/lifecycle.resume): every run leaves a resume point at each
+epoch's end, and a killed single, DDP or FSDP run continues from its last finished epoch as the same run,
+each epoch recorded once; the points kept on disk are bounded by --keep-checkpoints.
+
+    .venv/bin/python -m pytest tests/trainer_backend/control/test_resume.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from tests.support import SLEEPER, SLEEPER_ENV, run_cli, run_dir
+from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
+from db import make_engine, store
+from trainer_backend.contract.config import RunConfig
+from trainer_backend.control.lifecycle import resume
+from trainer_backend.engine import resume as points
+from trainer_backend.engine.strategies import Strategy
+
+WORLDS = {
+    "single": (),
+    "ddp": ("--strategy", "ddp", "--devices", "cpu,cpu"),
+    "fsdp": ("--strategy", "fsdp", "--devices", "cpu,cpu"),
+}
+
+
+def save_points(folder, epochs: int, keep: int) -> None:
+    strategy = Strategy(RunConfig(), rank=0)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(1, epochs + 1):
+        with torch.no_grad():
+            model.weight.fill_(epoch)
+        points.save_resume_point(folder, strategy, model, optimizer, None, epoch=epoch, best_acc=epoch / 10,
+                                 keep=keep)
+
+
+def test_keep_checkpoints_bounds_the_resume_points_on_disk(tmp_path):
+    save_points(tmp_path, epochs=4, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("resume*.pt")) == ["resume-epoch3.pt", "resume.pt"]
+    (tmp_path / "one").mkdir()
+    save_points(tmp_path / "one", epochs=3, keep=1)
+    assert sorted(p.name for p in (tmp_path / "one").glob("resume*.pt")) == ["resume.pt"]
+
+
+def test_a_world_of_one_restores_its_last_point_without_a_process_group(tmp_path):
+    save_points(tmp_path, epochs=3, keep=1)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start_epoch, best = points.restore(tmp_path, Strategy(RunConfig(), rank=0), model, optimizer, None)
+    assert (start_epoch, best) == (4, 0.3)
+    assert torch.all(model.weight == 3)
+
+
+def test_only_an_ended_run_with_a_resume_point_is_resumed(parallax_home, engine, monkeypatch):
+    completed = store.create_run(engine, {"dataset": "digits", "model": "m", "strategy": "single"}, status="completed")
+    with pytest.raises(ValueError, match=rf"run {completed} is completed: only a failed, cancelled, lost run can be "
+                                         "resumed"):
+        resume(completed)
+    failed = store.create_run(engine, {"dataset": "digits", "model": "m", "strategy": "single"}, status="failed")
+    with pytest.raises(ValueError, match=rf"run {failed} has no resume point .* it ended before its first epoch"):
+        resume(failed)
+    with pytest.raises(LookupError, match="no run with id 999"):
+        resume(999)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_a_killed_run_resumes_from_its_last_epoch_as_the_same_run(parallax_home, world):
+    run_id = launch(parallax_home, *SLEEPER, *WORLDS[world], "--batch-size", "64", "--epochs", "6",
+                    env_extra=SLEEPER_ENV)
+    run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 2, timeout_s=180, what="two epochs")
+    os.killpg(run["pid"], signal.SIGKILL)
+    assert_group_gone(run["pid"])
+    killed = export(parallax_home, run_id)
+    assert killed["status"] == "lost" and len(killed["epochs"]) < 6
+    assert (run_dir(parallax_home, run_id) / "resume.pt").is_file()
+
+    resumed = run_cli("resume", str(run_id), home=parallax_home, timeout=60, env_extra=SLEEPER_ENV)
+    assert resumed.stdout.strip() == f"run_id={run_id} status=queued", resumed.stdout + resumed.stderr
+    run = wait_for(parallax_home, run_id, lambda r: r["status"] not in ("queued", "running"), timeout_s=180,
+                   what="the resumed run's end")
+    assert run["status"] == "completed", run["error"]
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3, 4, 5, 6]
+    [note] = [n for n in run["notes"] if n.startswith("Resumed at epoch")]
+    start = int(note.split()[3])
+    assert 2 < start <= len(killed["epochs"]) + 1  # from the last point: no finished epoch is trained again
+    assert run["started_at"] == killed["started_at"]  # the same run: its times run on across the gap
+    assert len(store.list_runs(make_engine(f"sqlite:///{parallax_home / 'parallax.db'}"))) == 1
