@@ -923,6 +923,8 @@ def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sy
     steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
     assert len(steps) == 20 and totals[2].item() == len(data.train) == 160
     assert val_totals[2].item() == len(data.val) == 40
+
+
 @one_gpu
 def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
     """--on-nonfinite stop on a GPU: 40 steps' observe and check under sync debug mode "error" (any implicit
