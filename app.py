@@ -1,7 +1,8 @@
 """Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py`` from this folder).
 
-Six pages: Launch a run (or a sweep of strategies), watch one Run live, browse all Runs, Compare runs
-and strategies, read a strategy Sweep's scaling report, and dig into a run's Profiler output.
+Seven pages: Launch a run (or a sweep of strategies), watch one Run live, browse all Runs, Compare runs
+and strategies, read a strategy Sweep's scaling report, dig into a run's Profiler output, and the home's
+Settings (the webhooks told when a run ends).
 Runs started here are detached processes: they go on when the browser tab or the dashboard closes.
 
 This file has two lives. ``streamlit run app.py`` imports it as a module, finds ``app`` below and serves it
@@ -20,7 +21,7 @@ from db.access import open_database
 from db.engine import masked_url
 from db.settings import database_url, keep_files_private, parallax_home
 from ui import auth, serving
-from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SWEEP_PAGE,
+from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SETTINGS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
 
 
@@ -46,6 +47,7 @@ def show_dashboard() -> None:
         st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
         st.Page(SWEEP_PAGE, title="Sweeps", icon=":material/stacked_bar_chart:"),
         st.Page(PROFILER_PAGE, title="Profiler", icon=":material/speed:"),
+        st.Page(SETTINGS_PAGE, title="Settings", icon=":material/settings:"),
     ])
 
     with st.sidebar:

@@ -46,14 +46,43 @@ EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.diver
 
 def webhook_urls() -> list[str]:
     """This home's webhooks: ``PARALLAX_WEBHOOKS`` first, then the Settings file; each once."""
-    from db.settings import parallax_home
-
     urls = [u.strip() for u in os.environ.get(WEBHOOKS_ENV, "").split(",")]
     try:
-        urls += (parallax_home() / WEBHOOKS_FILE).read_text(encoding="utf-8").splitlines()
-    except (OSError, ValueError):
-        pass  # no Settings file (or no usable home): the variable alone
-    return list(dict.fromkeys(u.strip() for u in urls if u.strip() and not u.strip().startswith("#")))
+        urls += settings_webhooks()
+    except ValueError:
+        pass  # no usable home: the variable alone
+    return list(dict.fromkeys(u for u in urls if u))
+
+
+def settings_webhooks() -> list[str]:
+    """The webhooks the dashboard's Settings keep in ``$PARALLAX_HOME/webhooks``."""
+    from db.settings import parallax_home
+
+    try:
+        lines = (parallax_home() / WEBHOOKS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def save_webhooks(urls: list[str]) -> None:
+    """Replace the Settings webhooks with ``urls`` (each checked first; ValueError names a bad one), in a
+    file only its owner can read: the URLs hold their secrets."""
+    from db.settings import parallax_home
+
+    checked = [check_webhook_url(url) for url in urls if url.strip()]
+    path = parallax_home() / WEBHOOKS_FILE
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # a file left by an older version keeps no wider mode
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write("".join(f"{url}\n" for url in checked))
+
+
+def send_test_message() -> dict[str, bool]:
+    """Post a test message to every webhook of the home now; which took it, by shown URL."""
+    message = {"event": "test", "text": "Parallax: a test message from the dashboard's Settings.",
+               "content": "Parallax: a test message from the dashboard's Settings.", "run": None}
+    return {shown_url(url): deliver(url, message, attempts=1) for url in webhook_urls()}
 
 
 def check_webhook_url(url: str) -> str:

@@ -25,6 +25,7 @@ RUNS_PAGE = "pages/runs.py"
 COMPARE_PAGE = "pages/compare.py"
 PROFILER_PAGE = "pages/profiler.py"
 SWEEP_PAGE = "pages/sweep.py"
+SETTINGS_PAGE = "pages/settings.py"
 ALL_PAGES = (LAUNCH_PAGE, RUN_PAGE, RUNS_PAGE, COMPARE_PAGE, PROFILER_PAGE, SWEEP_PAGE)
 
 APP_RAN_KEY = "app_entry_ran"  # set by app.py on every run of this session
