@@ -242,6 +242,12 @@ def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
         _upsert_epoch(session, row)
 
 
+def set_config(engine: Engine, run_id: int, config: Mapping[str, Any], *, world_size: int) -> None:
+    """Replace the run's config (a resumed run moved to other devices) and its world size."""
+    with session_scope(engine) as session:
+        session.execute(update(Run).where(Run.id == run_id).values(config=dict(config), world_size=world_size))
+
+
 def get_run(engine: Engine, run_id: int) -> RunRecord | None:
     """The run with this id, or None."""
     with session_scope(engine) as session:

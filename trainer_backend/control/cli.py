@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a failed, cancelled or lost run from its last finished epoch, "
                             "as the same run, in the background; ends with 'run_id=N status=queued'")
     resume.add_argument("run_id", type=run_id_arg)
+    resume.add_argument("--devices", help="resume on these devices instead (ddp, fsdp and dp take any number; "
+                        "mp and pp as many as they have stages)")
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
                             "metrics, per-step points and system samples")
     export.add_argument("run_id", type=run_id_arg)
@@ -376,7 +378,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from trainer_backend.control.lifecycle import resume
 
     open_database(args.db)
-    run_id = resume(args.run_id, db_url=args.db)
+    run_id = resume(args.run_id, db_url=args.db, devices=args.devices)
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
 

@@ -115,10 +115,15 @@ def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = 
     threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
 
 
-def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | None = None) -> int:
+def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | None = None,
+           devices: str | None = None) -> int:
     """Continue the failed, cancelled or lost run ``run_id`` from its last finished epoch, as the same run:
     queued again, then trained by a new detached worker from its resume point (engine/resume.py). Refuses in
-    one line a run that is not one of those, or that has no resume point (it ended before its first epoch)."""
+    one line a run that is not one of those, or that has no resume point (it ended before its first epoch).
+
+    ``devices`` moves it to other devices where its strategy allows: the point holds the whole model and
+    optimizer state (FSDP's gathered), so a data-parallel run takes any number; a staged one (mp, pp) keeps
+    its count, since its point holds one part per stage."""
     check_environment()
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
@@ -131,10 +136,26 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
     if not point.is_file():
         raise ValueError(f"run {run_id} has no resume point ({point} is missing): it ended before its first epoch "
                          "finished; launch it again instead")
+    moved = _moved(run_id, run.config, devices) if devices is not None else None
     if not state.reopen(engine, run_id):
         raise ValueError(f"run {run_id} changed while it was being resumed (now {store.get_run(engine, run_id).status})")
+    if moved is not None:
+        store.set_config(engine, run_id, moved.to_dict(), world_size=moved.world_size)
+        store.add_notes(engine, run_id, [f"Resumed on {','.join(moved.devices)} (trained on "
+                                         f"{','.join(run.config.get('devices', []))} before)."])
     start_worker(engine, url, run_id, data_roots)
     return run_id
+
+
+def _moved(run_id: int, config: dict, devices: str) -> RunConfig:
+    """The run's config on ``devices``, refused in one line where its strategy cannot carry its state there."""
+    before = RunConfig.from_dict(config)
+    after = before.replace(devices=devices)  # the strategy's own rules for its devices apply
+    if find(after.strategy).staged and len(after.devices) != len(before.devices):
+        raise ConfigError("devices", f"devices {','.join(after.devices)} are not allowed for resuming run {run_id}: "
+                          f"a {after.strategy} run resumes on as many devices as it has stages "
+                          f"({len(before.devices)})")
+    return after
 
 
 def with_absolute_dataset(config: RunConfig) -> RunConfig:

@@ -21,10 +21,11 @@ from trainer_backend.control.lifecycle import resume
 from trainer_backend.engine import resume as points
 from trainer_backend.engine.strategies import Strategy
 
-WORLDS = {
-    "single": (),
-    "ddp": ("--strategy", "ddp", "--devices", "cpu,cpu"),
-    "fsdp": ("--strategy", "fsdp", "--devices", "cpu,cpu"),
+WORLDS = {  # (the run's flags, the devices it resumes on: None for its own)
+    "single": ((), None),
+    "ddp": (("--strategy", "ddp", "--devices", "cpu,cpu"), None),
+    "fsdp": (("--strategy", "fsdp", "--devices", "cpu,cpu"), None),
+    "ddp moved to one process": (("--strategy", "ddp", "--devices", "cpu,cpu"), "cpu"),
 }
 
 
@@ -71,7 +72,8 @@ def test_only_an_ended_run_with_a_resume_point_is_resumed(parallax_home, engine,
 @pytest.mark.processes
 @pytest.mark.parametrize("world", list(WORLDS))
 def test_a_killed_run_resumes_from_its_last_epoch_as_the_same_run(parallax_home, world):
-    run_id = launch(parallax_home, *SLEEPER, *WORLDS[world], "--batch-size", "64", "--epochs", "6",
+    flags, devices = WORLDS[world]
+    run_id = launch(parallax_home, *SLEEPER, *flags, "--batch-size", "64", "--epochs", "6",
                     env_extra=SLEEPER_ENV)
     run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 2, timeout_s=180, what="two epochs")
     os.killpg(run["pid"], signal.SIGKILL)
@@ -80,7 +82,8 @@ def test_a_killed_run_resumes_from_its_last_epoch_as_the_same_run(parallax_home,
     assert killed["status"] == "lost" and len(killed["epochs"]) < 6
     assert (run_dir(parallax_home, run_id) / "resume.pt").is_file()
 
-    resumed = run_cli("resume", str(run_id), home=parallax_home, timeout=60, env_extra=SLEEPER_ENV)
+    moved = ("--devices", devices) if devices else ()
+    resumed = run_cli("resume", str(run_id), *moved, home=parallax_home, timeout=60, env_extra=SLEEPER_ENV)
     assert resumed.stdout.strip() == f"run_id={run_id} status=queued", resumed.stdout + resumed.stderr
     run = wait_for(parallax_home, run_id, lambda r: r["status"] not in ("queued", "running"), timeout_s=180,
                    what="the resumed run's end")
@@ -91,3 +94,17 @@ def test_a_killed_run_resumes_from_its_last_epoch_as_the_same_run(parallax_home,
     assert 2 < start <= len(killed["epochs"]) + 1  # from the last point: no finished epoch is trained again
     assert run["started_at"] == killed["started_at"]  # the same run: its times run on across the gap
     assert len(store.list_runs(make_engine(f"sqlite:///{parallax_home / 'parallax.db'}"))) == 1
+    if devices:
+        assert run["config"]["devices"] == [devices] and "Resumed on cpu (trained on cpu,cpu before)." in run["notes"]
+
+
+def test_a_staged_run_resumes_only_on_as_many_devices_as_it_has_stages(parallax_home, engine):
+    config = RunConfig(strategy="mp", devices=("cpu", "cpu")).to_dict()
+    run_id = store.create_run(engine, config, status="failed")
+    folder = run_dir(parallax_home, run_id)
+    folder.mkdir(parents=True)
+    (folder / "resume.pt").write_bytes(b"point")
+    with pytest.raises(ValueError, match=rf"devices cpu,cpu,cpu are not allowed for resuming run {run_id}: a mp "
+                                         r"run resumes on as many devices as it has stages \(2\)"):
+        resume(run_id, devices="cpu,cpu,cpu")
+    assert store.get_run(engine, run_id).status == "failed"  # refused before anything changed
