@@ -265,6 +265,8 @@ with st.expander("More options"):
         field_slot("stored_size")
         values["decode"] = field_widget(FIELDS["decode"], DEFAULTS.decode)
         field_slot("decode")
+        values["data_on_device"] = field_widget(FIELDS["data_on_device"], DEFAULTS.data_on_device)
+        field_slot("data_on_device")
     with more_right:
         values["seed"] = field_widget(FIELDS["seed"], DEFAULTS.seed)
         field_slot("seed")

@@ -31,7 +31,7 @@ from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
-from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
                                      prepare_data)
@@ -76,25 +76,39 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
     )
 
 
-def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int | None = None) -> PreparedData | None:
-    """``data`` with both splits' rows copied onto ``device`` when their stored
-    pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
-    given), else None. Batches are then gathered on the device: no host-to-device copy per step."""
-    if not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
+def keep_on_device(data: PreparedData, device: torch.device, mode: str = "auto",
+                   free_bytes: int | None = None) -> PreparedData | None:
+    """``data`` with both splits' rows copied onto ``device`` when ``mode`` (--data-on-device) says
+    to keep them there given the device's free memory (``free_bytes``, read from CUDA when not
+    given: after the model is placed, and less whatever other processes hold), else None. Batches
+    are then gathered on the device: no host-to-device copy per step. ``on`` where the pixels do not
+    fit raises a ConfigError naming the sizes."""
+    if mode == "off" or not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
         return None
-    if device_bytes is None:
+    if free_bytes is None:
         if device.type != "cuda":
             return None
-        device_bytes = torch.cuda.get_device_properties(device).total_memory
-    if not kept_on_device(data.train.stored_bytes + data.val.stored_bytes, device_bytes):
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    stored = data.train.stored_bytes + data.val.stored_bytes
+    if not kept_on_device(stored, free_bytes, mode):
+        if mode == "on":
+            raise ConfigError("data_on_device", data_refusal(stored, free_bytes, str(device)))
         return None
     return PreparedData(data.train.to_device(device), data.val.to_device(device), data.info)
 
 
-def device_data_note(data: PreparedData, device: torch.device) -> str:
+def data_refusal(stored_bytes: int, free_bytes: int, device: str) -> str:
+    """Why ``--data-on-device on`` cannot keep ``stored_bytes`` on ``device``, in one line."""
+    return (f"data_on_device on: the dataset's {stored_bytes / 2**20:,.0f} MB of stored pixels do not fit in the "
+            f"{max(0, free_bytes) / 2**20:,.0f} MB free on {device}: use auto (kept where they take at most "
+            f"{DEVICE_DATA_SHARE:.0%} of the free memory) or off")
+
+
+def device_data_note(data: PreparedData, device: torch.device, mode: str = "auto") -> str:
     stored_mb = (data.train.stored_bytes + data.val.stored_bytes) / 2**20
-    return (f"the dataset's {stored_mb:.0f} MB of stored pixels are kept on {device} (under "
-            f"{DEVICE_DATA_SHARE:.0%} of its memory): batches are gathered there, with no host-to-device copy per step")
+    why = "as --data-on-device on asks" if mode == "on" else f"under {DEVICE_DATA_SHARE:.0%} of its free memory"
+    return (f"the dataset's {stored_mb:.0f} MB of stored pixels are kept on {device} ({why}): batches are "
+            "gathered there, with no host-to-device copy per step")
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
@@ -366,7 +380,7 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     scaler = make_grad_scaler(amp_dtype)
     precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
     measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
-    resident = keep_on_device(data, strategy.input_device)
+    resident = keep_on_device(data, strategy.input_device, config.data_on_device)
     data = resident if resident is not None else data
     loaders = build_loaders(data, config, strategy)
     schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
@@ -405,9 +419,9 @@ def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
     """The notes and measurements known before the first epoch."""
     config, data = built.spec.config, built.data
     if built.on_device:
-        recorder.notes([device_data_note(data, built.strategy.input_device)])
+        recorder.notes([device_data_note(data, built.strategy.input_device, config.data_on_device)])
     recorder.notes([built.decode_note])
-    stored = run_stored_data(data, built.strategy.devices)
+    stored = run_stored_data(data, built.strategy.devices, kept=built.on_device)
     recorder.once_per_run(lambda: {**built.measures.once_per_run(), "effective_batch": config.effective_batch,
                                    **stored_estimate(config, data.info.num_classes, data.info.in_chans, stored)})
 

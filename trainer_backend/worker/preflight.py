@@ -18,7 +18,7 @@ from trainer_backend.datasets import DatasetInfo
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
 from trainer_backend.contract.printable import one_line, shown_name
 from trainer_backend.contract.storage import DiskFullError
-from trainer_backend.engine.trainer import load_data, make_strategy
+from trainer_backend.engine.trainer import data_refusal, load_data, make_strategy
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
 # How running out of GPU memory reads in each library's own words.
@@ -35,8 +35,10 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
     an unknown model, missing pretrained weights, an image size the model cannot take, or a
     model that cannot be cut for mp all fail here, with a message, before training starts."""
-    info = load_data(config, data_roots).info
+    data = load_data(config, data_roots)
+    info = data.info
     check_every_rank_trains(config, info.num_train, info.in_chans)
+    check_data_fits(config, data.train.stored_bytes + data.val.stored_bytes)
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
     if spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
@@ -45,6 +47,27 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     else:
         _probe_forward(model, config, info)
     return info
+
+
+def check_data_fits(config: RunConfig, stored_bytes: int) -> None:
+    """Refuse ``--data-on-device on`` where the dataset's stored pixels exceed a listed GPU's free
+    memory as NVML reads it now (no CUDA context is made here). Each rank checks again, exactly,
+    after its model is placed (``trainer.keep_on_device``); GPUs of other machines are theirs to check."""
+    if config.data_on_device != "on" or not config.uses_cuda or config.nodes > 1:
+        return
+    from trainer_backend.contract.devices import gpu_statuses
+
+    free = {f"cuda:{g.index}": (g.memory_total_mb - g.memory_used_mb) * 2**20 for g in gpu_statuses()}
+    for device in dict.fromkeys(holding_devices(config)):
+        if device in free and stored_bytes > free[device]:
+            raise ConfigError("data_on_device", data_refusal(stored_bytes, int(free[device]), device))
+
+
+def holding_devices(config: RunConfig) -> list[str]:
+    """The GPUs a run keeps its dataset on: every process's own where each replica reads images
+    (ddp, fsdp), else the first (one process, or a pipeline's first stage, the only one fed images)."""
+    strategy = spec(config.strategy)
+    return list(config.devices) if strategy.distributed and not strategy.microbatched else list(config.devices[:1])
 
 
 def train_steps(config: RunConfig, num_train: int, in_chans: int = 3) -> tuple[int, int]:
