@@ -33,8 +33,8 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
-                                     prepare_data)
+from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
+                                     kept_on_device, prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
@@ -119,7 +119,8 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
     shard_len = len(sampler) if sampler is not None else len(data.train)
     on_device = data.train.on_device
     pin = strategy.input_device.type == "cuda" and not on_device
-    workers = 0 if on_device else config.num_workers
+    # Labels alone (a pipeline stage's, LabelsOnly) are an index_select: no worker is worth its start.
+    workers = 0 if on_device or isinstance(data.train, LabelsOnly) else config.num_workers
     common = dict(collate_fn=collate_batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
     train = DataLoader(
         data.train,
@@ -363,6 +364,7 @@ def build(spec: RankSpec, folder: Path) -> Built:
 
 def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
     config = spec.config
+    data = strategy.feed(data)  # a pipeline stage that takes no images reads none
     model = create_model(config.model, num_classes=data.info.num_classes,
                          in_chans=data.info.in_chans, pretrained=config.pretrained)
     flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)

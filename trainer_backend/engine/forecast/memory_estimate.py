@@ -335,10 +335,12 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
             merged[device.label] = device
     data_notes = []
     if stored.bytes:
-        # Each process keeps the dataset on its first device: every rank's where one process runs per device.
+        # Each process that reads images keeps the dataset on its first device: every rank's where one
+        # process runs per device, save a pipeline's, whose first stage alone reads them.
         labels = plan.labels()
         unread = []
-        for label in labels if spec(config.strategy).distributed else labels[:1]:
+        strategy = spec(config.strategy)
+        for label in labels if strategy.distributed and not strategy.microbatched else labels[:1]:
             kept = stored.kept_on(label)
             if kept is None:
                 unread.append(label)
