@@ -383,7 +383,9 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
     measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
     resident = keep_on_device(data, strategy.input_device, config.data_on_device)
-    data = resident if resident is not None else data
+    if resident is not None:
+        data = resident
+        measures.held.hold_data([data.train.pool_images, data.train.labels, data.val.pool_images, data.val.labels])
     loaders = build_loaders(data, config, strategy)
     schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
     bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
