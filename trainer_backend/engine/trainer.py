@@ -60,9 +60,10 @@ from trainer_backend.contract.strategy_specs import spec as strategy_spec
 from trainer_backend.engine.strategies import Strategy, synchronize
 
 
-def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData:
+def load_data(config: RunConfig, data_roots: list | None = None, rank: int = 0) -> PreparedData:
     """The run's data; with ``data_roots`` (a run launched from the dashboard) every class folder
-    and file read must lie inside them."""
+    and file read must lie inside them. ``rank``: the process it is for, which may read no images
+    (``reads_images``)."""
     return prepare_data(
         config.dataset,
         image_size=config.stored_size or config.image_size,
@@ -73,7 +74,13 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
         data_roots=data_roots,
         val_from=config.val_from,
         decode=config.decode,
+        reads_images=reads_images(config, rank),
     )
+
+
+def reads_images(config: RunConfig, rank: int) -> bool:
+    """Whether process ``rank`` reads the images: all do but a pipeline's later stages (pp.py's ``feed``)."""
+    return not (strategy_spec(config.strategy).microbatched and rank > 0)
 
 
 def keep_on_device(data: PreparedData, device: torch.device, mode: str = "auto",
@@ -351,7 +358,7 @@ def build(spec: RankSpec, folder: Path) -> Built:
     """The data, the strategy (set up: its process group joined) and what trains on it. A failure
     after the strategy is set up tears it down before it is raised."""
     config = spec.config
-    data = load_data(config, spec.data_roots)
+    data = load_data(config, spec.data_roots, spec.rank)
     strategy = make_strategy(config, spec.rank, in_chans=data.info.in_chans, store_host=spec.store_host,
                              store_port=spec.store_port)
     strategy.setup()

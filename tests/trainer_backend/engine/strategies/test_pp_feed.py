@@ -89,3 +89,21 @@ def test_the_run_trains_to_the_same_numbers_as_when_every_stage_read_everything(
     fed, every = pipeline_runs["by stage"], pipeline_runs["every stage"]
     for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
         assert fed[key] == every[key], key
+
+
+def test_a_later_stage_decodes_no_image_of_a_folder_decoded_in_the_workers(parallax_home, tmp_path, monkeypatch):
+    """The mean/std sample the first stage decodes at the start is not decoded by the other stages either."""
+    from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
+    from trainer_backend.datasets import streaming
+    from trainer_backend.engine.trainer import load_data
+
+    make_jpeg_folder(tmp_path / "jpegs", 12, 40)
+    decoded = []
+    real = streaming.decode_image_file
+    monkeypatch.setattr(streaming, "decode_image_file", lambda path, *args: decoded.append(path) or real(path, *args))
+    config = RunConfig(**{**CONFIG, "dataset": str(tmp_path / "jpegs"), "decode": "workers", "batch_size": 8})
+    later = load_data(config, rank=1)
+    assert decoded == [] and len(later.train) + len(later.val) == 12
+    first = load_data(config, rank=0)
+    assert len(decoded) == len(first.train)  # the sample: every training image of so small a folder
+    assert torch.equal(later.train.labels, first.train.labels)  # the same split, so the same batches' labels
