@@ -4,8 +4,9 @@ The model is cut as for ``mp`` (consecutive layers, balanced by parameter count)
 its stage and the schedule (GPipe or 1F1B) streams microbatches through the stages so that
 several work at once. Every rank takes the same batches, in the same seeded order, but only the
 first stage reads their images and only the last their labels (``feed``): the others get
-placeholders that say how many images a batch has, and load, decode and crop nothing. The pipeline's cost is the *bubble* — time a stage waits for its neighbours —
-recorded per epoch as each stage's busy fraction.
+placeholders that say how many images a batch has, and load, decode and crop nothing. The
+pipeline's cost is the *bubble* — time a stage waits for its neighbours — recorded per epoch as
+each stage's busy fraction.
 """
 
 from __future__ import annotations
