@@ -340,6 +340,8 @@ if info.get("problems"):
 elif full and (memory := options.memory_problem(info, values["stored_size"] or values["image_size"],
                                                 config.bands if config else None)):
     errors["dataset"] = memory
+if full and config is not None and (kept := options.data_on_device_problem(config)):
+    errors["data_on_device"] = kept
 batch_hint.caption("" if sweeping else batch_caption(config))
 recipe_hint.caption(recipe_caption(config))
 general = st.empty()

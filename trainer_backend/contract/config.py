@@ -368,6 +368,31 @@ def _validate(cfg: RunConfig) -> None:
     _validate_data_on_device(cfg)
 
 
+def data_holding_devices(cfg: RunConfig) -> list[str]:
+    """The devices a run keeps its dataset on: every process's own where each replica reads images
+    (ddp, fsdp), else the first (one process, or a pipeline's first stage, the only one fed images)."""
+    strategy = strategy_spec(cfg.strategy)
+    return list(cfg.devices) if strategy.distributed and not strategy.microbatched else list(cfg.devices[:1])
+
+
+def data_refusal(stored_bytes: int, free_bytes: int, device: str) -> str:
+    """Why ``--data-on-device on`` cannot keep ``stored_bytes`` of stored pixels on ``device``, in one line."""
+    return (f"data_on_device on: the dataset's {stored_bytes / 2**20:,.0f} MB of stored pixels do not fit in the "
+            f"{max(0, free_bytes) / 2**20:,.0f} MB free on {device}: use auto (kept where they take at most a "
+            "tenth of the free memory) or off")
+
+
+def data_on_device_problem(cfg: RunConfig, stored_bytes: int, free_bytes: dict[str, int]) -> str | None:
+    """Why ``cfg`` (with ``--data-on-device on``) cannot keep ``stored_bytes`` on the GPUs that would hold it,
+    given their free memory where it is known (by "cuda:N"), or None. GPUs of other machines are theirs to check."""
+    if cfg.data_on_device != "on" or not cfg.uses_cuda or cfg.nodes > 1:
+        return None
+    for device in dict.fromkeys(data_holding_devices(cfg)):
+        if device in free_bytes and stored_bytes > free_bytes[device]:
+            return data_refusal(stored_bytes, free_bytes[device], device)
+    return None
+
+
 def _validate_data_on_device(cfg: RunConfig) -> None:
     """``on`` asks for what only a CUDA run over the cache can do; whether the set fits its GPUs is
     checked where their free memory can be read (preflight, and each rank before it copies)."""

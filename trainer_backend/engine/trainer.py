@@ -31,7 +31,7 @@ from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
-from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.contract.config import ConfigError, RunConfig, data_refusal
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
                                      kept_on_device, prepare_data)
@@ -102,13 +102,6 @@ def keep_on_device(data: PreparedData, device: torch.device, mode: str = "auto",
             raise ConfigError("data_on_device", data_refusal(stored, free_bytes, str(device)))
         return None
     return PreparedData(data.train.to_device(device), data.val.to_device(device), data.info)
-
-
-def data_refusal(stored_bytes: int, free_bytes: int, device: str) -> str:
-    """Why ``--data-on-device on`` cannot keep ``stored_bytes`` on ``device``, in one line."""
-    return (f"data_on_device on: the dataset's {stored_bytes / 2**20:,.0f} MB of stored pixels do not fit in the "
-            f"{max(0, free_bytes) / 2**20:,.0f} MB free on {device}: use auto (kept where they take at most "
-            f"{DEVICE_DATA_SHARE:.0%} of the free memory) or off")
 
 
 def device_data_note(data: PreparedData, device: torch.device, mode: str = "auto") -> str:

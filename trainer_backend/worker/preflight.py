@@ -12,13 +12,13 @@ import re
 
 import torch
 
-from trainer_backend.contract.config import ConfigError, RunConfig, strategy_notes
+from trainer_backend.contract.config import ConfigError, RunConfig, data_on_device_problem, strategy_notes
 from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
 from trainer_backend.contract.printable import one_line, shown_name
 from trainer_backend.contract.storage import DiskFullError
-from trainer_backend.engine.trainer import data_refusal, load_data, make_strategy
+from trainer_backend.engine.trainer import load_data, make_strategy
 
 OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
 # How running out of GPU memory reads in each library's own words.
@@ -52,22 +52,14 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
 def check_data_fits(config: RunConfig, stored_bytes: int) -> None:
     """Refuse ``--data-on-device on`` where the dataset's stored pixels exceed a listed GPU's free
     memory as NVML reads it now (no CUDA context is made here). Each rank checks again, exactly,
-    after its model is placed (``trainer.keep_on_device``); GPUs of other machines are theirs to check."""
-    if config.data_on_device != "on" or not config.uses_cuda or config.nodes > 1:
+    after its model is placed (``trainer.keep_on_device``)."""
+    if config.data_on_device != "on" or not config.uses_cuda:
         return
-    from trainer_backend.contract.devices import gpu_statuses
+    from trainer_backend.contract.devices import gpu_free_bytes
 
-    free = {f"cuda:{g.index}": (g.memory_total_mb - g.memory_used_mb) * 2**20 for g in gpu_statuses()}
-    for device in dict.fromkeys(holding_devices(config)):
-        if device in free and stored_bytes > free[device]:
-            raise ConfigError("data_on_device", data_refusal(stored_bytes, int(free[device]), device))
-
-
-def holding_devices(config: RunConfig) -> list[str]:
-    """The GPUs a run keeps its dataset on: every process's own where each replica reads images
-    (ddp, fsdp), else the first (one process, or a pipeline's first stage, the only one fed images)."""
-    strategy = spec(config.strategy)
-    return list(config.devices) if strategy.distributed and not strategy.microbatched else list(config.devices[:1])
+    problem = data_on_device_problem(config, stored_bytes, gpu_free_bytes())
+    if problem is not None:
+        raise ConfigError("data_on_device", problem)
 
 
 def train_steps(config: RunConfig, num_train: int, in_chans: int = 3) -> tuple[int, int]:
