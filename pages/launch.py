@@ -265,6 +265,8 @@ with st.expander("More options"):
         field_slot("stored_size")
         values["decode"] = field_widget(FIELDS["decode"], DEFAULTS.decode)
         field_slot("decode")
+        values["data_on_device"] = field_widget(FIELDS["data_on_device"], DEFAULTS.data_on_device)
+        field_slot("data_on_device")
     with more_right:
         values["seed"] = field_widget(FIELDS["seed"], DEFAULTS.seed)
         field_slot("seed")
@@ -348,6 +350,8 @@ if info.get("problems"):
 elif full and (memory := options.memory_problem(info, values["stored_size"] or values["image_size"],
                                                 config.bands if config else None)):
     errors["dataset"] = memory
+if full and config is not None and (kept := options.data_on_device_problem(config)):
+    errors["data_on_device"] = kept
 batch_hint.caption("" if sweeping else batch_caption(config))
 recipe_hint.caption(recipe_caption(config))
 general = st.empty()

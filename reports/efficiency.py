@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 
 RANK_TIME_COLUMNS = {"data_time_s": "data loading", "compute_time_s": "compute", "comm_wait_s": "waiting in collectives"}
 BREAKDOWN_PARTS = {"parameters_mb": "parameters", "gradients_mb": "gradients", "optimizer_mb": "optimizer state",
-                   "activations_other_mb": "activations and other"}
-BREAKDOWN_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#c7c7c7")
+                   "data_mb": "dataset kept on the device", "activations_other_mb": "activations and other"}
+BREAKDOWN_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#c7c7c7")
 STRAGGLER_SLOWER = 0.10  # a rank this much slower than the median rank...
 STRAGGLER_EPOCHS = 2     # ...this many epochs running is a straggler
 

@@ -306,8 +306,10 @@ def _predictor(strategy: str, base: Measured, calibration: Measured):
         state = sum(memory[k] for k in STATE_PARTS) * (nc / n if shards_state else 1.0)
         # The dataset kept on the GPU and cuBLAS's workspaces are whole on each device, whatever the count:
         # only the rest scales.
-        fixed = min(calibration.fixed_mb, memory["activations_other_mb"])
-        return state + (memory["activations_other_mb"] - fixed) * nc / n + fixed
+        # A run that measured its kept dataset as its own part (data_mb) no longer has it in the rest.
+        data = memory.get("data_mb", 0.0)
+        fixed = min(max(0.0, calibration.fixed_mb - data), memory["activations_other_mb"])
+        return state + data + (memory["activations_other_mb"] - fixed) * nc / n + fixed
 
     if spec(strategy).staged:
         m = calibration.microbatches if microbatched else 1

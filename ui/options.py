@@ -122,6 +122,23 @@ def memory_problem(info: dict[str, Any], image_size: Any, bands: tuple[int, ...]
                              1 if eight_bit else 2)
 
 
+def data_on_device_problem(config: RunConfig) -> str | None:
+    """Why ``--data-on-device on`` could not keep the dataset on the run's GPUs now (the check the run
+    makes before it trains, from the dataset's size and NVML's free memory), or None."""
+    if config.data_on_device != "on" or not config.uses_cuda:
+        return None
+    from trainer_backend.contract.config import data_on_device_problem as problem
+    from trainer_backend.contract.devices import gpu_free_bytes
+    from trainer_backend.datasets import stored_split_size
+
+    try:
+        stored, _ = stored_split_size(config.dataset, config.stored_size or config.image_size, config.bands,
+                                      config.band_scale, config.val_from)
+    except (OSError, ValueError):  # the dataset's own problem is shown beside it
+        return None
+    return problem(config, stored, gpu_free_bytes())
+
+
 def input_channels(info: dict[str, Any], bands: tuple[int, ...] | None) -> int:
     """Channels the model will see: the chosen bands, else the folder's default bands, else the file's."""
     if bands:

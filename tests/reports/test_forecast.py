@@ -125,6 +125,19 @@ def test_the_dataset_and_workspaces_a_gpu_keeps_whole_are_not_scaled_with_the_pe
     assert rows.loc[8, "memory_mb_predicted"] == pytest.approx(170.8 + 60.0 / 4 + 40.0)
 
 
+def test_a_dataset_measured_as_its_own_part_is_kept_whole_too(engine):
+    """The same run, recorded with the dataset apart from the rest (data_mb 24, the rest 76): the same forecast."""
+    sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
+    add_run(engine, sweep_id, "single", 1, 100.0)
+    ddp = add_run(engine, sweep_id, "ddp", 2, 160.0, comm_share=0.1,
+                  breakdown=ddp_parts() | {"data_mb": 24.0, "activations_other_mb": 76.0})
+    store.set_measurements(engine, ddp, {"memory_estimate": {"devices": {
+        f"rank{r}:cpu": {"data_mb": 24.0, "workspace_mb": 16.0, "total_mb": 300.0} for r in range(2)}}})
+    rows = sweep_forecast(engine, sweep_id).table.set_index("devices")
+    assert rows.loc[4, "memory_mb_predicted"] == pytest.approx(170.8 + 60.0 / 2 + 40.0)
+    assert rows.loc[8, "memory_mb_predicted"] == pytest.approx(170.8 + 60.0 / 4 + 40.0)
+
+
 def test_a_measured_count_is_shown_against_its_forecast_with_the_error(engine):
     sweep_id = store.create_sweep(engine, {"devices": ["cpu"]}, ["single", "ddp", "ddp", "fsdp", "pp"])
     add_run(engine, sweep_id, "single", 1, 100.0)

@@ -408,7 +408,8 @@ def test_mfu_on_one_gpu_uses_the_peak_table(parallax_home):
     assert label == "cuda:0"
     assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB, rel=0.01)
     assert entry["activations_other_mb"] > 0
-    held = entry["parameters_mb"] + entry["gradients_mb"] + entry["optimizer_mb"] + entry["activations_other_mb"]
+    held = (entry["parameters_mb"] + entry["gradients_mb"] + entry["optimizer_mb"] + entry["data_mb"]
+            + entry["activations_other_mb"])
     assert held == pytest.approx(run["epochs"][0]["peak_memory_mb"]["cuda:0"], rel=0.01)
 
 
@@ -439,6 +440,40 @@ def test_two_gpus_record_comm_wait_from_cuda_events_and_each_devices_memory(para
     for entry in breakdown.values():
         assert entry["parameters_mb"] == pytest.approx(RESNET18_DIGITS_PARAMS_MB * params_share, rel=0.15)
         assert entry["activations_other_mb"] > 0
+
+
+@one_gpu
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_the_dataset_is_kept_on_the_gpu_as_asked_and_shown_as_its_own_part(parallax_home, mode):
+    """--data-on-device on keeps digits (28 MB at 128 px) on cuda:0, copied in chunks, and the breakdown
+    and the estimate both show it as "data_mb"; off reads batches from host memory and shows none."""
+    run = train(parallax_home, "--strategy", "single", "--devices", "0", "--image-size", "128",
+                "--data-on-device", mode)
+    kept = any("of stored pixels are kept on cuda:0 (as --data-on-device on asks)" in note for note in run["notes"])
+    assert kept == (mode == "on"), run["notes"]
+    (entry,) = run["epochs"][0]["extra"]["memory_breakdown"].values()
+    estimated = run["measurements"]["memory_estimate"]["devices"]["cuda:0"]["data_mb"]
+    if mode == "on":
+        # The pixels and labels of both splits, exactly; the estimate counts the same bytes.
+        assert entry["data_mb"] == pytest.approx(28.1, abs=0.1) and estimated == pytest.approx(entry["data_mb"], abs=0.01)
+    else:
+        assert entry["data_mb"] == 0.0 and estimated == 0.0
+    assert entry["activations_other_mb"] > 0
+
+
+@one_gpu
+def test_on_that_cannot_fit_the_free_memory_is_refused_before_training(parallax_home):
+    """Another process holds all but about 20 MB of the GPU: digits at 128 px (28 MB) cannot be kept."""
+    free, _ = torch.cuda.mem_get_info(0)
+    hold = torch.empty(max(0, free - 20 * 2**20), dtype=torch.uint8, device="cuda:0")
+    try:
+        result = run_cli("run", "--dataset", "digits", "--model", "resnet18", "--epochs", "1", "--image-size", "128",
+                         "--devices", "0", "--data-on-device", "on", home=parallax_home)
+    finally:
+        del hold
+        torch.cuda.empty_cache()
+    assert result.returncode != 0
+    assert "data_on_device on: the dataset's 28 MB of stored pixels do not fit" in result.stdout + result.stderr
 
 
 # --- devices, batches, precision and recipe flags as only GPUs run them ---

@@ -15,6 +15,7 @@ from typing import Any
 
 # The lists and limits the field catalogue describes live beside it; imported here, where they are enforced.
 from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MODES, FIELDS, LR_SCHEDULES,  # noqa: F401
+                                             DATA_ON_DEVICE_MODES,
                                              MAX_ACCUMULATE_STEPS, MAX_BATCH_SIZE, MAX_CHOICE_LENGTH, MAX_EPOCHS,
                                              MAX_GRAD_CLIP, MAX_IMAGE_SIZE, MAX_TAG_LENGTH, MAX_TAGS, MIN_IMAGE_SIZE,
                                              OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
@@ -154,6 +155,9 @@ class RunConfig:
     # "cache" decodes a dataset once into a file every process maps; "workers" decodes an image
     # folder's files in the DataLoader workers every epoch, caching nothing (datasets/streaming.py).
     decode: str = "cache"
+    # Whether a CUDA run keeps the cached dataset on each process's GPU ("auto": where its stored
+    # pixels take at most a tenth of the free memory; "on": wherever they fit; "off": never).
+    data_on_device: str = "auto"
     # Before each validation, BatchNorm statistics are re-estimated from this many training
     # images with the current weights (trainer_backend/engine/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
@@ -368,6 +372,45 @@ def _validate(cfg: RunConfig) -> None:
     _validate_devices(cfg)
     _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
+    _validate_data_on_device(cfg)
+
+
+def data_holding_devices(cfg: RunConfig) -> list[str]:
+    """The devices a run keeps its dataset on: every process's own where each replica reads images
+    (ddp, fsdp), else the first (one process, or a pipeline's first stage, the only one fed images)."""
+    strategy = strategy_spec(cfg.strategy)
+    return list(cfg.devices) if strategy.distributed and not strategy.microbatched else list(cfg.devices[:1])
+
+
+def data_refusal(stored_bytes: int, free_bytes: int, device: str) -> str:
+    """Why ``--data-on-device on`` cannot keep ``stored_bytes`` of stored pixels on ``device``, in one line."""
+    return (f"data_on_device on: the dataset's {stored_bytes / 2**20:,.0f} MB of stored pixels do not fit in the "
+            f"{max(0, free_bytes) / 2**20:,.0f} MB free on {device}: use auto (kept where they take at most a "
+            "tenth of the free memory) or off")
+
+
+def data_on_device_problem(cfg: RunConfig, stored_bytes: int, free_bytes: dict[str, int]) -> str | None:
+    """Why ``cfg`` (with ``--data-on-device on``) cannot keep ``stored_bytes`` on the GPUs that would hold it,
+    given their free memory where it is known (by "cuda:N"), or None. GPUs of other machines are theirs to check."""
+    if cfg.data_on_device != "on" or not cfg.uses_cuda or cfg.nodes > 1:
+        return None
+    for device in dict.fromkeys(data_holding_devices(cfg)):
+        if device in free_bytes and stored_bytes > free_bytes[device]:
+            return data_refusal(stored_bytes, free_bytes[device], device)
+    return None
+
+
+def _validate_data_on_device(cfg: RunConfig) -> None:
+    """``on`` asks for what only a CUDA run over the cache can do; whether the set fits its GPUs is
+    checked where their free memory can be read (preflight, and each rank before it copies)."""
+    if cfg.data_on_device != "on":
+        return
+    if not cfg.uses_cuda:
+        raise ConfigError("data_on_device", f"data_on_device on keeps the dataset on a GPU, and this run trains on "
+                          f"{','.join(cfg.devices)}: use auto or off, or list CUDA devices")
+    if cfg.decode == "workers":
+        raise ConfigError("data_on_device", "data_on_device on keeps the decoded cache on the GPU, and decode workers "
+                          "decodes every epoch, caching nothing: use decode cache, or data_on_device auto or off")
 
 
 def _validate_speed_switches(cfg: RunConfig) -> None:

@@ -93,6 +93,11 @@ def gpu_statuses() -> list[GpuStatus]:
         close_nvml(pynvml)
 
 
+def gpu_free_bytes() -> dict[str, int]:
+    """Each GPU's free memory now by "cuda:N", as NVML reads it (total less every process's use); {} without NVML."""
+    return {f"cuda:{g.index}": int(max(0.0, g.memory_total_mb - g.memory_used_mb) * 2**20) for g in gpu_statuses()}
+
+
 def _init_nvml():
     """pynvml, initialised (``close_nvml`` shuts it down), or None without the package or a driver."""
     try:

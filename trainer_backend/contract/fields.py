@@ -27,9 +27,10 @@ MAX_ACCUMULATE_STEPS = 1024
 MAX_GRAD_CLIP = 1e6
 AUGMENTATIONS = ("flip", "crop")  # done on the device, on whole training batches (augment.py)
 VAL_SOURCES = ("test", "train")  # the official test split where a dataset ships one, or a share of training
-DECODE_MODES = ("cache", "workers")
-NONFINITE_ACTIONS = ("stop", "skip", "warn")
-STALL_ACTIONS = ("wait", "cancel")  # what a run that stalls does after its stacks are logged (worker/stall.py)  # what a NaN or infinite training loss does (engine/divergence.py)  # decode once into the mapped cache, or every epoch in the loader workers
+DECODE_MODES = ("cache", "workers")  # decode once into the mapped cache, or every epoch in the loader workers
+DATA_ON_DEVICE_MODES = ("auto", "on", "off")  # keep the cached dataset on the GPU: when it fits a share, always, never
+NONFINITE_ACTIONS = ("stop", "skip", "warn")  # what a NaN or infinite training loss does (engine/divergence.py)
+STALL_ACTIONS = ("wait", "cancel")  # what a run that stalls does after its stacks are logged (worker/stall.py)
 MAX_EPOCHS = 10_000
 MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
@@ -130,6 +131,12 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
             "workers decode an image folder's files in the data-loader workers every epoch, caching nothing.",
             DECODE_MODES, choice_labels={"cache": "once, into a cache every process maps",
                                          "workers": "every epoch, in the data-loader workers"}),
+    _choice("data_on_device", "auto", "Keep the dataset on the GPU", "A CUDA run copies the cached dataset onto each "
+            "process's GPU once, so that batches need no copy from host memory: auto where its stored pixels take at "
+            "most a tenth of the GPU's free memory, on wherever they fit (refused where they do not), off never.",
+            DATA_ON_DEVICE_MODES, choice_labels={"auto": "auto: where it takes a tenth of the free memory at most",
+                                                 "on": "on: always (refused where it does not fit)",
+                                                 "off": "off: never (batches are copied from host memory)"}),
     _number("stored_size", int, 0, "Stored image size (0: the image size)", "Store the dataset cache at this size, "
             "at least the image size: training batches take random-resized crops of it and validation a centre "
             "crop, as ImageNet recipes do; 0 stores at the image size.", 0, MAX_IMAGE_SIZE, step=8),

@@ -94,7 +94,8 @@ class DatasetSource:
 
 def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] | None = None,
                  band_scale: float | None = None, val_fraction: float = 0.2, seed: int = 0,
-                 data_roots: list[Path] | None = None, val_from: str = "test", decode: str = "cache") -> PreparedData:
+                 data_roots: list[Path] | None = None, val_from: str = "test", decode: str = "cache",
+                 reads_images: bool = True) -> PreparedData:
     """Decode ``dataset`` once (cached under ``data_dir()/cache``, mapped after that) and split it.
 
     ``dataset`` is one of ``BUILTIN_DATASETS`` or a folder with one sub-folder per class; with
@@ -102,14 +103,16 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
     "test" validates on the official test split where the dataset has one; otherwise, and with
     "train", a stratified ``val_fraction`` of the training images is held out. ``decode``
     "workers" caches nothing: an image folder's files are decoded in the loader workers each
-    epoch (streaming.py).
+    epoch (streaming.py); for a process that ``reads_images`` not (a pipeline's later stage) they
+    skip the sample of training images decoded for the mean/std, which only the images need.
     Every problem the user can fix raises ``DatasetError`` before any training starts.
     """
     bands = check_options(image_size, bands, band_scale, val_fraction, seed, val_from)
     if decode not in DECODE_MODES:
         raise DatasetError(f"decode {decode!r} is not allowed: use one of {', '.join(DECODE_MODES)}")
     if decode == "workers":
-        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots)
+        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots,
+                                 sample=reads_images)
     source = resolve_source(dataset, image_size, bands, band_scale, data_roots)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
     path = cache_path(Path(source.name).name, key)
@@ -135,7 +138,7 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
 
 
 def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_fraction: float, seed: int,
-                      roots) -> PreparedData:
+                      roots, sample: bool = True) -> PreparedData:
     from .streaming import STATS_SAMPLE, streaming_splits
 
     if dataset in BUILTIN_DATASETS and dataset != "eurosat":
@@ -152,7 +155,7 @@ def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_frac
     labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
     train_indices, val_indices = stratified_split(labels, len(listing.class_names), val_fraction, seed)
     train, val = streaming_splits(listing, image_size=image_size, bands=bands, band_scale=band_scale,
-                                  train_indices=train_indices, val_indices=val_indices, seed=seed)
+                                  train_indices=train_indices, val_indices=val_indices, seed=seed, sample=sample)
     name = dataset if dataset == "eurosat" else str(listing.root)
     note = (f"images are decoded in the loader workers every epoch (decode workers): nothing is cached, each epoch "
             f"pays the decode of {listing.num_images:,} files; the normalisation's mean/std come from "

@@ -177,8 +177,9 @@ def plain_jpeg_folder(paths: list, channels: int, dtype: torch.dtype, bands, ban
 
 
 def streaming_splits(listing: FolderListing, *, image_size: int, bands, band_scale, train_indices,
-                     val_indices, seed: int) -> tuple[StreamingImages, StreamingImages]:
-    """Train and val over the folder's files, normalised with a sample of the training images' mean/std."""
+                     val_indices, seed: int, sample: bool = True) -> tuple[StreamingImages, StreamingImages]:
+    """Train and val over the folder's files, normalised with a sample of the training images' mean/std
+    (unit ones without ``sample``: for a process that reads no images, which decodes none)."""
     paths = [f for files in listing.files_by_class for f in files]
     labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
     channels, bytes_per_value = stored_format(listing, bands, band_scale)
@@ -191,7 +192,7 @@ def streaming_splits(listing: FolderListing, *, image_size: int, bands, band_sca
     train_idx, val_idx = torch.as_tensor(train_indices), torch.as_tensor(val_indices)
     train = StreamingImages([paths[i] for i in train_idx.tolist()], labels[train_idx], mean=unit[0], std=unit[1],
                             **common)
-    mean, std = sample_mean_std(train, seed)
+    mean, std = sample_mean_std(train, seed) if sample else unit
     train = StreamingImages(train.paths, train.labels, mean=mean, std=std, **common)
     val = StreamingImages([paths[i] for i in val_idx.tolist()], labels[val_idx], mean=mean, std=std, **common)
     return train, val

@@ -17,14 +17,19 @@ from trainer_backend.datasets.base import DecodedPool
 
 # A constant channel (e.g. an all-zero band) has std 0; this floor keeps normalisation finite.
 MIN_STD = 1e-6
-# A dataset whose two splits' stored pixels take at most this share of a GPU's memory is kept on it whole
-# (trainer.keep_on_device), and the memory estimate counts it there.
+# A dataset whose two splits' stored pixels take at most this share of a GPU's free memory is kept on it
+# whole under --data-on-device auto (trainer.keep_on_device), and the memory estimate counts it there.
 DEVICE_DATA_SHARE = 0.10
+# The host holds at most this many bytes of a split at once while it is copied onto a device.
+COPY_CHUNK_BYTES = 64 * 2**20
 
 
-def kept_on_device(stored_bytes: int, device_bytes: int) -> bool:
-    """Whether a CUDA run keeps ``stored_bytes`` of stored pixels on a GPU of ``device_bytes``."""
-    return stored_bytes <= DEVICE_DATA_SHARE * device_bytes
+def kept_on_device(stored_bytes: int, free_bytes: int, mode: str = "auto") -> bool:
+    """Whether a CUDA run keeps ``stored_bytes`` of stored pixels on a GPU with ``free_bytes`` free:
+    under ``mode`` "auto" where they take at most DEVICE_DATA_SHARE of it, "on" wherever they fit, "off" never."""
+    if mode == "off":
+        return False
+    return stored_bytes <= (free_bytes if mode == "on" else DEVICE_DATA_SHARE * free_bytes)
 
 
 def copied_without_waiting(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -127,10 +132,21 @@ class ImageTensorDataset(Dataset):
         batch = copied_without_waiting(torch.as_tensor(indices, dtype=torch.int64), self.pool_images.device)
         return self.pool_images.index_select(0, self._rows(batch)), self.labels.index_select(0, batch)
 
-    def to_device(self, device: torch.device) -> ImageTensorDataset:
-        """This split with only its own rows copied onto ``device`` (gathers then happen there)."""
-        moved = ImageTensorDataset(self.images.to(device), self.labels.to(device), self.mean, self.std,
-                                   num_classes=self.num_classes)
+    def to_device(self, device: torch.device, chunk_bytes: int = COPY_CHUNK_BYTES) -> ImageTensorDataset:
+        """This split with only its own rows copied onto ``device`` (gathers then happen there): into
+        one tensor allocated there, ``chunk_bytes`` of rows at a time, so that the host never holds
+        the whole split (every process of a run copies at once)."""
+        rows = len(self)
+        images = torch.empty((rows, *self.image_shape), dtype=self.pool_images.dtype, device=device)
+        per_image = self.pool_images[:1].numel() * self.pool_images.element_size()
+        step = max(1, chunk_bytes // max(1, per_image))
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            # A slice of the mapped pool is read straight from the file; a gather makes one chunk on the host.
+            chunk = (self.pool_images[start:stop] if self.indices is None
+                     else self.pool_images.index_select(0, self.indices[start:stop]))
+            images[start:stop].copy_(chunk)
+        moved = ImageTensorDataset(images, self.labels.to(device), self.mean, self.std, num_classes=self.num_classes)
         moved.on_device = True
         return moved
 

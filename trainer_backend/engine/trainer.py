@@ -31,11 +31,11 @@ from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
-from trainer_backend.contract.config import RunConfig
+from trainer_backend.contract.config import ConfigError, RunConfig, data_refusal
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.engine.divergence import NonfiniteGuard
-from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, PreparedData, collate_batch, kept_on_device,
-                                     prepare_data)
+from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
+                                     kept_on_device, prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
@@ -62,9 +62,10 @@ from trainer_backend.contract.strategy_specs import spec as strategy_spec
 from trainer_backend.engine.strategies import Strategy, synchronize
 
 
-def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData:
+def load_data(config: RunConfig, data_roots: list | None = None, rank: int = 0) -> PreparedData:
     """The run's data; with ``data_roots`` (a run launched from the dashboard) every class folder
-    and file read must lie inside them."""
+    and file read must lie inside them. ``rank``: the process it is for, which may read no images
+    (``reads_images``)."""
     return prepare_data(
         config.dataset,
         image_size=config.stored_size or config.image_size,
@@ -75,28 +76,41 @@ def load_data(config: RunConfig, data_roots: list | None = None) -> PreparedData
         data_roots=data_roots,
         val_from=config.val_from,
         decode=config.decode,
+        reads_images=reads_images(config, rank),
     )
 
 
-def keep_on_device(data: PreparedData, device: torch.device, device_bytes: int | None = None) -> PreparedData | None:
-    """``data`` with both splits' rows copied onto ``device`` when their stored
-    pixels fit in DEVICE_DATA_SHARE of its memory (``device_bytes``, read from CUDA when not
-    given), else None. Batches are then gathered on the device: no host-to-device copy per step."""
-    if not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
+def reads_images(config: RunConfig, rank: int) -> bool:
+    """Whether process ``rank`` reads the images: all do but a pipeline's later stages (pp.py's ``feed``)."""
+    return not (strategy_spec(config.strategy).microbatched and rank > 0)
+
+
+def keep_on_device(data: PreparedData, device: torch.device, mode: str = "auto",
+                   free_bytes: int | None = None) -> PreparedData | None:
+    """``data`` with both splits' rows copied onto ``device`` when ``mode`` (--data-on-device) says
+    to keep them there given the device's free memory (``free_bytes``, read from CUDA when not
+    given: after the model is placed, and less whatever other processes hold), else None. Batches
+    are then gathered on the device: no host-to-device copy per step. ``on`` where the pixels do not
+    fit raises a ConfigError naming the sizes."""
+    if mode == "off" or not isinstance(data.train, ImageTensorDataset):  # decoded in the workers: nothing to keep
         return None
-    if device_bytes is None:
+    if free_bytes is None:
         if device.type != "cuda":
             return None
-        device_bytes = torch.cuda.get_device_properties(device).total_memory
-    if not kept_on_device(data.train.stored_bytes + data.val.stored_bytes, device_bytes):
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    stored = data.train.stored_bytes + data.val.stored_bytes
+    if not kept_on_device(stored, free_bytes, mode):
+        if mode == "on":
+            raise ConfigError("data_on_device", data_refusal(stored, free_bytes, str(device)))
         return None
     return PreparedData(data.train.to_device(device), data.val.to_device(device), data.info)
 
 
-def device_data_note(data: PreparedData, device: torch.device) -> str:
+def device_data_note(data: PreparedData, device: torch.device, mode: str = "auto") -> str:
     stored_mb = (data.train.stored_bytes + data.val.stored_bytes) / 2**20
-    return (f"the dataset's {stored_mb:.0f} MB of stored pixels are kept on {device} (under "
-            f"{DEVICE_DATA_SHARE:.0%} of its memory): batches are gathered there, with no host-to-device copy per step")
+    why = "as --data-on-device on asks" if mode == "on" else f"under {DEVICE_DATA_SHARE:.0%} of its free memory"
+    return (f"the dataset's {stored_mb:.0f} MB of stored pixels are kept on {device} ({why}): batches are "
+            "gathered there, with no host-to-device copy per step")
 
 
 def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> tuple[DataLoader, DataLoader]:
@@ -107,7 +121,8 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
     shard_len = len(sampler) if sampler is not None else len(data.train)
     on_device = data.train.on_device
     pin = strategy.input_device.type == "cuda" and not on_device
-    workers = 0 if on_device else config.num_workers
+    # Labels alone (a pipeline stage's, LabelsOnly) are an index_select: no worker is worth its start.
+    workers = 0 if on_device or isinstance(data.train, LabelsOnly) else config.num_workers
     common = dict(collate_fn=collate_batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
     train = DataLoader(
         data.train,
@@ -344,7 +359,7 @@ def build(spec: RankSpec, folder: Path) -> Built:
     """The data, the strategy (set up: its process group joined) and what trains on it. A failure
     after the strategy is set up tears it down before it is raised."""
     config = spec.config
-    data = load_data(config, spec.data_roots)
+    data = load_data(config, spec.data_roots, spec.rank)
     strategy = make_strategy(config, spec.rank, in_chans=data.info.in_chans, store_host=spec.store_host,
                              store_port=spec.store_port)
     strategy.setup()
@@ -357,6 +372,7 @@ def build(spec: RankSpec, folder: Path) -> Built:
 
 def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
     config = spec.config
+    data = strategy.feed(data)  # a pipeline stage that takes no images reads none
     model = create_model(config.model, num_classes=data.info.num_classes,
                          in_chans=data.info.in_chans, pretrained=config.pretrained)
     flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
@@ -374,8 +390,10 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     scaler = make_grad_scaler(amp_dtype)
     precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
     measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)
-    resident = keep_on_device(data, strategy.input_device)
-    data = resident if resident is not None else data
+    resident = keep_on_device(data, strategy.input_device, config.data_on_device)
+    if resident is not None:
+        data = resident
+        measures.held.hold_data([data.train.pool_images, data.train.labels, data.val.pool_images, data.val.labels])
     loaders = build_loaders(data, config, strategy)
     schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
     bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
@@ -414,9 +432,9 @@ def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
     """The notes and measurements known before the first epoch."""
     config, data = built.spec.config, built.data
     if built.on_device:
-        recorder.notes([device_data_note(data, built.strategy.input_device)])
+        recorder.notes([device_data_note(data, built.strategy.input_device, config.data_on_device)])
     recorder.notes([built.decode_note])
-    stored = run_stored_data(data, built.strategy.devices)
+    stored = run_stored_data(data, built.strategy.devices, kept=built.on_device)
     recorder.once_per_run(lambda: {**built.measures.once_per_run(), "effective_batch": config.effective_batch,
                                    **stored_estimate(config, data.info.num_classes, data.info.in_chans, stored)})
 

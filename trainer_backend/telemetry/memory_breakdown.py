@@ -1,13 +1,15 @@
-"""What each device's memory holds: parameters, gradients, optimizer state, and the rest.
+"""What each device's memory holds: parameters, gradients, optimizer state, the dataset kept there, and the rest.
 
     held = HeldMemory(model, optimizer, strategy.devices)   # counts the tensors once, right after the first optimizer step
+    held.hold_data([data.train.pool_images, data.train.labels, ...])   # a dataset kept on the device (trainer.keep_on_device)
     breakdown = memory_breakdown(strategy, held.mb, peak_memory_mb(strategy.devices))   # collective
 
 Bytes are exact: the tensors themselves, each storage counted once, and for sharded (DTensor)
 parameters, gradients and optimizer state only the local shard this rank holds. They are counted
 after the first optimizer step, when the gradients and the optimizer's state both exist (the
-next ``zero_grad`` frees the gradients). "Activations and other" is the epoch's peak allocated
-memory less those three: activations kept for backward, DDP's gradient buckets, FSDP's gathered
+next ``zero_grad`` frees the gradients). The dataset a CUDA run keeps on its GPU is counted as its
+own part, as the memory estimate counts it. "Activations and other" is the epoch's peak allocated
+memory less those four: activations kept for backward, DDP's gradient buckets, FSDP's gathered
 parameters, workspaces. CUDA's allocator keeps that peak (``max_memory_allocated``); the CPU's
 does not, and a process's resident set also holds the interpreter, libraries and freed-but-cached
 pages, so on CPU that figure is None rather than a number that would mislead.
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 MB = 2**20
-FIELDS = ("parameters_mb", "gradients_mb", "optimizer_mb", "activations_other_mb")
+FIELDS = ("parameters_mb", "gradients_mb", "optimizer_mb", "data_mb", "activations_other_mb")
 CPU_ACTIVATIONS_NOTE = ("The memory breakdown on CPU has no activations figure: the CPU allocator keeps no peak of "
                         "live tensors, and the process's resident memory also holds the interpreter and libraries.")
 
@@ -57,10 +59,12 @@ def bytes_by_device(tensors: Iterable[torch.Tensor], seen: set) -> dict[str, int
     return totals
 
 
-def held_mb(model: nn.Module, optimizer: torch.optim.Optimizer, devices: list[torch.device]) -> dict[str, list[float]]:
-    """{device label: [parameters, gradients, optimizer state] in MB} of what ``model`` and
-    ``optimizer`` hold on ``devices`` (this process's) now. Elsewhere is not counted: Adam keeps
-    its step counts on the host even when the parameters are on a GPU."""
+def held_mb(model: nn.Module, optimizer: torch.optim.Optimizer, devices: list[torch.device],
+            data: Iterable[torch.Tensor] = ()) -> dict[str, list[float]]:
+    """{device label: [parameters, gradients, optimizer state, dataset] in MB} of what ``model``,
+    ``optimizer`` and the kept dataset's tensors (``data``) hold on ``devices`` (this process's)
+    now. Elsewhere is not counted: Adam keeps its step counts on the host even when the parameters
+    are on a GPU, and a dataset read from host memory is not on the device."""
     seen: set = set()
     params = list(model.parameters())
     parts = [
@@ -68,6 +72,7 @@ def held_mb(model: nn.Module, optimizer: torch.optim.Optimizer, devices: list[to
         bytes_by_device((p.grad for p in params if p.grad is not None), seen),
         bytes_by_device((v for state in optimizer.state.values() for v in state.values()
                          if isinstance(v, torch.Tensor)), seen),
+        bytes_by_device(data, seen),
     ]
     labels = dict.fromkeys(device_label(d) for d in devices)
     return {label: [part.get(label, 0) / MB for part in parts] for label in labels}
@@ -79,11 +84,16 @@ class HeldMemory:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, devices: list[torch.device]):
         self.model, self.devices = model, devices
+        self.data: list[torch.Tensor] = []
         self.mb: dict[str, list[float]] = {}
         self._hook = optimizer.register_step_post_hook(self._count)
 
+    def hold_data(self, tensors: Iterable[torch.Tensor]) -> None:
+        """The tensors of the dataset kept on the device, counted with the rest at the first step."""
+        self.data = list(tensors)
+
     def _count(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-        self.mb = held_mb(self.model, optimizer, self.devices)
+        self.mb = held_mb(self.model, optimizer, self.devices, self.data)
         self._hook.remove()
 
 
@@ -91,11 +101,11 @@ def local_breakdown(held: dict[str, list[float]], peaks_mb: dict[str, float]) ->
     """This process's breakdown by device label; the rest is the device's peak less what is held
     (None where the device keeps no peak of live tensors: the CPU)."""
     breakdown = {}
-    for label, (params, grads, optim) in held.items():
+    for label, (params, grads, optim, data) in held.items():
         rest = None
         if label != "cpu" and label in peaks_mb:
-            rest = max(0.0, peaks_mb[label] - params - grads - optim)
-        breakdown[label] = dict(zip(FIELDS, (params, grads, optim, rest)))
+            rest = max(0.0, peaks_mb[label] - params - grads - optim - data)
+        breakdown[label] = dict(zip(FIELDS, (params, grads, optim, data, rest)))
     return breakdown
 
 

@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from trainer_backend.contract.config import ConfigError, RunConfig, strategy_notes
+from trainer_backend.contract.config import ConfigError, RunConfig, data_on_device_problem, strategy_notes
 from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
@@ -35,8 +35,10 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     """Decode (or load the cached) dataset and build the model once on CPU, so that bad data,
     an unknown model, missing pretrained weights, an image size the model cannot take, or a
     model that cannot be cut for mp all fail here, with a message, before training starts."""
-    info = load_data(config, data_roots).info
+    data = load_data(config, data_roots)
+    info = data.info
     check_every_rank_trains(config, info.num_train, info.in_chans)
+    check_data_fits(config, data.train.stored_bytes + data.val.stored_bytes)
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
     if spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
@@ -45,6 +47,19 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     else:
         _probe_forward(model, config, info)
     return info
+
+
+def check_data_fits(config: RunConfig, stored_bytes: int) -> None:
+    """Refuse ``--data-on-device on`` where the dataset's stored pixels exceed a listed GPU's free
+    memory as NVML reads it now (no CUDA context is made here). Each rank checks again, exactly,
+    after its model is placed (``trainer.keep_on_device``)."""
+    if config.data_on_device != "on" or not config.uses_cuda:
+        return
+    from trainer_backend.contract.devices import gpu_free_bytes
+
+    problem = data_on_device_problem(config, stored_bytes, gpu_free_bytes())
+    if problem is not None:
+        raise ConfigError("data_on_device", problem)
 
 
 def train_steps(config: RunConfig, num_train: int, in_chans: int = 3) -> tuple[int, int]:

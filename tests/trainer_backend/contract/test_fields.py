@@ -206,7 +206,8 @@ def test_the_launch_forms_widgets_carry_the_catalogues_labels_and_help(pipeline_
     widgets = [*at.number_input, *at.selectbox, *at.checkbox, *at.toggle, *at.text_input, *at.multiselect]
     drawn = {w.key: w for w in widgets if w.key in FIELDS}
     generated = {"image_size", "microbatches", "pipeline_schedule", "batch_size", "epochs", "lr", "optimizer", "amp",
-                 "profile", "pretrained", "weight_decay", "val_from", "val_fraction", "stored_size", "decode", "seed",
+                 "profile", "pretrained", "weight_decay", "val_from", "val_fraction", "stored_size", "decode", "data_on_device",
+                 "seed",
                  "num_workers", "bn_stats_images", "bands", "lr_schedule", "warmup_epochs", "scale_lr",
                  "label_smoothing", "grad_clip", "accumulate_steps", "channels_last", "compile", "tags"}
     assert generated <= set(drawn), generated - set(drawn)

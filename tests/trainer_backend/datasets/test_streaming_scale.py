@@ -163,8 +163,8 @@ def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_t
     config = RunConfig(image_size=16, num_workers=2, batch_size=64)
     data = load_data(config)
     needed = data.train.stored_bytes + data.val.stored_bytes
-    assert keep_on_device(data, torch.device("cpu"), device_bytes=int(needed / DEVICE_DATA_SHARE) - 1) is None
-    resident = keep_on_device(data, torch.device("cpu"), device_bytes=int(needed / DEVICE_DATA_SHARE) + 1)
+    assert keep_on_device(data, torch.device("cpu"), free_bytes=int(needed / DEVICE_DATA_SHARE) - 1) is None
+    resident = keep_on_device(data, torch.device("cpu"), free_bytes=int(needed / DEVICE_DATA_SHARE) + 1)
     # Only the split's own rows were copied (no mapping of the whole pool), and they gather the same batches.
     assert len(resident.train.pool_images) == len(data.train) and resident.train.indices is None
     assert resident.train.pool_images.data_ptr() != data.train.pool_images.data_ptr()

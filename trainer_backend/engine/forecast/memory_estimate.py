@@ -22,9 +22,10 @@ one to one:
   each on Hopper and Blackwell and 8 MiB + 128 KiB elsewhere (``cublas_workspace_bytes``);
 - communication buffers: DDP's gradient buckets, FSDP's gathered units, a pipeline's receive buffers;
 - the dataset: a CUDA run keeps both splits' stored pixels and labels on each process's first GPU
-  where the pixels take at most a tenth of its memory (``kept_on_device``); a run passes its data
-  and CUDA's memory and compute capability per GPU (``run_stored_data``), an estimate before launch
-  looks at the dataset and NVML's (``stored_data``).
+  as --data-on-device says (``kept_on_device``: under auto where the pixels take at most a tenth
+  of its free memory); a run passes its data, whether it kept it, and CUDA's compute capability per
+  GPU (``run_stored_data``), an estimate before launch looks at the dataset and NVML's free memory
+  (``stored_data``).
 
 Each strategy says how it places the model's parts and buffers (``memory_placement`` on each
 strategy class in strategies/); this module provides the counts they place, and puts the dataset
@@ -334,10 +335,12 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
             merged[device.label] = device
     data_notes = []
     if stored.bytes:
-        # Each process keeps the dataset on its first device: every rank's where one process runs per device.
+        # Each process that reads images keeps the dataset on its first device: every rank's where one
+        # process runs per device, save a pipeline's, whose first stage alone reads them.
         labels = plan.labels()
         unread = []
-        for label in labels if spec(config.strategy).distributed else labels[:1]:
+        strategy = spec(config.strategy)
+        for label in labels if strategy.distributed and not strategy.microbatched else labels[:1]:
             kept = stored.kept_on(label)
             if kept is None:
                 unread.append(label)
@@ -346,7 +349,7 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
         if unread:
             data_notes.append(f"The dataset's {stored.bytes / MB:,.0f} MB are not counted on {', '.join(unread)}: "
                               "its memory cannot be read here, and a run keeps them on a GPU where they take at most "
-                              f"{DEVICE_DATA_SHARE:.0%} of it.")
+                              f"{DEVICE_DATA_SHARE:.0%} of its free memory (--data-on-device auto).")
     data_notes += [stored.note] if stored.note else []
     if plan.workspace_unknown:
         data_notes.append(f"cuBLAS's workspaces ({cublas_workspace_bytes((9, 0)) / MB:g} MiB on Hopper and Blackwell, "
@@ -361,15 +364,19 @@ def estimate_memory(config: RunConfig, *, num_classes: int, in_chans: int,
 @dataclass(frozen=True)
 class StoredData:
     """What a CUDA run may keep on its GPUs (``trainer.keep_on_device``): both splits' ``images``,
-    their stored pixels and int64 labels, kept on a GPU whose memory (``device_bytes``, by "cuda:N")
-    is at least ten times ``pixel_bytes``; ``note`` says why the dataset could not be sized. With
-    each GPU's compute capability (``capabilities``), which sizes cuBLAS's workspaces."""
+    their stored pixels and int64 labels, kept on a GPU as ``mode`` (--data-on-device) says given
+    its free memory (``device_bytes``, by "cuda:N"): under auto where that is at least ten times
+    ``pixel_bytes``. ``kept``: what a run decided, where it did (then the memory is not asked).
+    ``note`` says why the dataset could not be sized. With each GPU's compute capability
+    (``capabilities``), which sizes cuBLAS's workspaces."""
 
     pixel_bytes: int = 0
     images: int = 0
     device_bytes: dict[str, int] = field(default_factory=dict)
     note: str | None = None
     capabilities: dict[str, tuple[int, int]] = field(default_factory=dict)
+    mode: str = "auto"
+    kept: bool | None = None
 
     @property
     def bytes(self) -> int:
@@ -378,10 +385,14 @@ class StoredData:
     def kept_on(self, label: str) -> int | None:
         """Bytes kept on the device ``label`` names ("cuda:1", or "rank3:cuda:1" on another node,
         judged by this machine's GPU of that index); None where its memory is unknown."""
-        total = self.device_bytes.get(_gpu(label))
-        if total is None:
+        if self.kept is not None:
+            return self.bytes if self.kept else 0
+        if self.mode == "on":  # kept, or the run is refused before it trains
+            return self.bytes
+        free = self.device_bytes.get(_gpu(label))
+        if free is None:
             return None
-        return self.bytes if kept_on_device(self.pixel_bytes, total) else 0
+        return self.bytes if kept_on_device(self.pixel_bytes, free, self.mode) else 0
 
     def capability(self, label: str) -> tuple[int, int] | None:
         return self.capabilities.get(_gpu(label))
@@ -411,9 +422,9 @@ def cublas_workspace_bytes(capability: tuple[int, int]) -> int:
 
 def stored_data(config: RunConfig) -> StoredData:
     """``StoredData`` from a look before launch: the dataset's size without decoding or
-    downloading it, and each GPU's total memory from NVML (which reads a little more than the
-    total CUDA gives the run, so a dataset within a few MB of the share can be judged
-    differently), with their compute capabilities. Nothing for CPU runs, and no dataset for files
+    downloading it, and each GPU's free memory from NVML now (the run judges its own after its
+    model is placed, so a dataset within a few MB of the share can be judged differently), with
+    their compute capabilities. Nothing for CPU runs, and no dataset for files
     decoded by the loader workers. A search that estimates many changes of one config looks once and
     passes the result on."""
     if not config.uses_cuda:
@@ -421,9 +432,9 @@ def stored_data(config: RunConfig) -> StoredData:
     from trainer_backend.contract.devices import gpu_statuses
 
     gpus = gpu_statuses()
-    totals = {f"cuda:{g.index}": int(g.memory_total_mb * MB) for g in gpus}
+    free = {f"cuda:{g.index}": int(max(0.0, g.memory_total_mb - g.memory_used_mb) * MB) for g in gpus}
     capabilities = {f"cuda:{g.index}": g.compute_capability for g in gpus if g.compute_capability}
-    if config.decode == "workers":
+    if config.decode == "workers" or config.data_on_device == "off":
         return StoredData(capabilities=capabilities)
     try:
         pixels, images = _split_size(config.dataset, config.stored_size or config.image_size, config.bands,
@@ -431,13 +442,12 @@ def stored_data(config: RunConfig) -> StoredData:
     except (OSError, ValueError) as exc:  # DatasetError is a ValueError
         return StoredData(note=f"The dataset is not counted: its size could not be read ({exc})."[:400],
                           capabilities=capabilities)
-    return StoredData(pixels, images, totals, capabilities=capabilities)
+    return StoredData(pixels, images, free, capabilities=capabilities, mode=config.data_on_device)
 
 
-def run_stored_data(data, devices: list[torch.device]) -> StoredData:
-    """``StoredData`` of a run's prepared ``data``: the splits it may keep on a GPU, with the total
-    memory CUDA gives each of this machine's GPUs (as ``keep_on_device`` reads it) and their compute
-    capabilities."""
+def run_stored_data(data, devices: list[torch.device], kept: bool = False) -> StoredData:
+    """``StoredData`` of a run's prepared ``data``: the splits, ``kept`` on its GPU or not (as this
+    process's ``keep_on_device`` decided), and the compute capability of this machine's GPUs."""
     from trainer_backend.datasets import ImageTensorDataset
 
     if not any(d.type == "cuda" for d in devices):
@@ -446,9 +456,8 @@ def run_stored_data(data, devices: list[torch.device]) -> StoredData:
     capabilities = {f"cuda:{i}": (p.major, p.minor) for i, p in enumerate(properties)}
     if not isinstance(data.train, ImageTensorDataset):
         return StoredData(capabilities=capabilities)
-    totals = {f"cuda:{i}": p.total_memory for i, p in enumerate(properties)}
-    return StoredData(data.train.stored_bytes + data.val.stored_bytes, len(data.train) + len(data.val), totals,
-                      capabilities=capabilities)
+    return StoredData(data.train.stored_bytes + data.val.stored_bytes, len(data.train) + len(data.val),
+                      capabilities=capabilities, kept=kept)
 
 
 LABEL_BYTES = 8  # int64, copied beside the pixels

@@ -101,6 +101,11 @@ class Strategy:
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
 
+    def feed(self, data):
+        """The data this process reads its batches from (a PreparedData): all of it, unless the
+        process computes on only part of each batch (a pipeline's stages)."""
+        return data
+
     def to_device(self, images: torch.Tensor, labels: torch.Tensor, *, train: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """A loader's batch as the model takes it: images on the input device (normalised and,

@@ -2,9 +2,11 @@
 
 The model is cut as for ``mp`` (consecutive layers, balanced by parameter count); each rank keeps
 its stage and the schedule (GPipe or 1F1B) streams microbatches through the stages so that
-several work at once. Every rank reads the same batches: the first stage uses the images, the
-last the labels. The pipeline's cost is the *bubble* — time a stage waits for its neighbours —
-recorded per epoch as each stage's busy fraction.
+several work at once. Every rank takes the same batches, in the same seeded order, but only the
+first stage reads their images and only the last their labels (``feed``): the others get
+placeholders that say how many images a batch has, and load, decode and crop nothing. The
+pipeline's cost is the *bubble* — time a stage waits for its neighbours — recorded per epoch as
+each stage's busy fraction.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer_backend.contract.config import RunConfig
+from trainer_backend.datasets.labels_only import LabelsOnly
+from trainer_backend.datasets.prepare import PreparedData
 from trainer_backend.engine.batchnorm import reestimate
 from trainer_backend.engine.confusion import add_confusion, val_totals
 from trainer_backend.engine.loop import optimizer_step, train_one_epoch
@@ -129,7 +133,7 @@ class PipelineStrategy(DistributedStrategy):
         micro = config.batch_size // m
         devices = []
         for i, label in enumerate(plan.labels()):
-            device, trace = plan.stage_memory(label, i, micro, takes_input=True)  # every rank crops its batches
+            device, trace = plan.stage_memory(label, i, micro, takes_input=i == 0)  # the first stage crops
             in_flight = m if config.pipeline_schedule == "gpipe" else min(m, stages - i)
             kept = max(0, trace.forward_kept - trace.input_bytes)
             device.activations += (in_flight - 1) * kept
@@ -164,6 +168,26 @@ class PipelineStrategy(DistributedStrategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
+
+    def feed(self, data: PreparedData) -> PreparedData:
+        """The first stage reads the images (and keeps them on its GPU where they fit); every other
+        stage reads the labels at most (the last stage), from the same seeded order, so each runs
+        the same steps."""
+        if self.is_first:
+            return data
+        return PreparedData(LabelsOnly.of(data.train, labels=self.is_last),
+                            LabelsOnly.of(data.val, labels=self.is_last), data.info)
+
+    def to_device(self, images: torch.Tensor, labels: torch.Tensor, *, train: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first stage's images as the model takes them, the last stage's labels on its device;
+        what a stage does not use stays as the loader gave it."""
+        if self.is_first:
+            images = (self.inputs(images, train=train) if self.inputs is not None
+                      else images.to(self.input_device, non_blocking=True))
+        if self.is_last:
+            labels = labels.to(self.output_device, non_blocking=True)
+        return images, labels
 
     def train_sampler(self, dataset_len: int, seed: int) -> None:
         return None  # the same seeded shuffle on every rank: all stages see the same batch
@@ -219,11 +243,12 @@ class PipelineStrategy(DistributedStrategy):
         totals = val_totals(getattr(loader.dataset, "num_classes", 0), self.output_device)
         batch = self.config.batch_size
         for images, labels in loader:
-            real = labels.numel()
+            real = len(labels)  # a placeholder's length too (LabelsOnly)
             # On the device first: a batch decoded there (JPEG bytes) has pixels only from then on.
             images, labels = self.to_device(images, labels)
-            if real < batch:  # pad to the fixed microbatch shapes; the padding is not counted
+            if real < batch and self.is_first:  # pad to the fixed microbatch shapes; the padding is not counted
                 images = torch.cat([images, images.new_zeros((batch - real, *images.shape[1:]))])
+            if real < batch and self.is_last:
                 labels = torch.cat([labels, labels.new_zeros(batch - real)])
             logits = self._run_schedule(self._schedule.eval, images, labels, None)
             if self.is_last:

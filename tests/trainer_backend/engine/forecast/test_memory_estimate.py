@@ -423,9 +423,9 @@ def test_the_dataset_is_counted_on_the_gpu_each_process_keeps_it_on(two_gpu_mach
     single = gpu_estimate("single")["cuda:0"]
     assert single.data == stored and single.to_dict()["data_mb"] == round(stored / 2**20, 3)
     assert single.total == single.parameters + single.gradients + single.optimizer + single.activations + stored
-    for strategy in ("ddp", "fsdp", "pp"):  # a process per device (pp's stages too), each building its data
+    for strategy in ("ddp", "fsdp"):  # a process per device, each building its data
         assert [d.data for d in gpu_estimate(strategy).values()] == [stored, stored], strategy
-    for strategy in ("dp", "mp"):
+    for strategy in ("dp", "mp", "pp"):  # one process, or a pipeline's first stage, the only one fed images
         placed = gpu_estimate(strategy)
         assert (placed["cuda:0"].data, placed["cuda:1"].data) == (stored, 0), strategy
     config = RunConfig(model=MODEL, image_size=96, batch_size=128, devices=("cuda:0",))
@@ -545,7 +545,7 @@ def test_cublas_workspaces_are_counted_per_thread_by_each_gpus_generation(fake_n
     stored = estimate_memory(config, num_classes=CLASSES, in_chans=CHANNELS).to_dict()["devices"]
     assert [parts["workspace_mb"] for parts in stored.values()] == [round(two / mib, 3)] * 2  # of activations_mb
     # Batches cropped on the GPU: a product in the forward's thread, which adds a workspace only on a first
-    # stage that runs no product of its own (model parallel's), and for a pipeline on every stage's rank.
+    # stage that runs no product of its own (model parallel's and a pipeline's, whose first stage alone takes images).
     crops = ("single", "dp", "mp", "pp")
     uncropped = {name: [d.activations for d in gpu_estimate(name, amp="bf16").values()] for name in crops}
     for changes in ({"augment": "flip,crop"}, {"stored_size": 128}):
