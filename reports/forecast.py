@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from db import dashboard, profiles, store
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find, spec
 
 from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
@@ -187,6 +187,8 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
     later sweeps doing the same work, newest first; each count the sweep did not measure is shown
     against the newest of them that measured it (the newest: a run repeated after a disturbed one
     is the one its user trusts)."""
+    unknown = sorted({run["strategy"] for run in runs if find(run["strategy"]) is None})
+    runs = [run for run in runs if find(run["strategy"]) is not None]  # a newer version's strategy has no model here
     measured = measure_runs(runs, epochs, steps if steps is not None else pd.DataFrame())
     rows: list[dict[str, Any]] = []
     assumptions = [
@@ -198,7 +200,8 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
         "Devices are taken as independent: on one CPU the processes share its cores, so forecasts past "
         "the core count are optimistic.",
     ]
-    notes: list[str] = []
+    notes: list[str] = [f"{name.upper()}: not forecast — a newer version of Parallax recorded it, and this one "
+                        "does not know the strategy." for name in unknown]
     singles = [m for m in measured if spec(m.strategy).baseline and m.step_s]
     for strategy in dict.fromkeys(m.strategy for m in measured):
         if spec(strategy).baseline:

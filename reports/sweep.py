@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from db import profiles, series, store
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
 from .forecast import forecast_display, sweep_forecast
@@ -168,6 +168,12 @@ def _num(value, pattern: str, missing: str = "-") -> str:
     return missing if value is None or pd.isna(value) else pattern.format(value)
 
 
+def _has(strategy: str, flag: str) -> bool:
+    """Whether ``strategy`` has ``flag`` (a StrategySpec field); False for a strategy only a newer version knows."""
+    known = find(strategy)
+    return known is not None and bool(getattr(known, flag))
+
+
 def strategy_advice(table: pd.DataFrame) -> str:
     """One plain sentence from the sweep's numbers, e.g. 'DDP on 2 devices: 1.80x, 90% efficient;
     MP: 1.10x. Fastest: DDP — the model fits one device, so prefer it over MP and PP.'"""
@@ -177,20 +183,19 @@ def strategy_advice(table: pd.DataFrame) -> str:
     parts = [
         f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
         f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"
-        for row in done.itertuples() if not spec(row.strategy).baseline and pd.notna(row.speedup)
+        for row in done.itertuples() if not _has(row.strategy, "baseline") and pd.notna(row.speedup)
     ]
     best = done.loc[done["throughput_images_per_s"].idxmax()]
-    if spec(best["strategy"]).baseline:
+    if _has(best["strategy"], "baseline"):
         verdict = ("Fastest: SINGLE — on these devices no parallel strategy beats one device "
                    "(on CPU the processes share the same cores); parallelism pays off on GPUs.")
     else:
         verdict = f"Fastest: {best['strategy'].upper()}"
         # Data parallel (every device holds the whole model) beat model or pipeline parallel, and a
         # process-per-device data-parallel run was among them.
-        kinds = [spec(name) for name in done["strategy"]]
-        data_parallel_ok = any(s.splits_batch for s in kinds)
-        best_replicates = spec(best["strategy"]).splits_batch or spec(best["strategy"]).scatters_batch
-        if best_replicates and any(s.staged for s in kinds) and data_parallel_ok:
+        data_parallel_ok = any(_has(name, "splits_batch") for name in done["strategy"])
+        best_replicates = _has(best["strategy"], "splits_batch") or _has(best["strategy"], "scatters_batch")
+        if best_replicates and any(_has(name, "staged") for name in done["strategy"]) and data_parallel_ok:
             verdict += " — the model fits one device, so prefer it over model and pipeline parallel."
         else:
             verdict += "."
