@@ -90,7 +90,8 @@ def reattach_deleted_log(log: Path) -> bool:
         with contextlib.suppress(Exception):
             stream.flush()
         try:
-            new = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # 0o666 as open() makes run.log: the umask (0077 in a private PARALLAX_HOME) decides
+            new = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError:
             return moved
         os.dup2(new, fd, inheritable=True)
