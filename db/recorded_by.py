@@ -45,3 +45,14 @@ def unknown_strategy_note(run_id: int, strategy: str, measurements: Mapping[str,
     return (f"Run #{run_id} was recorded by {who}; its strategy {str(strategy)[:64]!r} is unknown to this version "
             f"({parallax_version()}, which knows {', '.join(STRATEGY_SPECS)}): it is shown with what this version "
             "can read.")
+
+
+def unknown_strategies_line(runs: list[tuple[int, str]]) -> str | None:
+    """One line for a list of (run id, strategy) holding runs of strategies this version does not know."""
+    newer = [(run_id, strategy) for run_id, strategy in runs if find(strategy) is None]
+    if not newer:
+        return None
+    names = ", ".join(dict.fromkeys(repr(str(strategy)[:64]) for _, strategy in newer))
+    return (f"{', '.join(f'#{run_id}' for run_id, _ in newer)}: recorded by a newer version of Parallax, with "
+            f"strategies this version ({parallax_version()}) does not know ({names}); each run's page names the "
+            "version and shows what this one can read.")

@@ -71,6 +71,9 @@ def test_the_run_runs_and_sweep_pages_show_it_too(runs, parallax_home, engine):
 
     at = open_page("pages/runs.py")
     assert not at.exception, at.exception
+    assert at.dataframe[0].value["strategy"].tolist().count("zero3") == 1
+    assert (f"#{newer}: recorded by a newer version of Parallax, with strategies this version ({parallax_version()}) "
+            "does not know ('zero3')") in " ".join(texts(at.caption))
 
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp", "zero3"])
     add_sweep_run(engine, sweep_id, "single", 100.0)
