@@ -118,3 +118,35 @@ def test_the_dashboards_torchrun_command_from_such_a_folder(project, parallax_ho
     done = started_in(project, ["sh", "-c", command], env, start_new_session=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "status=completed" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.browser
+def test_the_dashboard_served_from_such_a_folder_draws_its_pages(project, parallax_home, tmp_path):
+    """``parallax ui`` in the project folder, a page opened in chromium: Parallax's ui and db, not the folder's.
+    From a checkout Streamlit puts app.py's folder first, which hides the project's packages even
+    without ``-P``; installed from a wheel (app.py in ``parallax_app``) only ``-P`` does."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from bench.browser import CHROMIUM, CHROMIUM_ARGS, DashboardServer, free_port, wait_healthy
+
+    port = free_port()
+    log = tmp_path / "streamlit.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(PARALLAX), "ui", "--port", str(port)], cwd=project,
+                                   env=environment(parallax_home), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    server = DashboardServer(process, f"http://127.0.0.1:{port}", log, 0.0)
+    try:
+        wait_healthy(server.url, process, log, timeout_s=120)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"{server.url}/runs")
+                expect(page.get_by_text("No runs yet.")).to_be_visible(timeout=60_000)
+                expect(page.get_by_text("was imported")).to_have_count(0)
+            finally:
+                browser.close()
+    finally:
+        server.stop(grace_s=15)
+    assert "was imported" not in log.read_text(errors="replace")
