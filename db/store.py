@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from db import series
 from db.engine import session_scope
 from db.lifecycle import PROCESS_START_KEY, process_start
+from db.recorded_by import VERSION_KEY, parallax_version
 from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 from db.run_figures import run_figures
 
@@ -129,6 +130,7 @@ def create_run(
         user_note="",
         world_size=world_size,
         sweep_id=sweep_id,
+        measurements={VERSION_KEY: parallax_version()},  # a database shared with other versions says whose run
     )
     with session_scope(engine) as session:
         session.add(run)

@@ -12,7 +12,8 @@ from db import dashboard, series, store
 from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
 from reports.sweep import strategy_advice, waiting_for
-from trainer_backend.contract.strategy_specs import names_where, spec
+from db.recorded_by import unknown_strategy_note
+from trainer_backend.contract.strategy_specs import find, names_where
 from ui import charts, efficiency_views, series_charts, state, widgets
 from ui.text import escape_markdown
 
@@ -65,13 +66,18 @@ def show_speedups(table: pd.DataFrame) -> None:
 def show_advice(runs: list[dict], table: pd.DataFrame) -> None:
     """The sweep report's one-sentence verdict, when the picked runs hold their own single-device
     baseline: without one, "fastest" would compare runs against nothing measured here."""
-    if len(runs) < 2 or not any(spec(r["strategy"]).baseline and r["status"] == "completed" for r in runs):
+    if len(runs) < 2 or not any(is_baseline(r["strategy"]) and r["status"] == "completed" for r in runs):
         return
     with_status = table.assign(status=[run["status"] for run in runs])
     if waiting := waiting_for(with_status):
         st.info(escape_markdown(waiting), icon=":material/hourglass_top:")
     else:
         st.success(strategy_advice(with_status), icon=":material/lightbulb:")
+
+
+def is_baseline(strategy: str) -> bool:
+    known = find(strategy)  # None for a strategy only a newer version knows
+    return known is not None and known.baseline
 
 
 def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:
@@ -178,6 +184,9 @@ if not picked_ids:
     st.stop()
 
 runs = dashboard.runs_for_compare(engine, picked_ids)
+for run in runs:  # a database shared with a newer version: its runs are shown with what this version reads
+    if note := unknown_strategy_note(run["id"], run["strategy"], run["measurements"]):
+        st.info(escape_markdown(note), icon=":material/update:")
 problems = scaling.like_for_like_problems(runs)
 if problems:
     st.warning(escape_markdown("These runs are not like for like, so their speedups compare different work: "

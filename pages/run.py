@@ -12,6 +12,7 @@ import streamlit as st
 from db import profiles, series, store
 from db.folders import NotARegularFile
 from db.lifecycle import ACTIVE_STATUSES, RESUMABLE_ENDS
+from db.recorded_by import unknown_strategy_note
 from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
@@ -114,6 +115,8 @@ def show_head(run: store.RunRecord) -> None:
     what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
                      f"{escape_markdown(run.dataset)} · {scaling.batch_summary(run.config)} · "
                      f"created {run.created_at:%Y-%m-%d %H:%M} UTC")
+    if note := unknown_strategy_note(run.id, run.strategy, run.measurements):
+        st.info(escape_markdown(note), icon=":material/update:")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
             try:

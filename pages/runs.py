@@ -10,6 +10,7 @@ from db import dashboard
 from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
                             TRAINING_TIME_LABEL)
 from db.lifecycle import ACTIVE_STATUSES
+from db.recorded_by import unknown_strategies_line
 from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 from ui import state
 from ui.text import escape_markdown
@@ -149,6 +150,8 @@ frame = table_frame(rows)
 frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
 
 st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")
+if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows]):
+    st.caption(escape_markdown(newer))
 # A new key when filters, sorting or the data's ids change: a selection never points at another row.
 table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"
 event = st.dataframe(

@@ -13,7 +13,7 @@ from typing import Any
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS
 from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find
 
 # Beyond the like-for-like fields (dataset, model, global batch, image size, AMP), what changes a
 # step's time or memory: bands, the input channels of the first convolution; optimizer, its update
@@ -33,7 +33,8 @@ _DEFAULTS = {f.name: f.default for f in fields(RunConfig) if f.default is not MI
 def step_time_key(config: dict[str, Any], strategy: str) -> tuple:
     """The values two runs must share for one's step to stand for the other's: the device type
     (a CPU run never checks a GPU forecast) and ``STEP_TIME_FIELDS``, plus ``PIPELINE_FIELDS`` for pp."""
-    names = STEP_TIME_FIELDS + (PIPELINE_FIELDS if spec(strategy).microbatched else ())
+    known = find(strategy)  # None for a strategy only a newer version knows
+    names = STEP_TIME_FIELDS + (PIPELINE_FIELDS if known is not None and known.microbatched else ())
     device_type = str((config.get("devices") or ["cpu"])[0]).partition(":")[0]
     values = (config.get(name, _DEFAULTS.get(name)) for name in names)
     return (device_type, *(tuple(v) if isinstance(v, list) else v for v in values))

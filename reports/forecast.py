@@ -36,7 +36,7 @@ import pandas as pd
 from db import dashboard, profiles, store
 from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.contract import devices
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find, spec
 
 from .comparable import STEP_TIME_FIELDS, comparable_runs
 from .efficiency import BREAKDOWN_PARTS, ranks_frame, steady
@@ -219,6 +219,8 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
     later sweeps doing the same work, newest first; each count the sweep did not measure is shown
     against the newest of them that measured it (the newest: a run repeated after a disturbed one
     is the one its user trusts)."""
+    unknown = sorted({run["strategy"] for run in runs if find(run["strategy"]) is None})
+    runs = [run for run in runs if find(run["strategy"]) is not None]  # a newer version's strategy has no model here
     active = [run for run in runs if run.get("status") in ACTIVE_STATUSES]
     if active:
         names = ", ".join(f"{run_label(run['id'], run['strategy'], device_count(run['config']), run['model'])} "
@@ -236,7 +238,8 @@ def forecast_runs(runs: list[dict[str, Any]], epochs: pd.DataFrame, steps: pd.Da
         "Devices are taken as independent: on CPU the processes share the machine's cores, so counts past "
         "them are shown apart, as hypothetical.",
     ]
-    notes: list[str] = []
+    notes: list[str] = [f"{name.upper()}: not forecast — a newer version of Parallax recorded it, and this one "
+                        "does not know the strategy." for name in unknown]
     singles = [m for m in measured if spec(m.strategy).baseline and m.step_s]
     for strategy in dict.fromkeys(m.strategy for m in measured):
         if spec(strategy).baseline:

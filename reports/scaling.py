@@ -18,7 +18,7 @@ from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
 from db.lifecycle import ACTIVE_STATUSES
 from db.run_figures import steady_images_per_s
 from db.store import EPOCH_FIELDS
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find
 from .spreadsheet import frame_for_csv
 
 SCALING_COLUMNS = (
@@ -118,7 +118,8 @@ def pick_baselines(runs: list[dict[str, Any]], stored: dict[tuple, int]) -> dict
     the picked ones (the newest) if there is one, else the newest one in the database (``stored``)."""
     chosen = dict(stored)
     for run in sorted(runs, key=lambda r: r["id"]):
-        if spec(run["strategy"]).baseline and run["status"] == "completed":
+        known = find(run["strategy"])  # None for a strategy of a newer version: never a baseline
+        if known is not None and known.baseline and run["status"] == "completed":
             chosen[like_key(run["config"])] = run["id"]
     return chosen
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from db import profiles, series, store
 from db.lifecycle import ACTIVE_STATUSES
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import find
 
 from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
 from .forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
@@ -177,6 +177,10 @@ def waiting_for(table: pd.DataFrame) -> str | None:
     names = [f"{row.label} ({row.status})" for row in active.itertuples()]
     return (f"Waiting for {', '.join(names)} to finish: the fastest strategy and the speedups it rests on are "
             "named once every run compared has finished, so that no verdict is drawn from half the runs.")
+def _has(strategy: str, flag: str) -> bool:
+    """Whether ``strategy`` has ``flag`` (a StrategySpec field); False for a strategy only a newer version knows."""
+    known = find(strategy)
+    return known is not None and bool(getattr(known, flag))
 
 
 def strategy_advice(table: pd.DataFrame) -> str:
@@ -191,20 +195,19 @@ def strategy_advice(table: pd.DataFrame) -> str:
     parts = [
         f"{row.strategy.upper()} on {row.devices} device{'s' if row.devices > 1 else ''}: "
         f"{row.speedup:.2f}x, {row.efficiency:.0%} efficient"
-        for row in done.itertuples() if not spec(row.strategy).baseline and pd.notna(row.speedup)
+        for row in done.itertuples() if not _has(row.strategy, "baseline") and pd.notna(row.speedup)
     ]
     best = done.loc[done["throughput_images_per_s"].idxmax()]
-    if spec(best["strategy"]).baseline:
+    if _has(best["strategy"], "baseline"):
         verdict = ("Fastest: SINGLE — on these devices no parallel strategy beats one device "
                    "(on CPU the processes share the same cores); parallelism pays off on GPUs.")
     else:
         verdict = f"Fastest: {best['strategy'].upper()}"
         # Data parallel (every device holds the whole model) beat model or pipeline parallel, and a
         # process-per-device data-parallel run was among them.
-        kinds = [spec(name) for name in done["strategy"]]
-        data_parallel_ok = any(s.splits_batch for s in kinds)
-        best_replicates = spec(best["strategy"]).splits_batch or spec(best["strategy"]).scatters_batch
-        if best_replicates and any(s.staged for s in kinds) and data_parallel_ok:
+        data_parallel_ok = any(_has(name, "splits_batch") for name in done["strategy"])
+        best_replicates = _has(best["strategy"], "splits_batch") or _has(best["strategy"], "scatters_batch")
+        if best_replicates and any(_has(name, "staged") for name in done["strategy"]) and data_parallel_ok:
             verdict += " — the model fits one device, so prefer it over model and pipeline parallel."
         else:
             verdict += "."

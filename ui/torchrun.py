@@ -82,7 +82,9 @@ def torchrun_command(config: RunConfig, *, nodes: int, procs_per_node: int, endp
     # Each machine's agent counts restarts of its own; the agents' shared store would then mix
     # attempts (pytorch#135712). Without it, rank 0 serves a fresh store for every attempt.
     unshared = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " if max_restarts and nodes > 1 else ""
-    return unshared + shlex.join([
+    # torchrun starts each rank as `python -m trainer_backend` in the folder it was started from: the ranks
+    # leave that folder off their import path, so that packages of its own (db/, ui/) cannot stand in for ours.
+    return "PYTHONSAFEPATH=1 " + unshared + shlex.join([
         "torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(procs_per_node), "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint, "--rdzv-id", job_id, *restarts,
         "-m", "trainer_backend", "run", *config_flags(config),

@@ -17,7 +17,7 @@ from trainer_backend.control.cli import build_parser, config_from_args
 from trainer_backend.contract.config import ConfigError, RunConfig
 from ui.torchrun import torchrun_command
 
-PREFIX = ("torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job-1 "
+PREFIX = ("PYTHONSAFEPATH=1 torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job-1 "
           "-m trainer_backend run ")
 
 
@@ -50,8 +50,8 @@ def test_restarts_and_quoting():
     built = command(RunConfig(strategy="ddp", devices=("cpu", "cpu"), dataset="/data/it's here"), max_restarts=3)
     assert "--rdzv-id job-1 --max-restarts 3 -m trainer_backend run" in built
     assert parse_back(built).dataset == "/data/it's here"
-    assert built.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")  # agents that count restarts apart
-    assert command(RunConfig(strategy="ddp", devices=("cpu", "cpu")), nodes=1, max_restarts=3).startswith("torchrun ")
+    assert built.startswith("PYTHONSAFEPATH=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")  # agents that count restarts apart
+    assert command(RunConfig(strategy="ddp", devices=("cpu", "cpu")), nodes=1, max_restarts=3).startswith("PYTHONSAFEPATH=1 torchrun ")
 
 
 @pytest.mark.parametrize(("changes", "field", "words"), [
@@ -80,7 +80,7 @@ def test_the_launch_page_offers_the_command_for_ddp_only(parallax_home, cpu_mach
     at.radio(key="strategy").set_value("ddp").run()
     at.text_input(key="torchrun_endpoint").set_value("node0:29400").run()
     (code,) = at.code
-    assert code.value.startswith("torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
+    assert code.value.startswith("PYTHONSAFEPATH=1 torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
                                  "--rdzv-endpoint node0:29400 --rdzv-id parallax-")
     assert parse_back(code.value) == RunConfig(strategy="ddp", devices=("cpu", "cpu"), epochs=3)
     at.number_input(key="torchrun_nodes").set_value(3).run()

@@ -11,9 +11,13 @@ the log resumes when space comes back.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 LOG_INCOMPLETE_NOTE = ("The run's log could not be written ({error}), so run.log is incomplete; "
                        "training went on and every epoch's metrics are recorded here.")
@@ -69,3 +73,28 @@ def guard_output(on_failure: Callable[[OSError], None] | None = None) -> None:
 
 def describe(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+def reattach_deleted_log(log: Path) -> bool:
+    """Point this process's stdout and stderr at a new ``log`` where they write to a file that was
+    deleted (the run's folder removed mid-run): lines printed from now on land in the folder made
+    again, not in a file no one can open. True if it did; a terminal or a pipe is left as it is."""
+    moved = False
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            held = os.fstat(fd)
+        except OSError:
+            continue
+        if not stat.S_ISREG(held.st_mode) or held.st_nlink > 0:
+            continue
+        with contextlib.suppress(Exception):
+            stream.flush()
+        try:
+            # 0o666 as open() makes run.log: the umask (0077 in a private PARALLAX_HOME) decides
+            new = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return moved
+        os.dup2(new, fd, inheritable=True)
+        os.close(new)
+        moved = True
+    return moved

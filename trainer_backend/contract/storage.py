@@ -70,6 +70,11 @@ class UnwritableError(ValueError):
     read-only file system, no permission): one line naming it."""
 
 
+class FolderGoneError(UnwritableError):
+    """The folder a file was being written into was deleted (the run's folder, removed while the run
+    trained): one line naming it, not a bare "[Errno 2] No such file or directory"."""
+
+
 def write_problem(exc: OSError, what: str, path: Path, advice: str = RUN_ADVICE) -> OSError | ValueError:
     """The one-line error for ``exc``, raised while writing ``what`` at ``path``: DiskFullError when
     the disk is full, else UnwritableError naming the path and the reason."""
@@ -103,6 +108,9 @@ def writing(path: Path, what: str, *, advice: str = RUN_ADVICE) -> Iterator[Bina
     except Exception as exc:
         with contextlib.suppress(OSError):
             part.unlink()
+        if isinstance(exc, FileNotFoundError) and not path.parent.is_dir():
+            raise FolderGoneError(f"cannot write {what} {path}: its folder {path.parent} was deleted while it was "
+                                  "in use; what was recorded in the database is kept") from None
         reason = no_space_reason(exc, path.parent)
         if reason is not None:
             raise disk_full_error(what, path, reason, advice) from exc

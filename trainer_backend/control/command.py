@@ -7,7 +7,9 @@
 
 ``parallax run …`` is ``python -m trainer_backend run …``; the engine's own processes (a launched run's worker,
 its ranks, torchrun's ranks) keep starting through ``python -m trainer_backend``, which works wherever Parallax is
-installed or checked out.
+installed or checked out. Every Python process Parallax starts (the dashboard's server, hash-password, a worker)
+leaves the current folder off its import path (``contract.python_process``): a folder holding packages of its own
+named ``db``, ``ui`` or ``reports`` runs the same commands as any other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from trainer_backend.contract.python_process import python_command
 
 USAGE = """usage: parallax COMMAND ...
 
@@ -58,7 +62,7 @@ def serve_ui(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, default=None, help="port to listen on (default 8501)")
     args, streamlit_options = parser.parse_known_args(argv)
     app = app_folder() / "app.py"
-    command = [sys.executable, "-m", "streamlit", "run", str(app)]
+    command = python_command("-m", "streamlit", "run", str(app))
     if args.address:
         command += ["--server.address", args.address]
     if args.port is not None:
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_ui(rest)
     if command == "hash-password":
         # The dashboard's own command, as `python -m ui.auth hash-password`: the engine never imports the dashboard.
-        os.execv(sys.executable, [sys.executable, "-m", "ui.auth", "hash-password", *rest])
+        os.execv(sys.executable, python_command("-m", "ui.auth", "hash-password", *rest))
     if command == "db":
         return upgrade_database(rest)
     # Every other command is the engine's (run, launch, sweep, cancel, export, list …), whose parser names the

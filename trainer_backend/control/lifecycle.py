@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from db.settings import database_url, parallax_home
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
 from trainer_backend.contract.strategy_specs import find
 from trainer_backend.datasets.roots import check_under_roots
+from trainer_backend.contract.python_process import python_command
 from trainer_backend.contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
 
@@ -105,8 +105,8 @@ def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = 
         raise problem from None
     with log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainer_backend", "worker", str(run_id),
-             *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])],
+            python_command("-m", "trainer_backend", "worker", str(run_id),
+                           *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])),
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
         )

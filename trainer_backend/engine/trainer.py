@@ -42,7 +42,7 @@ from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
-from trainer_backend.contract.logguard import guard_output
+from trainer_backend.contract.logguard import guard_output, reattach_deleted_log
 from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, resolve_amp, train_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
@@ -445,6 +445,7 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
     lag_noted = False
     for epoch in range(start_epoch, spec.config.epochs + 1):
         metrics = train_and_validate(built, recorder, hooks, epoch)
+        keep_run_folder(built, recorder, epoch)
         # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
         # assembling a sharded or pipelined state dict needs every rank.
         improved = metrics.val_acc > best_acc
@@ -455,6 +456,31 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
                                      epoch=epoch, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
                                      keep=spec.config.keep_checkpoints)
+
+
+def keep_run_folder(built: Built, recorder: Recorder | NoRecorder, epoch: int) -> None:
+    """Make the run's folder again if it was deleted while the epoch trained, and say what went with it.
+
+    The run goes on: what it records that matters (every epoch's metrics, step points, notes) is in the
+    database, and ending it would lose the epochs still to come. Every process looks (a collective, once
+    an epoch) before any makes it again, so that the run notes it whichever process saw it go."""
+    strategy = built.strategy
+    gone = torch.tensor([0.0 if built.folder.is_dir() else 1.0], dtype=torch.float64, device=strategy.output_device)
+    if strategy.all_reduce(gone, "max").item() == 0:
+        return
+    try:
+        built.folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_problem(exc, "the run's folder", built.folder) from None
+    reattach_deleted_log(built.folder / "run.log")
+    recorder.notes([folder_gone_note(built.folder, epoch)])
+
+
+def folder_gone_note(folder: Path, epoch: int) -> str:
+    return (f"The run's folder {folder} was deleted while epoch {epoch} trained; the run made it again and went "
+            "on. Gone with it: the log so far (run.log starts again from here), the best checkpoint of the earlier epochs (best.pt is written again when an epoch improves on them) and "
+            "any resume point or profile files. Kept, in the database: every epoch's metrics, the step points, the "
+            "system samples and the notes.")
 
 
 def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple[int, float]:

@@ -11,6 +11,11 @@ profiler, so the rest of training runs at full speed. What it keeps, per rank:
   backward, optimizer step, communication (collectives; it overlaps backward under DDP), other.
 
 Ranks write these to ``runs/run-N/profile/``; rank 0 moves them into the database.
+
+The profiler never fails the run: a first epoch that ends before the window keeps a step (a
+``--profile-wait`` past the epoch's end, which preflight refuses where it can count the steps), or
+a profiler that fails to export, leaves a summary that says why (``skipped``) and no trace, and the
+run trains on; only a full disk ends it, as it ends every writer of the run's files.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from trainer_backend.contract.storage import disk_full_error, no_space_reason, writing
+from trainer_backend.contract.storage import DiskFullError, disk_full_error, no_space_reason, writing
 
 PHASES = ("data_loading", "forward", "backward", "optimizer_step")
 RANGE_PREFIX = "parallax/"
@@ -50,6 +55,7 @@ class StepProfiler:
                  world_size: int, out_dir: Path, with_stack: bool = False):
         self.window = wait + warmup + active
         self.first_active_step = wait + warmup + 1
+        self.active = active
         self.rank, self.world_size, self.out_dir = rank, world_size, out_dir
         self.cuda_devices = [d for d in devices if d.type == "cuda"]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda_devices else [])
@@ -79,13 +85,42 @@ class StepProfiler:
         if self._steps >= self.window:
             self.finish()
 
+    @property
+    def kept_steps(self) -> int:
+        """How many of the window's active steps ran: fewer than asked when the epoch ended first."""
+        return max(0, min(self.active, self._steps - (self.first_active_step - 1)))
+
     def finish(self) -> None:
-        """Stop profiling and write this rank's trace and summary (also for a short epoch)."""
+        """Stop profiling and write this rank's trace and summary (also for a short epoch). An epoch
+        that ended before the window kept a step, or a profiler that fails, leaves a summary saying
+        why and no trace: the run goes on (a full disk still ends it)."""
         if self.done:
             return
         self.done = True
-        self._prof.stop()
+        skipped = None
+        try:
+            self._prof.stop()
+        except Exception as exc:  # torch's own state machine: what it raises is not the run's business
+            skipped = f"the profiler failed to stop ({type(exc).__name__}: {exc})"
+        if skipped is None and self._steps < self.first_active_step:
+            # torch.profiler has no trace before its first active step (export_chrome_trace asserts).
+            skipped = (f"the first epoch ended after {self._steps} steps, before the profiled window's first "
+                       f"step ({self.first_active_step}: --profile-wait + --profile-warmup + 1)")
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if skipped is None:
+            try:
+                self._write_trace()
+                return
+            except DiskFullError:
+                raise
+            except Exception as exc:
+                skipped = f"the profiler's trace could not be exported ({type(exc).__name__}: {exc})"
+        summary = {"rank": self.rank, "world_size": self.world_size, "trace_bytes": 0, "ops": [], "steps": [],
+                   "kept_steps": 0, "skipped": skipped}
+        with writing(self.out_dir / f"rank{self.rank}.summary.json", "profiler summary") as handle:
+            handle.write(json.dumps(summary).encode())
+
+    def _write_trace(self) -> None:
         trace = self.out_dir / f"rank{self.rank}.json"
         try:
             self._prof.export_chrome_trace(str(trace))
@@ -106,7 +141,8 @@ class StepProfiler:
             handle.write(gzip.compress(raw, compresslevel=6))
         trace_bytes = len(raw)
         summary = {"rank": self.rank, "world_size": self.world_size, "trace_bytes": trace_bytes,
-                   "ops": op_table(self._prof), "steps": step_breakdown(self._prof.events(), self.first_active_step)}
+                   "ops": op_table(self._prof), "steps": step_breakdown(self._prof.events(), self.first_active_step),
+                   "kept_steps": self.kept_steps}
         try:
             with writing(self.out_dir / f"rank{self.rank}.summary.json", "profiler summary") as handle:
                 handle.write(json.dumps(summary).encode())
@@ -217,13 +253,15 @@ def step_breakdown(events, first_step: int = 1) -> list[dict]:
     return rows
 
 
-def read_rank_outputs(out_dir: Path) -> list[tuple[dict, bytes]]:
-    """(summary, gzipped trace) of every rank that wrote one, in rank order; removes the files."""
+def read_rank_outputs(out_dir: Path) -> list[tuple[dict, bytes | None]]:
+    """(summary, gzipped trace) of every rank that wrote one, in rank order; removes the files. The
+    trace is None where the rank kept no profiled step (its summary's ``skipped`` says why)."""
     outputs = []
     for summary_path in sorted(out_dir.glob("rank*.summary.json"), key=lambda p: int(p.name[4:].split(".")[0])):
         rank = summary_path.name.split(".")[0]
         trace_path = out_dir / f"{rank}.json.gz"
-        outputs.append((json.loads(summary_path.read_text()), trace_path.read_bytes()))
+        summary = json.loads(summary_path.read_text())
+        outputs.append((summary, None if summary.get("skipped") else trace_path.read_bytes()))
         os.remove(summary_path)
-        os.remove(trace_path)
+        trace_path.unlink(missing_ok=True)
     return outputs

@@ -116,11 +116,23 @@ class Recorder:
         return True
 
     def profiles(self, out_dir, config: RunConfig) -> None:
-        """Move every rank's profile files into the database, with notes on what they hold."""
-        notes = [f"Epoch 1 was profiled (steps {config.profile_wait + config.profile_warmup + 1}-"
-                 f"{config.profile_wait + config.profile_warmup + config.profile_active}); its timings include the "
-                 "profiler's cost."]
-        for summary, trace_gz in read_rank_outputs(out_dir):
+        """Move every rank's profile files into the database, with notes on what they hold. A rank that
+        kept no profiled step (its summary says why) stores nothing and leaves a note."""
+        first = config.profile_wait + config.profile_warmup + 1
+        outputs = read_rank_outputs(out_dir)
+        kept = max((summary.get("kept_steps", config.profile_active) for summary, _ in outputs), default=0)
+        notes = []
+        if kept:
+            notes.append(f"Epoch 1 was profiled (steps {first}-{first + kept - 1}); its timings include the "
+                         "profiler's cost.")
+        if 0 < kept < config.profile_active:
+            notes.append(f"The profiled window ended with the first epoch, after {kept} of the "
+                         f"{config.profile_active} steps asked (--profile-active).")
+        for summary, trace_gz in outputs:
+            if trace_gz is None:
+                notes.append(f"Rank {summary['rank']} kept no profile: {summary['skipped']}; training went on "
+                             "unprofiled.")
+                continue
             # One transaction per rank that replaces what it stored: waited out and tried again whole.
             save = functools.partial(profiles.save_profile, self.engine, self.run_id, summary["rank"], ops=summary["ops"],
                                      steps=summary["steps"], trace_gz=trace_gz, trace_bytes=summary["trace_bytes"])

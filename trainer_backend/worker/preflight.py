@@ -39,6 +39,7 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     info = data.info
     check_every_rank_trains(config, info.num_train, info.in_chans)
     check_data_fits(config, data.train.stored_bytes + data.val.stored_bytes)
+    check_profile_window(config, train_steps(config, info.num_train, info.in_chans)[1])
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
                          pretrained=config.pretrained)
     if spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
@@ -99,6 +100,23 @@ def check_every_rank_trains(config: RunConfig, num_train: int, in_chans: int = 3
            if share > 1 else "use more training images or fewer processes")
     raise ConfigError("batch_size", f"the training split has {num_train} images; {who}, and {why}, so no step "
                       f"would train: {fix}")
+
+
+def check_profile_window(config: RunConfig, steps: int) -> None:
+    """Refuse, naming the numbers, a profiled run whose first epoch of ``steps`` steps (per process)
+    would end before the profiler keeps a step. A window that starts in the epoch and runs past its
+    end is allowed: it ends with the epoch, and the run's notes say how many steps it kept."""
+    if not config.profile:
+        return
+    first = config.profile_wait + config.profile_warmup + 1
+    if first <= steps:
+        return
+    most = steps - 1
+    fix = (f"give --profile-wait and --profile-warmup that add up to at most {most}" if most > 0
+           else "an epoch of one step cannot skip steps: give --profile-wait 0 and --profile-warmup 0")
+    raise ConfigError("profile_wait", f"--profile-wait {config.profile_wait} and --profile-warmup "
+                      f"{config.profile_warmup} start the profiled window at step {first}, but an epoch has {steps} "
+                      f"steps (per process), so no step would be profiled: {fix}")
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ cancel, Ctrl-C — is written to it, and metrics already written stay.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -41,7 +42,7 @@ from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.datasets.roots import check_under_roots
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
-from trainer_backend.contract.logguard import guard_output
+from trainer_backend.contract.logguard import guard_output, reattach_deleted_log
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.worker.stall import StallWatch
@@ -134,6 +135,9 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     finally:
         if status == "cancelled" and watch.cancel_reason:
             error = watch.cancel_reason
+        if log_why:  # a launched worker's last lines go where its ranks' went, if the run's folder was made again
+            with contextlib.suppress(Exception):
+                reattach_deleted_log(named_run_folder(run_folder_name(engine, run_id)) / "run.log")
         if status is not None and log_why and status != "completed":
             print(f"run_id={run_id} {status}: {error}", file=sys.stderr, flush=True)
         # A cancel that already ended the run stands. If even this write finds the database

@@ -78,6 +78,10 @@ CASES = [
     ("profile-wait-negative", ["--profile", "--profile-wait", "-1"], ["profile_wait -1", "0 to 100"], {}),
     ("profile-active-zero", ["--profile", "--profile-active", "0"], ["profile_active 0", "1 to 100"], {}),
     ("profile-active-absurd", ["--profile", "--profile-active", "1000000"], ["profile_active 1000000"], {}),
+    # digits: 1,437 training images in batches of 128 are 12 steps an epoch
+    ("profile-wait-past-epoch", ["--profile", "--profile-wait", "20"],
+     ["--profile-wait 20 and --profile-warmup 1 start the profiled window at step 22", "an epoch has 12 steps",
+      "add up to at most 11"], {}),
     ("val-fraction", ["--val-fraction", "1.5"], ["val_fraction 1.5", "(0.0, 0.9]"], {}),
     ("unknown-strategy", ["--strategy", "zero3"], ["--strategy", "'zero3'", "single", "fsdp"], {}),
     ("unknown-optimizer", ["--optimizer", "lion"], ["--optimizer", "'lion'", "adamw"], {}),

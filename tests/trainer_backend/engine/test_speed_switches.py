@@ -190,6 +190,7 @@ def test_ddp_sums_the_confusion_matrix_over_ranks(shared_runs):
 
 def test_compile_time_is_recorded_apart_and_noted(db_url, parallax_home):
     from db import make_engine, store
+    from db.recorded_by import parallax_version
     from trainer_backend.engine.trainer import _record_compile_time
     from trainer_backend.telemetry.recorder import Recorder
 
@@ -197,7 +198,7 @@ def test_compile_time_is_recorded_apart_and_noted(db_url, parallax_home):
     engine = make_engine(db_url)
     run_id = store.create_run(engine, config.to_dict(), status="running", world_size=1)
     _record_compile_time(Recorder(engine, run_id), Strategy(config), 12.3456)
-    assert store.get_run(engine, run_id).measurements == {"compile_time_s": 12.346}
+    assert store.get_run(engine, run_id).measurements == {"compile_time_s": 12.346, "parallax_version": parallax_version()}
     note, = store.get_run(engine, run_id).notes
     assert note.startswith("torch.compile: compiling the training step took 12.3 s before epoch 1")
     # One batch shape, one compiled graph: a compiled run's training drops the short last batch.

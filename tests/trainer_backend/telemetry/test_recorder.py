@@ -19,6 +19,7 @@ from sqlalchemy import select
 from db import make_engine, series, store
 from db.engine import DatabaseLockedError
 from db.models import StepMetric
+from db.recorded_by import parallax_version
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.engine import trainer
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
@@ -63,7 +64,8 @@ def test_the_recorder_writes_an_epoch_its_progress_notes_and_measurements(run_ro
     run = store.get_run(engine, run_id)
     assert (run.progress_epoch, run.progress_step, run.progress_total_steps) == (1, 5, 10)
     assert run.notes == ["first", "second"]
-    assert run.measurements == {"effective_batch": 64, "confusion": {"epoch": 1, "matrix": [[1]]}}
+    assert run.measurements == {"effective_batch": 64, "confusion": {"epoch": 1, "matrix": [[1]]},
+                                "parallax_version": parallax_version()}
     assert [p["step"] for p in series.read_steps(engine, [run_id], max_points=None)] == [1]
     assert capsys.readouterr().out == "epoch 1/2  the line\n"  # echo prints the epoch's line to the log
 

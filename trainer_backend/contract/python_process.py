@@ -1,0 +1,36 @@
+"""How Parallax starts Python processes of its own: the same program from whatever folder it is started in.
+
+    subprocess.Popen(python_command("-m", "trainer_backend", "worker", "7"), env=safe_path_env(env))
+    os.execv(sys.executable, python_command("-m", "ui.auth", "hash-password"))
+
+``python -m module`` puts the current folder first on the import path, so a user's own ``db/``,
+``ui/``, ``reports/`` or ``trainer_backend/`` package there would be imported in place of
+Parallax's, and the command would die. Python 3.11's ``-P`` (``PYTHONSAFEPATH`` for processes
+that a tool such as torchrun starts) leaves that folder out; on 3.10, which has neither, a module
+is run through ``runpy`` after dropping the folder ``-c`` put first. The command line still reads
+``… -m trainer_backend worker N`` on 3.11 (the form ``lifecycle.is_run_process`` recognises) and
+``… -c <starter> trainer_backend worker N`` on 3.10.
+"""
+
+from __future__ import annotations
+
+import sys
+
+SAFE_PATH = sys.version_info >= (3, 11)
+# Python 3.10: ``-c`` puts '' (the current folder) first; drop it, then run the module as -m would.
+_START_MODULE = ("import runpy, sys; del sys.path[0]; del sys.argv[0]; "
+                 "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def python_command(*args: str) -> list[str]:
+    """``[python, *args]`` (``-m module …`` or a script path) that never imports from the current folder."""
+    if SAFE_PATH:
+        return [sys.executable, "-P", *args]
+    if args[:1] == ("-m",):
+        return [sys.executable, "-c", _START_MODULE, *args[1:]]
+    return [sys.executable, *args]  # a script: Python puts the script's own folder first, not the current one
+
+
+def safe_path_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a process that starts Python processes of its own (torchrun's agent, its ranks)."""
+    return {**env, "PYTHONSAFEPATH": "1"}
