@@ -281,6 +281,8 @@ with devices_col:
             "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
         field_slot("device_counts")
 if sweeping:
+    # Every strategy's estimate, side by side: the whole width (in the Devices column it was cut at 1,400 px).
+    memory_slot = st.container()
     # The shared fields are checked under a strategy that takes any number of devices; the
     # strategies' own rules are then checked one by one, as the sweep will build them.
     values["strategy"] = "mp" if len(values["devices"]) > 1 else "single"
