@@ -22,7 +22,7 @@ from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CO
 from trainer_backend.contract.strategy_specs import find, spec
 from trainer_backend.contract.fields import FIELDS
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from ui import memory_views, options, state
+from ui import launch_memory, memory_views, options, state
 from ui import torchrun as torchrun_ui
 from ui.fields import field_widget
 from ui.text import escape_markdown
@@ -30,9 +30,12 @@ from ui.validation import validate_form
 
 state.enter_through_app("pages/launch.py")
 
-DEFAULTS = RunConfig()  # the form starts from the CLI's defaults: one source for both
+DEFAULTS = RunConfig()  # the CLI's defaults: one source for both
+# What the form starts from: DEFAULTS, or this browser session's last launch, or a run loaded from its page.
+START = launch_memory.form_start()
 ONE_RUN, SWEEP = "One run", "Compare strategies"
-SWEEP_DEFAULT = ["single", "ddp", "mp", "pp"]
+DEVICE_KINDS = ["GPUs", "CPU processes"]
+SWEEP_PICKED_KEY = "sweep_strategies_picked"  # the user chose the sweep's strategies: they no longer follow the devices
 
 values: dict = {}
 slots: dict = {}  # field -> the spot right under its widget where its error goes
@@ -102,10 +105,12 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     gpus = device_info.gpu_statuses()
     kind = "GPUs"
     if gpus:
-        kind = st.radio("Train on", ["GPUs", "CPU processes"], horizontal=True, key="device_kind")
+        kind = st.radio("Train on", DEVICE_KINDS, horizontal=True, key="device_kind", index=start_kind())
     if gpus and kind == "GPUs":
         # One key per strategy, so switching strategy brings that strategy's sensible default.
-        default = [gpus[0].index] if one_device else [g.index for g in gpus]
+        started = [int(d.split(":")[1]) for d in START.config.devices if d.startswith("cuda:")]
+        started = [i for i in started if i < len(gpus)][:1 if one_device else None]
+        default = started or ([gpus[0].index] if one_device else [g.index for g in gpus])
         picked = st.multiselect("GPUs", [g.index for g in gpus], default=default, key=f"gpus_{strategy}",
                                 format_func=lambda i: gpu_label(gpus[i]))
         gpu_load_table()
@@ -122,7 +127,7 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         st.error(escape_markdown(exc), icon=":material/error:")
         most = None
     processes = st.number_input(
-        label, value=2, step=1, min_value=1, max_value=most, key=f"cpu_processes_{strategy}",
+        label, value=start_processes(most), step=1, min_value=1, max_value=most, key=f"cpu_processes_{strategy}",
         help="Each CPU device is one process for ddp, fsdp and pp, and one model stage for mp and pp"
         + (f"; at most {most} on this machine ({CPU_PROCESSES_PER_CORE} per core)." if most else "."))
     if not isinstance(processes, int) or processes < 1:
@@ -142,6 +147,53 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
     return ("cpu",) * processes
 
 
+def start_kind() -> int:
+    """GPUs where the machine has them, unless the form starts from a config on CPU processes."""
+    return 1 if launch_memory.START_KEY in st.session_state and not START.config.uses_cuda else 0
+
+
+def start_processes(most: int | None) -> int:
+    """The CPU processes the form starts with: the started config's on CPU with two or more, else 2."""
+    count = len(START.config.devices) if not START.config.uses_cuda and len(START.config.devices) > 1 else 2
+    return min(count, most) if most else count
+
+
+def sweep_device_count() -> int:
+    """How many devices the sweep's device picker holds now (it is drawn after the strategies): read
+    from its state, or what it will start with."""
+    gpus = device_info.gpu_statuses()
+    if gpus and st.session_state.get("device_kind", DEVICE_KINDS[start_kind()]) == "GPUs":
+        return len(st.session_state.get("gpus_sweep", [g.index for g in gpus]))
+    processes = st.session_state.get("cpu_processes_sweep", start_processes(None))
+    return processes if isinstance(processes, int) else 0
+
+
+def sweep_most_devices() -> int:
+    """The most devices any run of the sweep will have: the device picker's, or a larger count to sweep."""
+    try:
+        counts = parse_device_counts(st.session_state.get("sweep_device_counts", START.device_counts).strip() or None)
+    except ValueError:  # said under the field
+        counts = None
+    return max([sweep_device_count(), *(counts or ())])
+
+
+def start_sweep_strategies() -> None:
+    """Until the user picks the sweep's strategies, they are those the chosen devices allow (or the
+    remembered sweep's, where the form starts from one); a choice of theirs is kept."""
+    if "sweep_strategies" in st.session_state and st.session_state.get(SWEEP_PICKED_KEY):
+        return
+    if START.sweep_strategies is not None and "sweep_strategies" not in st.session_state:
+        st.session_state["sweep_strategies"] = list(START.sweep_strategies)
+        st.session_state[SWEEP_PICKED_KEY] = True
+        return
+    st.session_state["sweep_strategies"] = launch_memory.strategies_allowed(sweep_most_devices())
+    st.session_state[SWEEP_PICKED_KEY] = False
+
+
+def mark_sweep_picked() -> None:
+    st.session_state[SWEEP_PICKED_KEY] = True
+
+
 def sweep_errors(config, strategies: list[str], device_counts: tuple[int, ...] | None = None) -> dict[str, str]:
     """Each strategy's own config checked as the sweep will build it; errors name the strategy."""
     errors: dict[str, str] = {}
@@ -156,7 +208,9 @@ def sweep_errors(config, strategies: list[str], device_counts: tuple[int, ...] |
 st.title("Launch a run")
 st.caption(f"The defaults train {DEFAULTS.model} on the bundled handwritten digits for {DEFAULTS.epochs} epochs in "
            "one CPU process: a quick run that works on any machine. Every value is checked as you change it.")
-mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode",
+if START.said:
+    st.info(START.said, icon=":material/content_copy:")
+mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode", index=int(START.sweeping),
                 captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
 sweeping = mode == SWEEP
 full = options.training_stack_loaded()  # else a quick first draw, with what needs neither torch nor timm
@@ -165,8 +219,10 @@ data_col, model_col = st.columns(2, gap="large")
 with data_col:
     st.subheader("Data")
     roots = ", ".join(str(p) for p in options.data_roots())
+    datasets = options.dataset_choices()
     values["dataset"] = st.selectbox(
-        "Dataset", options.dataset_choices(), format_func=options.dataset_label, key="dataset",
+        "Dataset", datasets, format_func=options.dataset_label, key="dataset",
+        index=launch_memory.index_of(datasets, START.config.dataset),
         help=f"{FIELDS['dataset'].help} Offered: the built-in sets, and every sub-folder (one folder per class "
         f"inside) of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
     outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
@@ -178,14 +234,14 @@ with data_col:
     for warning in info.get("warnings", []):
         st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
     field_slot("dataset")
-    values["image_size"] = field_widget(FIELDS["image_size"], DEFAULTS.image_size)
+    values["image_size"] = field_widget(FIELDS["image_size"], START.config.image_size)
     field_slot("image_size")
 
 with model_col:
     st.subheader("Model")
-    values["model"] = st.selectbox(FIELDS["model"].label,
-                                   options.model_choices() if full else list(options.DEFAULT_MODELS), key="model",
-                                   help=FIELDS["model"].help)
+    models = options.model_choices() if full else list(options.DEFAULT_MODELS)
+    values["model"] = st.selectbox(FIELDS["model"].label, models, key="model", help=FIELDS["model"].help,
+                                   index=launch_memory.index_of(models, START.config.model))
     field_slot("model")
     # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
     model_problem = options.model_problem(values["model"]) if full else None
@@ -196,19 +252,21 @@ with strategy_col:
     names = list(STRATEGIES)
     if sweeping:
         st.subheader("Strategies")
-        sweep_strategies = st.multiselect("Strategies to compare", names, default=SWEEP_DEFAULT,
-                                          key="sweep_strategies", placeholder="Pick two or more strategies")
+        start_sweep_strategies()
+        sweep_strategies = st.multiselect("Strategies to compare", names, key="sweep_strategies",
+                                          on_change=mark_sweep_picked, placeholder="Pick two or more strategies")
         st.caption(" · ".join(f"**{n}**: {STRATEGIES[n]}" for n in sweep_strategies))
         field_slot("strategy")
     else:
         st.subheader("Strategy")
         values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
-                                      label_visibility="collapsed")
+                                      label_visibility="collapsed",
+                                      index=launch_memory.index_of(names, START.config.strategy))
         field_slot("strategy")
     if any(spec(name).microbatched for name in (sweep_strategies if sweeping else [values["strategy"]])):
-        values["microbatches"] = field_widget(FIELDS["microbatches"], DEFAULTS.microbatches)
+        values["microbatches"] = field_widget(FIELDS["microbatches"], START.config.microbatches)
         field_slot("microbatches")
-        values["pipeline_schedule"] = field_widget(FIELDS["pipeline_schedule"], DEFAULTS.pipeline_schedule)
+        values["pipeline_schedule"] = field_widget(FIELDS["pipeline_schedule"], START.config.pipeline_schedule)
         field_slot("pipeline_schedule")
 with devices_col:
     st.subheader("Devices")
@@ -218,10 +276,13 @@ with devices_col:
     if sweeping:
         counts_text = st.text_input(
             "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts", max_chars=200,
+            value=START.device_counts,
             help="Each multi-device strategy runs once per count (on CPU: that many processes), and the report "
             "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
         field_slot("device_counts")
 if sweeping:
+    # Every strategy's estimate, side by side: the whole width (in the Devices column it was cut at 1,400 px).
+    memory_slot = st.container()
     # The shared fields are checked under a strategy that takes any number of devices; the
     # strategies' own rules are then checked one by one, as the sweep will build them.
     values["strategy"] = "mp" if len(values["devices"]) > 1 else "single"
@@ -230,51 +291,52 @@ st.subheader("Training")
 # Three to a row: an error under a field needs room to be read.
 batch_col, epochs_col, lr_col = st.columns(3)
 with batch_col:
-    values["batch_size"] = field_widget(FIELDS["batch_size"], DEFAULTS.batch_size)
+    values["batch_size"] = field_widget(FIELDS["batch_size"], START.config.batch_size)
     batch_hint = st.empty()
     field_slot("batch_size")
 with epochs_col:
-    values["epochs"] = field_widget(FIELDS["epochs"], DEFAULTS.epochs)
+    values["epochs"] = field_widget(FIELDS["epochs"], START.config.epochs)
     field_slot("epochs")
 with lr_col:
-    values["lr"] = field_widget(FIELDS["lr"], DEFAULTS.lr)
+    values["lr"] = field_widget(FIELDS["lr"], START.config.lr)
     field_slot("lr")
 optimizer_col, amp_col, profile_col = st.columns(3, vertical_alignment="bottom")
 with optimizer_col:
-    values["optimizer"] = field_widget(FIELDS["optimizer"], DEFAULTS.optimizer)
+    values["optimizer"] = field_widget(FIELDS["optimizer"], START.config.optimizer)
     field_slot("optimizer")
 with amp_col:
-    values["amp"] = field_widget(FIELDS["amp"], DEFAULTS.amp)
+    values["amp"] = field_widget(FIELDS["amp"], START.config.amp)
     field_slot("amp")
 with profile_col:
-    values["profile"] = field_widget(FIELDS["profile"], DEFAULTS.profile, toggle=True)
+    values["profile"] = field_widget(FIELDS["profile"], START.config.profile, toggle=True)
     field_slot("profile")
 
 with st.expander("More options"):
     more_left, more_right = st.columns(2)
     with more_left:
-        values["pretrained"] = field_widget(FIELDS["pretrained"], DEFAULTS.pretrained)
+        values["pretrained"] = field_widget(FIELDS["pretrained"], START.config.pretrained)
         field_slot("pretrained")
-        values["weight_decay"] = field_widget(FIELDS["weight_decay"], DEFAULTS.weight_decay)
+        values["weight_decay"] = field_widget(FIELDS["weight_decay"], START.config.weight_decay)
         field_slot("weight_decay")
-        values["val_from"] = field_widget(FIELDS["val_from"], DEFAULTS.val_from)
+        values["val_from"] = field_widget(FIELDS["val_from"], START.config.val_from)
         field_slot("val_from")
-        values["val_fraction"] = field_widget(FIELDS["val_fraction"], DEFAULTS.val_fraction)
+        values["val_fraction"] = field_widget(FIELDS["val_fraction"], START.config.val_fraction)
         field_slot("val_fraction")
-        values["stored_size"] = field_widget(FIELDS["stored_size"], DEFAULTS.stored_size)
+        values["stored_size"] = field_widget(FIELDS["stored_size"], START.config.stored_size)
         field_slot("stored_size")
-        values["decode"] = field_widget(FIELDS["decode"], DEFAULTS.decode)
+        values["decode"] = field_widget(FIELDS["decode"], START.config.decode)
         field_slot("decode")
         values["data_on_device"] = field_widget(FIELDS["data_on_device"], DEFAULTS.data_on_device)
         field_slot("data_on_device")
     with more_right:
-        values["seed"] = field_widget(FIELDS["seed"], DEFAULTS.seed)
+        values["seed"] = field_widget(FIELDS["seed"], START.config.seed)
         field_slot("seed")
-        values["num_workers"] = field_widget(FIELDS["num_workers"], DEFAULTS.num_workers)
+        values["num_workers"] = field_widget(FIELDS["num_workers"], START.config.num_workers)
         field_slot("num_workers")
-        values["bn_stats_images"] = field_widget(FIELDS["bn_stats_images"], DEFAULTS.bn_stats_images)
+        values["bn_stats_images"] = field_widget(FIELDS["bn_stats_images"], START.config.bn_stats_images)
         field_slot("bn_stats_images")
-        bands_text = field_widget(FIELDS["bands"], DEFAULTS.bands, max_chars=MAX_CHOICE_LENGTH)
+        bands_text = field_widget(FIELDS["bands"], ",".join(map(str, START.config.bands or ())),
+                                  max_chars=MAX_CHOICE_LENGTH)
         values["bands"] = bands_text.strip() or None
         field_slot("bands")
 
@@ -282,23 +344,23 @@ with st.expander("Advanced"):
     st.markdown("**Training recipe**")
     schedule_col, warmup_col, scale_col = st.columns(3, vertical_alignment="bottom")
     with schedule_col:
-        values["lr_schedule"] = field_widget(FIELDS["lr_schedule"], DEFAULTS.lr_schedule)
+        values["lr_schedule"] = field_widget(FIELDS["lr_schedule"], START.config.lr_schedule)
         field_slot("lr_schedule")
     with warmup_col:
-        values["warmup_epochs"] = field_widget(FIELDS["warmup_epochs"], DEFAULTS.warmup_epochs)
+        values["warmup_epochs"] = field_widget(FIELDS["warmup_epochs"], START.config.warmup_epochs)
         field_slot("warmup_epochs")
     with scale_col:
-        values["scale_lr"] = field_widget(FIELDS["scale_lr"], DEFAULTS.scale_lr)
+        values["scale_lr"] = field_widget(FIELDS["scale_lr"], START.config.scale_lr)
         field_slot("scale_lr")
     smoothing_col, clip_col, accumulate_col = st.columns(3)
     with smoothing_col:
-        values["label_smoothing"] = field_widget(FIELDS["label_smoothing"], DEFAULTS.label_smoothing)
+        values["label_smoothing"] = field_widget(FIELDS["label_smoothing"], START.config.label_smoothing)
         field_slot("label_smoothing")
     with clip_col:
-        values["grad_clip"] = field_widget(FIELDS["grad_clip"], DEFAULTS.grad_clip)
+        values["grad_clip"] = field_widget(FIELDS["grad_clip"], START.config.grad_clip)
         field_slot("grad_clip")
     with accumulate_col:
-        values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], DEFAULTS.accumulate_steps)
+        values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], START.config.accumulate_steps)
         field_slot("accumulate_steps")
     nonfinite_col, stall_col, keep_col = st.columns(3)
     with nonfinite_col:
@@ -314,19 +376,21 @@ with st.expander("Advanced"):
     st.markdown("**Augmentation and speed**")
     augment_col, speed_col = st.columns(2)
     with augment_col:
-        augment = st.multiselect(FIELDS["augment"].label, AUGMENTATIONS, key="augment", help=FIELDS["augment"].help)
+        augment = st.multiselect(FIELDS["augment"].label, AUGMENTATIONS, key="augment", help=FIELDS["augment"].help,
+                                 default=[a for a in START.config.augment.split(",") if a in AUGMENTATIONS])
         values["augment"] = ",".join(augment) or "none"
         field_slot("augment")
     with speed_col:
-        values["channels_last"] = field_widget(FIELDS["channels_last"], DEFAULTS.channels_last)
+        values["channels_last"] = field_widget(FIELDS["channels_last"], START.config.channels_last)
         field_slot("channels_last")
-        values["compile"] = field_widget(FIELDS["compile"], DEFAULTS.compile)
+        values["compile"] = field_widget(FIELDS["compile"], START.config.compile)
         field_slot("compile")
 
 st.subheader("Labels")
 tags_col, note_col = st.columns([1, 2])
 with tags_col:
-    tags_text = field_widget(FIELDS["tags"], "", placeholder="baseline, fp32", max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
+    tags_text = field_widget(FIELDS["tags"], ", ".join(START.config.tags), placeholder="baseline, fp32",
+                             max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
     values["tags"] = tuple(t.strip() for t in tags_text.split(",") if t.strip())
     field_slot("tags")
 with note_col:
@@ -372,6 +436,8 @@ if sweeping:
         except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
             st.error(f"The sweep could not be started: {escape_markdown(exc)}")
         else:
+            launch_memory.remember(launch_memory.FormStart(
+                config, sweeping=True, sweep_strategies=tuple(sweep_strategies), device_counts=counts_text))
             state.open_sweep(sweep_id)
 elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabled=bool(errors)):
     try:
@@ -381,6 +447,7 @@ elif st.button("Launch", type="primary", icon=":material/rocket_launch:", disabl
     except Exception as exc:  # a launch that cannot start (disk full, database locked) must say why
         st.error(f"The run could not be started: {escape_markdown(exc)}")
     else:
+        launch_memory.remember(launch_memory.FormStart(config))
         state.open_run(run_id)
 if errors:
     st.caption("Fix the values marked in red to launch.")

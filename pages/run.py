@@ -17,7 +17,7 @@ from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import charts, confusion, downloads, efficiency_views, live, options, series_charts, state, widgets
+from ui import charts, confusion, downloads, efficiency_views, launch_memory, live, options, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -134,6 +134,16 @@ def show_head(run: store.RunRecord) -> None:
         st.rerun()
     if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
         st.warning(escape_markdown(note), icon=":material/warning:")
+
+
+def launch_again(run: store.RunRecord) -> None:
+    """The run's config loaded into the Launch form, to edit before launching (ClearML's clone)."""
+    if st.button("Launch again with these settings", icon=":material/content_copy:", key="launch_again",
+                 help="Opens the Launch page with this run's settings filled in; nothing starts until you launch."):
+        if problem := launch_memory.load_run(run.id, run.config):
+            st.error(escape_markdown(problem), icon=":material/error:")
+        else:
+            st.switch_page(state.LAUNCH_PAGE)
 
 
 def show_messages(run: store.RunRecord) -> None:
@@ -304,6 +314,7 @@ title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 show_head(run)
+launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
 st.fragment(live_progress, run_every=live.REFRESH_S if active else None)(

@@ -3,6 +3,8 @@ run's tags and note."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -30,6 +32,17 @@ SORTS = {
     "Training time": (TRAINING_TIME_LABEL, False),
 }
 
+# Shown first, in this order: at 1,400 px the table shows about eight columns before it scrolls, and
+# these say which run is which and how it did; the rest follow in the frame's order.
+LEAD_COLUMNS = ("run", "status", "strategy", "devices", "model", "best val acc", "mean images/s", "tags")
+
+
+def dataset_name(dataset: str) -> str:
+    """A folder dataset by its folder's name (its whole path is in the Dataset filter and on its Run
+    page): a long path would take the table's width; built-in sets by name."""
+    path = Path(dataset)
+    return path.name if path.is_absolute() and path.name else dataset
+
 
 def table_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({
@@ -38,7 +51,7 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
         "strategy": [r["strategy"] for r in rows],
         "devices": [",".join(r["devices"]) for r in rows],
         "model": [r["model"] for r in rows],
-        "dataset": [r["dataset"] for r in rows],
+        "dataset": [dataset_name(r["dataset"]) for r in rows],
         "batch": [r["batch_size"] for r in rows],
         "effective batch": [r["effective_batch"] for r in rows],
         "epochs": [f"{r['epochs_done']}/{r['epochs']}" for r in rows],
@@ -156,7 +169,9 @@ if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in row
 table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"
 event = st.dataframe(
     frame, key=table_key, on_select="rerun", selection_mode="multi-row", hide_index=True,
+    column_order=[*(c for c in LEAD_COLUMNS if c in frame), *(c for c in frame if c not in LEAD_COLUMNS)],
     column_config={
+        "dataset": st.column_config.TextColumn(width="medium"),
         "run": st.column_config.NumberColumn(format="#%d", width="small"),
         BEST_VAL_ACC_LABEL: st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
         IMAGES_PER_S_LABEL: st.column_config.NumberColumn(format="%.0f", help=IMAGES_PER_S_HELP),

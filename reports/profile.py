@@ -14,6 +14,7 @@ import pandas as pd
 from db import profiles, store
 from trainer_backend.contract.storage import DiskFullError, write_export
 
+from .report_html import REPORT_CSS, charts_html
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
 from .spreadsheet import frame_for_csv
 
@@ -41,10 +42,6 @@ def report_html(engine, run_id: int) -> str:
     figures = [step_breakdown_figure(steps)] if not steps.empty else []
     for rank in ranks:
         figures += [top_ops_figure(ops, rank=rank), memory_by_op_figure(ops, rank=rank)]
-    charts = [
-        fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, default_width="100%")
-        for i, fig in enumerate(figures)
-    ]
     summary = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(run['config'].get(k)))}</td></tr>" for k in SUMMARY_FIELDS
     )
@@ -53,13 +50,12 @@ def report_html(engine, run_id: int) -> str:
     table = top_ops(ops, rank=ranks[0], n=30).drop(columns=["self_total_us"]).round(1).to_html(index=False)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Parallax profile · run {run_id}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ddd;padding:3px 8px;text-align:left}}h2{{margin-top:2rem}}</style></head>
+<style>{REPORT_CSS}</style></head>
 <body><h1>Profile of run {run_id}: {html.escape(run['strategy'])} · {html.escape(run['model'])} · {html.escape(run['dataset'])}</h1>
 <p>Status {html.escape(run['status'])}. Times are summed over the profiled steps of the first epoch.</p>
 <table>{summary}</table><ul>{notes}</ul>
 <h2>Where a step's time goes</h2>{breakdown}
-{''.join(charts)}
+{charts_html(figures)}
 <h2>Top ops (rank {ranks[0]})</h2>{table}
 </body></html>"""
 

@@ -22,6 +22,7 @@ from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mf
 from .forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
 from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
+from .report_html import REPORT_CSS, charts_html
 from .scaling import epochs_frame, memory_frame, pick_baselines, run_colours, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
@@ -127,8 +128,8 @@ def energy_per_image(run_epochs: pd.DataFrame, notes: list[str]) -> tuple[float 
     return None, "no energy counter was readable (NVML energy or power, RAPL)"
 
 
-def format_table(table: pd.DataFrame) -> str:
-    """The report as aligned text for a terminal."""
+def report_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """The report's columns as text, under the names a reader sees (a terminal's and the HTML's)."""
     shown = table[list(REPORT_COLUMNS)].copy()
     shown["throughput_images_per_s"] = shown["throughput_images_per_s"].map(lambda v: _num(v, "{:.0f}"))
     shown["mfu"] = shown["mfu"].map(lambda v: _num(v, "{:.1%}"))
@@ -143,10 +144,19 @@ def format_table(table: pd.DataFrame) -> str:
     shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "MFU", "speedup",
                      "efficiency", "peak MB/device", "memory estimate error", "time to target s", "mean util",
                      "J/image"]
-    text = shown.to_string(index=False)
+    return shown
+
+
+def energy_reasons(table: pd.DataFrame) -> list[str]:
+    """The line saying why energy per image is empty where it is, or nothing."""
     reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
                if pd.isna(row.energy_j_per_image) and row.energy_note]
-    return text + ("\nWhy energy per image is empty: " + "; ".join(reasons) + "." if reasons else "")
+    return ["Why energy per image is empty: " + "; ".join(reasons) + "."] if reasons else []
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The report as aligned text for a terminal."""
+    return "\n".join([report_frame(table).to_string(index=False), *energy_reasons(table)])
 
 
 def mfu_note(table: pd.DataFrame) -> str | None:
@@ -237,16 +247,13 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
     steps = pd.DataFrame(profiles.read_steps(engine, table["run_id"].tolist()))
     if not steps.empty:
         figures.append(step_breakdown_figure(steps))
-    charts = "".join(
-        fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, default_width="100%")
-        for i, fig in enumerate(figures)
-    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Parallax sweep {sweep_id}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2rem;max-width:1200px}}pre{{background:#f6f6f6;padding:1rem}}</style>
+<style>{REPORT_CSS}</style>
 </head><body><h1>Strategy sweep {sweep_id}</h1>
 <p><b>{html.escape(strategy_advice(table))}</b></p>
-<pre>{html.escape(format_table(table))}</pre>
+{report_frame(table).to_html(index=False)}
+{"".join(f"<p>{html.escape(line)}</p>" for line in energy_reasons(table))}
 <p>Time to target: wall time until validation accuracy first reached {target_acc:.0%}.</p>
 <p>{html.escape(ESTIMATE_ERROR_NOTE)}</p>
 {"".join(f"<p>{html.escape(line)}</p>" for line in filter(None, [mfu_note(table), no_breakdown]))}
@@ -255,4 +262,4 @@ def sweep_html(engine, sweep_id: int, *, target_acc: float = 0.9) -> str:
 {(f"<h3>{HYPOTHETICAL_HEADING}</h3>" + forecast_display(hypothetical(forecast.table)).to_html(index=False))
  if not hypothetical(forecast.table).empty else ""}
 {"".join(f"<p>{html.escape(line)}</p>" for line in [*forecast.notes, *forecast.assumptions])}
-{charts}</body></html>"""
+{charts_html(figures)}</body></html>"""

@@ -42,9 +42,9 @@ def rank_times(run_epochs: pd.DataFrame, key: str) -> None:
                    f"{efficiency.STRAGGLER_SLOWER:.0%} slower than the median rank for "
                    f"{efficiency.STRAGGLER_EPOCHS} epochs running; the other ranks wait for it in every collective.",
                    icon=":material/hourglass_bottom:")
-    chart_col, table_col = st.columns([3, 2])
-    chart_col.plotly_chart(efficiency.rank_times_figure(ranks), key=key)
-    table_col.dataframe(efficiency.rank_table(ranks), hide_index=True)
+    # The table under the chart, not beside it: beside it, its six columns were cut at 1,400 px.
+    st.plotly_chart(efficiency.rank_times_figure(ranks), key=key)
+    st.dataframe(efficiency.rank_table(ranks), hide_index=True, width="content")
 
 
 def memory_breakdown(epochs: pd.DataFrame, labels: dict[int, str], key: str) -> None:

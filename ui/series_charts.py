@@ -29,10 +29,11 @@ MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: l
 
 STEP_TITLES = {"train_loss": ("Training loss per step", "loss"),
                "images_per_s": ("Throughput per step", "images/s (global batch)")}
-# What each system chart shows, and of which devices: (title, y axis, kinds of device).
+# What each system chart shows, and of which devices: (title, y axis, kinds of device). What a line
+# measures goes under the title: an axis title longer than the chart is tall runs into the title.
 SYSTEM_CHARTS = {
-    "cpu_pct": ("CPU utilisation", "% (host: of all cores; ranks: of one core)", ("host", "process")),
-    "memory_mb": ("Memory", "MB (host used, ranks' resident, GPUs' used)", ("host", "process", "gpu")),
+    "cpu_pct": ("CPU utilisation<br><sup>host: % of all cores; ranks: % of one core</sup>", "%", ("host", "process")),
+    "memory_mb": ("Memory<br><sup>host: used; ranks: resident; GPUs: used</sup>", "MB", ("host", "process", "gpu")),
     "util_pct": ("GPU utilisation", "%", ("gpu",)),
     "power_w": ("GPU power", "W", ("gpu",)),
 }

@@ -102,9 +102,9 @@ class Visitor:
         launch_button = page.get_by_test_id("stBaseButton-primary").filter(has_text="Launch")
         launch_button.wait_for(timeout=UI_MS)
         self.choose("timm model", "test_resnet")
-        if strategy != "single":
-            page.get_by_test_id("stRadio").get_by_text(strategy, exact=True).click()
-            self.wait_idle()
+        # Always picked: the form starts from this session's last launch, which may be another strategy.
+        page.get_by_test_id("stRadio").get_by_text(strategy, exact=True).click()
+        self.wait_idle()
         self.set_number("Epochs", epochs)
         per_device = {"single": "One device takes all 128 images per step.",
                       "ddp": "Global batch: each of the 2 processes takes 64 images per step."}[strategy]

@@ -16,14 +16,22 @@ The profiler never fails the run: a first epoch that ends before the window keep
 ``--profile-wait`` past the epoch's end, which preflight refuses where it can count the steps), or
 a profiler that fails to export, leaves a summary that says why (``skipped``) and no trace, and the
 run trains on; only a full disk ends it, as it ends every writer of the run's files.
+
+An ERROR line in a run's log means an error, so two lines torch prints on every profiled CPU run
+are kept out of it (see ``_quiet_profiler_lines``): Kineto's "gpuGetDeviceCount failed with code 35"
+(it asks for GPU properties on a machine without a CUDA driver) and c10's "Memory block of unknown
+size was allocated before the profiling started" (a block from before the window freed inside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -46,6 +54,12 @@ HOST_COMM_MARKERS = ("c10d::", "c10d_functional::", "gloo:", "nccl:", "allreduce
 DEVICE_COMM_PREFIXES = ("nccl",)
 DEVICE_COMM_MARKERS = ("memcpy ptop",)
 LARGE_TRACE_BYTES = 50 * 2**20
+# What Kineto prints when it reads GPU properties for the trace where no CUDA driver answers (code
+# 35, cudaErrorInsufficientDriver): on such a machine there are no GPU properties to read.
+NO_CUDA_DRIVER_LINE = "gpuGetDeviceCount failed"
+C10_LOG_ERROR = 2  # c10's severities: INFO 0, WARNING 1, ERROR 2, FATAL 3
+QUIET_NOTE = ("profiler: torch's 'Memory block of unknown size' warning{cuda} left out of this log: "
+              "not errors (see trainer_backend/telemetry/profiling.py)")
 
 
 class StepProfiler:
@@ -68,8 +82,14 @@ class StepProfiler:
         )
         self._steps = 0
         self.done = False
+        self._c10_level: int | None = None
+        self._no_driver = not torch.cuda.is_available()
 
     def start(self) -> None:
+        self._c10_level = _raise_c10_log_level()
+        if self.rank == 0:
+            cuda = " and Kineto's 'gpuGetDeviceCount failed' line (no CUDA driver here)" if self._no_driver else ""
+            print(QUIET_NOTE.format(cuda=cuda), flush=True)
         self._prof.start()
 
     def range(self, name: str):
@@ -81,7 +101,8 @@ class StepProfiler:
         if self.done:
             return
         self._steps += 1
-        self._prof.step()
+        with _quiet_profiler_lines(drop_no_driver=self._no_driver):
+            self._prof.step()  # the window's last step stops the trace: Kineto then reads GPU properties
         if self._steps >= self.window:
             self.finish()
 
@@ -99,9 +120,12 @@ class StepProfiler:
         self.done = True
         skipped = None
         try:
-            self._prof.stop()
+            with _quiet_profiler_lines(drop_no_driver=self._no_driver):
+                self._prof.stop()
         except Exception as exc:  # torch's own state machine: what it raises is not the run's business
             skipped = f"the profiler failed to stop ({type(exc).__name__}: {exc})"
+        finally:
+            _restore_c10_log_level(self._c10_level)
         if skipped is None and self._steps < self.first_active_step:
             # torch.profiler has no trace before its first active step (export_chrome_trace asserts).
             skipped = (f"the first epoch ended after {self._steps} steps, before the profiled window's first "
@@ -149,6 +173,64 @@ class StepProfiler:
         except BaseException:
             (self.out_dir / f"rank{self.rank}.json.gz").unlink(missing_ok=True)  # no trace without its summary
             raise
+
+
+def _c10_log_level_flag() -> ctypes.c_int | None:
+    """c10's log threshold (``FLAGS_caffe2_log_level``, what TORCH_CPP_LOG_LEVEL sets at start), or
+    None where this torch build does not export it."""
+    try:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+        return ctypes.c_int.in_dll(library, "FLAGS_caffe2_log_level")
+    except (OSError, ValueError):
+        return None
+
+
+def _raise_c10_log_level() -> int | None:
+    """For the profiled window only, c10 logs errors and not warnings; returns the level it had.
+
+    With ``profile_memory`` on, c10's CPU allocator logs "Memory block of unknown size was allocated
+    before the profiling started" (every 1,000th time) when a block from before the window is freed
+    inside it: a parameter's gradient, a batch. It is not an error (the op table counts what the
+    window allocates), c10 has no switch for one message, and its log threshold is read on every
+    message: the window's few steps run at ERROR, and the level is put back when it ends."""
+    flag = _c10_log_level_flag()
+    if flag is None or flag.value >= C10_LOG_ERROR:
+        return None
+    level, flag.value = flag.value, C10_LOG_ERROR
+    return level
+
+
+def _restore_c10_log_level(level: int | None) -> None:
+    flag = _c10_log_level_flag()
+    if level is not None and flag is not None:
+        flag.value = level
+
+
+@contextlib.contextmanager
+def _quiet_profiler_lines(*, drop_no_driver: bool):
+    """This process's stderr (the file descriptor: Kineto writes from C++) goes to a temporary file
+    while the profiler stops, and comes back without Kineto's "gpuGetDeviceCount failed" line where
+    no CUDA driver is present (``drop_no_driver``); every other line is kept, in order. Only the
+    profiler's own step and stop are covered: no process starts then, so none keeps the temporary
+    file as its stderr."""
+    if not drop_no_driver:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True)
+                    if NO_CUDA_DRIVER_LINE.encode() not in line]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def phase_ranges(profiler: StepProfiler | None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 
 import pytest
 
@@ -26,15 +27,32 @@ STRATEGIES = {
 
 
 @pytest.fixture(scope="module")
-def profiled(home):
+def profiled_output(home):
+    """Each strategy's run id and what its processes printed (what a launched run's log holds)."""
     runs = {}
     for name, flags in STRATEGIES.items():
         # One epoch of 12 steps holds the whole window (wait 1, warmup 1, active 2).
         result = run_cli("run", "--model", "test_resnet", "--image-size", "16", "--epochs", "1", "--profile", "--profile-active", "2",
                          *flags, home=home)
         assert result.returncode == 0, result.stdout + result.stderr
-        runs[name] = int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1])
+        runs[name] = (int(result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]), result.stdout + result.stderr)
     return runs
+
+
+@pytest.fixture(scope="module")
+def profiled(profiled_output):
+    return {name: run_id for name, (run_id, _) in profiled_output.items()}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_profiled_cpu_run_logs_no_error_line(profiled_output, strategy):
+    """An ERROR line in a log means an error: torch's harmless profiler lines on CPU are left out,
+    and the log says so."""
+    _, output = profiled_output[strategy]
+    assert not [line for line in output.splitlines() if "ERROR" in line], output
+    assert "Memory block of unknown size was allocated" not in output
+    assert "gpuGetDeviceCount failed with code" not in output
+    assert "'Memory block of unknown size' warning and Kineto's 'gpuGetDeviceCount failed' line" in output
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -152,3 +170,16 @@ def test_gloo_collectives_are_read_from_the_host_where_no_gpu_ran():
     host_only += [event("gloo:all_reduce", 55, 75), event("c10d::allreduce_", 54, 60)]
     [row] = step_breakdown(host_only)
     assert row["communication_ms"] == pytest.approx(0.021)  # union of 54-75 (and the 1 µs nccl: launch inside)
+
+
+@pytest.mark.parametrize("no_driver", [True, False])
+def test_only_kinetos_no_driver_line_is_dropped_and_only_without_a_driver(capfd, no_driver):
+    from trainer_backend.telemetry.profiling import _quiet_profiler_lines
+
+    lines = [b"ERROR:2026 DeviceProperties.cpp:56] gpuGetDeviceCount failed with code 35\n",
+             b"ERROR: a real error\n", b"warning: something else\n"]
+    with _quiet_profiler_lines(drop_no_driver=no_driver):
+        for line in lines:
+            os.write(2, line)
+    kept = capfd.readouterr().err
+    assert kept == b"".join(lines[1:] if no_driver else lines).decode()
