@@ -34,7 +34,7 @@ SORTS = {
 
 # Shown first, in this order: at 1,400 px the table shows about eight columns before it scrolls, and
 # these say which run is which and how it did; the rest follow in the frame's order.
-LEAD_COLUMNS = ("run", "status", "strategy", "devices", "model", "best val acc", "mean images/s", "tags")
+LEAD_COLUMNS = ("run", "status", "strategy", "devices", "model", BEST_VAL_ACC_LABEL, IMAGES_PER_S_LABEL, "tags")
 
 
 def dataset_name(dataset: str) -> str:
