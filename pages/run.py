@@ -15,7 +15,7 @@ from db.lifecycle import ACTIVE_STATUSES
 from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel
 from reports import scaling
-from ui import charts, confusion, downloads, efficiency_views, live, series_charts, state, widgets
+from ui import charts, confusion, downloads, efficiency_views, live, live_feed, series_charts, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -137,8 +137,11 @@ def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
 
 
 def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[list[tuple[str, object]], list[str]]:
-    """The step and system figures (key, figure) from downsampled rows, and a line per missing chart."""
-    steps = series_charts.steps_frame(series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
+    """The step and system figures (key, figure) from downsampled rows, and a line per missing chart. While
+    the run is active its step charts are the live ones (``live_steps``): only the system charts are built."""
+    active = run.status in ACTIVE_STATUSES
+    steps = series_charts.steps_frame(
+        [] if active else series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
     system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS),
                                         {run.id: run.hosts})
     marks = series_charts.epoch_marks(epochs, steps)
@@ -147,7 +150,7 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     figures += [(f"system_{metric}", series_charts.system_figure(system, metric, marks))
                 for metric in series_charts.system_charts_for(system)]
     devices = [str(device) for device in run.config.get("devices", [])]
-    return figures, series_charts.missing_series(devices, run.status in ACTIVE_STATUSES, steps, system)
+    return figures, series_charts.missing_series(devices, active, steps, system)
 
 
 def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
@@ -177,6 +180,14 @@ def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
         columns[i % 2].plotly_chart(figure, key=key)
     for line in drawn["missing"]:
         st.caption(line)
+
+
+def live_steps(run: store.RunRecord) -> None:
+    """While the run is active: its loss and images/s per step, drawn in the browser from the first recorded
+    step and grown every second from the server's live route (ui/live_feed.py), with no rerun of the page.
+    The document is the same on every rerun, so the browser keeps it and its charts."""
+    if run.status in ACTIVE_STATUSES:
+        st.iframe(live_feed.feed_html(run.id), height=live_feed.FEED_HEIGHT_PX)
 
 
 def show_per_class(run: store.RunRecord) -> None:
@@ -276,6 +287,7 @@ show_messages(run)
 show_epochs(run, epochs)
 show_per_class(run)
 last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
+live_steps(run)
 st.fragment(live_series, run_every=live.series_refresh_s(active, last_epoch_s))(run, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
