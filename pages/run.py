@@ -5,6 +5,7 @@ error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 import pandas as pd
 import streamlit as st
@@ -69,7 +70,11 @@ def drawn_from(run: store.RunRecord, epochs_done: int) -> tuple:
     return run.status, len(run.notes), epochs_done
 
 
-def live_progress(run_id: int, drawn: tuple, drawn_at: float) -> None:
+def age_s(run: store.RunRecord) -> float:
+    return (datetime.now(timezone.utc) - run.created_at).total_seconds()
+
+
+def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float | None = None) -> None:
     """The progress bars: a fragment with a timer while the run is active. A tick costs a few
     indexed queries, whatever the run's length, and sends two progress bars.
 
@@ -85,6 +90,8 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float) -> None:
     now = drawn_from(run, epochs_done)
     if live.redraw_due(now[:2] != drawn[:2], now[2] != drawn[2], drawn_at):
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
+    if refresh_s is not None and live.progress_refresh_s(run.status, age_s(run)) != refresh_s:
+        st.rerun()  # a run queued past the quick look: the full run declares the slower timer
     widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
 
@@ -281,8 +288,9 @@ epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 show_head(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
-st.fragment(live_progress, run_every=live.REFRESH_S if active else None)(
-    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic())
+progress_s = live.progress_refresh_s(run.status, age_s(run))
+st.fragment(live_progress, run_every=progress_s)(
+    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic(), progress_s)
 show_messages(run)
 show_epochs(run, epochs)
 show_per_class(run)

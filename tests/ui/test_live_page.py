@@ -224,3 +224,28 @@ def test_step_charts_tick_on_their_own_only_while_epochs_outlast_the_pages_redra
     assert live.series_refresh_s(True, 10 * live.EPOCH_REDRAW_S) == live.SERIES_REFRESH_S
     assert live.series_refresh_s(True, live.EPOCH_REDRAW_S / 5) is None  # the page's redraws draw them
     assert live.series_refresh_s(False, 10 * live.EPOCH_REDRAW_S) is None  # ended: nothing moves
+
+
+def test_a_run_just_launched_is_watched_every_second_while_it_is_queued_then_as_any_other():
+    assert live.progress_refresh_s("queued", 0.5) == live.QUEUED_REFRESH_S == 1
+    assert live.progress_refresh_s("queued", live.QUEUED_FAST_FOR_S + 1) == live.REFRESH_S  # waits for busy devices
+    assert live.progress_refresh_s("running", 0.5) == live.REFRESH_S
+    assert live.progress_refresh_s("completed", 0.5) is None
+
+
+def test_a_queued_runs_page_redraws_when_it_starts_or_when_the_quick_look_is_over(parallax_home, engine, monkeypatch):
+    config = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "devices": ["cpu"], "epochs": 3}
+    run_id = store.create_run(engine, config, status="queued")
+    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+    at = open_run_page(run_id)
+    tick(at)
+    assert not at.exception, at.exception
+    assert not at.title  # still queued, and young: the fragment alone ran
+    monkeypatch.setattr(live, "QUEUED_FAST_FOR_S", 0.0)
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{run_id}"]  # the whole page: it declares the slower timer
+    tick(at)
+    assert not at.title  # and then ticks quietly
+    lifecycle.claim(engine, run_id)
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{run_id}"]  # started: the whole page, at once

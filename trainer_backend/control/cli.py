@@ -384,6 +384,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from db import make_engine
+    from db.settings import database_url
+    from trainer_backend.worker.liveness import claim_if_free
+
+    # Before the engine's imports (seconds of CPU): a run whose devices are free leaves the queue now.
+    claim_if_free(make_engine(database_url(args.db)), args.run_id)
     with engine_imports():
         from trainer_backend.worker.runner import work
 
