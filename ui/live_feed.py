@@ -161,14 +161,16 @@ async function draw() {
   }
 }
 
+let covered = 0;  // every step recorded up to here is in ``points`` (as itself or in a bucket's mean)
+
 function take(d) {
   if (d.whole) for (const name in points) points[name] = [];
   for (const name in points) points[name].push(...d.points[name]);
   // A whole run comes as bucket means, each at its bucket's first step: carry on after the run's last step.
-  if (d.whole) after = d.last_step;
-  else if (points.step.length) after = points.step[points.step.length - 1];
+  if (d.whole) covered = d.last_step;
+  else if (points.step.length) covered = points.step[points.step.length - 1];
   // Past twice a chart's points: ask for the whole run again, downsampled by the server.
-  if (points.step.length > 2 * S.max_points) after = 0;
+  after = points.step.length > 2 * S.max_points ? 0 : covered;
   return d.points.step.length > 0 || d.whole;
 }
 
@@ -183,6 +185,7 @@ async function poll() {
         const d = await answer.json();
         document.getElementById("state").textContent = stateText(d);
         if (take(d)) await draw();
+        window.drawnUpTo = covered;  // every step recorded up to here is on the charts (for tests, benchmarks)
         ended = S.terminal.includes(d.status);  // ended: the page draws its final charts
       }
     } catch (e) { /* the server restarting: try again at the next poll */ }
@@ -191,6 +194,7 @@ async function poll() {
   if (!ended) timer = setTimeout(poll, S.poll_ms);
 }
 
+loadPlotly();  // now, while the run starts: its first point is then drawn as soon as it comes
 document.addEventListener("visibilitychange", () => {
   if (document.visibilityState === "visible" && !busy && !ended) { clearTimeout(timer); poll(); }
 });
