@@ -28,8 +28,7 @@ from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_P
 def show_dashboard() -> None:
     """One run of the page script: the checks every page is behind, the navigation, the page asked for."""
     st.set_page_config(page_title="Parallax", page_icon=":material/stacks:", layout="wide")
-    # A local training tool: the toolbar's "Deploy" (to Streamlit's cloud) only confuses.
-    st.set_option("client.toolbarMode", "viewer")
+    # No "Deploy" in the toolbar: .streamlit/config.toml's client.toolbarMode (set here, it came too late).
 
     # Before any page: only requests for this dashboard's own host names, and only after a login where one is
     # configured or the address is reachable from other machines (ui/auth.py).

@@ -18,6 +18,12 @@ these and this process):
    landed while it was watched;
 4. the run is cancelled, and one tab settles (as in 2.) on its finished page.
 
+Latency, beside the cost: from the launch, this process polls the run's row and its step points every
+0.1 s with a tab open on the run's page, for when the run leaves the queue (running), when its first step
+point is recorded, and when the page has drawn it (the live charts' ``drawnUpTo``: every step recorded
+up to it is on the charts). After each watched window, for another window, each step point recorded is
+timed from when this process first saw it in the database to when the watching tab had drawn it.
+
     python bench/watch_cost.py                  # 5 pairs of 40 s windows
     python bench/watch_cost.py --repeats 3 --window 30
     python bench/watch_cost.py --quick          # test_resnet, one pair of 3 s windows
@@ -39,7 +45,7 @@ from bench.common import engine_command, parallax_home, parse_args, run_id_from,
 from bench.machine import CpuShare, process_tree_cpu_s  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
-from ui import live  # noqa: E402
+from ui import live, live_feed  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SETTLE_S = 3.0
@@ -48,6 +54,10 @@ PAGE_MS = 120_000
 
 
 KINDS = ("no tab", "Launch tab", "unwatched", "watched", "finished run tab")
+POLL_S = 0.1
+LATENCY_MIN_S = 12.0
+# What the watching tab has drawn: every step up to this one (ui/live_feed.py), 0 before the first.
+DRAWN_UP_TO = "() => window.drawnUpTo || 0"
 
 
 def add_window(parser) -> None:
@@ -70,6 +80,75 @@ class Watch:
 
     def follow(self, engine, run_id: int) -> None:
         self.engine, self.run_id = engine, run_id
+        self.latencies_s: list[float] = []
+        self.start: dict[str, float] = {}
+
+    def recorded_step(self) -> int:
+        from db import series
+
+        return series.last_step(self.engine, [self.run_id])[self.run_id]
+
+    @staticmethod
+    def drawn_step(page) -> int:
+        """The last step the page's live charts hold (0 before they are there)."""
+        for frame in page.frames[1:]:
+            try:
+                return int(frame.evaluate(DRAWN_UP_TO))
+            except Exception:  # a frame still loading, or not the live charts'
+                continue
+        return 0
+
+    def watch_start(self, launched_at: float, timeout_s: float = 300) -> None:
+        """A tab on the run's page from its launch: seconds from the launch to the run leaving the queue, its
+        first step point recorded, and that point drawn on the page."""
+        from db import store
+
+        page = self.browser.new_page(viewport={"width": 1400, "height": 1600})
+        try:
+            page.set_default_timeout(PAGE_MS)
+            page.goto(f"{self.url}/run?run={self.run_id}", wait_until="commit")  # polls start while it loads
+            deadline = time.monotonic() + timeout_s
+            while len(self.start) < 3:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"run {self.run_id}: only {sorted(self.start)} within {timeout_s:.0f} s")
+                now = time.perf_counter() - launched_at
+                if "running" not in self.start and store.get_run(self.engine, self.run_id).status != "queued":
+                    self.start["running"] = now
+                if "recorded" not in self.start and self.recorded_step() > 0:
+                    self.start["recorded"] = now
+                if "recorded" in self.start and "drawn" not in self.start and self.drawn_step(page) > 0:
+                    self.start["drawn"] = now
+                page.wait_for_timeout(POLL_S * 1000)
+        finally:
+            page.close()
+        self.server_idle()
+
+    def server_idle(self) -> None:
+        """Until a second in which the server used under SETTLED_CORES (a closed tab's last rerun is over), or
+        SETTLE_MAX_S."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        while time.monotonic() < deadline:
+            before = process_tree_cpu_s(self.server_pid)
+            time.sleep(1.0)
+            if process_tree_cpu_s(self.server_pid) - before < SETTLED_CORES:
+                return
+
+    def time_points(self, page, window_s: float) -> None:
+        """For ``window_s`` (at least LATENCY_MIN_S: points are written a few seconds' worth at a time): each step
+        point recorded, from when this process saw it to when the page drew it."""
+        window_s = max(window_s, LATENCY_MIN_S)
+        seen: dict[int, float] = {}
+        known = self.recorded_step()
+        end = time.monotonic() + window_s
+        while time.monotonic() < end or (seen and time.monotonic() < end + 10):
+            if time.monotonic() < end and (step := self.recorded_step()) > known:
+                seen[step], known = time.perf_counter(), step
+            drawn = self.drawn_step(page)
+            for step in [s for s in seen if s <= drawn]:
+                self.latencies_s.append(time.perf_counter() - seen.pop(step))
+            page.wait_for_timeout(POLL_S * 1000)
+        if seen:
+            raise RuntimeError(f"steps {sorted(seen)} were recorded but not drawn within 10 s")
 
     def last_epoch(self) -> int:
         from db import store
@@ -163,6 +242,7 @@ class Watch:
             shown = self.last_epoch()
             page.wait_for_timeout(SETTLE_S * 1000)
             self.measure("watched", window_s, page)
+            self.time_points(page, window_s)
             # The charts stayed on the page between ticks, and were redrawn as epochs landed: the
             # loss chart has one training-loss marker per recorded epoch.
             charts = page.locator(EPOCH_CHARTS)
@@ -230,10 +310,14 @@ def main() -> None:
                         watch.print_last("no tab", f"no tab #{repeat}")
                         watch.settled_tab("Launch tab", "/", "Launch a run", window_s)
                         watch.print_last("Launch tab", f"Launch tab #{repeat}")
+                    launched_at = time.perf_counter()
                     launched = run_timed(engine_command("launch", "--dataset", "digits", "--batch-size", "128",
                                                         *run_flags(args.quick), "--tags", "bench"))
                     run_id = run_id_from(launched.stdout)
                     watch.follow(engine, run_id)
+                    watch.watch_start(launched_at)
+                    print(f"  from the launch: running {watch.start['running']:.2f} s, first point recorded "
+                          f"{watch.start['recorded']:.2f} s, drawn {watch.start['drawn']:.2f} s", flush=True)
                     watch.wait_for_epoch(1)  # the first epoch carries start-up costs
                     for repeat in range(1, args.repeats + 1):
                         watch.measure("unwatched", window_s)
@@ -256,7 +340,29 @@ def main() -> None:
                 cancel(run_id, db_url=db_url)
             engine.dispose()
     add_figures(report, watch.windows, epochs, epoch_times_s)
+    add_latency(report, watch.start, watch.latencies_s)
     report.finish(args)
+
+
+def add_latency(report: Report, start: dict[str, float], latencies_s: list[float]) -> None:
+    report.add("a recorded step point drawn on the watching page, after it was recorded", latencies_s, unit=" s",
+               target=at_most(2.0))
+    report.add("launch to the run leaving the queue (an idle machine)", [start["running"]], unit=" s",
+               headline=False)
+    report.add("launch to its first step point recorded", [start["recorded"]], unit=" s", headline=False)
+    report.add("its first step point recorded to drawn on a tab opened at the launch",
+               [start["drawn"] - start["recorded"]], unit=" s", target=at_most(2.0), headline=False)
+    report.note("Latency and cost side by side: the live step charts are fed by a route the page's own document "
+                f"asks every {live_feed.POLL_S:g} s for the points after the last one it holds (two index seeks, "
+                "no Streamlit rerun), so they cost the server little whatever the cadence; a point is recorded a "
+                "few seconds' worth at a time (the run's first at once), and the latency counts from when this "
+                f"process saw it in the database (polled every {POLL_S:g} s: up to that much later than it was "
+                "written).")
+    report.note("Where an idle machine's queue wait went (launch to running, 4.4 s on 2 cores before): the "
+                "launched worker imported torch, timm and the engine (3.9 s) before it claimed the run. It now "
+                "claims it first, then imports: the run holds its devices while it imports, and the page shows it "
+                "running. Launch to first step is unchanged by that (bench/launch_latency.py); its page ticks "
+                f"every {live.QUEUED_REFRESH_S} s while it is queued, for its first {live.QUEUED_FAST_FOR_S} s.")
 
 
 def add_figures(report: Report, windows: dict[str, list[dict]], epochs: dict[int, float],

@@ -136,6 +136,30 @@ def last_points(engine: Engine, run_id: int) -> tuple[int, int]:
     return int(found[0] or 0), int(found[1] or 0)
 
 
+def read_steps_after(engine: Engine, run_id: int, after_step: int, *, limit: int) -> list[dict[str, Any]]:
+    """The run's step points after step ``after_step`` (``STEP_FIELDS``), by step, at most ``limit``: one
+    range seek in the (run_id, step) index, so that a live page can ask for what is new every second."""
+    fields = [getattr(StepMetric, name) for name in STEP_FIELDS]
+    statement = (select(*fields).where(StepMetric.run_id == run_id, StepMetric.step > after_step)
+                 .order_by(StepMetric.step).limit(limit))
+    with session_scope(engine) as session:
+        return [row._asdict() for row in session.execute(statement)]
+
+
+def live_state(engine: Engine, run_id: int) -> dict[str, Any] | None:
+    """What a live page shows beside the new points, in one query: the run's status, its progress (epoch, step
+    of total) and its last recorded step; None for no such run."""
+    last = select(func.max(StepMetric.step)).where(StepMetric.run_id == run_id).scalar_subquery()
+    statement = select(Run.status, Run.progress_epoch, Run.progress_step, Run.progress_total_steps,
+                       last.label("last_step")).where(Run.id == run_id)
+    with session_scope(engine) as session:
+        row = session.execute(statement).one_or_none()
+    if row is None:
+        return None
+    return {"status": row.status, "epoch": row.progress_epoch, "step": row.progress_step,
+            "total_steps": row.progress_total_steps, "last_step": int(row.last_step or 0)}
+
+
 def _read_each(engine: Engine, run_ids: Iterable[int], max_points: int | None, read_of) -> list[dict[str, Any]]:
     """``read_of(session, run_id, max_points)`` for each run (once each, in order), in one session."""
     _check_max_points(max_points)

@@ -5,6 +5,7 @@ error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 import pandas as pd
 import streamlit as st
@@ -17,7 +18,8 @@ from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import charts, confusion, downloads, efficiency_views, launch_memory, live, options, series_charts, state, widgets
+from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, series_charts,
+                state, widgets)
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -88,7 +90,11 @@ def drawn_from(run: store.RunRecord, epochs_done: int) -> tuple:
     return run.status, len(run.notes), epochs_done
 
 
-def live_progress(run_id: int, drawn: tuple, drawn_at: float) -> None:
+def age_s(run: store.RunRecord) -> float:
+    return (datetime.now(timezone.utc) - run.created_at).total_seconds()
+
+
+def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float | None = None) -> None:
     """The progress bars: a fragment with a timer while the run is active. A tick costs a few
     indexed queries, whatever the run's length, and sends two progress bars.
 
@@ -104,6 +110,8 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float) -> None:
     now = drawn_from(run, epochs_done)
     if live.redraw_due(now[:2] != drawn[:2], now[2] != drawn[2], drawn_at):
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
+    if refresh_s is not None and live.progress_refresh_s(run.status, age_s(run)) != refresh_s:
+        st.rerun()  # a run queued past the quick look: the full run declares the slower timer
     widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
 
@@ -178,8 +186,11 @@ def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
 
 
 def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[list[tuple[str, object]], list[str]]:
-    """The step and system figures (key, figure) from downsampled rows, and a line per missing chart."""
-    steps = series_charts.steps_frame(series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
+    """The step and system figures (key, figure) from downsampled rows, and a line per missing chart. While
+    the run is active its step charts are the live ones (``live_steps``): only the system charts are built."""
+    active = run.status in ACTIVE_STATUSES
+    steps = series_charts.steps_frame(
+        [] if active else series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
     system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS),
                                         {run.id: run.hosts})
     marks = series_charts.epoch_marks(epochs, steps)
@@ -188,7 +199,7 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     figures += [(f"system_{metric}", series_charts.system_figure(system, metric, marks))
                 for metric in series_charts.system_charts_for(system)]
     devices = [str(device) for device in run.config.get("devices", [])]
-    return figures, series_charts.missing_series(devices, run.status in ACTIVE_STATUSES, steps, system)
+    return figures, series_charts.missing_series(devices, active, steps, system)
 
 
 def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
@@ -218,6 +229,14 @@ def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
         columns[i % 2].plotly_chart(figure, key=key)
     for line in drawn["missing"]:
         st.caption(line)
+
+
+def live_steps(run: store.RunRecord) -> None:
+    """While the run is active: its loss and images/s per step, drawn in the browser from the first recorded
+    step and grown every second from the server's live route (ui/live_feed.py), with no rerun of the page.
+    The document is the same on every rerun, so the browser keeps it and its charts."""
+    if run.status in ACTIVE_STATUSES:
+        st.iframe(live_feed.feed_html(run.id), height=live_feed.FEED_HEIGHT_PX)
 
 
 def show_per_class(run: store.RunRecord) -> None:
@@ -317,12 +336,14 @@ show_head(run)
 launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
-st.fragment(live_progress, run_every=live.REFRESH_S if active else None)(
-    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic())
+progress_s = live.progress_refresh_s(run.status, age_s(run))
+st.fragment(live_progress, run_every=progress_s)(
+    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic(), progress_s)
 show_messages(run)
 show_epochs(run, epochs)
 show_per_class(run)
 last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
+live_steps(run)
 st.fragment(live_series, run_every=live.series_refresh_s(active, last_epoch_s))(run, epochs)
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))

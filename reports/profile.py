@@ -71,15 +71,21 @@ def check_profile_dir(directory: Path) -> None:
             return
 
 
+def trace_file_name(run_id: int, rank: int) -> str:
+    """A rank's trace file, named by its run: traces of several runs kept in one folder stay apart."""
+    return f"parallax-run-{run_id}-trace-rank{rank}.json.gz"
+
+
 def write_profile_dir(engine, run_id: int, directory: Path) -> list[Path]:
-    """Write trace-rank<R>.json.gz, ops.csv and report.html into ``directory``; returns the paths."""
+    """Write parallax-run-<N>-trace-rank<R>.json.gz, ops.csv and report.html into ``directory``; returns the
+    paths."""
     check_profile_dir(directory)
     ops, _ = load_profile(engine, run_id)
     written = []
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for trace in profiles.list_traces(engine, run_id):
-            path = directory / f"trace-rank{trace['rank']}.json.gz"
+            path = directory / trace_file_name(run_id, trace["rank"])
             write_export(path, profiles.read_trace(engine, run_id, trace["rank"]), "profile trace")
             written.append(path)
         for name, data in (("ops.csv", ops_csv(ops)), ("report.html", report_html(engine, run_id).encode())):

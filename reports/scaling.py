@@ -201,7 +201,10 @@ def metrics_csv(runs: list[dict[str, Any]], epochs: pd.DataFrame) -> str:
         for run in runs
     ], columns=["run_id", "strategy", "model", "dataset", "devices"])
     table = described.merge(epochs, on="run_id", how="inner")
-    table["peak_memory_mb"] = table["peak_memory_mb"].map(lambda mb: json.dumps(mb or {}, sort_keys=True))
+    # Nested cells as JSON (double quotes, null), which any program reads back; str() would write Python's.
+    for column in ("peak_memory_mb", "extra"):
+        if column in table:
+            table[column] = table[column].map(lambda value: json.dumps(value or {}, sort_keys=True))
     return frame_for_csv(table).to_csv(index=False)
 
 

@@ -29,6 +29,20 @@ SERIES_REFRESH_S = 10
 EPOCH_REDRAW_S = 30
 
 
+# A run just launched is watched for the moment it leaves the queue: on an idle machine its worker claims it
+# within a second. Its page ticks this often while it is queued, for at most QUEUED_FAST_FOR_S after it was
+# created (a run that waits for busy devices then ticks every REFRESH_S, as any other).
+QUEUED_REFRESH_S = 1
+QUEUED_FAST_FOR_S = 30
+
+
+def progress_refresh_s(status: str, age_s: float) -> float | None:
+    """The progress fragment's timer for a run in ``status``, created ``age_s`` ago: none once it has ended."""
+    if status not in ("queued", "running"):
+        return None
+    return QUEUED_REFRESH_S if status == "queued" and age_s < QUEUED_FAST_FOR_S else REFRESH_S
+
+
 def redraw_due(state_changed: bool, epochs_changed: bool, drawn_at: float) -> bool:
     """Whether the page drawn at ``drawn_at`` (``time.monotonic()``) must run again: at once for a
     new status or note, and for new epochs once ``EPOCH_REDRAW_S`` have passed."""

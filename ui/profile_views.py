@@ -8,6 +8,7 @@ import streamlit as st
 
 from db import profiles
 
+from reports.profile import trace_file_name
 from reports.profile_charts import step_breakdown_figure
 
 HOW_TO_PROFILE = ("Profile a run by switching on **Profile the first steps (torch.profiler)** on the Launch page, "
@@ -36,7 +37,7 @@ def trace_downloads(engine, run_id: int) -> None:
         columns[i % len(columns)].download_button(
             f"Trace of rank {rank} ({trace['gzip_bytes'] / 2**20:.1f} MB gzipped)",
             data=lambda rank=rank: profiles.read_trace(engine, run_id, rank),
-            file_name=f"trace-rank{rank}.json.gz", mime="application/gzip",
+            file_name=trace_file_name(run_id, rank), mime="application/gzip",
             on_click="ignore", icon=":material/download:", key=f"trace_{run_id}_{rank}",
         )
     st.caption("Each trace opens in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing` "

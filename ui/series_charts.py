@@ -37,6 +37,8 @@ SYSTEM_CHARTS = {
     "util_pct": ("GPU utilisation", "%", ("gpu",)),
     "power_w": ("GPU power", "W", ("gpu",)),
 }
+# Fewer points than this are drawn with markers (a line of one point is an empty frame).
+FEW_POINTS = 30
 X_TITLES = {"t_s": "Time since the run started (s)", "step": "Step"}
 # The share of a core a watched run's step and system charts may keep busy: a rebuild that took
 # B seconds waits B / REBUILD_SHARE seconds for the next (20 ms: every tick; 0.3 s, for a run of
@@ -140,6 +142,11 @@ def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(marks, columns=list(MARK_COLUMNS))
 
 
+def line_mode(points: int) -> str:
+    """A line alone draws nothing for one point: a short series gets its markers too."""
+    return "lines+markers" if points < FEW_POINTS else "lines"
+
+
 def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = None) -> go.Figure:
     """``column`` ("train_loss" or "images_per_s") over steps, with a dotted line where each epoch starts."""
     title, y_title = STEP_TITLES[column]
@@ -148,7 +155,7 @@ def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = N
         title += f"<br><sup>each point: the mean of up to {averaged:,} steps</sup>"
     figure = base_figure(title, X_TITLES["step"], y_title)
     if has_values(steps, column):
-        figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode="lines", showlegend=False,
+        figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode=line_mode(len(steps)), showlegend=False,
                            customdata=steps[["epoch", "t_s"]],
                            hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
     _mark(figure, marks, "step")
@@ -162,7 +169,7 @@ def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None 
     shown = system[system["kind"].isin(kinds)]
     for device, rows in shown.groupby("device", sort=False):
         if has_values(rows, metric):
-            figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode="lines")
+            figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode=line_mode(len(rows)))
     _mark(figure, marks, "t_s")
     return figure
 
@@ -181,7 +188,7 @@ def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system
         return ["No per-step points or system samples: this run was recorded before Parallax kept them, "
                 "or ended before its first step."]
     lines = []
-    if steps.empty:
+    if steps.empty and not active:  # while active, the live charts say they wait for the first step
         lines.append("No per-step points: the run recorded none (they are written a few seconds' worth at a time).")
     if system.empty:
         lines.append("No system samples: the run's sampler recorded none (see the run's notes).")

@@ -10,6 +10,8 @@ uvicorn: Streamlit's routes and websocket, plus what is here:
 - ``/_parallax/login`` and ``/_parallax/logout``: set and clear the login cookie (ui/login_cookie.py).
 - ``/_parallax/download/<run>/<file>?expires=...&sig=...``: a run's file, for a link a page signed,
   streamed from disk in 64 KiB chunks (ui/downloads.py).
+- ``/_parallax/live/<run>?expires=...&sig=...&after=STEP``: a running run's status and new step points, for
+  the Run page's live charts (ui/live_feed.py), and ``/_parallax/plotly.min.js``, which draws them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import re
 from typing import Any
 
-from ui import auth, downloads, login_cookie
+from ui import auth, downloads, live_feed, login_cookie
 
 CHUNK_BYTES = 64 * 1024  # a download is read and sent this much at a time, never held whole
 FRAME_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
@@ -70,7 +72,9 @@ def routes() -> list:
 
     return [Route(f"{downloads.base_path()}/_parallax/login", log_in, methods=["POST"]),
             Route(f"{downloads.base_path()}/_parallax/logout", log_out, methods=["POST"]),
-            Route(f"{downloads.base_path()}{downloads.ROUTE}/{{run_id:int}}/{{name}}", download, methods=["GET"])]
+            Route(f"{downloads.base_path()}{downloads.ROUTE}/{{run_id:int}}/{{name}}", download, methods=["GET"]),
+            Route(f"{downloads.base_path()}{live_feed.ROUTE}/{{run_id:int}}", live_points, methods=["GET"]),
+            Route(f"{downloads.base_path()}{live_feed.PLOTLY_ROUTE}", plotly_js, methods=["GET"])]
 
 
 # A header a page on another site cannot send without the browser asking first (CORS), and the dashboard
@@ -161,3 +165,34 @@ def download(request) -> Any:
     return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
         "Content-Length": str(os.fstat(handle.fileno()).st_size), "Cache-Control": "no-store",
         "Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+def live_points(request) -> Any:
+    """A run's status, progress and the step points after ``after``, for a link a Run page signed (ui/live_feed.py)."""
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    from db.settings import database_url
+    from ui.state import engine_for
+
+    if (refused := _host_refusal(request)) is not None:
+        return refused
+    run_id = request.path_params["run_id"]
+    problem = live_feed.link_problem(run_id, request.query_params.get("expires"), request.query_params.get("sig"))
+    if problem is not None:
+        return PlainTextResponse(problem, status_code=403)
+    after = live_feed.parse_after(request.query_params.get("after", "0"))
+    if after is None:
+        return PlainTextResponse("after must be a step number from 0 up.", status_code=400)
+    payload = live_feed.feed(engine_for(database_url()), run_id, after)
+    if payload is None:
+        return PlainTextResponse(f"Run #{run_id} does not exist (any more).", status_code=404)
+    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+
+
+def plotly_js(request) -> Any:
+    """plotly.js for the live charts; the browser keeps it for a day."""
+    from starlette.responses import Response
+
+    if (refused := _host_refusal(request)) is not None:
+        return refused
+    return Response(live_feed.plotly_js(), media_type="text/javascript", headers={"Cache-Control": "private, max-age=86400"})

@@ -55,6 +55,14 @@ def download_bytes(at: AppTest, label_start: str) -> bytes:
     return manager._storage.get_file(url.rsplit("/", 1)[-1]).content
 
 
+def download_name(at: AppTest, label_start: str) -> str:
+    """The file name the download button whose label starts with ``label_start`` saves under."""
+    button = next(b for b in at.get("download_button") if b.proto.label.startswith(label_start))
+    manager = KeptMediaFileManager.last
+    url = manager.execute_deferred(button.proto.deferred_file_id) if button.proto.deferred_file_id else button.proto.url
+    return manager._storage.get_file(url.rsplit("/", 1)[-1]).filename
+
+
 def fake_profile(engine, run_id: int, rank: int) -> bytes:
     """Save a small, well-formed profile for ``rank``; returns its gzipped trace."""
     ops = [{"name": f"aten::op{i}", "calls": 3, "self_cpu_us": 1000.0 * (i + 1) + rank, "cpu_total_us": 2000.0 * (i + 1),
@@ -90,6 +98,8 @@ def test_profiler_page_shows_charts_and_downloads_the_stored_bytes(engine, paral
     assert len(at.dataframe[0].value) == 8  # all 8 ops fit under the default top 15
 
     assert download_bytes(at, "Trace of rank 1") == profiles.read_trace(engine, ddp_id, 1)
+    # Named by its run: traces of two runs downloaded to one folder keep apart.
+    assert download_name(at, "Trace of rank 1") == f"parallax-run-{ddp_id}-trace-rank1.json.gz"
     ops = pd.DataFrame(profiles.read_ops(engine, ddp_id))
     assert download_bytes(at, "Op table (CSV)") == ops_csv(ops)
     assert f"Profile of run {ddp_id}" in download_bytes(at, "HTML report").decode()

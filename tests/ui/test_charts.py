@@ -113,6 +113,18 @@ def test_metrics_csv_holds_every_epoch_with_its_run(epochs):
     assert table[table.run_id == 2]["devices"].unique().tolist() == ["cpu,cpu"]
 
 
+def test_metrics_csv_writes_nested_cells_as_json(epochs):
+    """A cell holding a dict reads back with json.loads: double quotes and null, not Python's ' and None."""
+    import json
+
+    epochs = epochs.copy()
+    epochs["extra"] = [{"mfu": None, "ranks": {"0": 1.5}, "amp": "bf16"}] * len(epochs)
+    table = pd.read_csv(io.StringIO(scaling.metrics_csv([run(1, "single", ["cpu"]), run(2, "ddp", ["cpu", "cpu"])],
+                                                        epochs)))
+    assert [json.loads(cell) for cell in table["extra"]] == [{"amp": "bf16", "mfu": None, "ranks": {"0": 1.5}}] * 6
+    assert json.loads(table["peak_memory_mb"].iloc[0]) == {"cpu": 100.0}
+
+
 # --- figures ------------------------------------------------------------------------------
 
 

@@ -174,38 +174,49 @@ def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(par
 
 def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_only_on_new_rows(
         parallax_home, engine, running_run, loss_figures, monkeypatch):
+    """While the run is active its step charts are the browser's (the live feed, drawn once into the page and
+    fed by the server's route); the system charts tick on the server, rebuilt only on new rows. Once the run
+    has ended the page draws the step charts itself, from every point."""
     from db import series
-    from ui import series_charts
+    from ui import live_feed, series_charts
 
     monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
-    built: list[int] = []
-    real = series_charts.step_figure
+    steps_built: list[int] = []
+    systems_built: list[int] = []
+    real_step, real_system = series_charts.step_figure, series_charts.system_figure
     monkeypatch.setattr(series_charts, "step_figure",
-                        lambda steps, *args: built.append(len(steps)) or real(steps, *args))
+                        lambda steps, *args: steps_built.extend([len(steps)] if len(steps) else []) or real_step(steps, *args))
+    monkeypatch.setattr(series_charts, "system_figure",
+                        lambda system, *args: systems_built.append(len(system)) or real_system(system, *args))
     points = [{"epoch": 1, "step": s, "t_s": 0.5 * s, "train_loss": 1.0, "images_per_s": 90.0, "lr": 0.1}
               for s in range(1, 13)]
     series.add_steps(engine, running_run, points)
-    series.add_system_samples(engine, running_run, [{"t_s": 1.0, "host_cpu_pct": 70.0, "host_memory_mb": 3000.0,
-                                                     "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": 700.0}],
-                                                     "gpus": []}])
+    sample = {"t_s": 1.0, "host_cpu_pct": 70.0, "host_memory_mb": 3000.0,
+              "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": 700.0}], "gpus": []}
+    series.add_system_samples(engine, running_run, [sample])
     at = open_run_page(running_run)
-    assert built == [12, 12] and loss_figures == [1]
-    assert len(at.get("plotly_chart")) == 5 + 4  # epoch charts; loss and images/s per step, CPU, memory
+    assert steps_built == [] and systems_built == [2, 2] and loss_figures == [1]
+    assert len(at.get("plotly_chart")) == 5 + 2  # epoch charts; CPU and memory
+    live_frames = at.get("iframe")
+    assert len(live_frames) == 1 and f"{live_feed.ROUTE}/{running_run}?" in str(live_frames[0].proto)
 
-    tick(at)  # nothing new: the step figures are not rebuilt, the epoch charts neither built nor sent
+    tick(at)  # nothing new: nothing rebuilt, the epoch charts neither built nor sent
     assert not at.exception, at.exception
-    assert built == [12, 12] and loss_figures == [1]
-    assert len(at.get("plotly_chart")) == 4
+    assert systems_built == [2, 2] and loss_figures == [1] and len(at.get("plotly_chart")) == 2
 
-    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 13, "t_s": 7.0}])
-    tick(at)  # a new step: the step and system charts alone are rebuilt, from the new rows
-    assert built == [12, 12, 13, 13] and loss_figures == [1]
-    assert len(at.get("plotly_chart")) == 4
+    series.add_system_samples(engine, running_run, [{**sample, "t_s": 2.0}])
+    tick(at)  # a new sample: the system charts alone are rebuilt, from the new rows
+    assert systems_built == [2, 2, 4, 4] and steps_built == [] and loss_figures == [1]
 
     monkeypatch.setattr(series_charts, "REBUILD_SHARE", 1e-12)  # as if each rebuild were very costly
-    series.add_steps(engine, running_run, [{**points[-1], "epoch": 2, "step": 14, "t_s": 7.5}])
+    series.add_system_samples(engine, running_run, [{**sample, "t_s": 3.0}])
     tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
-    assert built == [12, 12, 13, 13] and len(at.get("plotly_chart")) == 4
+    assert systems_built == [2, 2, 4, 4] and len(at.get("plotly_chart")) == 2
+
+    lifecycle.finish(engine, running_run, "completed")
+    tick(at)  # ended: the whole page, with the step charts drawn from every point and no live feed
+    assert not at.exception, at.exception
+    assert steps_built == [12, 12] and not at.get("iframe")
 
 
 def test_step_charts_tick_on_their_own_only_while_epochs_outlast_the_pages_redraws():
@@ -213,3 +224,28 @@ def test_step_charts_tick_on_their_own_only_while_epochs_outlast_the_pages_redra
     assert live.series_refresh_s(True, 10 * live.EPOCH_REDRAW_S) == live.SERIES_REFRESH_S
     assert live.series_refresh_s(True, live.EPOCH_REDRAW_S / 5) is None  # the page's redraws draw them
     assert live.series_refresh_s(False, 10 * live.EPOCH_REDRAW_S) is None  # ended: nothing moves
+
+
+def test_a_run_just_launched_is_watched_every_second_while_it_is_queued_then_as_any_other():
+    assert live.progress_refresh_s("queued", 0.5) == live.QUEUED_REFRESH_S == 1
+    assert live.progress_refresh_s("queued", live.QUEUED_FAST_FOR_S + 1) == live.REFRESH_S  # waits for busy devices
+    assert live.progress_refresh_s("running", 0.5) == live.REFRESH_S
+    assert live.progress_refresh_s("completed", 0.5) is None
+
+
+def test_a_queued_runs_page_redraws_when_it_starts_or_when_the_quick_look_is_over(parallax_home, engine, monkeypatch):
+    config = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "devices": ["cpu"], "epochs": 3}
+    run_id = store.create_run(engine, config, status="queued")
+    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+    at = open_run_page(run_id)
+    tick(at)
+    assert not at.exception, at.exception
+    assert not at.title  # still queued, and young: the fragment alone ran
+    monkeypatch.setattr(live, "QUEUED_FAST_FOR_S", 0.0)
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{run_id}"]  # the whole page: it declares the slower timer
+    tick(at)
+    assert not at.title  # and then ticks quietly
+    lifecycle.claim(engine, run_id)
+    tick(at)
+    assert [t.value for t in at.title] == [f"Run #{run_id}"]  # started: the whole page, at once

@@ -4,7 +4,9 @@
         --epochs 5 --batch-size 128 --lr 1e-3
     python -m trainer_backend launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
     python -m trainer_backend cancel 8
-    python -m trainer_backend list
+    python -m trainer_backend list --status completed --tag baseline --json
+    python -m trainer_backend predict 7 photo.png          # a class per image, with the run's preprocessing
+    python -m trainer_backend predict 7 --folder holdout/  # accuracy on a folder of class sub-folders
     python -m trainer_backend export 7
     python -m trainer_backend export 7 --csv out/     # epochs.csv, steps.csv, system.csv
     python -m trainer_backend estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
@@ -200,7 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--csv", type=Path, metavar="DIR", help="write the run as CSV files for spreadsheets "
                         "instead of printing JSON: epochs.csv, steps.csv (per-step points) and system.csv "
                         "(a row per system sample, a column per process and GPU figure)")
-    sub.add_parser("list", help="one line per run, newest first")
+    listing = sub.add_parser("list", help="one line per run, newest first, with its best validation accuracy and "
+                             "images/s")
+    listing.add_argument("--status", action="append", help="only runs in this status: queued, running, completed, "
+                         "failed, cancelled or lost (repeat for several)")
+    listing.add_argument("--tag", action="append", help="only runs with this tag (repeat for any of several)")
+    listing.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+    predict = sub.add_parser("predict", help="classify image files with a run's best checkpoint and the run's own "
+                             "preprocessing; with --folder, the accuracy on a folder of class sub-folders")
+    predict.add_argument("run_id", type=run_id_arg)
+    predict.add_argument("images", nargs="*", type=Path, help="image files: one line each, 'PATH CLASS PROBABILITY'")
+    predict.add_argument("--folder", help="a folder with one sub-folder per class (the run's class names): prints "
+                         "the accuracy over its images, and per class")
+    predict.add_argument("--json", action="store_true", help="print the predictions (or the accuracy) as JSON")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=run_id_arg)
     worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
@@ -215,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "resume": _cmd_resume, "worker": _cmd_worker,
-                "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate}
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "resume": _cmd_resume,
+                "worker": _cmd_worker, "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate,
+                "predict": _cmd_predict}
     try:
         load_plugins()
         if args.command in ("run", "launch", "sweep"):
@@ -384,6 +399,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from db import make_engine
+    from db.settings import database_url
+    from trainer_backend.worker.liveness import claim_if_free
+
+    # Before the engine's imports (seconds of CPU): a run whose devices are free leaves the queue now.
+    claim_if_free(make_engine(database_url(args.db)), args.run_id)
     with engine_imports():
         from trainer_backend.worker.runner import work
 
@@ -475,9 +496,67 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from db import store
+    """One line (or JSON object) per run, newest first, with the figures the Runs page shows."""
+    from db.dashboard import RunFilters, run_table
+    from db.models import RUN_STATUSES
 
-    for run in store.list_runs(_engine_with_fresh_states(args.db)):
-        print(f"run_id={run.id} status={run.status} strategy={run.strategy} model={shown_name(run.model)} "
-              f"dataset={shown_name(run.dataset)}")
+    for status in args.status or ():
+        if status not in RUN_STATUSES:
+            raise ValueError(f"--status {shown(status)} is not allowed: choose from {', '.join(RUN_STATUSES)}")
+    filters = RunFilters(statuses=tuple(args.status or ()), tags=tuple(args.tag or ()))
+    rows = [{"run_id": row["id"], "status": row["status"], "strategy": row["strategy"], "model": row["model"],
+             "dataset": row["dataset"], "tags": row["tags"], "epochs_done": row["epochs_done"],
+             "best_val_acc": row["best_val_acc"], "images_per_s": row["mean_images_per_s"],
+             "created_at": row["created_at"].isoformat()}
+            for row in run_table(_engine_with_fresh_states(args.db), filters)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        accuracy = "-" if row["best_val_acc"] is None else f"{row['best_val_acc']:.4f}"
+        speed = "-" if row["images_per_s"] is None else f"{row['images_per_s']:.1f}"
+        print(f"run_id={row['run_id']} status={row['status']} strategy={row['strategy']} "
+              f"model={shown_name(row['model'])} dataset={shown_name(row['dataset'])} best_val_acc={accuracy} "
+              f"images_per_s={speed}")
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    """A class per image file, or the accuracy on a labelled folder, from the run's best checkpoint."""
+    from db import store
+    from trainer_backend.control.housekeeping import run_file
+
+    if not args.images and args.folder is None:
+        raise ValueError("predict needs image files or --folder FOLDER: e.g. predict 7 photo.png, or "
+                         "predict 7 --folder holdout/")
+    if args.images and args.folder is not None:
+        raise ValueError("predict takes image files or --folder FOLDER, not both")
+    engine = open_database(args.db)
+    if store.get_run(engine, args.run_id) is None:
+        raise LookupError(f"no run with id {args.run_id}: 'list' shows the runs")
+    checkpoint = run_file(engine, args.run_id, "best.pt")
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"run {args.run_id} has no best checkpoint ({checkpoint}): it finished no epoch "
+                                "with a validation accuracy")
+    with engine_imports():
+        from trainer_backend.engine.predict import Predictor
+
+    predictor = Predictor(checkpoint, args.run_id)
+    if args.folder is not None:
+        accuracy, images, per_class = predictor.folder_accuracy(args.folder)
+        if args.json:
+            print(json.dumps({"run_id": args.run_id, "folder": args.folder, "images": images, "accuracy": accuracy,
+                              "per_class_accuracy": per_class}, indent=2))
+        else:
+            print(f"accuracy={accuracy:.4f} images={images}")
+            for name, value in per_class.items():
+                print(f"  {shown_name(name)}: {value:.4f}")
+        return 0
+    predictions = predictor.predict(args.images)
+    if args.json:
+        print(json.dumps([{"path": str(p.path), "class": p.class_name, "probability": p.probability}
+                          for p in predictions], indent=2))
+    else:
+        for p in predictions:
+            print(f"{shown_name(str(p.path))} {shown_name(p.class_name)} {p.probability:.4f}")
     return 0

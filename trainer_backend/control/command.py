@@ -30,7 +30,8 @@ USAGE = """usage: parallax COMMAND ...
   sweep           run one config under several strategies
   cancel          stop a queued or running run
   export          print a run as JSON (or --csv FOLDER)
-  list            one line per run, newest first
+  list            one line per run, newest first, with best accuracy and images/s (--status, --tag, --json)
+  predict         classify image files with a run's best checkpoint (or --folder FOLDER for an accuracy)
   hash-password   print the secrets.toml lines for a dashboard password
   db upgrade      migrate the database (--db URL, else PARALLAX_DB_URL or PARALLAX_HOME's SQLite) to this version
 

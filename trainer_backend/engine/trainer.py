@@ -232,9 +232,25 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
 
 
 def checkpoint_payload(state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> dict:
-    """What best.pt holds: the weights and what is needed to use them."""
+    """What best.pt holds: the weights and what is needed to use them without Parallax's database: the
+    model's timm name and arguments, the class names in label order, and the preprocessing (``predict``
+    and docs/PREDICT.md). Plain types only, so that ``torch.load(weights_only=True)`` reads it."""
     return {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
-            "epoch": metrics.epoch, "val_acc": metrics.val_acc}
+            "epoch": metrics.epoch, "val_acc": metrics.val_acc,
+            "model_name": config.model,
+            "model_kwargs": {"num_classes": data.info.num_classes, "in_chans": data.info.in_chans},
+            "preprocessing": preprocessing(config, data)}
+
+
+def preprocessing(config: RunConfig, data: PreparedData) -> dict:
+    """How an image file becomes the model's input, as validation did it: decoded (``bands``, divided
+    by ``band_scale``, clipped to [0, 1]), resized to ``stored_size``, normalised per channel
+    ((x - mean) / std, in [0, 1] units, the training images' own), then centre-cropped to
+    ``image_size`` where ``stored_size`` is larger."""
+    return {"image_size": config.image_size, "stored_size": config.stored_size or config.image_size,
+            "bands": list(config.bands) if config.bands is not None else None, "band_scale": config.band_scale,
+            "mean": [float(v) for v in data.train.mean.float().cpu()],
+            "std": [float(v) for v in data.train.std.float().cpu()]}
 
 
 @dataclass(frozen=True)

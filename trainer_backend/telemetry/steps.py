@@ -15,7 +15,7 @@ seconds (a non-blocking copy, read once it has landed) and at the epoch's end, s
 waits for the host to see a loss. On CUDA the points' images/s come from CUDA events on the
 stream of the losses' device, so they time the device's work, not the host running ahead of it;
 the first window begins when the loop starts training (``begin_training``), before step 1 is queued.
-Rows are written a few seconds' worth at a time.
+Rows are written a few seconds' worth at a time; the run's first point at once.
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ class StepRecorder:
         if last or now - self._window_start >= self.min_interval_s:
             self._point(step, now)
         self._collect(wait=False)
-        if self._points and (last or now - self._last_flush >= self.flush_s):
+        # The run's first point is written at once, so that a watching page charts it from the first step.
+        first = not self.written and self._pending is None and not self._unwritten
+        if self._points and (last or first or now - self._last_flush >= self.flush_s):
             self._stage()
             self._last_flush = now
         if last:

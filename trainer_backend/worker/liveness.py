@@ -66,9 +66,32 @@ class ClaimedElsewhere(Exception):
     the run to it, untouched."""
 
 
+def claim_if_free(engine, run_id: int) -> bool:
+    """Claim the run now if its devices are free (queued -> running), without waiting; whether it did.
+
+    A launched worker calls this before it imports the engine (torch, timm: about 4 s of a 2-core machine's
+    time), so that on an idle machine a run leaves the queue as soon as its worker has started, and holds
+    its devices while it imports; ``wait_for_turn`` then finds the run already this process's."""
+    with _queue_lock():
+        state.mark_lost_runs(engine)
+        active = state.active_runs(engine)
+        me = next((r for r in active if r.id == run_id), None)
+        if me is None or me.status != "queued" or not can_start(run_id, active, cpu_run_slots()):
+            return False
+        if not state.claim(engine, run_id):
+            return False
+        store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+        return True
+
+
+def _claimed_by_me(run: state.ActiveRun) -> bool:
+    return run.status == "running" and run.pid == os.getpid() and run.host == socket.gethostname()
+
+
 def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
     """Block until the run may start and claim it (queued -> running). False if it was cancelled;
-    ClaimedElsewhere if another process claimed it first."""
+    ClaimedElsewhere if another process claimed it first; True at once for a run this process claimed
+    already (``claim_if_free``)."""
     announced = False
     while True:
         with _queue_lock():
@@ -77,6 +100,8 @@ def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
             me = next((r for r in active if r.id == run_id), None)
             if me is None:
                 return False
+            if _claimed_by_me(me):
+                return True
             if me.status != "queued":
                 raise ClaimedElsewhere(f"run {run_id} is already {me.status} in process {me.pid} on {me.host}: "
                                        "this worker leaves it to that one")

@@ -82,7 +82,7 @@ def test_cli_exports_traces_csv_and_an_offline_report(home, profiled, strategy, 
     assert result.returncode == 0, result.stderr
     world = 2 if strategy == "ddp" else 1
     for rank in range(world):
-        trace = json.loads(gzip.decompress((out / f"trace-rank{rank}.json.gz").read_bytes()))
+        trace = json.loads(gzip.decompress((out / f"parallax-run-{run_id}-trace-rank{rank}.json.gz").read_bytes()))
         assert trace["traceEvents"]
         assert any(e.get("name", "").startswith("ProfilerStep") for e in trace["traceEvents"])
         assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == world

@@ -1,0 +1,105 @@
+"""Use a run's best checkpoint on image files, with the run's own preprocessing.
+
+    python -m trainer_backend predict 7 photo1.png photo2.jpg     # a class and its probability per file
+    python -m trainer_backend predict 7 --folder holdout/         # accuracy on a folder of class sub-folders
+
+best.pt holds what this needs (``trainer.checkpoint_payload``): the weights, the timm model's name and
+arguments, the class names and the preprocessing. Each file is decoded as the run's dataset was
+(``decode_image_file``: bands, scale, resize to the stored size), normalised with the training images'
+mean and std, and centre-cropped to the training size where the run stored larger images: what
+validation did to its images. One process, on the CPU, in evaluation mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer_backend.datasets.errors import DatasetError
+from trainer_backend.datasets.folder import list_image_folder, resolve_folder
+from trainer_backend.datasets.image_files import decode_image_file
+from trainer_backend.datasets.tensor_dataset import Normalisation
+from trainer_backend.engine.augment import centre_crop
+from trainer_backend.engine.models import create_model
+
+# Files decoded and classified together: bounded memory whatever the folder's size.
+BATCH_FILES = 64
+NEEDED_KEYS = ("model", "model_name", "model_kwargs", "class_names", "preprocessing")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    path: Path
+    class_name: str
+    probability: float
+
+
+class Predictor:
+    """A checkpoint's model, ready to classify image files."""
+
+    def __init__(self, checkpoint_path: Path, run_id: int):
+        payload = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        missing = [key for key in NEEDED_KEYS if key not in payload]
+        if missing:
+            raise ValueError(f"run {run_id}'s checkpoint {checkpoint_path} lacks {', '.join(missing)}: it was written "
+                             "by an older Parallax, before checkpoints held their preprocessing; train the run again")
+        self.class_names = list(payload["class_names"])
+        self.prep = payload["preprocessing"]
+        kwargs = payload["model_kwargs"]
+        self.in_chans = int(kwargs["in_chans"])
+        self.model = create_model(payload["model_name"], num_classes=int(kwargs["num_classes"]), in_chans=self.in_chans)
+        self.model.load_state_dict(payload["model"])
+        self.model.eval()
+        mean, std = torch.tensor(self.prep["mean"]), torch.tensor(self.prep["std"])
+        self._normalise = {dtype: Normalisation(mean, std, stored_dtype=dtype) for dtype in (torch.uint8, torch.float16)}
+
+    def inputs(self, paths: list[Path]) -> torch.Tensor:
+        """The model's input for ``paths``, as validation made it."""
+        bands = tuple(self.prep["bands"]) if self.prep.get("bands") is not None else None
+        rows = []
+        for path in paths:
+            decoded = torch.from_numpy(decode_image_file(path, int(self.prep["stored_size"]), bands,
+                                                         self.prep.get("band_scale")).pixels.copy())
+            if decoded.shape[0] != self.in_chans:
+                raise ValueError(f"image {path} has {decoded.shape[0]} channel(s) after decoding, the run's model takes "
+                                 f"{self.in_chans}: give images like the run's dataset")
+            rows.append(self._normalise[decoded.dtype](decoded[None]))
+        images = torch.cat(rows)
+        if int(self.prep["stored_size"]) > int(self.prep["image_size"]):
+            images = centre_crop(images, int(self.prep["image_size"]))
+        return images
+
+    @torch.no_grad()
+    def probabilities(self, paths: list[Path]) -> torch.Tensor:
+        """(len(paths), classes) softmax probabilities, a batch of files at a time."""
+        parts = [torch.softmax(self.model(self.inputs(paths[i:i + BATCH_FILES])).float(), dim=1)
+                 for i in range(0, len(paths), BATCH_FILES)]
+        return torch.cat(parts) if parts else torch.empty(0, len(self.class_names))
+
+    def predict(self, paths: list[Path]) -> list[Prediction]:
+        for path in paths:
+            if not path.is_file():
+                raise FileNotFoundError(f"image {path} is not a file: give image files (or --folder FOLDER)")
+        best, index = self.probabilities(paths).max(dim=1) if paths else (torch.empty(0), torch.empty(0))
+        return [Prediction(path, self.class_names[int(i)], float(p)) for path, p, i in zip(paths, best, index)]
+
+    def folder_accuracy(self, folder: str) -> tuple[float, int, dict[str, float]]:
+        """(accuracy, images, accuracy per class) over a folder with one sub-folder per class, named as the
+        run's classes (a sub-folder the run never saw is refused, naming it)."""
+        listing = list_image_folder(resolve_folder(folder))
+        unknown = [name for name in listing.class_names if name not in self.class_names]
+        if unknown:
+            raise DatasetError(f"--folder {listing.root} has class folder(s) {', '.join(unknown)} the run was not "
+                               f"trained on: its classes are {', '.join(self.class_names)}")
+        paths = [path for files in listing.files_by_class for path in files]
+        labels = torch.tensor([self.class_names.index(name) for name, files in zip(listing.class_names,
+                                                                                  listing.files_by_class)
+                               for _ in files], dtype=torch.long)
+        if not paths:
+            raise DatasetError(f"--folder {listing.root} holds no image files in its class folders")
+        predicted = self.probabilities(paths).argmax(dim=1)
+        per_class = {name: float((predicted[labels == i] == i).float().mean())
+                     for i, name in enumerate(self.class_names) if bool((labels == i).any())}
+        return float((predicted == labels).float().mean()), len(paths), per_class
