@@ -10,7 +10,8 @@ worker map the same ``.npy``: the kernel's page cache holds it once for the whol
 pages not in it are read from disk as batches gather them (a set larger than memory streams).
 
 The key hashes everything that changes the decoded pixels: the source fingerprint (every file's
-relative path, size and mtime), stored size, bands, scale and ``CACHE_FORMAT``. A lock file makes
+relative path, size, mtime, ctime, device, inode and resolved path, links followed:
+``folder.file_fingerprint``), stored size, bands, scale and ``CACHE_FORMAT``. A lock file makes
 concurrent processes (DDP ranks, two runs) take turns: one decodes, the others wait and map it.
 Both files are written under a temporary name, fsynced and renamed, pixels first and metadata
 last, so a reader finds a whole entry or none. A full or read-only cache folder ends in one line
