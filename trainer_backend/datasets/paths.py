@@ -27,6 +27,16 @@ def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a link"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(mode: int) -> str:
+    """What ``mode`` (a stat's st_mode) says the file is, in words: "a named pipe", "a folder", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def broken_path_error(path: Path, exc: OSError) -> DatasetError:
     """One line for a path that cannot be followed: a dangling link, a link loop, no permission."""
     if exc.errno == errno.ELOOP:
