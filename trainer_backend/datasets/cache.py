@@ -43,6 +43,7 @@ import torch
 
 from db.settings import data_dir
 
+from trainer_backend.contract.printable import utf8_name
 from trainer_backend.datasets.base import DecodedPool, per_image_channel_sums
 from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.paths import file_kind
@@ -376,7 +377,8 @@ def read_meta(base: Path) -> dict | None:
                 "shape": tuple(int(x) for x in saved["shape"]),
                 "dtype": np.dtype(str(saved["dtype"])),
                 "labels": saved["labels"].astype(np.int64),
-                "class_names": [str(n) for n in saved["class_names"]],
+                # Entries written before class folders not named in UTF-8 got escaped names.
+                "class_names": [utf8_name(str(n)) for n in saved["class_names"]],
                 "warnings": [str(w) for w in saved["warnings"]],
                 "num_test": int(saved["num_test"]),
                 "pixel_sums": saved["pixel_sums"].astype(np.float64),

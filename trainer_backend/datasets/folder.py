@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer_backend.contract.printable import shown_name
+from trainer_backend.contract.printable import is_utf8, shown_name, utf8_name
 from trainer_backend.datasets.base import DatasetError
 from trainer_backend.datasets.cache import ImageWriter, PoolParts
 from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
@@ -98,7 +98,9 @@ def list_image_folder(root: Path, roots: list[Path] | None = None) -> FolderList
     every_file = sorted(stray + ignored + [f for files in files_by_class for f in files])
     return FolderListing(
         root=root,
-        class_names=tuple(d.name for d in class_dirs),
+        # A folder name that is not UTF-8 names its class with those bytes escaped (caf\xe9): a class
+        # name is recorded and shown as text.
+        class_names=tuple(utf8_name(d.name) for d in class_dirs),
         files_by_class=tuple(files_by_class),
         ignored_files=tuple(sorted(ignored)),
         stray_files=tuple(stray),
@@ -198,7 +200,12 @@ def listing_warnings(listing: FolderListing) -> list[str]:
         warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {shown_name(example)})")
     if listing.stray_files:
         example = listing.stray_files[0].name
-        warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {example})")
+        warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {shown_name(example)})")
+    not_utf8 = [relative for files in listing.files_by_class for f in files
+                if not is_utf8(relative := str(f.relative_to(listing.root)))]
+    if not_utf8:
+        warnings.append(f"{len(not_utf8)} image files have names (or class folders) that are not UTF-8, e.g. "
+                        f"{shown_name(not_utf8[0])}: they are read as they are, and named with those bytes escaped")
     return warnings
 
 
