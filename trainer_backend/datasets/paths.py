@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from trainer_backend.contract.printable import shown_name
 from trainer_backend.datasets.roots import is_under_roots
 from trainer_backend.datasets.errors import DatasetError
 
@@ -44,6 +45,10 @@ def broken_path_error(path: Path, exc: OSError) -> DatasetError:
     if exc.errno == errno.ENOENT and os.path.islink(path):
         return DatasetError(f"dataset path {path} is a broken link (it points to {os.readlink(path)}, which does "
                             "not exist): remove or fix the link")
+    if exc.errno == errno.ENOENT:
+        return DatasetError(f"dataset path {shown_name(path)} is missing: it was there when the folder was listed "
+                            "and has been removed or moved since; put it back, or start the run again so that the "
+                            "folder is listed anew")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return DatasetError(f"dataset path {path} cannot be read (permission denied): make it readable to this "
                             "user, or move it out of the dataset folder")
