@@ -49,7 +49,7 @@ from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.paths import file_kind
 
 # Bump when the decoding or the saved layout changes, so old caches are not read as new ones.
-CACHE_FORMAT = 3  # 3: JPEGs larger than needed are decoded at a libjpeg scale (other pixels)
+CACHE_FORMAT = 4  # 4: images four times the stored size or more are first shrunk by whole factors (other pixels)
 # Written pixels are flushed to disk every this many bytes: dirty pages cannot be dropped, and a
 # memory cgroup full of them kills the build instead of reclaiming page cache.
 FLUSH_BYTES = 64 * 2**20
