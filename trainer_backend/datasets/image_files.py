@@ -71,7 +71,8 @@ def read_with_size(path: Path, roots: list[Path] | None = None,
                 # Read whole unless the file alone is over what one decoded image may take: then
                 # the decoder reads its header from the file and refuses it before reading the rest.
                 whole = os.fstat(handle.fileno()).st_size <= max_image_bytes()
-                pixels, stored_size = read_rgb(io.BytesIO(handle.read()) if whole else handle, path, draft_size)
+                pixels, stored_size = read_rgb(io.BytesIO(handle.read()) if whole else handle, path, draft_size,
+                                               os.fstat(handle.fileno()).st_size if whole else 0)
         except DatasetError:
             raise
         except Exception as exc:  # decoders raise many types; the user needs the file and the reason
@@ -123,23 +124,31 @@ def read_tiff(handle, path: Path, target: int | None = None) -> np.ndarray:
     return pixels
 
 
-def read_rgb(handle, path: Path, draft_size: int | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+def read_rgb(handle, path: Path, draft_size: int | None = None,
+             encoded_bytes: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+    """The pixels (H, W, 3) and the stored (height, width) of a PNG/JPEG/BMP file; ``encoded_bytes``
+    is what of the file is held in memory while it is decoded (read whole), counted in its cost."""
     with Image.open(handle) as image:
         width, height = image.size  # from the header: nothing is decoded yet
+        bands = max(3, len(image.getbands()))
+        if draft_size is not None and image.format == "JPEG":
+            # libjpeg scales in its inverse DCT, a fraction of a full decode's work; the result is
+            # still draft_size or more on each side, and the antialiased resize takes it the rest.
+            # Still nothing decoded: the size it will decode at is known, and that is what it costs.
+            image.draft("RGB", (draft_size, draft_size))
         wide = image.mode in ("I", "F")
         bytes_per_value = 4 if wide else 2 if image.mode.startswith("I;16") else 1
         shrinkable = image.mode in ("RGB", "RGBA", "L", "LA")
-        decoder_bytes = None if bytes_per_value > 1 else height * width * PIL_BYTES_PER_PIXEL * (1 if shrinkable else 2)
-        refuse_declared_size(path, (height, width, max(3, len(image.getbands()))), bytes_per_value, draft_size,
-                             decoder_bytes)
+        decoder_bytes = encoded_bytes + (height * width * bands * bytes_per_value if bytes_per_value > 1 else
+                                         image.size[0] * image.size[1] * PIL_BYTES_PER_PIXEL * (1 if shrinkable else 2))
+        if image.format == "JPEG" and image.info.get("progressive"):
+            # libjpeg keeps a progressive file's every DCT coefficient (two bytes a value) at full size.
+            decoder_bytes += height * width * bands * 2
+        refuse_declared_size(path, (height, width, bands), bytes_per_value, draft_size, decoder_bytes)
         if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
             # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
             gray = box_reduce(np.asarray(image)[:, :, None], reduction_factor(height, width, draft_size))
             return np.repeat(gray, 3, axis=2), (height, width)
-        if draft_size is not None and image.format == "JPEG":
-            # libjpeg scales in its inverse DCT, a fraction of a full decode's work; the result is
-            # still draft_size or more on each side, and the antialiased resize takes it the rest.
-            image.draft("RGB", (draft_size, draft_size))
         factor = reduction_factor(image.size[1], image.size[0], draft_size)
         if factor > 1:
             # A box average in uint8 inside PIL: the pixels taken out (and made float) are the shrunk ones.
