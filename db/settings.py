@@ -92,7 +92,18 @@ def database_url(explicit: str | None = None) -> str:
         # database's mode): made here first, it is writable by the group it is shared with.
         with contextlib.suppress(OSError):  # then SQLite reports the real problem
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o660))
-    return f"sqlite:///{path}"
+    return sqlite_url(path)
+
+
+def sqlite_url(path: Path | str) -> str:
+    """The SQLAlchemy URL of the SQLite file at ``path``, whatever characters its folders hold.
+
+    Pasted into ``sqlite:///`` as it is, a ``?`` starts the URL's query (the database becomes the
+    part before it, a file beside the home) and ``%41`` is read as ``A`` (another folder):
+    ``URL.create`` escapes the path so that parsing it gives back exactly ``path``."""
+    from sqlalchemy import URL
+
+    return URL.create("sqlite", database=os.fspath(path)).render_as_string(hide_password=False)
 
 
 def data_dir() -> Path:

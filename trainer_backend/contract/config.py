@@ -21,6 +21,7 @@ from trainer_backend.contract.fields import (AMP_MODES, AUGMENTATIONS, DECODE_MO
                                              OPTIMIZERS, PIPELINE_SCHEDULES, SCALE_LR_REFERENCE_BATCH, VAL_SOURCES,
                                              Field)
 from trainer_backend.contract.devices import cpu_cores
+from trainer_backend.contract.printable import is_utf8, shown_name
 from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, names_where, spoken
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
 
@@ -314,6 +315,11 @@ def _check_path_length(dataset: str) -> None:
     """Refuse a dataset path the OS would refuse (ENAMETOOLONG) before anything looks it up."""
     if "\x00" in dataset:
         raise ConfigError("dataset", f"dataset {_shown(dataset)} holds a NUL character, which no path can hold")
+    if not is_utf8(dataset):
+        # The path is recorded and shown as text, which a name that is not UTF-8 cannot be.
+        raise ConfigError("dataset", f"dataset {shown_name(dataset[:MAX_PATH_LENGTH])} is not allowed: its name holds "
+                          "bytes that are not UTF-8 (shown escaped); rename the folder to a UTF-8 name (e.g. convmv "
+                          "-f latin1 -t utf8 -r --notest FOLDER) or link to it from a UTF-8 path")
     if len(dataset) > MAX_PATH_LENGTH:
         raise ConfigError("dataset", f"dataset {shown_length(dataset)} is not allowed: a path has at most "
                           f"{MAX_PATH_LENGTH} characters")

@@ -10,11 +10,14 @@ worker map the same ``.npy``: the kernel's page cache holds it once for the whol
 pages not in it are read from disk as batches gather them (a set larger than memory streams).
 
 The key hashes everything that changes the decoded pixels: the source fingerprint (every file's
-relative path, size and mtime), stored size, bands, scale and ``CACHE_FORMAT``. A lock file makes
+relative path, size, mtime, ctime, device, inode and resolved path, links followed:
+``folder.file_fingerprint``), stored size, bands, scale and ``CACHE_FORMAT``. A lock file makes
 concurrent processes (DDP ranks, two runs) take turns: one decodes, the others wait and map it.
 Both files are written under a temporary name, fsynced and renamed, pixels first and metadata
 last, so a reader finds a whole entry or none. A full or read-only cache folder ends in one line
-naming the folder (``cache_write_error``).
+naming the folder (``cache_write_error``). Every cache file is opened without blocking and read
+only if it is a regular file: a named pipe, a folder or a device in its place (or a file where
+the cache folder should be) ends in one line saying what is in the way (``not_a_cache_file``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,11 +43,13 @@ import torch
 
 from db.settings import data_dir
 
+from trainer_backend.contract.printable import utf8_name
 from trainer_backend.datasets.base import DecodedPool, per_image_channel_sums
 from trainer_backend.datasets.errors import DatasetError
+from trainer_backend.datasets.paths import file_kind
 
 # Bump when the decoding or the saved layout changes, so old caches are not read as new ones.
-CACHE_FORMAT = 3  # 3: JPEGs larger than needed are decoded at a libjpeg scale (other pixels)
+CACHE_FORMAT = 4  # 4: images four times the stored size or more are first shrunk by whole factors (other pixels)
 # Written pixels are flushed to disk every this many bytes: dirty pages cannot be dropped, and a
 # memory cgroup full of them kills the build instead of reclaiming page cache.
 FLUSH_BYTES = 64 * 2**20
@@ -79,8 +85,47 @@ def writes_in(folder: Path, what: str) -> Iterator[None]:
 def cache_dir() -> Path:
     path = data_dir() / "cache"
     with writes_in(path.parent, "the dataset cache folder"):
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise DatasetError(f"the dataset cache folder {path} is {file_kind(os.stat(path).st_mode)}, not a "
+                               "folder: move it away (the cache is made there again), or set PARALLAX_DATA_DIR "
+                               "to another folder") from None
     return path
+
+
+def not_a_cache_file(path: Path, mode: int) -> DatasetError:
+    """The one line for something other than a regular file where a cache file should be."""
+    return DatasetError(f"the dataset cache file {path} is {file_kind(mode)}, not a regular file: it is not read; "
+                        "remove it (the entry is then decoded again), or set PARALLAX_DATA_DIR to another folder")
+
+
+def refuse_non_regular(path: Path) -> None:
+    """Raise ``not_a_cache_file`` if something other than a regular file (links followed) is at ``path``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # nothing there (made as a regular file), or unreadable: the open that follows says so
+    if not stat.S_ISREG(mode):
+        raise not_a_cache_file(path, mode)
+
+
+def open_cache_file(path: Path) -> BinaryIO | None:
+    """``path`` opened for reading, or None when it is missing or cannot be opened (the entry is
+    then rebuilt). Opened without blocking and checked on the opened descriptor: a named pipe
+    there would otherwise hold the run forever waiting for a writer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_a_cache_file(path, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def cache_key(source_fingerprint, image_size: int, bands, band_scale) -> str:
@@ -111,9 +156,19 @@ def meta_file(base: Path) -> Path:
 @contextlib.contextmanager
 def exclusive_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path``; released when the block ends or the process dies."""
+    refuse_non_regular(lock_path)
     with writes_in(lock_path.parent, f"the lock file {lock_path.name}"):
-        handle = open(lock_path, "a")
-    with handle:
+        # Not blocking: opening a named pipe for writing would wait for a reader forever.
+        fd = os.open(lock_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                     0o666)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_a_cache_file(lock_path, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -196,6 +251,8 @@ def load_or_build(base: Path, build: Build, needed_bytes: int = 0) -> tuple[Deco
 
     ``needed_bytes`` (the decoded size, estimated) is checked against the free space of the cache
     folder before anything is decoded."""
+    for path in (images_file(base), meta_file(base)):
+        refuse_non_regular(path)  # a folder there would fail the rename after the whole decode
     pool = load_pool(base)
     if pool is not None:
         return pool, True
@@ -309,15 +366,19 @@ def load_pool(base: Path) -> DecodedPool | None:
 
 
 def read_meta(base: Path) -> dict | None:
+    handle = open_cache_file(meta_file(base))
+    if handle is None:
+        return None
     try:
-        with np.load(meta_file(base), allow_pickle=False) as saved:
+        with handle, np.load(handle, allow_pickle=False) as saved:
             if int(saved["format"]) != CACHE_FORMAT:
                 return None
             meta = {
                 "shape": tuple(int(x) for x in saved["shape"]),
                 "dtype": np.dtype(str(saved["dtype"])),
                 "labels": saved["labels"].astype(np.int64),
-                "class_names": [str(n) for n in saved["class_names"]],
+                # Entries written before class folders not named in UTF-8 got escaped names.
+                "class_names": [utf8_name(str(n)) for n in saved["class_names"]],
                 "warnings": [str(w) for w in saved["warnings"]],
                 "num_test": int(saved["num_test"]),
                 "pixel_sums": saved["pixel_sums"].astype(np.float64),
@@ -333,8 +394,17 @@ def read_meta(base: Path) -> dict | None:
 def map_images(path: Path, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor | None:
     """``path``'s pixels as a tensor over a read-only shared mapping (nothing is read until used),
     or None when the file is not the array the metadata describes."""
+    handle = open_cache_file(path)
+    if handle is None:
+        return None
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        with handle:  # the mapping keeps its own reference to the file
+            version = np.lib.format.read_magic(handle)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            stored_shape, fortran_order, stored_dtype = read_header(handle)
+            array = np.memmap(handle, dtype=stored_dtype, mode="r", shape=stored_shape, offset=handle.tell(),
+                              order="F" if fortran_order else "C")
     except Exception:
         return None
     if tuple(array.shape) != tuple(shape) or array.dtype != dtype:

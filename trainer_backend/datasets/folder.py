@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer_backend.contract.printable import shown_name
+from trainer_backend.contract.printable import is_utf8, shown_name, utf8_name
 from trainer_backend.datasets.base import DatasetError
 from trainer_backend.datasets.cache import ImageWriter, PoolParts
 from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
@@ -44,7 +44,9 @@ class FolderListing:
     files_by_class: tuple[tuple[Path, ...], ...]
     ignored_files: tuple[Path, ...]  # non-image files inside class folders
     stray_files: tuple[Path, ...]    # files next to the class folders, not in one
-    fingerprint: tuple[tuple[str, int, int], ...]  # (relative path, size, mtime_ns) of every file
+    # Every file's (relative path, size, mtime_ns, ctime_ns, device, inode, resolved path): links
+    # followed, so that a link pointed at another file changes it (cache.py's key).
+    fingerprint: tuple[tuple[str, int, int, int, int, int, str], ...]
     roots: tuple[Path, ...] | None = None  # the data roots every file read must lie inside, if confined
 
     @property
@@ -87,29 +89,41 @@ def list_image_folder(root: Path, roots: list[Path] | None = None) -> FolderList
             f"their own folder, e.g. {root / 'Forest' / 'image_1.tif'}"
         )
     files_by_class, ignored = [], []
+    resolved: dict[Path, str] = {}
     for class_dir in class_dirs:
-        files, linked_dirs = walk_visible_files(class_dir, roots, stats)
+        files, linked_dirs = walk_visible_files(class_dir, roots, stats, resolved)
         ignored.extend(linked_dirs)
         files_by_class.append(tuple(f for f in files if is_image_file(f)))
         ignored.extend(f for f in files if not is_image_file(f))
     every_file = sorted(stray + ignored + [f for files in files_by_class for f in files])
     return FolderListing(
         root=root,
-        class_names=tuple(d.name for d in class_dirs),
+        # A folder name that is not UTF-8 names its class with those bytes escaped (caf\xe9): a class
+        # name is recorded and shown as text.
+        class_names=tuple(utf8_name(d.name) for d in class_dirs),
         files_by_class=tuple(files_by_class),
         ignored_files=tuple(sorted(ignored)),
         stray_files=tuple(stray),
-        fingerprint=tuple((str(f.relative_to(root)), stats[f].st_size, stats[f].st_mtime_ns)
-                          for f in every_file if f in stats),
+        fingerprint=tuple(file_fingerprint(f, root, stats[f], resolved.get(f)) for f in every_file if f in stats),
         roots=tuple(roots) if roots is not None else None,
     )
 
 
-def walk_visible_files(folder: Path, roots: list[Path] | None,
-                       stats: dict[Path, os.stat_result]) -> tuple[list[Path], list[Path]]:
+def file_fingerprint(path: Path, root: Path, result: os.stat_result, resolved: str | None) -> tuple:
+    """What the cache key holds of one file. Size and times alone would keep the key when a link is
+    pointed at another image of the same size and time; the file's device and inode, its change
+    time (which no user can set back) and the path it resolves to do not."""
+    return (str(path.relative_to(root)), result.st_size, result.st_mtime_ns, result.st_ctime_ns, result.st_dev,
+            result.st_ino, resolved if resolved is not None else str(path))
+
+
+def walk_visible_files(folder: Path, roots: list[Path] | None, stats: dict[Path, os.stat_result],
+                       resolved: dict[Path, str] | None = None) -> tuple[list[Path], list[Path]]:
     """(visible files under ``folder``, links to folders found below it, which are not followed),
-    each file's stat put in ``stats``. A class folder may itself be a link; below it, only real
+    each file's stat put in ``stats`` and, where a link leads to it (the file or ``folder``), the
+    path it resolves to in ``resolved``. A class folder may itself be a link; below it, only real
     folders are walked, so a link there can never lead the walk round in a loop."""
+    real_folder = os.path.realpath(folder) if folder.is_symlink() else None
     found, linked_dirs, pending = [], [], [folder]
     while pending:
         current = pending.pop()
@@ -123,6 +137,11 @@ def walk_visible_files(folder: Path, roots: list[Path] | None,
             else:
                 stats[path] = result
                 found.append(path)
+                if resolved is not None:
+                    if path.is_symlink():
+                        resolved[path] = os.path.realpath(path)
+                    elif real_folder is not None:
+                        resolved[path] = os.path.join(real_folder, path.relative_to(folder))
         pending.extend(reversed(subfolders))
     return found, linked_dirs
 
@@ -181,7 +200,12 @@ def listing_warnings(listing: FolderListing) -> list[str]:
         warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {shown_name(example)})")
     if listing.stray_files:
         example = listing.stray_files[0].name
-        warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {example})")
+        warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {shown_name(example)})")
+    not_utf8 = [relative for files in listing.files_by_class for f in files
+                if not is_utf8(relative := str(f.relative_to(listing.root)))]
+    if not_utf8:
+        warnings.append(f"{len(not_utf8)} image files have names (or class folders) that are not UTF-8, e.g. "
+                        f"{shown_name(not_utf8[0])}: they are read as they are, and named with those bytes escaped")
     return warnings
 
 

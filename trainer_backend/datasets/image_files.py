@@ -2,11 +2,13 @@
 
 TIFFs may carry any number of bands (Sentinel-2 has 13); PNG/JPEG/BMP files are read as RGB.
 For a 13-band image the defaults follow EuroSAT: bands (3, 2, 1) = red, green, blue, divided by 4000.
-A file is opened once, through ``paths.open_checked``, and its header's declared size is checked
-against ``limits.max_image_bytes`` before any pixel is decoded. A PNG/JPEG/BMP file is read whole in
+A file is opened once, through ``paths.open_checked``, and what its header declares is checked
+against ``limits.max_image_bytes`` (the decode's whole peak) before any pixel is decoded. A PNG/JPEG/BMP file is read whole in
 one call (the decoders' many small reads then come from memory), and a JPEG much larger than the
 size it is decoded for is decoded at 1/2, 1/4 or 1/8 scale by libjpeg itself (``Image.draft``),
-still at least that size, before the resize the rest of the way.
+still at least that size, before the resize the rest of the way. Any image at least four times
+that size is then shrunk by a whole factor in its own dtype (PIL's ``reduce``, a box average;
+``box_reduce`` for 16-bit and float pixels), so the float copy the resize works on is small.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from PIL import Image
 
 from trainer_backend.contract.printable import shown_name
 from trainer_backend.datasets.base import DatasetError, resize_unit_images, to_uint8
-from trainer_backend.datasets.limits import max_image_bytes, too_large_image
+from trainer_backend.datasets.limits import max_image_bytes, reduction_factor, too_large_image
 from trainer_backend.datasets.paths import open_checked
 
 TIFF_SUFFIXES = (".tif", ".tiff")
@@ -32,6 +34,11 @@ IMAGE_SUFFIXES = TIFF_SUFFIXES + RGB_SUFFIXES
 SENTINEL2_BANDS = 13
 SENTINEL2_RGB = (3, 2, 1)
 SENTINEL2_SCALE = 4000.0
+# PIL keeps an 8-bit image of up to four bands in four bytes a pixel; a mode it cannot shrink
+# (palette, CMYK, ...) is converted to RGB first, another four.
+PIL_BYTES_PER_PIXEL = 4
+# box_reduce makes float64 sums of this many input values at a time.
+REDUCE_STRIP_VALUES = 2**20
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,15 @@ def read_with_size(path: Path, roots: list[Path] | None = None,
     with open_checked(path, roots) as handle:
         try:
             if path.suffix.lower() in TIFF_SUFFIXES:
-                pixels = read_tiff(handle, path)
+                pixels = read_tiff(handle, path, draft_size)
                 stored_size = pixels.shape[:2]
+                pixels = box_reduce(pixels, reduction_factor(*stored_size, draft_size))
             else:
                 # Read whole unless the file alone is over what one decoded image may take: then
                 # the decoder reads its header from the file and refuses it before reading the rest.
                 whole = os.fstat(handle.fileno()).st_size <= max_image_bytes()
-                pixels, stored_size = read_rgb(io.BytesIO(handle.read()) if whole else handle, path, draft_size)
+                pixels, stored_size = read_rgb(io.BytesIO(handle.read()) if whole else handle, path, draft_size,
+                                               os.fstat(handle.fileno()).st_size if whole else 0)
         except DatasetError:
             raise
         except Exception as exc:  # decoders raise many types; the user needs the file and the reason
@@ -73,17 +82,39 @@ def read_with_size(path: Path, roots: list[Path] | None = None,
     return pixels, (int(stored_size[0]), int(stored_size[1]))
 
 
-def refuse_declared_size(path: Path, shape: tuple[int, ...], bytes_per_value: int) -> None:
-    problem = too_large_image(path, shape, bytes_per_value)
+def refuse_declared_size(path: Path, shape: tuple[int, ...], bytes_per_value: int, target: int | None = None,
+                         decoder_bytes: int | None = None) -> None:
+    problem = too_large_image(path, shape, bytes_per_value, target, decoder_bytes)
     if problem:
         raise DatasetError(problem)
 
 
-def read_tiff(handle, path: Path) -> np.ndarray:
+def box_reduce(pixels: np.ndarray, factor: int) -> np.ndarray:
+    """(H, W, bands) ``pixels`` averaged over ``factor`` x ``factor`` blocks, in their own dtype
+    (integers rounded): a strip of rows at a time, so no float copy of the whole image is made."""
+    if factor < 2:
+        return pixels
+    height, width, bands = pixels.shape[0] // factor, pixels.shape[1] // factor, pixels.shape[2]
+    out = np.empty((height, width, bands), dtype=pixels.dtype)
+    rows = max(1, REDUCE_STRIP_VALUES // max(1, factor * factor * width * bands))
+    for start in range(0, height, rows):
+        stop = min(height, start + rows)
+        strip = pixels[start * factor:stop * factor, :width * factor].astype(np.float64)
+        means = strip.reshape(stop - start, factor, width, factor, bands).mean(axis=(1, 3))
+        if np.issubdtype(out.dtype, np.integer):
+            means = np.rint(means, out=means)
+        out[start:stop] = means
+    return out
+
+
+def read_tiff(handle, path: Path, target: int | None = None) -> np.ndarray:
     with tifffile.TiffFile(handle, name=path.name) as tiff:
         # The header declares the shape; a few kilobytes of tiles can declare tens of gigabytes.
         series = tiff.series[0]
-        refuse_declared_size(path, tuple(series.shape), series.dtype.itemsize)
+        shape = tuple(series.shape)
+        # Band-last for the cost: a planar file declares (bands, H, W).
+        hwc = shape if len(shape) != 3 or shape[0] >= shape[-1] else (shape[1], shape[2], shape[0])
+        refuse_declared_size(path, hwc if len(hwc) == 3 else (*hwc, 1), series.dtype.itemsize, target)
         pixels = tiff.asarray()
     if pixels.ndim == 2:
         return pixels[:, :, None]
@@ -93,20 +124,35 @@ def read_tiff(handle, path: Path) -> np.ndarray:
     return pixels
 
 
-def read_rgb(handle, path: Path, draft_size: int | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+def read_rgb(handle, path: Path, draft_size: int | None = None,
+             encoded_bytes: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+    """The pixels (H, W, 3) and the stored (height, width) of a PNG/JPEG/BMP file; ``encoded_bytes``
+    is what of the file is held in memory while it is decoded (read whole), counted in its cost."""
     with Image.open(handle) as image:
         width, height = image.size  # from the header: nothing is decoded yet
-        wide = image.mode in ("I", "F")
-        refuse_declared_size(path, (height, width, max(3, len(image.getbands()))),
-                             4 if wide else 2 if image.mode.startswith("I;16") else 1)
-        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-            # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
-            gray = np.asarray(image)
-            return np.repeat(gray[:, :, None], 3, axis=2), (height, width)
+        bands = max(3, len(image.getbands()))
         if draft_size is not None and image.format == "JPEG":
             # libjpeg scales in its inverse DCT, a fraction of a full decode's work; the result is
             # still draft_size or more on each side, and the antialiased resize takes it the rest.
+            # Still nothing decoded: the size it will decode at is known, and that is what it costs.
             image.draft("RGB", (draft_size, draft_size))
+        wide = image.mode in ("I", "F")
+        bytes_per_value = 4 if wide else 2 if image.mode.startswith("I;16") else 1
+        shrinkable = image.mode in ("RGB", "RGBA", "L", "LA")
+        decoder_bytes = encoded_bytes + (height * width * bands * bytes_per_value if bytes_per_value > 1 else
+                                         image.size[0] * image.size[1] * PIL_BYTES_PER_PIXEL * (1 if shrinkable else 2))
+        if image.format == "JPEG" and image.info.get("progressive"):
+            # libjpeg keeps a progressive file's every DCT coefficient (two bytes a value) at full size.
+            decoder_bytes += height * width * bands * 2
+        refuse_declared_size(path, (height, width, bands), bytes_per_value, draft_size, decoder_bytes)
+        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+            # 16-bit and float grayscale would be clipped to 8 bits by convert("RGB").
+            gray = box_reduce(np.asarray(image)[:, :, None], reduction_factor(height, width, draft_size))
+            return np.repeat(gray, 3, axis=2), (height, width)
+        factor = reduction_factor(image.size[1], image.size[0], draft_size)
+        if factor > 1:
+            # A box average in uint8 inside PIL: the pixels taken out (and made float) are the shrunk ones.
+            image = (image if shrinkable else image.convert("RGB")).reduce(factor)
         # An RGB image needs no convert, which would copy it.
         return np.asarray(image if image.mode == "RGB" else image.convert("RGB")), (height, width)
 

@@ -10,8 +10,12 @@ with a message that says how big the set is and how to raise the limit:
 - ``PARALLAX_MAX_DECODED_MB`` (default: no limit), checked against
   images x channels x image_size² x bytes per value (1 for 8-bit sources, 2 otherwise)
 
-A third refuses one file whose header declares more than ``PARALLAX_MAX_IMAGE_MB`` (default
-1024 MB) of pixels, before it is decoded: a few kilobytes of tiled TIFF can declare tens of gigabytes.
+A third, ``PARALLAX_MAX_IMAGE_MB`` (default 1024 MB), is what decoding one file may cost: the
+whole decode's peak (``decode_peak_bytes``: the decoder's own buffer, the copy taken of it and the
+float copy the resize works on), judged from the file's header before any pixel is decoded. A few
+kilobytes of tiled TIFF can declare tens of gigabytes, and a small PNG of 8000 x 8000 hundreds of
+megabytes; an image far larger than the size it is stored at is shrunk by whole factors in its own
+dtype first (``reduction_factor``), so that the float copy is of the shrunk image.
 """
 
 from __future__ import annotations
@@ -101,17 +105,49 @@ def max_image_bytes() -> int:
     return _env_limit("PARALLAX_MAX_IMAGE_MB", DEFAULT_MAX_IMAGE_MB) * 2**20
 
 
-def too_large_image(path: Path | str, shape: tuple[int, ...], bytes_per_value: int) -> str | None:
-    """Why one image whose header declares ``shape`` is refused before decoding, or None."""
-    size, limit = bytes_per_value, max_image_bytes()
+def reduction_factor(height: int, width: int, target: int | None) -> int:
+    """The whole factor an image of ``height`` x ``width`` is shrunk by (box average, in its own
+    dtype) before it is resized to ``target``: the image stays at least twice ``target`` on each
+    side, so the antialiased resize still does the last step, and an image under four times
+    ``target`` is not shrunk at all (its pixels are those of the resize alone)."""
+    if not target:
+        return 1
+    return max(1, min(int(height), int(width)) // (2 * int(target)))
+
+
+def decode_peak_bytes(shape: tuple[int, ...], bytes_per_value: int, target: int | None,
+                      decoder_bytes: int | None = None) -> int:
+    """The most memory decoding one image of ``shape`` (height, width, bands) takes at once:
+    the decoder's buffer (``decoder_bytes``, else the pixels themselves), plus the pixels taken out
+    of it (shrunk by ``reduction_factor`` where they are) and, when resized to ``target``, their
+    float32 copy and the resized result."""
+    height, width = int(shape[0]), int(shape[1])
+    values = 1
+    for extent in shape:
+        values *= int(extent)
+    bands = values // max(1, height * width)
+    factor = reduction_factor(height, width, target)
+    kept = -(-height // factor) * -(-width // factor) * bands
+    peak = (decoder_bytes if decoder_bytes is not None else values * bytes_per_value) + kept * bytes_per_value
+    if target:
+        peak += kept * 4 + 2 * bands * int(target) ** 2 * 4
+    return peak
+
+
+def too_large_image(path: Path | str, shape: tuple[int, ...], bytes_per_value: int, target: int | None = None,
+                    decoder_bytes: int | None = None) -> str | None:
+    """Why one image whose header declares ``shape`` is refused before decoding (its decode's
+    peak, ``decode_peak_bytes``, over ``PARALLAX_MAX_IMAGE_MB``), or None."""
+    peak, limit = decode_peak_bytes(shape, bytes_per_value, target, decoder_bytes), max_image_bytes()
+    if peak <= limit:
+        return None
+    size = bytes_per_value
     for extent in shape:
         size *= int(extent)
-    if size <= limit:
-        return None
     shown = " x ".join(str(int(extent)) for extent in shape)
-    return (f"image {path} declares {shown} pixels ({size / 2**30:.1f} GiB decoded), more than the "
-            f"{limit / 2**20:.0f} MiB one image may take (PARALLAX_MAX_IMAGE_MB): it is not decoded; "
-            "remove it from the folder, or raise PARALLAX_MAX_IMAGE_MB if it is genuine")
+    return (f"image {path} declares {shown} pixels ({size / 2**30:.1f} GiB decoded, {peak / 2**20:,.0f} MiB at "
+            f"the decode's peak), more than the {limit / 2**20:.0f} MiB one image may take (PARALLAX_MAX_IMAGE_MB): "
+            "it is not decoded; remove it from the folder, or raise PARALLAX_MAX_IMAGE_MB if it is genuine")
 
 
 def too_many_images(root: Path | str, count: int) -> str | None:

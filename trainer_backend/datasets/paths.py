@@ -19,12 +19,23 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from trainer_backend.contract.printable import shown_name
 from trainer_backend.datasets.roots import is_under_roots
 from trainer_backend.datasets.errors import DatasetError
 
 
 def os_reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a link"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(mode: int) -> str:
+    """What ``mode`` (a stat's st_mode) says the file is, in words: "a named pipe", "a folder", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def broken_path_error(path: Path, exc: OSError) -> DatasetError:
@@ -34,6 +45,10 @@ def broken_path_error(path: Path, exc: OSError) -> DatasetError:
     if exc.errno == errno.ENOENT and os.path.islink(path):
         return DatasetError(f"dataset path {path} is a broken link (it points to {os.readlink(path)}, which does "
                             "not exist): remove or fix the link")
+    if exc.errno == errno.ENOENT:
+        return DatasetError(f"dataset path {shown_name(path)} is missing: it was there when the folder was listed "
+                            "and has been removed or moved since; put it back, or start the run again so that the "
+                            "folder is listed anew")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return DatasetError(f"dataset path {path} cannot be read (permission denied): make it readable to this "
                             "user, or move it out of the dataset folder")

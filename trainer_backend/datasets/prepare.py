@@ -38,6 +38,7 @@ from .cache import (
     cache_path,
     exclusive_lock,
     load_or_build,
+    open_cache_file,
     write_atomically,
 )
 from trainer_backend.datasets.folder import (
@@ -264,11 +265,13 @@ def cached_split(pool_path: Path, pool: DecodedPool, val_fraction: float, seed: 
     if pool.num_test and val_from == "test":
         return np.arange(num_train), np.arange(num_train, len(pool.labels))
     split_path = pool_path.with_name(f"{pool_path.name}-split-{val_fraction!r}-{seed}.npz")
-    with contextlib.suppress(Exception):  # missing, truncated or foreign: split again
-        with np.load(split_path, allow_pickle=False) as saved:
-            train, val = saved["train"], saved["val"]
-            if len(train) + len(val) == num_train:
-                return train, val
+    handle = open_cache_file(split_path)  # a named pipe or a folder there is named, not waited on
+    if handle is not None:
+        with handle, contextlib.suppress(Exception):  # truncated or foreign: split again
+            with np.load(handle, allow_pickle=False) as saved:
+                train, val = saved["train"], saved["val"]
+                if len(train) + len(val) == num_train:
+                    return train, val
     train, val = stratified_split(pool.labels[:num_train], len(pool.class_names), val_fraction, seed)
     write_atomically(split_path, lambda out: np.savez(out, train=train, val=val), "the dataset's split file")
     return train, val

@@ -273,19 +273,17 @@ def test_second_call_loads_the_cache_and_a_changed_file_changes_the_key(parallax
     root = make_tiff_folder(tmp_path / "eurosat", per_class=4)
     first = prepare_data(str(root))
     assert len(cache_files(parallax_home)) == 1
-    # Same size and mtime but other pixels: only a cache hit still returns the old values.
+    again = prepare_data(str(root))
+    assert torch.equal(again.train.images, first.train.images) and len(cache_files(parallax_home)) == 1
+    # Same size and mtime but other pixels: the change time, which no one can set back, changes the key.
     target = root / "AnnualCrop" / "AnnualCrop_0.tif"
     stat = target.stat()
     tifffile.imwrite(target, np.zeros((64, 64, 13), dtype=np.uint16))
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert target.stat().st_size == stat.st_size
     second = prepare_data(str(root))
-    assert torch.equal(second.train.images, first.train.images)
-    assert torch.equal(second.val.labels, first.val.labels)
-    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    third = prepare_data(str(root))
     assert len(cache_files(parallax_home)) == 2
-    darkest = [min(stored_unit_pixels(d.train).amin(), stored_unit_pixels(d.val).amin()) for d in (first, third)]
+    darkest = [min(stored_unit_pixels(d.train).amin(), stored_unit_pixels(d.val).amin()) for d in (first, second)]
     assert darkest[1] == 0.0 < darkest[0]
 
 
