@@ -218,6 +218,13 @@ def add_notes(engine: Engine, run_id: int, notes: Iterable[str]) -> None:
             _update_run(session, run_id, notes=merged)
 
 
+def set_config(engine: Engine, run_id: int, config: Mapping[str, Any]) -> None:
+    """Replace the run's config with ``config``, the same training with what its launcher settled
+    before the first rank started (``--amp auto``'s dtype); nothing else may change it."""
+    with session_scope(engine) as session:
+        _update_run(session, run_id, config=dict(config))
+
+
 def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> None:
     """Merge ``values`` into the run's once-per-run measurements (``Run.measurements``): a key
     given again replaces the old value, other keys stay."""

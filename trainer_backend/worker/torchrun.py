@@ -51,6 +51,7 @@ from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, s
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import collective_timeout
+from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import run_started_at_s
@@ -64,6 +65,7 @@ class Member(NamedTuple):
     device: str
     restarts: int
     pid: int
+    capability: tuple[int, int] | None = None  # its GPU's compute capability; None on the CPU
 
 
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
@@ -108,14 +110,17 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         # Each pid rides along with what every process tells the others anyway, labelled with its
         # global rank: each machine's sampler follows the processes of its machine by them. (Finding them
         # as the children of torchrun's agent would need each one's rank read from its environment.)
+        capability = tuple(torch.cuda.get_device_capability(device)) if device.startswith("cuda") else None
         dist.all_gather_object(members, Member(socket.gethostname(), world.node_rank, device, world.restart_count,
-                                               os.getpid()))
+                                               os.getpid(), capability))
         by_node = {m.node: m.host for m in members}
         hosts = [by_node[node] for node in sorted(by_node)]
         # Each machine's agent counts restarts of its own, so any count above 0 means a restart.
         restarted = any(m.restarts > 0 for m in members)
         try:
             joined = joined_config(config, [m.device for m in members], nodes=len(hosts))
+            # --amp auto from the weakest GPU of every machine, the same answer in every process.
+            joined = with_resolved_amp(joined, [m.capability for m in members if m.capability is not None])
         except ConfigError as exc:
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
