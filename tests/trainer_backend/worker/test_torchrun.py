@@ -184,7 +184,8 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
 
 
 @pytest.mark.parametrize("machines", [1, 2])
-def test_a_dataset_cache_that_takes_longer_than_the_collective_timeout_is_waited_for(parallax_home, machines):
+def test_a_dataset_cache_that_takes_longer_than_the_collective_timeout_is_waited_for(own_data_dir, parallax_home,
+                                                                                   machines):
     """Rank 0 builds the cache in its preflight; the other processes wait for its decision in
     torchrun's store, not in a collective bounded by PARALLAX_COLLECTIVE_TIMEOUT_S (here 12 s against
     a 30 s build; shorter, rank 0's own set-up after the build outlasts it on two busy cores). With two
