@@ -280,7 +280,8 @@ def paths_table(paths: dict[str, dict]) -> list[str]:
             "| --- | --- | --- | --- | --- | --- |"]
     for path, r in paths.items():
         if "skipped" in r:
-            rows.append(f"| {DATA_PATHS[path]} | — | — | — | — | not measured: {r['skipped']} |")
+            why = "; ".join([r["skipped"], *r.get("problems", [])])
+            rows.append(f"| {DATA_PATHS[path]} | — | — | — | — | not measured: {why} |")
             continue
         ratios = ", ".join(f"{v:.3f}" for v in r["ratios"])
         syncs = f"{figure(r['engine_syncs_per_step'], 2)} / {figure(r['plain_syncs_per_step'], 2)}"
