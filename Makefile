@@ -54,8 +54,8 @@ test: system-deps $(VENV)/.installed-test
 test-fast: $(VENV)/.installed-test
 	PARALLAX_TEST_TIER=fast $(PY) -m pytest -n $(TEST_WORKERS) -m "not processes and not browser and not bench"
 
-# The benchmark scripts still run (each with --quick, about 3 minutes), and gpu-check's script on two CPU
-# runs; CI runs it after make test.
+# The benchmark scripts still run (each with --quick, about 3 minutes), and gpu-check's script on CPU
+# runs (its hand-written loop, ratios, JPEG losses and estimates too); CI runs it after make test.
 bench-check: system-deps $(VENV)/.installed-test
 	$(PY) -m pytest -m bench
 

@@ -6,10 +6,16 @@ With CUDA it runs a short series of real runs of the engine on cuda:0 (resnet18 
 ``torchrun --standalone``), prints for each the epochs' training images/s, the largest step point's
 images/s (and its ratio to the best epoch's: above 2 a step point overstates; epoch 1's own figure is
 held down by cuDNN's algorithm search in its first step, so it is no yardstick), MFU with the peak
-it divides by, and the peak memory, then runs ``tests/system/test_gpu.py`` with the time left of a
-10-minute budget, and writes it all to docs/BENCHMARKS.md (section "GPU check") with the GPU named.
-It exits 1 if a run or a test failed or a figure is out of bounds. Without CUDA it says so in one
-line and exits 0.
+it divides by, and the peak memory. Then it answers whether the engine is the bottleneck of a
+comparison: the engine against bench/gpu.py's hand-written loop on both data paths (the dataset
+kept on the GPU; the host path with loader workers and pinned non-blocking copies), images/s per
+pair against a target of 0.98, with each side's synchronising calls per training step; a JPEG
+folder of mixed sizes trained with ``--decode workers`` (decoded on the GPU) and from the cache,
+losses compared; the memory estimate against the allocator's peak for single, ddp and fsdp
+stored larger than they train, and the epoch that holds ``--amp off``'s peak. Last it runs
+``tests/system/test_gpu.py`` with the time left of a 10-minute budget, and writes it all to
+docs/BENCHMARKS.md (section "GPU check") with the GPU named. It exits 1 if a run or a test failed
+or a figure is out of bounds. Without CUDA it says so in one line, writes nothing and exits 0.
 
 It installs nothing and needs no virtual environment: it runs under the python that starts it, with
 whatever that python imports (``make gpu-check PY=python3``; wheels installed with ``pip install
@@ -24,9 +30,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -42,16 +51,35 @@ MIN_TEST_S = 120
 STEP_POINT_S = "0.1"  # several step points per epoch, even on a fast GPU
 WORKLOAD = ("--dataset", "digits", "--model", "resnet18", "--image-size", "128", "--batch-size", "128",
             "--epochs", "3", "--quiet")
+# The memory estimate is compared with the allocator's peak on the runs stored larger than they
+# train (STORED_SIZE > the image size: the device crops, with its own workspace), and --amp off's
+# peak is found epoch by epoch.
+STORED_SIZE = "144"
 RUNS: list[tuple[str, tuple[str, ...]]] = [
-    ("single bf16", ("--strategy", "single", "--devices", "0", "--amp", "bf16")),
+    ("single bf16", ("--strategy", "single", "--devices", "0", "--amp", "bf16", "--stored-size", STORED_SIZE)),
     ("single --amp off", ("--strategy", "single", "--devices", "0", "--amp", "off")),
     ("single bf16 --compile", ("--strategy", "single", "--devices", "0", "--amp", "bf16", "--compile")),
     ("single bf16 --channels-last", ("--strategy", "single", "--devices", "0", "--amp", "bf16", "--channels-last")),
-    ("ddp, world of one", ("--strategy", "ddp", "--devices", "0", "--amp", "bf16")),
-    ("fsdp, world of one", ("--strategy", "fsdp", "--devices", "0", "--amp", "bf16")),
+    ("ddp, world of one", ("--strategy", "ddp", "--devices", "0", "--amp", "bf16", "--stored-size", STORED_SIZE)),
+    ("fsdp, world of one", ("--strategy", "fsdp", "--devices", "0", "--amp", "bf16", "--stored-size", STORED_SIZE)),
     ("single fp16 --grad-clip 1", ("--strategy", "single", "--devices", "0", "--amp", "fp16", "--grad-clip", "1.0")),
     ("torchrun --standalone, ddp", ("--strategy", "ddp", "--devices", "cuda", "--amp", "bf16")),
 ]
+# The time plan on one H100/H200 (10 minutes in all): the runs above about 25 s each (the compiled
+# one about 60 s), 4 minutes; the engine against the hand-written loop, resnet50 at 160 px, batch
+# 128, 6 epochs of the digits (~0.3 s each), one pair per data path started in turn (~30 s a pair)
+# plus each side's sync count (~15 s), 1.5 minutes; the JPEG folder (~100 small files) decoded
+# on the GPU and from the cache, 2 runs of 2 epochs, 30 s; three estimates on the CPU, 20 s;
+# tests/system/test_gpu.py gets the rest, at least MIN_TEST_S.
+DEVICE = "cuda:0"
+COMPARE = {"dataset": "digits", "model": "resnet50", "epochs": 6, "batch_size": 128, "image_size": 160}
+PAIRS = 1
+JPEG_CLASSES, JPEG_PER_CLASS, JPEG_SIZES = 4, 24, (40, 200)
+JPEG_FLAGS = ("--model", "resnet18", "--image-size", "64", "--batch-size", "32", "--epochs", "2", "--seed", "0",
+              "--bn-stats-images", "0", "--amp", "off", "--num-workers", "2", "--quiet")
+MAX_LOSS_GAP = 0.1  # decoded on the GPU and from the cache: the epochs' losses within 10 %
+MAX_ESTIMATE_ERROR = 0.1  # the estimate within 10 % of the allocator's peak
+TARGET_RATIO = 0.98  # the engine's images/s over the hand-written loop's
 TORCHRUN = (PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
 BEGIN, END = "<!-- gpu-check: begin -->", "<!-- gpu-check: end -->"
 MAX_STEP_OVER_EPOCH = 2.0  # a step point at more than twice the best epoch's images/s overstates
@@ -69,14 +97,16 @@ def nothing_to_check() -> tuple[str, int] | None:
     return None
 
 
-def run_one(name: str, flags: tuple[str, ...], db_url: str, timeout_s: float) -> dict:
-    """One real run to its end, summarised; a failure is summarised too, with its reason."""
+def run_one(name: str, flags: tuple[str, ...], db_url: str, timeout_s: float, workload: tuple[str, ...] | None = None
+            ) -> dict:
+    """One real run to its end, summarised; a failure is summarised too, with its reason.
+    ``workload``: the flags before ``flags`` (WORKLOAD unless given)."""
     from db import make_engine, store
 
     engine = make_engine(db_url)
     before = {run.id for run in store.list_runs(engine)}
     command = [*(TORCHRUN if name.startswith("torchrun") else (PYTHON,)), "-m", "trainer_backend", "run",
-               *WORKLOAD, *flags]
+               *(WORKLOAD if workload is None else workload), *flags]
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=ROOT, env=child_env(PARALLAX_STEP_POINT_S=STEP_POINT_S),
@@ -116,6 +146,8 @@ def summarise(name: str, flags: tuple[str, ...], run: dict, wall_s: float, outpu
         "peak_reserved_mb": round(max(max(e["extra"].get("peak_memory_reserved_mb", {}).values(), default=0)
                                       for e in epochs), 1),
         "forward_dtype": last["extra"].get("forward_dtype"),
+        "epoch_peak_memory_mb": [round(max(e["peak_memory_mb"].values(), default=0), 1) for e in epochs],
+        "train_loss": [e.get("train_loss") for e in epochs],
     })
     if summary["max_step_over_epoch"] is not None and summary["max_step_over_epoch"] > MAX_STEP_OVER_EPOCH:
         summary["problems"].append(f"a step point at {summary['max_step_over_epoch']}x the best epoch's images/s")
@@ -124,6 +156,81 @@ def summarise(name: str, flags: tuple[str, ...], run: dict, wall_s: float, outpu
     if summary["peak_source"] and "CPU" in summary["peak_source"]:
         summary["problems"].append(f"a CPU peak on a GPU run: {summary['peak_source']}")
     return summary
+
+
+def compare_with_hand_loop(db_url: str) -> dict[str, dict]:
+    """bench/gpu.py's comparison on DEVICE at COMPARE's sizes, PAIRS pairs per data path; each
+    path's result gains its problems (a median ratio under TARGET_RATIO)."""
+    from bench.gpu import compare_paths
+
+    paths = compare_paths(COMPARE, db_url, PAIRS, device=DEVICE, label="gpu-check")
+    for result in paths.values():
+        result["problems"] = []
+        if "ratios" in result and statistics.median(result["ratios"]) < TARGET_RATIO:
+            result["problems"].append(f"engine / hand-written {statistics.median(result['ratios']):.3f}, under "
+                                      f"{TARGET_RATIO}")
+    return paths
+
+
+def write_jpeg_folder(folder: Path, seed: int = 0) -> Path:
+    """JPEG_CLASSES class folders of JPEG_PER_CLASS photos-like images, each of its own size
+    (JPEG_SIZES, width and height drawn apart): the case where a GPU decode meets one shape per image."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for label in range(JPEG_CLASSES):
+        (folder / f"class{label}").mkdir(parents=True, exist_ok=True)
+        for index in range(JPEG_PER_CLASS):
+            width, height = (int(v) for v in rng.integers(*JPEG_SIZES, size=2))
+            base = np.zeros((height, width, 3), dtype=np.float32)
+            base[..., label % 3] = 180.0  # each class its own colour, under noise
+            pixels = np.clip(base + rng.normal(0, 40, size=base.shape), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"class{label}" / f"{index}.jpg", quality=90)
+    return folder
+
+
+def jpeg_losses(folder: Path, db_url: str, timeout_s: float) -> dict:
+    """The JPEG folder trained with ``--decode workers`` (on a GPU, the GPU decodes) and with the
+    cache, alike otherwise: each epoch's training loss, and the largest relative gap between them."""
+    runs = {}
+    device_flags = ("--devices", "cpu" if DEVICE == "cpu" else DEVICE.split(":")[-1])
+    for decode in ("workers", "cache"):
+        runs[decode] = run_one(f"JPEG folder, --decode {decode}",
+                               ("--dataset", str(folder), *JPEG_FLAGS, *device_flags, "--decode", decode),
+                               db_url, timeout_s, workload=())
+    losses = {decode: run.get("train_loss") or [] for decode, run in runs.items()}
+    problems = [f"--decode {decode}: {run['status']}" for decode, run in runs.items() if run["status"] != "completed"]
+    gap = None
+    if losses["workers"] and len(losses["workers"]) == len(losses["cache"]):
+        gap = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["workers"], losses["cache"]))
+        if not all(math.isfinite(v) for v in losses["workers"]) or gap > MAX_LOSS_GAP:
+            problems.append(f"losses {losses['workers']} decoded in the workers against {losses['cache']} from the "
+                            f"cache (gap {gap:.3f}, more than {MAX_LOSS_GAP})")
+    return {"losses": losses, "gap": gap, "problems": problems}
+
+
+def estimate_against_peak(result: dict, timeout_s: float = 120) -> dict | None:
+    """For a run stored larger than it trains: ``parallax estimate``'s peak for its flags against
+    the allocator's (the largest epoch's ``max_memory_allocated``); None for other runs."""
+    flags = result.get("flags", "").split()
+    if "--stored-size" not in flags or "peak_memory_mb" not in result:
+        return None
+    workload = [flag for flag in WORKLOAD if flag != "--quiet"]
+    command = [PYTHON, "-m", "trainer_backend", "estimate", *workload, *flags, "--json"]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"name": result["name"], "problems": [f"estimate did not end within {timeout_s:.0f} s"]}
+    if done.returncode != 0:
+        return {"name": result["name"], "problems": [f"estimate exited {done.returncode}: {done.stderr[-300:]}"]}
+    (estimate,) = json.loads(done.stdout)
+    estimated = max(device["total_mb"] for device in estimate["devices"].values())
+    error = estimated / result["peak_memory_mb"] - 1 if result["peak_memory_mb"] else None
+    problems = ([f"estimate {estimated:,.0f} MB against a peak of {result['peak_memory_mb']:,.0f} MB "
+                 f"({error:+.1%})"] if error is None or abs(error) > MAX_ESTIMATE_ERROR else [])
+    return {"name": result["name"], "estimate_mb": round(estimated, 1), "peak_mb": result["peak_memory_mb"],
+            "error": error, "problems": problems}
 
 
 def run_tests(timeout_s: float) -> dict:
@@ -165,7 +272,46 @@ def table(results: list[dict]) -> list[str]:
     return rows
 
 
-def section(gpu: str, environment: str, results: list[dict], tests: dict | None) -> str:
+def paths_table(paths: dict[str, dict]) -> list[str]:
+    from bench.gpu import DATA_PATHS
+
+    rows = ["| data path | engine, images/s | hand-written loop, images/s | engine / hand-written, each pair | "
+            "synchronising calls per training step (engine / hand-written) | status |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for path, r in paths.items():
+        if "skipped" in r:
+            why = "; ".join([r["skipped"], *r.get("problems", [])])
+            rows.append(f"| {DATA_PATHS[path]} | — | — | — | — | not measured: {why} |")
+            continue
+        ratios = ", ".join(f"{v:.3f}" for v in r["ratios"])
+        syncs = f"{figure(r['engine_syncs_per_step'], 2)} / {figure(r['plain_syncs_per_step'], 2)}"
+        status = "; ".join(r["problems"]) or f"at or above {TARGET_RATIO}"
+        rows.append(f"| {DATA_PATHS[path]} | {', '.join(figure(v) for v in r['engine'])} | "
+                    f"{', '.join(figure(v) for v in r['plain'])} | {ratios} | {syncs} | {status} |")
+    return rows
+
+
+def memory_lines(results: list[dict], estimates: list[dict]) -> list[str]:
+    lines = []
+    if estimates:
+        lines += ["| run | estimate, MB | allocator's peak, MB | estimate against peak | status |",
+                  "| --- | --- | --- | --- | --- |"]
+        for e in estimates:
+            error = "—" if e.get("error") is None else f"{e['error']:+.1%}"
+            lines.append(f"| {e['name']} | {figure(e.get('estimate_mb'), 1)} | {figure(e.get('peak_mb'), 1)} | {error} | "
+                         f"{'; '.join(e['problems']) or 'within ' + format(MAX_ESTIMATE_ERROR, '.0%')} |")
+        lines.append("")
+    for r in results:
+        if "--amp off" in r.get("flags", "") and r.get("epoch_peak_memory_mb"):
+            peaks = r["epoch_peak_memory_mb"]
+            top = peaks.index(max(peaks)) + 1
+            lines += [f"{r['name']}: the allocator's peak per epoch (max_memory_allocated, reset each epoch) "
+                      f"{', '.join(figure(v) for v in peaks)} MB: the peak is in epoch {top}.", ""]
+    return lines
+
+
+def section(gpu: str, environment: str, results: list[dict], tests: dict | None, *, paths: dict | None = None,
+            jpeg: dict | None = None, estimates: list[dict] | None = None) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     flags = " ".join(WORKLOAD[:-1])
     lines = [BEGIN, "## GPU check (`make gpu-check`)", "",
@@ -173,6 +319,24 @@ def section(gpu: str, environment: str, results: list[dict], tests: dict | None)
              f"`{flags}` (`PARALLAX_STEP_POINT_S={STEP_POINT_S}`), so the figures show that each path runs and "
              "what it records, not a tuned throughput. Epoch 1 carries cuDNN's algorithm search and the "
              "allocator's growth; MFU is the last epoch's.", "", *table(results), ""]
+    if paths is not None:
+        settings = ", ".join(f"{k} {v}" for k, v in COMPARE.items())
+        lines += ["The engine against a hand-written loop (`bench/gpu.py`): the same model, data, batch and AMP "
+                  f"({settings}), each started in turn, {PAIRS} pair(s) per data path; images/s is the median of "
+                  "the epochs after the first. Synchronising calls are counted with "
+                  "`torch.cuda.set_sync_debug_mode(\"warn\")` over one epoch's training steps, its start and end "
+                  "included.", "", *paths_table(paths), ""]
+    if jpeg is not None:
+        gap = "—" if jpeg["gap"] is None else f"{jpeg['gap']:.3f}"
+        lines += [f"A JPEG folder of {JPEG_CLASSES * JPEG_PER_CLASS} images of mixed sizes ({JPEG_SIZES[0]}–"
+                  f"{JPEG_SIZES[1]} px a side), `{' '.join(JPEG_FLAGS[:-1])}`: training loss per epoch with "
+                  f"`--decode workers` {', '.join(f'{v:.4f}' for v in jpeg['losses']['workers']) or '—'}, from the "
+                  f"cache {', '.join(f'{v:.4f}' for v in jpeg['losses']['cache']) or '—'}; largest relative gap "
+                  f"{gap}{' (' + '; '.join(jpeg['problems']) + ')' if jpeg['problems'] else ''}.", ""]
+    memory = memory_lines(results, estimates or [])
+    if memory:
+        lines += [f"The memory estimate (`parallax estimate`) against the allocator's peak, stored at {STORED_SIZE} px:",
+                  "", *memory]
     if tests is not None:
         lines += [f"tests/system/test_gpu.py: {tests['summary']}.", ""]
     lines.append(END)
@@ -229,6 +393,18 @@ def main() -> int:
                 print("\n".join(table([result])[2:]), flush=True)
                 if result.get("output") and result["status"] != "completed":
                     print(result["output"], flush=True)
+            estimates = [e for e in (estimate_against_peak(r) for r in results) if e is not None]
+            for line in memory_lines(results, estimates):
+                print(line, flush=True)
+            try:
+                paths = compare_with_hand_loop(db_url)
+            except Exception as exc:  # a run that failed: the check goes on, and fails, saying so
+                failure = f"{type(exc).__name__}: {str(exc)[-1500:]}"
+                paths = {"device": {"skipped": "failed", "problems": [failure]}}
+                print(failure, flush=True)
+            print("\n".join(paths_table(paths)), flush=True)
+            jpeg = jpeg_losses(write_jpeg_folder(home / "jpeg-mixed"), db_url, RUN_TIMEOUT_S)
+            print(f"JPEG folder, training losses: {jpeg['losses']} (gap {jpeg['gap']})", flush=True)
         finally:
             os.environ.pop("PARALLAX_DB_URL", None)
     tests = None
@@ -239,10 +415,11 @@ def main() -> int:
         print(f"tests/system/test_gpu.py: {tests['summary']}", flush=True)
         if tests["failed"]:
             print(tests.get("output", ""), flush=True)
-    write_section(args.docs, section(gpu, environment, results, tests))
+    write_section(args.docs, section(gpu, environment, results, tests, paths=paths, jpeg=jpeg, estimates=estimates))
     print("\n".join(table(results)), flush=True)
     print(f"wrote {args.docs} in {time.monotonic() - started:.0f} s", flush=True)
-    failed = any(r["status"] != "completed" or r.get("problems") for r in results) or bool(tests and tests["failed"])
+    failed = (any(r["status"] != "completed" or r.get("problems") for r in results) or bool(tests and tests["failed"])
+              or any(part.get("problems") for part in [*paths.values(), jpeg, *estimates]))
     return 1 if failed else 0
 
 

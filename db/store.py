@@ -221,6 +221,15 @@ def add_notes(engine: Engine, run_id: int, notes: Iterable[str]) -> None:
             _update_run(session, run_id, notes=merged)
 
 
+def set_config(engine: Engine, run_id: int, config: Mapping[str, Any], *, world_size: int | None = None) -> None:
+    """Replace the run's config with ``config``: the same training with what its launcher settled before the
+    first rank started (``--amp auto``'s dtype), or a resumed run moved to other devices (``world_size``
+    then changes too); nothing else may change it."""
+    values = {"config": dict(config), **({"world_size": world_size} if world_size is not None else {})}
+    with session_scope(engine) as session:
+        _update_run(session, run_id, **values)
+
+
 def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> None:
     """Merge ``values`` into the run's once-per-run measurements (``Run.measurements``): a key
     given again replaces the old value, other keys stay."""
@@ -242,12 +251,6 @@ def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
         if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
             raise LookupError(f"no run with id {run_id}")
         _upsert_epoch(session, row)
-
-
-def set_config(engine: Engine, run_id: int, config: Mapping[str, Any], *, world_size: int) -> None:
-    """Replace the run's config (a resumed run moved to other devices) and its world size."""
-    with session_scope(engine) as session:
-        session.execute(update(Run).where(Run.id == run_id).values(config=dict(config), world_size=world_size))
 
 
 def get_run(engine: Engine, run_id: int) -> RunRecord | None:

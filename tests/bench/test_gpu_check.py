@@ -6,10 +6,13 @@ The two tests that train run with the benchmark scripts, in ``make bench-check``
 from __future__ import annotations
 
 import os
+import re
+import statistics
 import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from bench import gpu_check
 from tests.support import ROOT
@@ -69,6 +72,70 @@ def test_its_runs_figures_and_docs_section_on_real_cpu_runs(parallax_home, db_ur
     assert "(new)" in rendered and rendered.count(gpu_check.BEGIN) == 1 and "4 passed" in rendered
 
 
+def tiny_check(monkeypatch):
+    """gpu-check's comparisons at sizes two CPU cores train in seconds, on the CPU."""
+    monkeypatch.setattr(gpu_check, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu_check, "COMPARE", {"dataset": "digits", "model": "test_resnet", "epochs": 2,
+                                               "batch_size": 128, "image_size": 16})
+    monkeypatch.setattr(gpu_check, "JPEG_PER_CLASS", 6)
+    monkeypatch.setattr(gpu_check, "JPEG_SIZES", (20, 48))
+    monkeypatch.setattr(gpu_check, "JPEG_FLAGS", ("--model", "test_resnet", "--image-size", "16", "--batch-size", "8",
+                                                  "--epochs", "2", "--seed", "0", "--bn-stats-images", "0",
+                                                  "--num-workers", "1", "--quiet"))
+
+
+@pytest.mark.bench
+@pytest.mark.processes
+def test_the_engine_against_the_hand_written_loop_on_both_data_paths_on_the_cpu(parallax_home, db_url, monkeypatch):
+    """The comparison gpu-check makes on a GPU, made on the CPU: both loops train, each pair's
+    ratio is the engine's images/s over the hand loop's, and the sync counts are None (no CUDA)."""
+    tiny_check(monkeypatch)
+    paths = gpu_check.compare_with_hand_loop(db_url)
+    assert set(paths) == {"device", "host"}
+    for result in paths.values():
+        assert len(result["engine"]) == len(result["plain"]) == len(result["ratios"]) == gpu_check.PAIRS
+        assert all(v > 0 for v in result["engine"] + result["plain"])
+        assert result["ratios"] == [e / p for e, p in zip(result["engine"], result["plain"])]
+        assert result["engine_syncs_per_step"] is None and result["plain_syncs_per_step"] is None
+        below = statistics.median(result["ratios"]) < gpu_check.TARGET_RATIO
+        assert bool(result["problems"]) == below
+    rows = gpu_check.paths_table(paths)
+    assert len(rows) == 4 and "host path: loader workers" in rows[3]
+
+
+def test_the_sync_counter_counts_what_set_sync_debug_mode_warns_of(monkeypatch):
+    """The counting, with the CUDA edge faked: torch warns once per synchronising call."""
+    import warnings
+
+    import torch
+
+    from bench.gpu import SyncCounter
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with SyncCounter(torch.device("cuda:0")) as counter:
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
+        warnings.warn("something else", UserWarning, stacklevel=2)
+    assert counter.count == 3 and modes == ["warn", "default"]
+    with SyncCounter(torch.device("cpu")) as counter:
+        pass
+    assert counter.count is None and modes == ["warn", "default"]  # a CPU leaves the mode alone
+
+
+@pytest.mark.bench
+@pytest.mark.processes
+def test_a_jpeg_folder_of_mixed_sizes_decoded_in_the_workers_and_from_the_cache(parallax_home, db_url, monkeypatch):
+    tiny_check(monkeypatch)
+    monkeypatch.setenv("PARALLAX_DB_URL", db_url)
+    folder = gpu_check.write_jpeg_folder(parallax_home / "jpeg")
+    sizes = {Image.open(path).size for path in folder.rglob("*.jpg")}
+    assert len(sizes) > 12  # nearly one shape per image
+    result = gpu_check.jpeg_losses(folder, db_url, timeout_s=300)
+    assert len(result["losses"]["workers"]) == len(result["losses"]["cache"]) == 2, result
+    assert result["gap"] is not None and result["gap"] < gpu_check.MAX_LOSS_GAP and result["problems"] == [], result
+
+
 @pytest.mark.parametrize("bad, problem", [({"images_per_s": 1800.0}, "a step point at 9.0x"),
                                          ({"mfu": 1.4}, "MFU 1.4"), ({}, None)])
 def test_a_figure_out_of_bounds_is_a_problem(bad, problem):
@@ -96,7 +163,11 @@ def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monke
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Example 80GB")
     monkeypatch.setattr(gpu_check, "WORKLOAD", ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16",
                                                 "--batch-size", "128", "--epochs", "1", "--quiet"))
-    monkeypatch.setattr(gpu_check, "RUNS", [("single on the CPU", ("--strategy", "single", "--devices", "cpu"))])
+    monkeypatch.setattr(gpu_check, "RUNS", [("single on the CPU", ("--strategy", "single", "--devices", "cpu",
+                                                                 "--stored-size", "20")),
+                                            ("single --amp off", ("--strategy", "single", "--devices", "cpu",
+                                                                  "--amp", "off"))])
+    tiny_check(monkeypatch)
     docs = parallax_home / "BENCHMARKS.md"
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--no-tests", "--docs", str(docs)])
     assert gpu_check.main() == 1
@@ -104,3 +175,8 @@ def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monke
     assert out.startswith("gpu-check on NVIDIA Example 80GB (1 GPU(s) visible") and "| single on the CPU |" in out
     text = docs.read_text()
     assert "**NVIDIA Example 80GB**" in text and "a CPU peak on a GPU run" in text and "test_gpu.py" not in text
+    # The comparison with the hand-written loop, the JPEG losses, the estimate and --amp off's epochs.
+    assert "The engine against a hand-written loop" in text and "| dataset kept on the GPU |" in text
+    assert "host path: loader workers, pinned non-blocking copies |" in text and "from the cache" in text
+    assert "| single on the CPU |" in text.split("The memory estimate")[1]
+    assert re.search(r"single --amp off: the allocator's peak per epoch .* the peak is in epoch [12]\.", text)

@@ -50,6 +50,79 @@ def test_amp_modes_asked_for_by_name_are_kept(monkeypatch):
     assert resolve_amp("off", CUDA0) is None and resolve_amp("auto", torch.device("cpu")) is None
 
 
+@pytest.fixture
+def ampere_beside_turing(two_gpus, monkeypatch, request):
+    """cuda:0 has bf16 tensor cores (8.0), cuda:1 not (7.5): as NVML reports them, or (NVML absent)
+    as torch does. Where NVML answers, torch must not be asked: that would start a CUDA context."""
+    from trainer_backend.contract import devices as devices_module
+
+    capabilities = {0: (8, 0), 1: (7, 5)}
+    if request.param == "nvml":
+        monkeypatch.setattr(devices_module, "gpu_statuses", lambda: [
+            devices_module.GpuStatus(index, "GPU", 16000.0, 0.0, None, compute_capability=capability)
+            for index, capability in capabilities.items()])
+
+        def not_asked(device=None):
+            raise AssertionError("torch asked for a capability NVML gave")
+
+        monkeypatch.setattr(torch.cuda, "get_device_capability", not_asked)
+    else:
+        monkeypatch.setattr(devices_module, "gpu_statuses", lambda: [])
+        monkeypatch.setattr(torch.cuda, "get_device_capability",
+                            lambda device=None: capabilities[torch.device(device).index if not isinstance(device, int)
+                                                             else device])
+    return capabilities
+
+
+@pytest.mark.parametrize("ampere_beside_turing", ["nvml", "torch"], indirect=True)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "dp"])
+def test_amp_auto_is_one_dtype_for_every_rank_from_the_weakest_listed_gpu(ampere_beside_turing, strategy):
+    """A DDP rank in fp16 with a gradient scaler beside one in bf16 without: the averaged gradients
+    mix scaled and unscaled ones and the replicas diverge. Every rank takes the weakest GPU's dtype."""
+    from trainer_backend.engine.loop import rank_amp_dtype, with_resolved_amp
+
+    config = RunConfig(strategy=strategy, devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
+    dtypes = [rank_amp_dtype(config, torch.device(device)) for device in config.devices]
+    assert dtypes == [torch.float16, torch.float16]
+    assert with_resolved_amp(config).amp == "fp16"  # what the launcher stores for the run
+    # The same order of devices the other way round, and a world of Ampere GPUs alone.
+    assert with_resolved_amp(config.replace(devices=("cuda:1", "cuda:0"))).amp == "fp16"
+    assert with_resolved_amp(config.replace(strategy="single", devices=("cuda:0",))).amp == "bf16"
+    assert with_resolved_amp(config.replace(amp="bf16")).amp == "bf16"  # asked for by name: kept
+
+
+@pytest.mark.parametrize("ampere_beside_turing", ["torch"], indirect=True)
+def test_a_pipeline_that_cannot_scale_fp16_resolves_amp_auto_to_fp32_on_every_stage(ampere_beside_turing):
+    from trainer_backend.engine.loop import rank_amp_dtype, with_resolved_amp
+
+    config = RunConfig(strategy="pp", devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
+    assert with_resolved_amp(config).amp == "off"
+    assert [rank_amp_dtype(config, torch.device(d)) for d in config.devices] == [None, None]
+
+
+def test_torchrun_resolves_amp_auto_from_every_machines_gpus():
+    """Each process of a torchrun job tells the others its GPU's capability when it joins; every
+    process resolves the same dtype from all of them (another machine's GPUs cannot be asked)."""
+    from trainer_backend.engine.loop import with_resolved_amp
+
+    joined = RunConfig(strategy="ddp", devices=("cuda:0", "cuda:0"), nodes=2, batch_size=64, amp="auto")
+    assert with_resolved_amp(joined, [(9, 0), (7, 0)]).amp == "fp16"
+    assert with_resolved_amp(joined, [(9, 0), (8, 6)]).amp == "bf16"
+    assert with_resolved_amp(joined).amp == "auto"  # not guessed from this machine's GPUs alone
+
+
+@pytest.mark.parametrize("ampere_beside_turing", ["nvml"], indirect=True)
+def test_the_run_row_shows_the_dtype_resolved_before_the_ranks_start(ampere_beside_turing, engine):
+    from db import store
+    from trainer_backend.worker.runner import resolve_stored_amp
+
+    config = RunConfig(strategy="ddp", devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
+    run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=2)
+    resolved = resolve_stored_amp(engine, run_id, config)
+    assert resolved.amp == "fp16" and store.get_run(engine, run_id).config == resolved.to_dict()
+    assert RunConfig.from_dict(store.get_run(engine, run_id).config).replace(amp="auto") == config
+
+
 # --- DataParallel ---
 
 def test_dataparallel_loader_takes_the_whole_global_batch(two_gpus, parallax_home):

@@ -160,6 +160,8 @@ def test_single_gpu_forward_runs_in_the_dtype_asked_for(parallax_home, amp):
     extra = run["epochs"][0]["extra"]
     expected = {"auto": auto_dtype(), "bf16": "bfloat16", "fp16": "float16", "off": None}[amp]
     assert extra.get("forward_dtype") == expected
+    # The dtype --amp auto stood for is settled before the ranks start and shown in the run's config.
+    assert run["config"]["amp"] == {"auto": {"bfloat16": "bf16", "float16": "fp16"}[auto_dtype()]}.get(amp, amp)
     if expected == "float16":
         # GradScaler starts at 2**16, halves on every step whose gradients overflow and doubles only after
         # 2,000 steps without one: within one epoch of the digits it is 2**16 or a power of two below it

@@ -161,8 +161,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     _choice("optimizer", "adam", "Optimizer", "The optimizer that steps the weights.", OPTIMIZERS),
     _number("weight_decay", float, 0.0, "Weight decay", "Weight decay the optimizer applies to the weights.",
             0.0, 1.0, step=1e-4),
-    _choice("amp", "auto", "Mixed precision (AMP)", "Mixed precision on CUDA: auto is bf16 where the GPU supports "
-            "it, else fp16 with a gradient scaler; CPU runs train in fp32.", AMP_MODES),
+    _choice("amp", "auto", "Mixed precision (AMP)", "Mixed precision on CUDA: auto is bf16 where every GPU of the run "
+            "supports it, else fp16 with a gradient scaler, settled before the run starts; CPU runs train in fp32.",
+            AMP_MODES),
     _number("num_workers", int, 0, "Data-loader workers per process", "Data-loader worker processes per training "
             "process; the decoded set is one cache file every process maps, so workers mostly add hand-over cost.",
             0, 64, step=1),

@@ -47,6 +47,57 @@ def resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
     return torch.float16
 
 
+def amp_setting(amp: str, capabilities: list[tuple[int, int]], *, microbatched: bool = False) -> str:
+    """``amp`` as every rank of a run on GPUs of ``capabilities`` trains it: "auto" becomes "bf16"
+    only where every one has bf16 tensor cores, else "fp16", or "off" for a pipeline, which cannot
+    scale fp16 gradients. One answer for the whole world: DDP averages every rank's gradients, and a
+    rank that scales its fp16 loss beside one that does not would make the replicas diverge."""
+    if amp != "auto" or not capabilities:
+        return amp
+    if min(capabilities) >= BF16_MIN_CAPABILITY:
+        return "bf16"
+    return "off" if microbatched else "fp16"
+
+
+def listed_capabilities(devices) -> list[tuple[int, int]]:
+    """The compute capability of each GPU ``devices`` lists on this machine: NVML's answer where it
+    gives one (it starts no CUDA context), else torch's."""
+    from trainer_backend.contract.devices import cuda_indices, gpu_statuses
+
+    indices = cuda_indices(devices)
+    if not indices:
+        return []
+    known = {gpu.index: gpu.compute_capability for gpu in gpu_statuses()}
+    return [tuple(known.get(index) or torch.cuda.get_device_capability(index)) for index in indices]
+
+
+def with_resolved_amp(config, capabilities: list[tuple[int, int]] | None = None):
+    """``config`` (a RunConfig) with ``--amp auto`` resolved once for every rank, from the weakest
+    of ``capabilities`` (by default those of the GPUs it lists on this machine). CPU runs keep
+    "auto": they train in fp32 whatever it says."""
+    from trainer_backend.contract.strategy_specs import spec
+
+    if config.amp != "auto" or not config.uses_cuda:
+        return config
+    if capabilities is None:
+        if config.nodes > 1:
+            return config  # other machines' GPUs cannot be asked from here: torchrun gathers them
+        capabilities = listed_capabilities(config.devices)
+    return config.replace(amp=amp_setting(config.amp, capabilities, microbatched=spec(config.strategy).microbatched))
+
+
+def rank_amp_dtype(config, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype a rank of ``config`` trains in on ``device``. The launcher resolved
+    ``--amp auto`` for the whole world (``with_resolved_amp``); a config that comes here unresolved
+    is resolved alike, from every GPU it lists, never from this rank's GPU alone."""
+    from trainer_backend.contract.strategy_specs import spec
+
+    amp_dtype = resolve_amp(with_resolved_amp(config).amp, device)
+    if spec(config.strategy).microbatched and amp_dtype == torch.float16:
+        return None  # fp16 without a gradient scaler underflows; pipelines cannot scale
+    return amp_dtype
+
+
 def make_grad_scaler(amp_dtype: torch.dtype | None) -> torch.amp.GradScaler | None:
     # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
     return torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None

@@ -43,7 +43,7 @@ from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
 from trainer_backend.contract.logguard import guard_output, reattach_deleted_log
-from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, resolve_amp, train_epoch, validate
+from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, rank_amp_dtype, train_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
@@ -400,9 +400,7 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     if config.compile:
         compile_model(model, strategy)
     optimizer = build_optimizer(config, model.parameters())
-    amp_dtype = resolve_amp(config.amp, strategy.input_device)
-    if strategy_spec(config.strategy).microbatched and amp_dtype == torch.float16:
-        amp_dtype = None  # fp16 without a gradient scaler underflows; pipelines cannot scale
+    amp_dtype = rank_amp_dtype(config, strategy.input_device)
     scaler = make_grad_scaler(amp_dtype)
     precision = PrecisionRecord(model, scaler) if amp_dtype is not None else None
     measures = RunMeasures(strategy, model, optimizer, amp_dtype, flops)

@@ -50,6 +50,7 @@ from trainer_backend.contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from trainer_backend.engine.divergence import TrainingDiverged
+from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import Recorder, run_started_at_s
@@ -101,6 +102,15 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
                        log_why=True)
 
 
+def resolve_stored_amp(engine, run_id: int, config: RunConfig) -> RunConfig:
+    """``config`` with ``--amp auto`` resolved from the weakest GPU it lists, written back to the
+    run's row, so that every rank trains in the one dtype the run shows."""
+    resolved = with_resolved_amp(config)
+    if resolved != config:
+        retry_when_locked(lambda: store.set_config(engine, run_id, resolved.to_dict()), what="record the run's AMP dtype")
+    return resolved
+
+
 def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool, needs_preflight: bool,
                 data_roots: list | None = None, log_why: bool = False) -> str:
     """Train the queued run ``run_id`` and record how it ended. ``log_why``: a run that did not
@@ -112,6 +122,7 @@ def _run_to_end(engine, run_id: int, url: str, config: RunConfig, *, echo: bool,
     watch = StallWatch(engine, run_id, named_run_folder(run_folder_name(engine, run_id)), on_stall=config.on_stall)
     try:
         with Heartbeat(engine, run_id), watch:
+            config = resolve_stored_amp(engine, run_id, config)  # before any rank starts, for every rank alike
             if not wait_for_turn(engine, run_id, echo=echo):
                 status, error = "cancelled", "cancelled while queued"
             else:

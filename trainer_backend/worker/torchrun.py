@@ -26,6 +26,7 @@ imported only once a process is known to join.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import socket
@@ -51,7 +52,8 @@ from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, s
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import collective_timeout
-from trainer_backend.engine.trainer import RankSpec, read_rank_failures
+from trainer_backend.engine.loop import with_resolved_amp
+from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import run_started_at_s
 from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
@@ -64,6 +66,7 @@ class Member(NamedTuple):
     device: str
     restarts: int
     pid: int
+    capability: tuple[int, int] | None = None  # its GPU's compute capability; None on the CPU
 
 
 def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None = None, echo: bool = True,
@@ -108,21 +111,24 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
         # Each pid rides along with what every process tells the others anyway, labelled with its
         # global rank: each machine's sampler follows the processes of its machine by them. (Finding them
         # as the children of torchrun's agent would need each one's rank read from its environment.)
+        capability = tuple(torch.cuda.get_device_capability(device)) if device.startswith("cuda") else None
         dist.all_gather_object(members, Member(socket.gethostname(), world.node_rank, device, world.restart_count,
-                                               os.getpid()))
+                                               os.getpid(), capability))
         by_node = {m.node: m.host for m in members}
         hosts = [by_node[node] for node in sorted(by_node)]
         # Each machine's agent counts restarts of its own, so any count above 0 means a restart.
         restarted = any(m.restarts > 0 for m in members)
         try:
             joined = joined_config(config, [m.device for m in members], nodes=len(hosts))
+            # --amp auto from the weakest GPU of every machine, the same answer in every process.
+            joined = with_resolved_amp(joined, [m.capability for m in members if m.capability is not None])
         except ConfigError as exc:
             return refuse(world, exc)  # every process reaches the same verdict
         url = database_url(db_url)
         sampling = Sampling(world.node_rank, members)
         if world.rank == 0:
-            return _lead(joined, world, hosts, url, echo, restarted, resume_job, sampling)
-        return _follow(joined, world, url, resume_job, sampling)
+            return _lead(joined, world, hosts, url, echo, restarted, resume_job, sampling, group_store)
+        return _follow(joined, world, url, resume_job, sampling, group_store)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -143,15 +149,34 @@ class Decision(NamedTuple):
     attempt: str | None = None
 
 
-def _tell(decision: Decision | None) -> Decision:
+# Rank 0 decides after its preflight, which builds the dataset cache: a large folder takes longer
+# than any collective may wait. The others wait for this key in the store, not in a collective;
+# should rank 0 die meanwhile, torchrun ends the job (or its store goes with it), ending this wait.
+# Each other machine's local rank 0 builds that machine's cache meanwhile, and rank 0 waits for
+# its key (DATA_READY_KEY/<node>) alike before it tells the processes to train.
+DECIDED_KEY = "parallax/decided"
+DATA_READY_KEY = "parallax/data-ready"
+DECISION_WAIT = datetime.timedelta(days=7)
+
+
+def _tell(decision: Decision | None, store) -> Decision:
     """Rank 0 tells every process its ``Decision``; every other process passes None and gets it."""
+    if dist.get_rank() == 0:
+        store.set(DECIDED_KEY, "1")
+    else:
+        store.wait([DECIDED_KEY], DECISION_WAIT)
     holder = [decision]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
-def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: Sampling) -> int:
-    decision = _tell(None)
+def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool, sampling: Sampling, group_store) -> int:
+    if world.local_rank == 0 and sampling.remote:
+        try:
+            load_data(joined)  # this machine's dataset cache, built before any collective waits on it
+        finally:  # a failure here ends this process, and torchrun the job; rank 0 must not wait for it
+            group_store.set(f"{DATA_READY_KEY}/{world.node_rank}", "1")
+    decision = _tell(None, group_store)
     if decision.action == "stop":
         return decision.code
     run_id = decision.run_id
@@ -173,7 +198,7 @@ def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *
 
 
 def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, echo: bool, restarted: bool,
-          resume_job: bool, sampling: Sampling) -> int:
+          resume_job: bool, sampling: Sampling, group_store) -> int:
     """Rank 0: open (or find) the job's run, tell every process, train and record how it ended.
     ``sampling`` says what its system sampler samples and which machines' samples it takes in."""
     try:
@@ -183,21 +208,23 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
         run_id, status = _open_run(engine, joined, world, hosts, notes, restarted, resume_job)
         folder_name = run_folder_name(engine, run_id)
     except USER_ERRORS as exc:
-        _tell(Decision("stop", None, 2))
+        _tell(Decision("stop", None, 2), group_store)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except BaseException:
-        _tell(Decision("stop", None, 1))
+        _tell(Decision("stop", None, 1), group_store)
         raise
     if status != "running":
         # A restart of a job whose run has ended (cancelled, say): nothing to resume, and exit
         # code 0 for a run that ended on purpose, so torchrun does not restart it again.
         code = 0 if status in ("completed", "cancelled") else 1
-        _tell(Decision("stop", run_id, code))
+        _tell(Decision("stop", run_id, code), group_store)
         print(f"run_id={run_id} status={status}", flush=True)
         return code
     attempt = uuid.uuid4().hex
-    _tell(Decision("train", run_id, 0, folder_name, attempt))
+    others = [node for node in sampling.machines if node != sampling.node]
+    group_store.wait([f"{DATA_READY_KEY}/{node}" for node in others], DECISION_WAIT)
+    _tell(Decision("train", run_id, 0, folder_name, attempt), group_store)
     if echo:
         announce(run_id, joined, info, notes)
     status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling, attempt)

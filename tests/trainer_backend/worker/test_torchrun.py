@@ -183,6 +183,38 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
             assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
 
 
+@pytest.mark.parametrize("machines", [1, 2])
+def test_a_dataset_cache_that_takes_longer_than_the_collective_timeout_is_waited_for(own_data_dir, parallax_home,
+                                                                                   machines):
+    """Rank 0 builds the cache in its preflight; the other processes wait for its decision in
+    torchrun's store, not in a collective bounded by PARALLAX_COLLECTIVE_TIMEOUT_S (here 12 s against
+    a 30 s build; shorter, rank 0's own set-up after the build outlasts it on two busy cores). With two
+    machines, the other one's local rank 0 builds (here: waits on the cache's lock for) its own copy
+    first, and rank 0 waits for it alike."""
+    from tests.plugins.slow_cache_build import BUILD_S
+
+    timeout_s = 12
+    assert BUILD_S > 2 * timeout_s
+    env = {"PARALLAX_PLUGINS": "tests.plugins.slow_cache_build", "PARALLAX_COLLECTIVE_TIMEOUT_S": str(timeout_s)}
+    run_flags = [*TINY, "--strategy", "ddp", "--devices", "cpu", "--batch-size", "64"]
+    if machines == 1:
+        agents = [start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"], run_flags, env_extra=env)]
+    else:
+        agent_flags = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                       "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"parallax-test-{uuid.uuid4().hex[:8]}"]
+        cores = sorted(os.sched_getaffinity(0))
+        agents = [start_agent(parallax_home, agent_flags, run_flags, env_extra=env, cores={cores[node % len(cores)]})
+                  for node in range(machines)]
+    results = finish(agents)
+    for code, out, err in results:
+        assert code == 0, out + err
+    errors = "".join(err for _, _, err in results)
+    assert errors.count("slow cache build:") == 1, errors  # built once, by rank 0, within the run
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed" and run["world_size"] == 2, run["error"]
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2]
+
+
 def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(engine, monkeypatch):
     """A rank's failure often reaches rank 0 first as an error in a collective, and torchrun's
     SIGTERM follows while rank 0 writes what it sampled: the write finishes, and the attempt's

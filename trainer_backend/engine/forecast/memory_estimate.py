@@ -300,7 +300,7 @@ def _cached_trace(key, plan: MemoryPlan, batch: int, stage: int | None) -> StepT
 def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | None]:
     """The autocast dtype the run will train in (as the trainer resolves it), and a note when
     this machine cannot tell (AMP auto on GPUs torch does not see)."""
-    from trainer_backend.engine.loop import resolve_amp
+    from trainer_backend.engine.loop import resolve_amp, with_resolved_amp
 
     if not config.uses_cuda or config.amp == "off":
         return None, None
@@ -309,7 +309,7 @@ def estimate_amp_dtype(config: RunConfig) -> tuple[torch.dtype | None, str | Non
         dtype, note = torch.bfloat16, ("AMP auto is estimated as bf16: this process cannot ask the GPU whether it "
                                        "has bf16 (before Ampere it trains in fp16, the same size).")
     else:
-        dtype = resolve_amp(config.amp, torch.device(config.devices[0]))
+        dtype = resolve_amp(with_resolved_amp(config).amp, torch.device(config.devices[0]))  # the weakest GPU's
     if spec(config.strategy).microbatched and dtype == torch.float16:
         return None, None  # as the trainer: pipelines cannot scale fp16 gradients, so train in fp32
     return dtype, note
