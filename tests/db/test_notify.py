@@ -95,6 +95,11 @@ def test_a_failed_run_posts_its_reason_once(engine, parallax_home, receiver, mon
     assert len(receiver.posts) == 1
 
 
+def test_a_cancelled_run_is_told(engine, parallax_home, receiver, monkeypatch):
+    run_id, [post] = ended_run(engine, receiver, monkeypatch, "cancelled", "cancelled by the user")
+    assert post["body"]["event"] == "run.cancelled" and post["body"]["run"]["reason"] == "cancelled by the user"
+
+
 def test_a_run_marked_lost_is_told(engine, parallax_home, receiver, monkeypatch):
     monkeypatch.setenv(notify.WEBHOOKS_ENV, receiver.url)
     run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "single"}, status="running")

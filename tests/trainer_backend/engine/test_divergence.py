@@ -137,6 +137,15 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_turns_nan(parallax_home):
 
 
 @pytest.mark.processes
+def test_a_single_run_under_skip_drops_the_nan_step_and_completes(parallax_home):
+    run = run_and_export(parallax_home, "--epochs", "2", "--on-nonfinite", "skip", nan_step=30)
+    assert run["status"] == "completed", run["error"]
+    extra = run["epochs"][1]["extra"]
+    assert (extra["skipped_steps"], extra["nonfinite_steps"]) == (1, 1)
+    assert all(math.isfinite(e["train_loss"]) and math.isfinite(e["val_loss"]) for e in run["epochs"])
+
+
+@pytest.mark.processes
 def test_ddp_skip_drops_the_step_on_both_ranks_and_completes(parallax_home):
     run = run_and_export(parallax_home, *DDP_ON_CPU, "--epochs", "2", "--on-nonfinite", "skip", nan_step=30,
                          nan_rank=1)
