@@ -125,7 +125,8 @@ def test_list_shows_one_line_per_run(runs, home):
     lines = run_cli("list", home=home).stdout.strip().splitlines()
     assert len(lines) == len([name for name in runs if name != "ddp"])  # ddp's run lives in the shared home
     mp = runs["mp"]["run_id"]
-    assert f"run_id={mp} status=completed strategy=mp model=test_resnet dataset=digits" in lines
+    [line] = [line for line in lines if line.startswith(f"run_id={mp} ")]
+    assert line.startswith(f"run_id={mp} status=completed strategy=mp model=test_resnet dataset=digits best_val_acc=")
 
 
 def make_eurosat_folder(root, classes=("AnnualCrop", "Forest", "River"), per_class=16, corrupt=False):
