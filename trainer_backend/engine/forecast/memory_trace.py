@@ -149,10 +149,10 @@ class FakeModel:
     def stages(self, n: int, image_size: int, strategy: str) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
         """The stages mp and pp cut the model into (the same layers, balanced the same way), and
         each stage's input shape per image."""
-        from trainer_backend.engine.models import ModelError, balanced_bounds, count_parameters, flatten_sequential
+        from trainer_backend.engine.models import ModelError, balanced_bounds, count_parameters, stage_layers
 
         if (n, image_size) not in self._stages:
-            layers = flatten_sequential(self.model)
+            layers = stage_layers(self.model, self.name)
             if len(layers) < n:
                 raise ModelError(f"model {self.name!r} has {len(layers)} layers in sequence, too few for {n} stages")
             shapes = self._shapes_in_sequence(layers, image_size)
