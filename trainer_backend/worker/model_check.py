@@ -50,15 +50,16 @@ def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIM
 
 
 def _verdict(config: RunConfig) -> dict:
+    from trainer_backend.contract.strategy_specs import spec
     from trainer_backend.engine.custom_model import check_custom_model
     from trainer_backend.engine.forecast.memory_estimate import dataset_shape
-    from trainer_backend.engine.models import create_model, split_into_stages
-    from trainer_backend.contract.strategy_specs import spec
 
     num_classes, in_chans = dataset_shape(config)
     given = check_custom_model(config.model, config.model_kwargs, num_classes=num_classes, in_chans=in_chans,
                                image_size=config.image_size)
     if spec(config.strategy).staged:
+        from trainer_backend.engine.models import create_model, split_into_stages  # imports timm: only for mp and pp
+
         model = create_model(config.model, num_classes=num_classes, in_chans=in_chans, model_args=config.model_kwargs)
         stages = config.world_size if spec(config.strategy).distributed else len(config.devices)
         split_into_stages(model, stages, in_chans=in_chans, image_size=config.image_size, name=config.model)

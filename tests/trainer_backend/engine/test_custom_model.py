@@ -5,6 +5,7 @@ went wrong and the line of the user's file; mp and pp cut it where it says (``pa
 from __future__ import annotations
 
 import hashlib
+import sys
 import textwrap
 
 import pytest
@@ -218,3 +219,15 @@ def test_the_launch_records_the_absolute_file_and_its_sha256(nets, monkeypatch):
 def test_timm_names_still_take_model_args():
     model = create_model("resnet18", num_classes=3, in_chans=1, model_args={"drop_rate": 0.5})
     assert isinstance(model, nn.Module) and model.drop_rate == 0.5
+
+
+def test_the_launcher_finds_a_modules_file_without_running_its_package(tmp_path, monkeypatch):
+    """What the dashboard's process does (record the source) imports nothing: a package whose __init__
+    crashes is found, and only the child check (and the worker) import it."""
+    package = tmp_path / "crashing_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('would end the dashboard')\n")
+    (package / "nets.py").write_text("from torch import nn\nNet = nn.Identity\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert model_source("crashing_pkg.nets:Net").startswith(f"{package / 'nets.py'} sha256=")
+    assert "crashing_pkg" not in sys.modules
