@@ -231,3 +231,14 @@ def test_the_launcher_finds_a_modules_file_without_running_its_package(tmp_path,
     monkeypatch.syspath_prepend(str(tmp_path))
     assert model_source("crashing_pkg.nets:Net").startswith(f"{package / 'nets.py'} sha256=")
     assert "crashing_pkg" not in sys.modules
+
+
+def test_the_memory_estimate_sizes_a_custom_model_with_its_args(nets):
+    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
+
+    sizes = {}
+    for width in (8, 4096):
+        config = RunConfig(model=f"{nets}:Net", model_args={"width": width}, image_size=16, batch_size=8)
+        sizes[width] = estimate_memory(config, num_classes=10, in_chans=1).largest.parameters
+    params_4096 = (1 * 9 * 4096 + 4096) + (4096 * 10 + 10)  # conv weight + bias, linear weight + bias
+    assert sizes[4096] == params_4096 * 4 and sizes[8] < sizes[4096]
