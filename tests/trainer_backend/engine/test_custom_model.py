@@ -242,3 +242,18 @@ def test_the_memory_estimate_sizes_a_custom_model_with_its_args(nets):
         sizes[width] = estimate_memory(config, num_classes=10, in_chans=1).largest.parameters
     params_4096 = (1 * 9 * 4096 + 4096) + (4096 * 10 + 10)  # conv weight + bias, linear weight + bias
     assert sizes[4096] == params_4096 * 4 and sizes[8] < sizes[4096]
+
+
+def test_the_worker_refuses_a_file_changed_after_launch(nets):
+    from types import SimpleNamespace
+
+    from trainer_backend.worker.preflight import check_custom_before_training
+
+    config = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 4}, image_size=16))
+    model = create_model(config.model, num_classes=10, in_chans=1, model_args=config.model_kwargs)
+    info = SimpleNamespace(num_classes=10, in_chans=1)
+    check_custom_before_training(config, model, info)  # the file as launched: accepted
+    nets.write_text(NETS + "\n# edited\n")
+    with pytest.raises(ModelError, match=r"its file changed after the run was launched \(recorded sha256=[0-9a-f]{64}, "
+                                         r"now sha256=[0-9a-f]{64}\): launch it again"):
+        check_custom_before_training(config, model, info)
