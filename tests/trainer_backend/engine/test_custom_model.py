@@ -257,3 +257,14 @@ def test_the_worker_refuses_a_file_changed_after_launch(nets):
     with pytest.raises(ModelError, match=r"its file changed after the run was launched \(recorded sha256=[0-9a-f]{64}, "
                                          r"now sha256=[0-9a-f]{64}\): launch it again"):
         check_custom_before_training(config, model, info)
+
+
+def test_compare_shows_which_code_each_run_trained(nets):
+    from reports.scaling import config_differences
+
+    first = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 4}))
+    nets.write_text(NETS + "\n# edited\n")
+    second = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 8}))
+    table = config_differences([{"id": 1, "config": first.to_dict()}, {"id": 2, "config": second.to_dict()}])
+    assert list(table.index) == ["model_args", "model_source"]
+    assert table.loc["model_source", "#1"] == first.model_source != table.loc["model_source", "#2"]
