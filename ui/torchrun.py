@@ -15,7 +15,7 @@ import uuid
 from dataclasses import fields
 
 from trainer_backend.contract.config import MAX_NODES, ConfigError, RunConfig
-from trainer_backend.contract.fields import FIELDS, SET_BY_TORCHRUN
+from trainer_backend.contract.fields import FIELDS, SET_BY_LAUNCH, SET_BY_TORCHRUN
 from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config
 
 ALWAYS_SHOWN = ("dataset", "model", "strategy", "devices")  # the rest only where they differ from the defaults
@@ -33,7 +33,7 @@ def config_flags(config: RunConfig) -> list[str]:
     flags: list[str] = []
     for field in fields(RunConfig):
         name, value = field.name, getattr(config, field.name)
-        if name in SET_BY_TORCHRUN or (name not in ALWAYS_SHOWN and value == getattr(default, name)):
+        if name in SET_BY_TORCHRUN or name in SET_BY_LAUNCH or (name not in ALWAYS_SHOWN and value == getattr(default, name)):
             continue
         flag = FIELDS[name].flag
         if isinstance(value, bool):

@@ -9,7 +9,9 @@ every field. The checks that need the data or the model run in ``preflight`` bef
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -35,6 +37,7 @@ MAX_BAND_INDEX = 4095
 MAX_MODEL_NAME_LENGTH = 128  # timm's longest name with its pretrained tag is under 60
 MAX_PATH_LENGTH = 4096  # Linux's PATH_MAX; the folder must also exist, which the OS checks past this
 MAX_PATH_PART_LENGTH = 255  # NAME_MAX: one folder or file name
+MAX_MODEL_ARGS_LENGTH = 100_000  # a JSON object of keyword arguments, not a data file
 # CPU processes (or model stages) on one machine, per core: a few more processes than cores still
 # runs (slowly, each with one thread); thousands start until the machine stops answering.
 CPU_PROCESSES_PER_CORE = 4
@@ -136,6 +139,12 @@ class RunConfig:
     bands: tuple[int, ...] | None = None
     band_scale: float | None = None
     model: str = "resnet18"
+    # The model's keyword arguments, a JSON object kept as canonical JSON text (sorted keys) so that
+    # the frozen config stays hashable and two spellings of the same arguments compare equal.
+    model_args: str = "{}"
+    # A custom model's source file and its SHA-256 when the run was launched ('<path> sha256=<hex>';
+    # '' for a timm model): the code a past run trained (contract/model_source.py).
+    model_source: str = ""
     pretrained: bool = False
     strategy: str = "single"
     devices: tuple[str, ...] = ("cpu",)
@@ -206,6 +215,7 @@ class RunConfig:
         if self.bands is not None:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
         object.__setattr__(self, "augment", parse_augment(self.augment))
+        object.__setattr__(self, "model_args", parse_model_args(self.model_args))
         _validate(self)
 
     @property
@@ -242,6 +252,11 @@ class RunConfig:
     def base_lr(self) -> float:
         """The peak learning rate the schedule uses: ``lr``, or with ``scale_lr`` the linear scaling rule."""
         return self.lr * self.effective_batch / SCALE_LR_REFERENCE_BATCH if self.scale_lr else self.lr
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """``model_args`` as the keyword arguments it holds."""
+        return json.loads(self.model_args)
 
     @property
     def uses_cuda(self) -> bool:
@@ -358,9 +373,62 @@ def _check_dataset(cfg: RunConfig) -> None:
 def _check_model_name(cfg: RunConfig) -> None:
     if not isinstance(cfg.model, str) or not cfg.model.strip():
         raise ConfigError("model", "model is empty: give a timm model name, e.g. resnet18")
-    if len(cfg.model) > MAX_MODEL_NAME_LENGTH:
+    if ":" in cfg.model:  # your own model, pkg.module:Attr or path/to/file.py:Attr (contract/model_source.py)
+        _check_custom_model_name(cfg)
+    elif len(cfg.model) > MAX_MODEL_NAME_LENGTH:
         raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a timm model name has at most "
                           f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
+    if not isinstance(cfg.model_source, str) or not (cfg.model_source == "" or MODEL_SOURCE.fullmatch(cfg.model_source)):
+        raise ConfigError("model_source", f"model_source {_shown(cfg.model_source)} is not allowed: it is recorded at "
+                          "launch as '<file> sha256=<64 hex digits>', or '' for a timm model")
+
+
+MODEL_SOURCE = re.compile(r".+ sha256=[0-9a-f]{64}", re.DOTALL)
+
+
+def _check_custom_model_name(cfg: RunConfig) -> None:
+    from trainer_backend.contract.model_source import ModelError, split_model_spec
+
+    if "\x00" in cfg.model or len(cfg.model) > MAX_PATH_LENGTH:
+        raise ConfigError("model", f"model {shown_length(cfg.model)} is not allowed: a path:Attr has at most "
+                          f"{MAX_PATH_LENGTH} characters and no NUL")
+    try:
+        split_model_spec(cfg.model)
+    except ModelError as exc:
+        raise ConfigError("model", str(exc)) from None
+    if cfg.pretrained:
+        raise ConfigError("pretrained", f"pretrained is not allowed with model {_shown(cfg.model)}: pretrained "
+                          "weights are timm's; load your own in the model's constructor")
+
+
+def parse_model_args(model_args: Any) -> str:
+    """'{"depth": 34}' or {"depth": 34} -> '{"depth": 34}' (canonical JSON); anything but a JSON object is refused."""
+    allowed = 'give the model\'s keyword arguments as a JSON object, e.g. {"depth": 34}'
+    if isinstance(model_args, str):
+        if len(model_args) > MAX_MODEL_ARGS_LENGTH:
+            raise ConfigError("model_args", f"model_args {shown_length(model_args)} is not allowed: at most "
+                              f"{MAX_MODEL_ARGS_LENGTH:,} characters; {allowed}")
+        try:
+            value = json.loads(model_args) if model_args.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError("model_args", f"model_args {_shown(model_args)} is not JSON ({getattr(exc, 'msg', exc)}): "
+                              f"{allowed}") from None
+    else:
+        value = model_args
+    if not isinstance(value, dict):
+        raise ConfigError("model_args", f"model_args {_shown(model_args)} is not allowed: {allowed}")
+    taken = sorted(set(value) & {"num_classes", "in_chans"})
+    if taken:
+        raise ConfigError("model_args", f"model_args gives {', '.join(taken)}, which the dataset decides: leave "
+                          "them out (they are passed where the model takes them)")
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError("model_args", f"model_args {_shown(model_args)} is not allowed ({exc}): {allowed}") from None
+
+
+def _check_model_args(cfg: RunConfig) -> None:
+    parse_model_args(cfg.model_args)  # normalised in __post_init__; named in the field catalogue
 
 
 def _validate(cfg: RunConfig) -> None:

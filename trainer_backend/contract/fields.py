@@ -37,6 +37,7 @@ MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
 MAX_TAGS, MAX_TAG_LENGTH = 64, 200
 MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
 SET_BY_TORCHRUN = ("nodes",)  # RunConfig fields no user sets: torchrun's world gives them
+SET_BY_LAUNCH = ("model_source",)  # RunConfig fields no user sets: the launch records them
 
 
 def split_commas(text: str) -> list[str]:
@@ -145,8 +146,12 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           parse=str),
     _number("band_scale", float, None, "Band scale", "Band values are divided by this, then clipped to [0, 1] "
             "(4000 for 13-band files when not given).", 0.0, 1e9, low_open=True, step=100.0),
-    Field("model", str, "resnet18", "timm model (type to search)", "A timm model name, e.g. resnet18.",
+    Field("model", str, "resnet18", "timm model (type to search)", "A timm model name, e.g. resnet18, or your own: "
+          "pkg.module:Attr or path/to/file.py:Attr, an nn.Module class or a function returning one.",
           registry="models", check="_check_model_name", parse=str),
+    Field("model_args", str, "{}", "Model arguments (a JSON object)", "The model's keyword arguments as a JSON "
+          'object, e.g. {"depth": 34}; num_classes and in_chans come from the dataset.', check="_check_model_args",
+          parse=str),
     _switch("pretrained", "Start from pretrained weights (from the local cache when offline)",
             "Start from the model's pretrained weights, from the local cache when offline."),
     Field("strategy", str, "single", "Strategy", "How the run spreads over its devices.", registry="strategies",

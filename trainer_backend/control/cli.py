@@ -30,6 +30,8 @@ from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from trainer_backend.contract.startup import engine_imports
 from trainer_backend.contract.storage import DiskFullError
+from trainer_backend.contract.strategy_specs import spec as strategy_spec
+from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
 MAX_CONFIG_FILE_BYTES = 2**20
@@ -301,6 +303,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
                           "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
+    check_model_before_launch(config)  # your own model, in a child process, before a run is recorded
     open_database(args.db)
     with engine_imports():
         from trainer_backend.worker.runner import execute_run
@@ -319,6 +322,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     from trainer_backend.control.lifecycle import launch
 
     config = config_from_args(args)
+    check_model_before_launch(config)  # your own model, in a child process, before it is queued
     open_database(args.db)
     run_id = launch(config, db_url=args.db)
     print(f"run_id={run_id} status=queued", flush=True)
@@ -340,7 +344,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.report is not None and args.report.is_dir():
         raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    sweep_configs(config, strategies, device_counts)  # every run's config refused or accepted before any is recorded
+    configs = sweep_configs(config, strategies, device_counts)  # every run's config refused or accepted before any is recorded
+    for staged_or_first in [c for i, c in enumerate(configs) if i == 0 or strategy_spec(c.strategy).staged]:
+        check_model_before_launch(staged_or_first)  # your own model; mp and pp also cut it into stages
     open_database(args.db)
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db, device_counts=device_counts)
     engine = make_engine(args.db)

@@ -29,6 +29,7 @@ from db.folders import run_folder
 from db.settings import database_url, parallax_home
 
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
+from trainer_backend.contract.model_source import with_model_source
 from trainer_backend.contract.strategy_specs import find
 from trainer_backend.datasets.roots import check_under_roots
 from trainer_backend.contract.python_process import python_command
@@ -77,7 +78,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_under_roots(config.dataset, data_roots)
-    config = with_absolute_dataset(config)
+    config = with_model_source(with_absolute_dataset(config))
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,

@@ -19,17 +19,17 @@ from timm.models import split_model_name_tag
 from torch import nn
 
 from trainer_backend.contract.config import MAX_MODEL_NAME_LENGTH, shown, shown_length
+from trainer_backend.contract.model_source import ModelError, is_custom_model
 
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
-class ModelError(ValueError):
-    """A model name, weight source or split that cannot work; the message names the model."""
-
-
 def check_model_name(name: str) -> None:
     """Raise ModelError naming ``name`` and the closest timm names when timm does not know it, or
-    does not know the pretrained tag after its dot (``resnet18.a1_in1k``)."""
+    does not know the pretrained tag after its dot (``resnet18.a1_in1k``). A custom model's path
+    (``pkg.module:Attr``) is checked by importing it (custom_model.py), not here."""
+    if is_custom_model(name):
+        return
     if len(name) > MAX_MODEL_NAME_LENGTH:  # before the closest-name search, whose cost grows with the name
         raise ModelError(f"model {shown_length(name)} is not allowed: a timm model name has at most "
                          f"{MAX_MODEL_NAME_LENGTH} characters, e.g. resnet18")
@@ -46,12 +46,17 @@ def check_model_name(name: str) -> None:
     raise ModelError(f"unknown model {shown(name)}: not a timm architecture{hint}")
 
 
-def create_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool = False) -> nn.Module:
-    """Build a timm model sized for the dataset. Pretrained weights come from the local cache
-    first; the hub is only asked when it answers, so an offline machine fails in seconds, not
-    after timm's ~46 s of retries."""
+def create_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool = False,
+                 model_args: dict | None = None) -> nn.Module:
+    """Build a timm model (or your own, ``pkg.module:Attr``) sized for the dataset, with ``model_args``
+    as its keyword arguments. Pretrained weights come from the local cache first; the hub is only
+    asked when it answers, so an offline machine fails in seconds, not after timm's ~46 s of retries."""
+    if is_custom_model(name):
+        from trainer_backend.engine.custom_model import build_custom_model
+
+        return build_custom_model(name, model_args, num_classes=num_classes, in_chans=in_chans)[0]
     check_model_name(name)
-    kwargs: dict = {"num_classes": num_classes, "in_chans": in_chans}
+    kwargs: dict = {**(model_args or {}), "num_classes": num_classes, "in_chans": in_chans}
     if pretrained:
         local = _cached_weights(name)
         if local is not None:
@@ -117,6 +122,23 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+ADD_STAGES = ("add a parallax_stages() method returning its sub-modules in the order they run (each one's output "
+              "the next one's input, the last one's the logits)")
+
+
+def stage_layers(model: nn.Module, label: str) -> list[nn.Module]:
+    """The layers stages are cut from: the model's own ``parallax_stages()`` where it has one (a custom
+    model says where it may be cut), else its top-level children with plain Sequentials opened up."""
+    declared = getattr(model, "parallax_stages", None)
+    if declared is None:
+        return flatten_sequential(model)
+    layers = list(declared())
+    if not layers or not all(isinstance(layer, nn.Module) for layer in layers):
+        raise ModelError(f"model {label!r}: parallax_stages() must return a list of its nn.Module parts in the "
+                         f"order they run, got {shown([type(layer).__name__ for layer in layers])}")
+    return layers
+
+
 def flatten_sequential(module: nn.Module) -> list[nn.Module]:
     """Top-level children, with plain nn.Sequential containers opened up (their forward is just
     'one after another', so opening them keeps the computation and gives finer cut points)."""
@@ -138,10 +160,14 @@ def split_into_stages(model: nn.Module, n_stages: int, *, in_chans: int, image_s
     fails the check and gets a clear error instead of a silently different network.
     """
     label = name or type(model).__name__
-    layers = flatten_sequential(model)
+    layers = stage_layers(model, label)
     if len(layers) < n_stages:
-        raise ModelError(f"model {label!r} has {len(layers)} layers in sequence, too few for {n_stages} stages")
+        raise ModelError(f"model {label!r} has {len(layers)} layers in sequence, too few for {n_stages} stages"
+                         + (f"; {ADD_STAGES}" if is_custom_model(label) else ""))
     if not _sequential_matches(model, layers, in_chans, image_size):
+        if is_custom_model(label):
+            raise ModelError(f"model {label!r} cannot be split into stages for mp and pp: its children do not run "
+                             f"one after another; {ADD_STAGES}, or use single, dp, ddp or fsdp")
         raise ModelError(
             f"model {label!r} cannot be split into stages for mp: its layers do not run in sequence "
             "(e.g. ViT's class and position tokens). Use single, dp or ddp, or a ResNet, EfficientNet, "

@@ -389,8 +389,8 @@ def build(spec: RankSpec, folder: Path) -> Built:
 def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
     config = spec.config
     data = strategy.feed(data)  # a pipeline stage that takes no images reads none
-    model = create_model(config.model, num_classes=data.info.num_classes,
-                         in_chans=data.info.in_chans, pretrained=config.pretrained)
+    model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans,
+                         pretrained=config.pretrained, model_args=config.model_kwargs)
     flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
              if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
     model = strategy.wrap(to_memory_format(model, config))

@@ -15,6 +15,8 @@ import torch
 from trainer_backend.contract.config import ConfigError, RunConfig, data_on_device_problem, strategy_notes
 from trainer_backend.contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
+from trainer_backend.contract.model_source import is_custom_model, model_source
+from trainer_backend.engine.custom_model import check_output, load_callable, sized_by
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
 from trainer_backend.contract.printable import one_line, shown_name
 from trainer_backend.contract.storage import DiskFullError
@@ -41,8 +43,10 @@ def preflight(config: RunConfig, data_roots: list | None = None) -> DatasetInfo:
     check_data_fits(config, data.train.stored_bytes + data.val.stored_bytes)
     check_profile_window(config, train_steps(config, info.num_train, info.in_chans)[1])
     model = create_model(config.model, num_classes=info.num_classes, in_chans=info.in_chans,
-                         pretrained=config.pretrained)
-    if spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
+                         pretrained=config.pretrained, model_args=config.model_kwargs)
+    if is_custom_model(config.model):
+        check_custom_before_training(config, model, info)
+    elif spec(config.strategy).staged and not spec(config.strategy).distributed:  # mp: every stage in this process
         split_into_stages(model, len(config.devices), in_chans=info.in_chans,
                           image_size=config.image_size, name=config.model)
     else:
@@ -119,6 +123,20 @@ def check_profile_window(config: RunConfig, steps: int) -> None:
                       f"steps (per process), so no step would be profiled: {fix}")
 
 
+def check_custom_before_training(config: RunConfig, model, info: DatasetInfo) -> None:
+    """Your own model: the file is the one recorded at launch, its output has a logit per class, and
+    mp or pp can cut it into stages (this process cuts pp's too, so that a refusal comes before any rank)."""
+    if config.model_source and model_source(config.model) != config.model_source:
+        raise ModelError(f"model {config.model!r}: its file changed after the run was launched (recorded "
+                         f"{config.model_source.rsplit(' ', 1)[-1]}, now {model_source(config.model).rsplit(' ', 1)[-1]}): "
+                         "launch it again to train the new code")
+    check_output(config.model, model, num_classes=info.num_classes, in_chans=info.in_chans,
+                 image_size=config.image_size)
+    if spec(config.strategy).staged:
+        stages = config.world_size if spec(config.strategy).distributed else len(config.devices)
+        split_into_stages(model, stages, in_chans=info.in_chans, image_size=config.image_size, name=config.model)
+
+
 @torch.no_grad()
 def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
     model.eval()
@@ -133,7 +151,21 @@ def _probe_forward(model, config: RunConfig, info: DatasetInfo) -> None:
 
 
 def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
-    return strategy_notes(config) + ([info.val_split] if info.val_split else []) + crop_notes(config) + list(info.warnings)
+    return (strategy_notes(config) + ([info.val_split] if info.val_split else []) + crop_notes(config)
+            + custom_model_notes(config, info) + list(info.warnings))
+
+
+def custom_model_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
+    if not is_custom_model(config.model):
+        return []
+    given = sized_by(load_callable(config.model))
+    sizes = {"num_classes": f"num_classes={info.num_classes}", "in_chans": f"in_chans={info.in_chans}"}
+    if given:
+        how = f"takes {' and '.join(sizes[n] for n in given)} from the dataset"
+    else:
+        how = f"takes neither num_classes nor in_chans: its output was checked to be {info.num_classes} wide"
+    args = f" with {config.model_args}" if config.model_kwargs else ""
+    return [f"model {config.model}{args} {how}; source {config.model_source or model_source(config.model)}"]
 
 
 def crop_notes(config: RunConfig) -> list[str]:

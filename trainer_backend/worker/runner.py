@@ -39,6 +39,7 @@ from db.reserve import SpaceReserve
 from db.settings import database_url
 
 from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.contract.model_source import with_model_source
 from trainer_backend.datasets.roots import check_under_roots
 from trainer_backend.contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
@@ -69,6 +70,7 @@ RANK_STOP_GRACE_S = 3.0
 def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> tuple[int, str]:
     """Foreground run: preflight, create the run row, wait for its turn, train; (run_id, status)."""
     url = database_url(db_url)
+    config = with_model_source(config)
     _fork_rank_server(config)
     info = preflight(config)
     engine = make_engine(url)

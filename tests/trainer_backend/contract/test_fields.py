@@ -19,7 +19,7 @@ from tests.support import ROOT
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.contract import config as config_module
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, shown
-from trainer_backend.contract.fields import FIELDS, SET_BY_TORCHRUN, Field
+from trainer_backend.contract.fields import FIELDS, SET_BY_LAUNCH, SET_BY_TORCHRUN, Field
 from trainer_backend.control.cli import build_parser, flag_help
 from ui.fields import widget_help, widget_spec
 
@@ -29,7 +29,7 @@ SIMPLE_NUMBERS = [f for f in NUMBERS if f.simple and f.high is not None]
 
 
 def test_every_field_a_user_sets_has_one_entry_and_every_entry_is_a_field():
-    settable = {f.name for f in dataclasses.fields(RunConfig)} - set(SET_BY_TORCHRUN)
+    settable = {f.name for f in dataclasses.fields(RunConfig)} - set(SET_BY_TORCHRUN) - set(SET_BY_LAUNCH)
     assert set(FIELDS) == settable
     assert all(name == spec.name for name, spec in FIELDS.items())
 

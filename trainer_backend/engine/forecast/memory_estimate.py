@@ -150,7 +150,7 @@ class MemoryPlan:
 
     @functools.cached_property
     def fake(self) -> FakeModel:
-        return fake_model(self.config.model, self.num_classes, self.in_chans)
+        return fake_model(self.config.model, self.num_classes, self.in_chans, self.config.model_args)
 
     @property
     def model(self) -> nn.Module:

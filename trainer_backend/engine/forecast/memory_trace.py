@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import threading
 import weakref
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ class FakeModel:
     (model, classes, channels), shared by every estimate (``fake_model``); its traces run one at
     a time (``TRACE_LOCK``), since each hooks the shared parameters."""
 
-    def __init__(self, name: str, num_classes: int, in_chans: int):
+    def __init__(self, name: str, num_classes: int, in_chans: int, model_args: str = "{}"):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from trainer_backend.engine.models import create_model
@@ -132,7 +133,8 @@ class FakeModel:
         self.mode = FakeTensorMode()
         try:
             with self.mode:
-                self.model = create_model(name, num_classes=num_classes, in_chans=in_chans)
+                self.model = create_model(name, num_classes=num_classes, in_chans=in_chans,
+                                          model_args=json.loads(model_args))
         except (ValueError, LookupError):
             raise
         except Exception as exc:
@@ -142,17 +144,17 @@ class FakeModel:
             # parameters and buffers on meta, the rest real; plain tensor attributes of such a
             # model stay real, and its step takes them as the constants they are.
             self.mode = FakeTensorMode(allow_non_fake_inputs=True)
-            self.model = meta_built(name, num_classes, in_chans, self.mode, first_failure=exc)
+            self.model = meta_built(name, num_classes, in_chans, self.mode, first_failure=exc, model_args=model_args)
         self.model.train()
         self._stages: dict[tuple[int, int], tuple[list[nn.Sequential], list[tuple[int, ...]]]] = {}
 
     def stages(self, n: int, image_size: int, strategy: str) -> tuple[list[nn.Sequential], list[tuple[int, ...]]]:
         """The stages mp and pp cut the model into (the same layers, balanced the same way), and
         each stage's input shape per image."""
-        from trainer_backend.engine.models import ModelError, balanced_bounds, count_parameters, flatten_sequential
+        from trainer_backend.engine.models import ModelError, balanced_bounds, count_parameters, stage_layers
 
         if (n, image_size) not in self._stages:
-            layers = flatten_sequential(self.model)
+            layers = stage_layers(self.model, self.name)
             if len(layers) < n:
                 raise ModelError(f"model {self.name!r} has {len(layers)} layers in sequence, too few for {n} stages")
             shapes = self._shapes_in_sequence(layers, image_size)
@@ -277,14 +279,15 @@ def faked(model: nn.Module, mode) -> nn.Module:
     return model
 
 
-def meta_built(name: str, num_classes: int, in_chans: int, mode, *, first_failure: Exception) -> nn.Module:
+def meta_built(name: str, num_classes: int, in_chans: int, mode, *, first_failure: Exception,
+               model_args: str = "{}") -> nn.Module:
     """timm's ``name`` built under ``parameters_on_meta``, then ``faked`` in ``mode``; a model that
     cannot be built so either is refused naming ``first_failure``, what the fake build met."""
     from trainer_backend.engine.models import create_model
 
     try:
         with parameters_on_meta():
-            model = create_model(name, num_classes=num_classes, in_chans=in_chans)
+            model = create_model(name, num_classes=num_classes, in_chans=in_chans, model_args=json.loads(model_args))
     except Exception:
         raise EstimateError(f"model {name!r} cannot be built without its weights to estimate its memory: "
                             f"{type(first_failure).__name__}: {first_failure}") from None
@@ -295,8 +298,8 @@ TRACE_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=4)
-def fake_model(name: str, num_classes: int, in_chans: int) -> FakeModel:
-    return FakeModel(name, num_classes, in_chans)
+def fake_model(name: str, num_classes: int, in_chans: int, model_args: str = "{}") -> FakeModel:
+    return FakeModel(name, num_classes, in_chans, model_args)
 
 
 def trace_step(module: nn.Module, optimizer: torch.optim.Optimizer, shape: tuple[int, ...],

@@ -1,0 +1,79 @@
+"""Your own model end to end on CPU: a network from a file outside the checkout trains under single, ddp and
+mp through the real CLI (real processes, gloo), one from an importable module path too, and a broken one is
+refused before anything is queued."""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+
+import pytest
+
+from tests.support import DDP_ON_CPU, run_cli, train_and_export
+
+pytestmark = pytest.mark.processes
+
+MYNET = textwrap.dedent('''
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, width, num_classes=10, in_chans=3):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1), nn.ReLU(),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            self.head = nn.Linear(width, num_classes)
+
+        def forward(self, x):
+            return self.head(self.features(x))
+
+
+    class Bare(nn.Module):
+        def forward(self, x):
+            return x.flatten(1)[:, :3] * undefined_scale
+''')
+SHORT = ("--image-size", "16", "--epochs", "1", "--batch-size", "64", "--bn-stats-images", "0")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def mynet(tmp_path_factory):
+    path = tmp_path_factory.mktemp("outside") / "mynet.py"
+    path.write_text(MYNET)
+    return path
+
+
+@pytest.mark.parametrize("strategy", [("--strategy", "single"), DDP_ON_CPU, ("--strategy", "mp", "--devices", "cpu,cpu")],
+                         ids=["single", "ddp", "mp"])
+def test_a_model_from_a_file_outside_the_checkout_trains_under_each_strategy(home, mynet, strategy):
+    run = train_and_export(home, "--model", f"{mynet}:Net", "--model-args", '{"width": 6}', *SHORT, *strategy)
+    assert run["_cli"].returncode == 0, run["_cli"].stderr
+    assert run["status"] == "completed" and len(run["epochs"]) == 1
+    assert run["config"]["model"] == f"{mynet}:Net" and run["config"]["model_args"] == '{"width": 6}'
+    assert run["config"]["model_source"] == f"{mynet} sha256={hashlib.sha256(mynet.read_bytes()).hexdigest()}"
+    note = next(n for n in run["notes"] if n.startswith(f"model {mynet}:Net"))
+    assert 'with {"width": 6} takes num_classes=10 and in_chans=1 from the dataset' in note
+
+
+def test_a_model_from_an_importable_module_path_trains(home):
+    run = train_and_export(home, "--model", "tests.plugins.tiny_net:TinyNet", *SHORT)
+    assert run["status"] == "completed" and len(run["epochs"]) == 1, run["error"]
+    assert run["config"]["model_source"].startswith(f"{'/'.join(__file__.split('/')[:-2])}/plugins/tiny_net.py sha256=")
+
+
+def test_a_broken_model_is_refused_before_it_is_queued_in_one_line(home, mynet):
+    for command in ("launch", "run"):
+        result = run_cli(command, "--dataset", "digits", "--model", f"{mynet}:Bare", *SHORT, home=home, timeout=300)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.strip() == (f"error: model '{mynet}:Bare': raises in forward on a 2x1x16x16 batch: "
+                                         "NameError: name 'undefined_scale' is not defined (at mynet.py:18 in forward)")
+        assert "run_id=" not in result.stdout
+    mp = run_cli("launch", "--dataset", "digits", "--model", "torch.nn:Identity", "--strategy", "mp", "--devices",
+                 "cpu,cpu", *SHORT, home=home, timeout=300)
+    assert mp.returncode == 2 and "wrong output shape" in mp.stderr and len(mp.stderr.strip().splitlines()) == 1
+    listed = run_cli("list", home=home)
+    assert not any(f"{mynet}:Bare" in line for line in listed.stdout.splitlines())

@@ -1,0 +1,270 @@
+"""Your own model (``path/file.py:Attr``, ``pkg.module:Attr``): built sized for the dataset, checked on the
+meta device with one fake forward, and every way it can be wrong refused in one line naming the path, what
+went wrong and the line of the user's file; mp and pp cut it where it says (``parallax_stages()``)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from trainer_backend.contract.config import ConfigError, RunConfig
+from trainer_backend.contract.model_source import ModelError, model_source, with_model_source
+from trainer_backend.engine.custom_model import build_custom_model, check_custom_model, sized_by
+from trainer_backend.engine.models import create_model, split_into_stages
+
+NETS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, width, num_classes=10, in_chans=3):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1), nn.ReLU(),
+                                          nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            self.head = nn.Linear(width, num_classes)
+
+        def forward(self, x):
+            return self.head(self.features(x))
+
+
+    class Fixed(nn.Module):
+        """Takes neither num_classes nor in_chans: 7 logits from 1-channel 16 px images."""
+        def __init__(self):
+            super().__init__()
+            self.flat = nn.Flatten()
+            self.head = nn.Linear(16 * 16, 7)
+
+        def forward(self, x):
+            return self.head(self.flat(x))
+
+
+    class Branchy(nn.Module):
+        """Its children do not run one after another (a residual sum in forward)."""
+        def __init__(self, num_classes=10, in_chans=3):
+            super().__init__()
+            self.stem = nn.Conv2d(in_chans, 4, 3, padding=1)
+            self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            self.head = nn.Linear(4, num_classes)
+
+        def forward(self, x):
+            y = self.stem(x)
+            return self.head(self.pool(y + y.relu()))
+
+
+    class Staged(Branchy):
+        """The same, saying where it may be cut."""
+        def __init__(self, num_classes=10, in_chans=3):
+            super().__init__(num_classes, in_chans)
+            self.block = Residual(self.stem)
+
+        def forward(self, x):
+            return self.head(self.pool(self.block(x)))
+
+        def parallax_stages(self):
+            return [self.block, self.pool, self.head]
+
+
+    class Residual(nn.Module):
+        def __init__(self, stem):
+            super().__init__()
+            self.stem = stem
+
+        def forward(self, x):
+            y = self.stem(x)
+            return y + y.relu()
+
+
+    def make_net(width=8, num_classes=10, in_chans=3):
+        return Net(width, num_classes, in_chans)
+
+
+    def not_a_module(num_classes=10):
+        return "a string"
+
+
+    class Explodes(nn.Module):
+        def __init__(self, num_classes=10, in_chans=3):
+            super().__init__()
+            self.head = nn.Linear(in_chans, num_classes)
+
+        def forward(self, x):
+            return self.head(x.mean((2, 3))) + undefined_name
+
+
+    NOT_CALLABLE = 3
+''')
+
+LINE_OF_UNDEFINED = next(n for n, line in enumerate(NETS.splitlines(), 1) if "undefined_name" in line)
+
+
+@pytest.fixture
+def nets(tmp_path):
+    path = tmp_path / "mynet.py"
+    path.write_text(NETS)
+    return path
+
+
+def check(spec: str, args: dict | None = None, **size):
+    return check_custom_model(spec, args, **{"num_classes": 10, "in_chans": 1, "image_size": 16, **size})
+
+
+def test_a_class_from_a_file_is_built_with_its_args_and_the_datasets_sizes(nets):
+    model, given = build_custom_model(f"{nets}:Net", {"width": 6}, num_classes=10, in_chans=1)
+    assert given == ("num_classes", "in_chans")
+    assert model.head.out_features == 10 and model.head.in_features == 6 and model.features[0].in_channels == 1
+    assert model(torch.zeros(3, 1, 16, 16)).shape == (3, 10)
+
+
+def test_a_function_and_an_importable_module_path_are_built_too(nets):
+    assert check(f"{nets}:make_net", {"width": 4}) == ("num_classes", "in_chans")
+    model = create_model("tests.plugins.tiny_net:TinyNet", num_classes=5, in_chans=1)
+    assert model.head.out_features == 5
+    assert sized_by(type(model)) == ("num_classes", "in_chans")
+
+
+def test_the_check_builds_on_the_meta_device_and_takes_no_real_memory(nets):
+    # 50k x 50k floats would be 10 GB on the CPU; on meta it costs nothing.
+    assert check(f"{nets}:Net", {"width": 50_000}) == ("num_classes", "in_chans")
+
+
+def test_a_model_taking_neither_size_has_its_output_width_checked(nets):
+    assert check(f"{nets}:Fixed", num_classes=7) == ()
+    with pytest.raises(ModelError) as caught:
+        check(f"{nets}:Fixed")
+    assert str(caught.value) == (f"model '{nets}:Fixed': wrong output shape: a 2x1x16x16 batch gave (2, 7), the "
+                                 "dataset needs (2, 10) (batch, 10 classes); take num_classes in its arguments or "
+                                 "size its last layer for the dataset")
+
+
+@pytest.mark.parametrize("attr, args, says", [
+    ("Net", None, "takes arguments it was not given (missing a required argument: 'width')"),
+    ("Net", {"width": 4, "depth": 3}, "does not take the arguments given (got an unexpected keyword argument 'depth')"),
+    ("not_a_module", None, "not a module: calling it gave a str, not an nn.Module"),
+    ("NOT_CALLABLE", None, "not a module: NOT_CALLABLE is a int"),
+    ("Missing", None, "not importable: mynet.py has no 'Missing'"),
+    ("Explodes", None, "raises in forward on a 2x1x16x16 batch: NameError: name 'undefined_name' is not defined "
+                       f"(at mynet.py:{LINE_OF_UNDEFINED} in forward)"),
+])
+def test_each_broken_model_is_refused_in_one_line_naming_the_path(nets, attr, args, says):
+    with pytest.raises(ModelError) as caught:
+        check(f"{nets}:{attr}", args)
+    message = str(caught.value)
+    assert message.startswith(f"model '{nets}:{attr}': ") and "\n" not in message
+    assert says in message
+
+
+def test_a_file_that_does_not_import_is_refused_at_its_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\n\nraise ImportError('needs the gpu extras')\n")
+    with pytest.raises(ModelError, match=r"not importable: ImportError: needs the gpu extras \(at bad.py:3 in <module>\)"):
+        check(f"{bad}:Net")
+    typo = tmp_path / "typo.py"
+    typo.write_text("class Net(:\n")
+    with pytest.raises(ModelError, match=r"not importable: SyntaxError: .* \(at typo.py:1\)"):
+        check(f"{typo}:Net")
+    with pytest.raises(ModelError, match=r"not importable: .*nope.py is not a file"):
+        check(f"{tmp_path}/nope.py:Net")
+    with pytest.raises(ModelError, match=r"model 'no_such_pkg.nets:Net': not importable: no module named"):
+        check("no_such_pkg.nets:Net")
+
+
+def test_mp_cuts_a_model_where_parallax_stages_says_and_refuses_one_it_cannot_cut(nets):
+    staged = create_model(f"{nets}:Staged", num_classes=10, in_chans=1)
+    stages = split_into_stages(staged, 2, in_chans=1, image_size=16, name=f"{nets}:Staged")
+    probe = torch.randn(2, 1, 16, 16)
+    assert torch.allclose(stages[1](stages[0](probe)), staged.eval()(probe))
+    assert staged.block in list(stages[0]) + list(stages[1])
+    branchy = create_model(f"{nets}:Branchy", num_classes=10, in_chans=1)
+    with pytest.raises(ModelError) as caught:
+        split_into_stages(branchy, 2, in_chans=1, image_size=16, name=f"{nets}:Branchy")
+    assert "add a parallax_stages() method returning its sub-modules in the order they run" in str(caught.value)
+    # The plain sequential children of Net are cut the way timm models are.
+    net = create_model(f"{nets}:Net", num_classes=10, in_chans=1, model_args={"width": 4})
+    assert len(split_into_stages(net, 2, in_chans=1, image_size=16, name=f"{nets}:Net")) == 2
+
+
+def test_model_args_must_be_a_json_object_without_the_sizes():
+    assert RunConfig(model="a.py:Net", model_args='{ "depth": 34, "b": [1] }').model_args == '{"b": [1], "depth": 34}'
+    assert RunConfig(model="a.py:Net", model_args={"depth": 34}).model_kwargs == {"depth": 34}
+    for bad, says in [("[34]", "is not allowed: give the model's keyword arguments as a JSON object"),
+                      ("{depth: 34}", "is not JSON"),
+                      ('{"num_classes": 3}', "gives num_classes, which the dataset decides")]:
+        with pytest.raises(ConfigError) as caught:
+            RunConfig(model="a.py:Net", model_args=bad)
+        assert caught.value.field == "model_args" and says in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="pretrained is not allowed with model 'a.py:Net'"):
+        RunConfig(model="a.py:Net", pretrained=True)
+    with pytest.raises(ConfigError, match="model 'a.py:' is not allowed: give a timm name"):
+        RunConfig(model="a.py:")
+
+
+def test_the_launch_records_the_absolute_file_and_its_sha256(nets, monkeypatch):
+    monkeypatch.chdir(nets.parent)
+    config = with_model_source(RunConfig(model="mynet.py:Net", model_args={"width": 4}))
+    digest = hashlib.sha256(nets.read_bytes()).hexdigest()
+    assert config.model == f"{nets}:Net"
+    assert config.model_source == f"{nets} sha256={digest}"
+    assert RunConfig.from_dict(config.to_dict()) == config
+    assert model_source("resnet18") == "" and with_model_source(RunConfig()) == RunConfig()
+    with pytest.raises(ConfigError, match="model_source 'x' is not allowed"):
+        RunConfig(model_source="x")
+
+
+def test_timm_names_still_take_model_args():
+    model = create_model("resnet18", num_classes=3, in_chans=1, model_args={"drop_rate": 0.5})
+    assert isinstance(model, nn.Module) and model.drop_rate == 0.5
+
+
+def test_the_launcher_finds_a_modules_file_without_running_its_package(tmp_path, monkeypatch):
+    """What the dashboard's process does (record the source) imports nothing: a package whose __init__
+    crashes is found, and only the child check (and the worker) import it."""
+    package = tmp_path / "crashing_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise SystemExit('would end the dashboard')\n")
+    (package / "nets.py").write_text("from torch import nn\nNet = nn.Identity\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert model_source("crashing_pkg.nets:Net").startswith(f"{package / 'nets.py'} sha256=")
+    assert "crashing_pkg" not in sys.modules
+
+
+def test_the_memory_estimate_sizes_a_custom_model_with_its_args(nets):
+    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
+
+    sizes = {}
+    for width in (8, 4096):
+        config = RunConfig(model=f"{nets}:Net", model_args={"width": width}, image_size=16, batch_size=8)
+        sizes[width] = estimate_memory(config, num_classes=10, in_chans=1).largest.parameters
+    params_4096 = (1 * 9 * 4096 + 4096) + (4096 * 10 + 10)  # conv weight + bias, linear weight + bias
+    assert sizes[4096] == params_4096 * 4 and sizes[8] < sizes[4096]
+
+
+def test_the_worker_refuses_a_file_changed_after_launch(nets):
+    from types import SimpleNamespace
+
+    from trainer_backend.worker.preflight import check_custom_before_training
+
+    config = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 4}, image_size=16))
+    model = create_model(config.model, num_classes=10, in_chans=1, model_args=config.model_kwargs)
+    info = SimpleNamespace(num_classes=10, in_chans=1)
+    check_custom_before_training(config, model, info)  # the file as launched: accepted
+    nets.write_text(NETS + "\n# edited\n")
+    with pytest.raises(ModelError, match=r"its file changed after the run was launched \(recorded sha256=[0-9a-f]{64}, "
+                                         r"now sha256=[0-9a-f]{64}\): launch it again"):
+        check_custom_before_training(config, model, info)
+
+
+def test_compare_shows_which_code_each_run_trained(nets):
+    from reports.scaling import config_differences
+
+    first = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 4}))
+    nets.write_text(NETS + "\n# edited\n")
+    second = with_model_source(RunConfig(model=f"{nets}:Net", model_args={"width": 8}))
+    table = config_differences([{"id": 1, "config": first.to_dict()}, {"id": 2, "config": second.to_dict()}])
+    assert list(table.index) == ["model_args", "model_source"]
+    assert table.loc["model_source", "#1"] == first.model_source != table.loc["model_source", "#2"]
