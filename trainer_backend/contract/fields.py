@@ -122,8 +122,9 @@ def _switch(name, label, help) -> Field:
 
 # In the order the command line lists them; RunConfig validates the simple ones in this order too.
 FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("dataset", str, "digits", "Dataset", "A built-in set (digits, mnist, fashion_mnist, cifar10, eurosat) or a "
-          "folder with one sub-folder per class.", registry="datasets", check="_check_dataset", parse=str),
+    Field("dataset", str, "digits", "Dataset", "A built-in set (digits, mnist, fashion_mnist, cifar10, eurosat), a "
+          "folder with one sub-folder per class (or train/ and val/ trees of them), or a .csv/.txt list of path,label "
+          "lines.", registry="datasets", check="_check_dataset", parse=str),
     _number("image_size", int, 32, "Image size (pixels, square)", "Every image is resized to N×N pixels before "
             "training.", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, step=8),
     _choice("decode", "cache", "Decode images", "The cache decodes a dataset once into a file every process maps; "

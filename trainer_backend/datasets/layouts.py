@@ -26,10 +26,9 @@ from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.folder import FolderListing, is_hidden, list_image_folder, resolve_folder
 from trainer_backend.datasets.image_files import IMAGE_SUFFIXES, is_image_file
 from trainer_backend.datasets.paths import check_inside, entry_stat, folder_entries, open_checked
+from trainer_backend.datasets.roots import LIST_SUFFIXES, VAL_NAMES
 
-LIST_SUFFIXES = (".csv", ".txt")
 TRAIN_NAME = "train"
-VAL_NAMES = ("val", "validation")
 # A list file larger than this is refused before it is read (2 million lines of 100 characters fit in 256 MB).
 MAX_LIST_BYTES = 256 * 2**20
 
