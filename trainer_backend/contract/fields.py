@@ -166,8 +166,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
             "where the dataset has no official test split or validation is from train.", 0.0, 0.9, low_open=True,
             step=0.05),
     _choice("val_from", "test", "Validate on", "test validates on the official test split of mnist, fashion_mnist "
-            "and cifar10, so their accuracies compare with published ones (other datasets hold out the validation "
-            "share); train always holds out the validation share of the training images.", VAL_SOURCES,
+            "and cifar10, so their accuracies compare with published ones, and on a folder's val/ tree or the "
+            "val.csv beside a train.csv (other datasets hold out the validation share); train always holds out the "
+            "validation share of the training images.", VAL_SOURCES,
             choice_labels={"test": "the official test split (where the dataset has one)",
                            "train": "a share of the training images"}),
     _number("bn_stats_images", int, 512, "BatchNorm statistics from N training images", "BatchNorm statistics are "
