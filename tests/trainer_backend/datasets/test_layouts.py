@@ -159,6 +159,15 @@ def test_a_bad_list_line_is_refused_naming_the_line_and_the_value(tmp_path, line
         prepare_data(str(listed), image_size=8)
 
 
+def test_a_listed_file_that_cannot_be_decoded_is_named(tmp_path):
+    folder = tmp_path / "photos"
+    rows = labelled_images(folder, ["cat", "dog"] * 2)
+    (folder / "img" / "broken.png").write_bytes(b"not a png at all")
+    listed = make_list(folder, "all.csv", rows + [("img/broken.png", "dog")])
+    with pytest.raises(DatasetError, match=r"cannot read image .*img/broken\.png"):
+        prepare_data(str(listed), image_size=8)
+
+
 def test_a_validation_list_with_an_unknown_label_is_refused_naming_it(tmp_path):
     folder = tmp_path / "photos"
     train = make_list(folder, "train.csv", labelled_images(folder, ["cat", "dog"] * 2))
