@@ -210,6 +210,9 @@ def test_only_folders_that_resolve_inside_a_root_are_allowed(roots):
         assert str(info.value).startswith(f"dataset folder {bad}") and f"outside the data roots ({root})" in str(info.value)
     with pytest.raises(ConfigError, match=f"resolves to {outside / 'secret'}"):
         check_under_roots(str(root / "escape"), [root])
+    (outside / "train.csv").write_text("secret/a.png,a\n")
+    with pytest.raises(ConfigError, match=f"dataset list file {outside / 'train.csv'} is outside the data roots"):
+        check_under_roots(str(outside / "train.csv"), [root])
 
 
 def test_dashboard_offers_no_folder_outside_the_roots(roots, monkeypatch):

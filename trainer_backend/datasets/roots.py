@@ -48,10 +48,11 @@ def check_under_roots(dataset: str, roots: list[Path]) -> None:
         return
     real = os.path.realpath(os.path.expanduser(dataset))
     resolved = f" (it resolves to {real})" if real != os.path.abspath(os.path.expanduser(dataset)) else ""
+    what = "list file" if Path(dataset).suffix.lower() in LIST_SUFFIXES else "folder"
     raise ConfigError(
         "dataset",
-        f"dataset folder {dataset}{resolved} is outside the data roots ({', '.join(str(r) for r in roots)}): "
-        "the dashboard trains only on folders inside them; move or copy the data into a root, "
+        f"dataset {what} {dataset}{resolved} is outside the data roots ({', '.join(str(r) for r in roots)}): "
+        f"the dashboard trains only on {what}s inside them; move or copy the data into a root, "
         "or add its parent folder to PARALLAX_DATA_ROOTS",
     )
 
