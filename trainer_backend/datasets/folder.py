@@ -53,6 +53,7 @@ class FolderListing:
     layout: str = "folder"  # "folder" (class folders), "split folder" (train/ + val/) or "list" (a list file)
     val_source: str = ""    # where the validation split comes from, in words ("the val/ folder of X")
     digest: str = ""        # a list layout: the sha256 of its list file(s), so the cache key covers their content
+    notes: tuple[str, ...] = ()  # what the layout found worth a warning (a validation list repeating training images)
 
     @property
     def num_train_images(self) -> int:
@@ -214,7 +215,7 @@ def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ..
 
 
 def listing_warnings(listing: FolderListing) -> list[str]:
-    warnings = []
+    warnings = list(listing.notes)
     if listing.ignored_files:
         example = listing.ignored_files[0].relative_to(listing.root)
         warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {shown_name(example)})")

@@ -108,6 +108,12 @@ def list_files_of(list_path: Path, roots: list[Path] | None) -> FolderListing:
 
     fingerprint = [(os.path.relpath(path, list_path.parent), result.st_size, result.st_mtime_ns)
                    for path, _, result in train_rows + val_rows]
+    trained = {(result.st_dev, result.st_ino) for _, _, result in train_rows}
+    repeated = [path for path, _, result in val_rows if (result.st_dev, result.st_ino) in trained]
+    many = len(repeated) != 1
+    notes = (f"{len(repeated)} image{'s' * many} of {val_path.name} {'are' if many else 'is'} also in {list_path.name} (e.g. "
+             f"{shown_name(os.path.relpath(repeated[0], list_path.parent))}): validation then measures images the "
+             "model trained on",) if repeated else ()
     return FolderListing(
         root=list_path,
         class_names=tuple(labels),
@@ -120,6 +126,7 @@ def list_files_of(list_path: Path, roots: list[Path] | None) -> FolderListing:
         layout="list",
         val_source=f"the list {val_path.name} beside {list_path.name}" if val_path else "",
         digest=train_digest + val_digest,
+        notes=notes,
     )
 
 

@@ -179,6 +179,16 @@ def test_a_validation_list_with_an_unknown_label_is_refused_naming_it(tmp_path):
         inspect_dataset(str(train))
 
 
+def test_a_validation_list_repeating_training_images_is_warned_of(tmp_path):
+    folder = tmp_path / "photos"
+    rows = labelled_images(folder, ["cat", "dog"] * 2)
+    train = make_list(folder, "train.csv", rows)
+    make_list(folder, "val.csv", rows[:1] + labelled_images(folder, ["dog"], start=10))
+    data = prepare_data(str(train), image_size=8)
+    assert "1 image of val.csv is also in train.csv (e.g. img/0.png)" in " ".join(data.info.warnings)
+    assert inspect_dataset(str(train))["warnings"][0].startswith("1 image of val.csv is also in train.csv")
+
+
 def test_two_validation_lists_beside_train_are_refused(tmp_path):
     folder = tmp_path / "photos"
     train = make_list(folder, "train.csv", labelled_images(folder, ["cat", "dog"] * 2))
