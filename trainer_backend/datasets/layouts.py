@@ -77,18 +77,19 @@ def split_listing(root: Path, train_dir: Path, val_dir: Path, roots: list[Path] 
     def under_root(listing: FolderListing, folder: Path):
         return tuple((str(Path(folder.name, name)), size, mtime) for name, size, mtime in listing.fingerprint)
 
-    warnings_stray = tuple(train.stray_files) + tuple(val.stray_files)
     return FolderListing(
         root=root,
         class_names=train.class_names,
         files_by_class=train.files_by_class,
         ignored_files=tuple(sorted(train.ignored_files + val.ignored_files)),
-        stray_files=warnings_stray + tuple(root / name for name in others),
+        stray_files=train.stray_files + val.stray_files,
         fingerprint=under_root(train, train_dir) + under_root(val, val_dir),
         roots=train.roots,
         val_files_by_class=tuple(val_files.get(name, ()) for name in train.class_names),
         layout="split folder",
         val_source=f"the {val_dir.name}/ folder of {root.name}",
+        notes=(f"ignored what lies beside {train_dir.name}/ and {val_dir.name}/ in {root.name}: "
+               f"{', '.join(map(shown_name, others[:5]))}{', ...' if len(others) > 5 else ''}",) if others else (),
     )
 
 

@@ -56,7 +56,9 @@ def stored_values(split) -> list[int]:
 @pytest.mark.parametrize("val_name", ["val", "validation"])
 def test_a_train_and_val_folder_trains_on_train_and_validates_on_val(tmp_path, val_name):
     root = make_split_folder(tmp_path / "pets", {"cat": 4, "dog": 5}, {"cat": 2, "dog": 3}, val_name)
+    write_png(root / "test" / "cat" / "0.png", 1)  # neither split: ignored, and said
     data = prepare_data(str(root), image_size=8)
+    assert f"ignored what lies beside train/ and {val_name}/ in pets: test" in data.info.warnings
     assert data.info.class_names == ("cat", "dog")
     assert (data.info.num_train, data.info.num_val) == (9, 5)
     assert Counter(data.val.labels.tolist()) == {0: 2, 1: 3}
