@@ -224,7 +224,8 @@ with data_col:
         "Dataset", datasets, format_func=options.dataset_label, key="dataset",
         index=launch_memory.index_of(datasets, START.config.dataset),
         help=f"{FIELDS['dataset'].help} Offered: the built-in sets, and every sub-folder (one folder per class "
-        f"inside) of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, to look elsewhere).")
+        f"inside, or train/ and val/) and .csv/.txt list file of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, "
+        "to look elsewhere).")
     outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
     if outside:
         info = {"problems": [outside], "warnings": []}

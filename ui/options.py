@@ -6,7 +6,8 @@ server process has imported them (``training_stack_loaded``), the form is drawn 
 neither: the built-in datasets' names and the default models.
 
 Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
-``$PARALLAX_HOME/datasets``; each immediate sub-folder of a root is offered as a dataset.
+``$PARALLAX_HOME/datasets``; each immediate sub-folder of a root is offered as a dataset, and each
+``.csv``/``.txt`` list file in a root or one of those sub-folders (``datasets.roots.offered_lists``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import streamlit as st
 
 from trainer_backend.contract.config import RunConfig
-from trainer_backend.datasets.roots import data_roots, is_under_roots
+from trainer_backend.datasets.roots import data_roots, is_under_roots, offered_lists
 
 # The default run's model first, so the form opens on it.
 DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
@@ -60,6 +61,23 @@ def dataset_folders() -> list[str]:
     return folders
 
 
+def dataset_lists() -> list[str]:
+    """List files (path,label lines) in every data root and its immediate sub-folders, as absolute
+    paths; one that leads out of the roots is not offered."""
+    roots = data_roots()
+    found = []
+    for root in roots:
+        try:
+            if not root.is_dir():
+                continue
+            folders = [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]
+            for folder in folders:
+                found += [str(p.resolve()) for p in offered_lists(folder) if is_under_roots(p, roots)]
+        except (OSError, RuntimeError):  # an unreadable root or folder, or a link loop resolve() gives up on
+            continue
+    return found
+
+
 def outside_roots(choice: str) -> str | None:
     """Why the dashboard may not use ``choice`` (a folder outside the data roots), or None."""
     from trainer_backend.contract.config import ConfigError
@@ -75,7 +93,7 @@ def outside_roots(choice: str) -> str | None:
 
 
 def dataset_choices() -> list[str]:
-    return [*BUILTIN_DATASETS, *dataset_folders()]
+    return [*BUILTIN_DATASETS, *dataset_folders(), *dataset_lists()]
 
 
 def dataset_label(choice: str) -> str:
@@ -108,6 +126,8 @@ def dataset_summary(info: dict[str, Any]) -> str:
         parts.append(f"{height}×{width} px")
     if info.get("bands"):
         parts.append(f"{info['bands']} band{'s' if info['bands'] != 1 else ''}")
+    if info.get("val_source"):
+        parts.append(f"validates on {info['val_source']} ({info.get('num_val_images', 0):,} images)")
     return " · ".join(parts)
 
 

@@ -210,6 +210,9 @@ def test_only_folders_that_resolve_inside_a_root_are_allowed(roots):
         assert str(info.value).startswith(f"dataset folder {bad}") and f"outside the data roots ({root})" in str(info.value)
     with pytest.raises(ConfigError, match=f"resolves to {outside / 'secret'}"):
         check_under_roots(str(root / "escape"), [root])
+    (outside / "train.csv").write_text("secret/a.png,a\n")
+    with pytest.raises(ConfigError, match=f"dataset list file {outside / 'train.csv'} is outside the data roots"):
+        check_under_roots(str(outside / "train.csv"), [root])
 
 
 def test_dashboard_offers_no_folder_outside_the_roots(roots, monkeypatch):
@@ -220,6 +223,24 @@ def test_dashboard_offers_no_folder_outside_the_roots(roots, monkeypatch):
     offered = dataset_folders()
     assert str((root / "inside").resolve()) in offered
     assert all(is_under_roots(folder, [root]) for folder in offered) and len(offered) == 2  # inside, and alias
+
+
+def test_dashboard_offers_list_files_inside_the_roots_but_no_validation_list(roots, monkeypatch):
+    from ui.options import dataset_choices, dataset_lists
+
+    root, outside = roots
+    for name in ("train.csv", "val.csv", "Validation.txt", "labels.txt", ".hidden.csv", "notes.md"):
+        (root / "photos" / name).parent.mkdir(exist_ok=True)
+        (root / "photos" / name).write_text("img/0.png,cat\n")
+    (root / "top.csv").write_text("img/0.png,cat\n")
+    (outside / "secret" / "all.csv").write_text("img/0.png,cat\n")  # reached through root/escape only
+    (outside / "leak.csv").write_text("img/0.png,cat\n")
+    (root / "photos" / "leak.csv").symlink_to(outside / "leak.csv")
+    monkeypatch.setenv("PARALLAX_DATA_ROOTS", str(root))
+    offered = dataset_lists()
+    assert offered == [str(p.resolve()) for p in (root / "top.csv", root / "photos" / "labels.txt",
+                                                  root / "photos" / "train.csv")]
+    assert set(offered) <= set(dataset_choices())
 
 
 def test_launch_from_the_dashboard_refuses_outside_the_roots_before_any_row(roots, parallax_home, db_url):

@@ -159,7 +159,8 @@ class RunConfig:
     num_workers: int = 0
     seed: int = 0
     val_fraction: float = 0.2
-    # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10), and
+    # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10; a folder's
+    # val/ tree, a train.csv's val.csv), and
     # datasets without one on val_fraction of the training images; "train" always the latter.
     val_from: str = "test"
     # "cache" decodes a dataset once into a file every process maps; "workers" decodes an image

@@ -124,8 +124,9 @@ def _switch(name, label, help) -> Field:
 
 # In the order the command line lists them; RunConfig validates the simple ones in this order too.
 FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("dataset", str, "digits", "Dataset", "A built-in set (digits, mnist, fashion_mnist, cifar10, eurosat) or a "
-          "folder with one sub-folder per class.", registry="datasets", check="_check_dataset", parse=str),
+    Field("dataset", str, "digits", "Dataset", "A built-in set (digits, mnist, fashion_mnist, cifar10, eurosat), a "
+          "folder with one sub-folder per class (or train/ and val/ trees of them), or a .csv/.txt list of path,label "
+          "lines.", registry="datasets", check="_check_dataset", parse=str),
     _number("image_size", int, 32, "Image size (pixels, square)", "Every image is resized to N×N pixels before "
             "training.", MIN_IMAGE_SIZE, MAX_IMAGE_SIZE, step=8),
     _choice("decode", "cache", "Decode images", "The cache decodes a dataset once into a file every process maps; "
@@ -178,8 +179,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
             "where the dataset has no official test split or validation is from train.", 0.0, 0.9, low_open=True,
             step=0.05),
     _choice("val_from", "test", "Validate on", "test validates on the official test split of mnist, fashion_mnist "
-            "and cifar10, so their accuracies compare with published ones (other datasets hold out the validation "
-            "share); train always holds out the validation share of the training images.", VAL_SOURCES,
+            "and cifar10, so their accuracies compare with published ones, and on a folder's val/ tree or the "
+            "val.csv beside a train.csv (other datasets hold out the validation share); train always holds out the "
+            "validation share of the training images.", VAL_SOURCES,
             choice_labels={"test": "the official test split (where the dataset has one)",
                            "train": "a share of the training images"}),
     _number("bn_stats_images", int, 512, "BatchNorm statistics from N training images", "BatchNorm statistics are "

@@ -1,6 +1,8 @@
 """Image folders in the EuroSAT layout: one sub-folder per class, image files inside.
 
-``list_image_folder`` scans without decoding (for the dashboard and the cache key);
+``list_image_folder`` scans without decoding (for the dashboard and the cache key); a listing may
+also carry an official validation split (``val_files_by_class``: a ``val/`` tree or a validation
+list, layouts.py), decoded after the training images as the pool's last ``num_test`` images;
 ``decode_image_folder`` decodes every image, in a process pool for large sets. Both take the data
 roots a confined run reads inside (``paths``): every class folder and file, links included.
 """
@@ -48,10 +50,40 @@ class FolderListing:
     # followed, so that a link pointed at another file changes it (cache.py's key).
     fingerprint: tuple[tuple[str, int, int, int, int, int, str], ...]
     roots: tuple[Path, ...] | None = None  # the data roots every file read must lie inside, if confined
+    # The official validation split, one tuple per class of class_names (val/ or a validation list), if any.
+    val_files_by_class: tuple[tuple[Path, ...], ...] | None = None
+    layout: str = "folder"  # "folder" (class folders), "split folder" (train/ + val/) or "list" (a list file)
+    val_source: str = ""    # where the validation split comes from, in words ("the val/ folder of X")
+    digest: str = ""        # a list layout: the sha256 of its list file(s), so the cache key covers their content
+    notes: tuple[str, ...] = ()  # what the layout found worth a warning (a validation list repeating training images)
+
+    @property
+    def num_train_images(self) -> int:
+        return sum(len(files) for files in self.files_by_class)
+
+    @property
+    def num_val_images(self) -> int:
+        return sum(len(files) for files in self.val_files_by_class or ())
 
     @property
     def num_images(self) -> int:
-        return sum(len(files) for files in self.files_by_class)
+        return self.num_train_images + self.num_val_images
+
+    @property
+    def described(self) -> str:
+        return f"list file {self.root}" if self.layout == "list" else f"dataset folder {self.root}"
+
+    def labelled_files(self) -> tuple[list[Path], list[int]]:
+        """Every file the pool holds, the training images first, then the official validation split; with labels."""
+        paths, labels = [], []
+        for split in (self.files_by_class, self.val_files_by_class or ()):
+            for label, files in enumerate(split):
+                paths.extend(files)
+                labels.extend([label] * len(files))
+        return paths, labels
+
+    def first_file(self) -> Path | None:
+        return next((files[0] for files in (*self.files_by_class, *(self.val_files_by_class or ())) if files), None)
 
 
 def is_hidden(name: str) -> bool:
@@ -66,7 +98,8 @@ def resolve_folder(dataset: str) -> Path:
             "with one sub-folder per class"
         )
     if not root.is_dir():
-        raise DatasetError(f"dataset {root} is not a directory: give a folder with one sub-folder per class")
+        raise DatasetError(f"dataset {root} is not a directory: give a folder with one sub-folder per class, "
+                           "or a .csv/.txt list file of path,label lines")
     return root
 
 
@@ -150,16 +183,23 @@ def listing_problems(listing: FolderListing) -> list[str]:
     """Why ``listing`` cannot be trained on, in words; empty when it can."""
     problems = []
     if len(listing.class_names) < 2:
+        what = "label" if listing.layout == "list" else "class sub-folder"
         problems.append(
-            f"dataset folder {listing.root} has {len(listing.class_names)} class sub-folder "
+            f"{listing.described} has {len(listing.class_names)} {what} "
             f"({', '.join(map(shown_name, listing.class_names))}); a classifier needs at least 2"
         )
-    for name, files in zip(listing.class_names, listing.files_by_class):
-        if len(files) < MIN_IMAGES_PER_CLASS:
-            problems.append(
-                f"class {name!r} in {listing.root} has {len(files)} image(s); every class needs at least "
-                f"{MIN_IMAGES_PER_CLASS} so that both train and val get one"
-            )
+    if listing.val_files_by_class is not None:  # an official split: every class needs one training image
+        problems += [f"class {name!r} in {listing.root} has no training image; every class needs at least one"
+                     for name, files in zip(listing.class_names, listing.files_by_class) if not files]
+        if not listing.num_val_images:
+            problems.append(f"the validation split ({listing.val_source}) holds no image: add images to it")
+    else:
+        for name, files in zip(listing.class_names, listing.files_by_class):
+            if len(files) < MIN_IMAGES_PER_CLASS:
+                problems.append(
+                    f"class {name!r} in {listing.root} has {len(files)} image(s); every class needs at least "
+                    f"{MIN_IMAGES_PER_CLASS} so that both train and val get one"
+                )
     too_many = too_many_images(listing.root, listing.num_images)
     if too_many:
         problems.append(too_many)
@@ -169,7 +209,7 @@ def listing_problems(listing: FolderListing) -> list[str]:
 def stored_format(listing: FolderListing, bands: tuple[int, ...] | None,
                   band_scale: float | None) -> tuple[int, int] | None:
     """(channels, bytes per value) the cache will store, judged from the first file; None for no files."""
-    first = next((files[0] for files in listing.files_by_class if files), None)
+    first = listing.first_file()
     if first is None:
         return None
     native = describe_image_file(first, list(listing.roots) if listing.roots is not None else None)
@@ -194,7 +234,7 @@ def memory_problem(listing: FolderListing, image_size: int, bands: tuple[int, ..
 
 
 def listing_warnings(listing: FolderListing) -> list[str]:
-    warnings = []
+    warnings = list(listing.notes)
     if listing.ignored_files:
         example = listing.ignored_files[0].relative_to(listing.root)
         warnings.append(f"ignored {len(listing.ignored_files)} files that are not images (e.g. {shown_name(example)})")
@@ -219,15 +259,16 @@ def decode_image_folder(listing: FolderListing, image_size: int, bands: tuple[in
     problems = listing_problems(listing)
     if problems:
         raise DatasetError("; ".join(problems))
-    paths = [f for files in listing.files_by_class for f in files]
-    labels = np.asarray([label for label, files in enumerate(listing.files_by_class) for _ in files], dtype=np.int64)
+    paths, labels = listing.labelled_files()
+    labels = np.asarray(labels, dtype=np.int64)
     stored = stored_format(listing, bands, band_scale)
     with image_decoder(len(paths), image_size, bands, band_scale, listing.roots) as decode_many:
         try:
             sizes = write_decoded(paths, decode_many, writer, image_size, np.uint8 if stored[1] == 1 else np.float16)
         except NotEightBit:  # rare: a 16-bit file among 8-bit ones; the whole set is stored as float16
             sizes = write_decoded(paths, decode_many, writer, image_size, np.float16)
-    return PoolParts(labels, listing.class_names, tuple(listing_warnings(listing) + size_warnings(sizes, image_size)))
+    return PoolParts(labels, listing.class_names, tuple(listing_warnings(listing) + size_warnings(sizes, image_size)),
+                     num_test=listing.num_val_images)
 
 
 def write_decoded(paths: list[Path], decode_many, writer: ImageWriter, image_size: int, dtype) -> set:

@@ -1,7 +1,8 @@
 """From a dataset name or folder to train/val datasets: validate, decode once (or map the cache), split.
 
 Train and val are index lists over one mapped cache file (cache.py); validation uses the
-dataset's official test split where it ships one (``val_from="test"``), else a stratified
+dataset's official test split where it ships one (``val_from="test"``: mnist's t10k files, a
+folder's ``val/`` tree, a ``val.csv`` beside ``train.csv``; layouts.py), else a stratified
 ``val_fraction`` of the training images, and ``DatasetInfo.val_split`` says which.
 """
 
@@ -44,14 +45,14 @@ from .cache import (
 from trainer_backend.datasets.folder import (
     FolderListing,
     decode_image_folder,
-    decoded_size,
     list_image_folder,
     listing_problems,
     listing_warnings,
     memory_problem,
-    resolve_folder,
+    stored_format,
 )
 from trainer_backend.datasets.image_files import describe_image_file
+from trainer_backend.datasets.layouts import list_dataset
 from trainer_backend.datasets.limits import decoded_bytes, streaming_note
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, split_datasets
 
@@ -91,6 +92,7 @@ class DatasetSource:
     fingerprint: tuple
     build: Callable[[ImageWriter], PoolParts]
     decoded_bytes: int = 0
+    val_source: str = ""  # the official validation split given with the data, in words ("the val/ folder of X")
 
 
 def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] | None = None,
@@ -112,7 +114,7 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
     if decode not in DECODE_MODES:
         raise DatasetError(f"decode {decode!r} is not allowed: use one of {', '.join(DECODE_MODES)}")
     if decode == "workers":
-        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots,
+        return prepare_streaming(dataset, image_size, bands, band_scale, val_fraction, seed, data_roots, val_from,
                                  sample=reads_images)
     source = resolve_source(dataset, image_size, bands, band_scale, data_roots)
     key = cache_key(source.fingerprint, image_size, bands, band_scale)
@@ -131,7 +133,7 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
         num_train=len(train),
         num_val=len(val),
         warnings=pool.warnings + ((note,) if note else ()),
-        val_split=val_split_text(source.name, pool, val_from, val_fraction, seed, len(val)),
+        val_split=val_split_text(source.name, pool, val_from, val_fraction, seed, len(val), source.val_source),
         decoded_bytes=size,
         cache_file=str(pool.path or ""),
     )
@@ -139,7 +141,7 @@ def prepare_data(dataset: str, *, image_size: int = 32, bands: tuple[int, ...] |
 
 
 def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_fraction: float, seed: int,
-                      roots, sample: bool = True) -> PreparedData:
+                      roots, val_from: str = "test", sample: bool = True) -> PreparedData:
     from .streaming import STATS_SAMPLE, streaming_splits
 
     if dataset in BUILTIN_DATASETS and dataset != "eurosat":
@@ -148,13 +150,17 @@ def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_frac
     if dataset == "eurosat":
         with exclusive_lock(cache_dir() / f"{dataset}.download.lock"):
             ensure_builtin_files(dataset)
-    listing = list_image_folder(builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset),
-                                None if dataset == "eurosat" else roots)
+    listing = (list_image_folder(builtin_dir(dataset)) if dataset == "eurosat" else dataset_listing(dataset, roots))
     problems = listing_problems(listing)
     if problems:
         raise DatasetError("; ".join(problems))
-    labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
-    train_indices, val_indices = stratified_split(labels, len(listing.class_names), val_fraction, seed)
+    labels = torch.as_tensor(listing.labelled_files()[1])
+    num_train = listing.num_train_images
+    official = listing.val_files_by_class is not None and val_from == "test"
+    if official:
+        train_indices, val_indices = np.arange(num_train), np.arange(num_train, len(labels))
+    else:
+        train_indices, val_indices = stratified_split(labels[:num_train], len(listing.class_names), val_fraction, seed)
     train, val = streaming_splits(listing, image_size=image_size, bands=bands, band_scale=band_scale,
                                   train_indices=train_indices, val_indices=val_indices, seed=seed, sample=sample)
     name = dataset if dataset == "eurosat" else str(listing.root)
@@ -164,16 +170,27 @@ def prepare_streaming(dataset: str, image_size: int, bands, band_scale, val_frac
     info = DatasetInfo(name=name, num_classes=len(listing.class_names), class_names=listing.class_names,
                        in_chans=train.channels, image_size=image_size, num_train=len(train), num_val=len(val),
                        warnings=tuple(listing_warnings(listing)) + (note,),
-                       val_split=(f"validated on {val_fraction:.0%} of the training images of {Path(name).name}, held "
+                       val_split=(official_split_text(listing.val_source, len(val)) if official else
+                                  f"validated on {val_fraction:.0%} of the training images of {Path(name).name}, held "
                                   f"out stratified with seed {seed} ({len(val):,} images)"))
     return PreparedData(train, val, info)
 
 
-def val_split_text(name: str, pool: DecodedPool, val_from: str, val_fraction: float, seed: int, num_val: int) -> str:
+def official_split_text(val_source: str, num_val: int) -> str:
+    return f"validated on the official split given with the data: {val_source} ({num_val:,} images)"
+
+
+def val_split_text(name: str, pool: DecodedPool, val_from: str, val_fraction: float, seed: int, num_val: int,
+                   val_source: str = "") -> str:
     label = Path(name).name if os.sep in name else name
     if pool.num_test and val_from == "test":
+        if val_source:
+            return official_split_text(val_source, num_val)
         return f"validated on the official test split of {label} ({num_val:,} images)"
-    why = "it ships no test split" if not pool.num_test else "val_from train"
+    if name in BUILTIN_DATASETS:
+        why = "it ships no test split" if not pool.num_test else "val_from train"
+    else:
+        why = "it has no val/ folder or validation list" if not pool.num_test else "val_from train"
     return (f"validated on {val_fraction:.0%} of the training images of {label}, held out stratified with "
             f"seed {seed} ({num_val:,} images; {why})")
 
@@ -219,7 +236,7 @@ def resolve_source(dataset: str, image_size: int, bands, band_scale, roots=None)
         return DatasetSource(dataset, builtin_fingerprint(dataset),
                              lambda writer: write_builtin(writer, dataset, image_size, bands, band_scale),
                              decoded_bytes(with_test, spec.bands, image_size, 1))
-    listing = list_image_folder(dataset_folder(dataset), roots)
+    listing = dataset_listing(dataset, roots)
     return folder_source(listing, str(listing.root), image_size, bands, band_scale)
 
 
@@ -230,9 +247,19 @@ def folder_source(listing: FolderListing, name: str, image_size: int, bands, ban
     too_large = memory_problem(listing, image_size, bands, band_scale)
     if too_large:
         raise DatasetError(too_large)
-    return DatasetSource(name, ("folder", listing.fingerprint),
+    # A plain folder keeps the key it always had; the other layouts add theirs and, for a list, its content.
+    fingerprint = (("folder", listing.fingerprint) if listing.layout == "folder"
+                   else (listing.layout, listing.fingerprint, listing.digest))
+    return DatasetSource(name, fingerprint,
                          lambda writer: decode_image_folder(listing, image_size, bands, band_scale, writer),
-                         decoded_size(listing, image_size, bands, band_scale))
+                         listing_bytes(listing, listing.num_images, image_size, bands, band_scale),
+                         val_source=listing.val_source)
+
+
+def listing_bytes(listing: FolderListing, count: int, image_size: int, bands, band_scale) -> int:
+    """Bytes ``count`` of the listing's images take decoded (in its first file's format)."""
+    stored = stored_format(listing, bands, band_scale)
+    return 0 if stored is None else decoded_bytes(count, stored[0], image_size, stored[1])
 
 
 def write_builtin(writer: ImageWriter, name: str, image_size: int, bands, band_scale) -> PoolParts:
@@ -240,8 +267,13 @@ def write_builtin(writer: ImageWriter, name: str, image_size: int, bands, band_s
     return writer.write_pool(pool, pool.num_test)
 
 
+def dataset_listing(dataset: str, roots: list[Path] | None = None) -> FolderListing:
+    """The listing of the folder or list file ``dataset`` names (layouts.py), nothing decoded."""
+    return list_dataset(dataset_folder(dataset), roots)
+
+
 def dataset_folder(dataset: str) -> Path:
-    """The folder ``dataset`` names; an unknown name that is no folder either gets the list of built-ins."""
+    """The folder or list file ``dataset`` names; an unknown name that is neither gets the list of built-ins."""
     if isinstance(dataset, os.PathLike):
         dataset = os.fspath(dataset)
     if not isinstance(dataset, str) or not dataset.strip():
@@ -250,9 +282,9 @@ def dataset_folder(dataset: str) -> Path:
     if not Path(dataset).expanduser().exists():
         raise DatasetError(
             f"dataset {dataset!r} is neither a built-in dataset ({', '.join(BUILTIN_DATASETS)}) nor an "
-            f"existing folder ({Path(dataset).expanduser().resolve()} does not exist)"
+            f"existing folder or list file ({Path(dataset).expanduser().resolve()} does not exist)"
         )
-    return resolve_folder(dataset)
+    return Path(dataset).expanduser()
 
 
 def cached_split(pool_path: Path, pool: DecodedPool, val_fraction: float, seed: int,
@@ -297,7 +329,9 @@ def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
     """A quick look for the dashboard, without decoding the set.
 
     Keys: kind ("builtin"/"folder"), name, path, available_offline, num_classes, class_names,
-    num_images, images_per_class, image_shape (H, W), bands, dtype, default_bands, default_scale
+    num_images, images_per_class (training images), layout ("folder", "split folder", "list"),
+    num_val_images and val_source (an official validation split: val/ or a validation list),
+    image_shape (H, W), bands, dtype, default_bands, default_scale
     (image_shape to default_scale come from one file; None where unknown), warnings, and problems
     (what prepare_data would refuse, in words). A folder that is missing, not a directory,
     without class sub-folders, with a broken link, a link loop or an unreadable folder, or (with
@@ -305,10 +339,10 @@ def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
     """
     if dataset in BUILTIN_DATASETS:
         return inspect_builtin(dataset)
-    listing = list_image_folder(dataset_folder(dataset), data_roots)
+    listing = dataset_listing(dataset, data_roots)
     problems = listing_problems(listing)
     native = {}
-    first_image = next((files[0] for files in listing.files_by_class if files), None)
+    first_image = listing.first_file()
     if first_image is not None:
         try:
             native = describe_image_file(first_image, data_roots)
@@ -323,6 +357,9 @@ def inspect_dataset(dataset: str, data_roots: list[Path] | None = None) -> dict:
         "class_names": list(listing.class_names),
         "num_images": listing.num_images,
         "images_per_class": {n: len(f) for n, f in zip(listing.class_names, listing.files_by_class)},
+        "layout": listing.layout,
+        "num_val_images": listing.num_val_images,
+        "val_source": listing.val_source,
         "image_shape": native.get("image_shape"),
         "bands": native.get("bands"),
         "dtype": native.get("dtype"),
@@ -346,9 +383,9 @@ def stored_split_size(dataset: str, image_size: int, bands=None, band_scale=None
         count = spec.num_images + (spec.num_test if val_from == "test" and with_test else 0)
         channels = len(bands) if bands else spec.bands  # only eurosat (a folder of RGB JPEGs) takes bands
         return decoded_bytes(count, channels, image_size, 1), count
-    root = builtin_dir(dataset) if dataset == "eurosat" else dataset_folder(dataset)
-    listing = list_image_folder(root)
-    return decoded_size(listing, image_size, bands, band_scale), listing.num_images
+    listing = list_image_folder(builtin_dir(dataset)) if dataset == "eurosat" else dataset_listing(dataset)
+    count = listing.num_images if val_from == "test" else listing.num_train_images
+    return listing_bytes(listing, count, image_size, bands, band_scale), count
 
 
 def inspect_builtin(name: str) -> dict:

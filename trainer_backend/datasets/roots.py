@@ -2,6 +2,7 @@
 
     roots = data_roots()                       # PARALLAX_DATA_ROOTS (colon-separated), default $PARALLAX_HOME/datasets
     check_under_roots("/data/EuroSAT", roots)  # ConfigError naming the folder and the roots if outside
+    offered_lists(Path("/data/photos"))        # the list files in a folder the dashboard offers as datasets
 
 Paths are compared after resolving them (``..`` and symlinks), so a link inside a root that
 points elsewhere is refused like the folder it points to. The dashboard checks before it
@@ -16,6 +17,11 @@ from pathlib import Path
 from db.settings import parallax_home
 
 from trainer_backend.contract.config import ConfigError
+
+# A dataset path with one of these suffixes is a list file of path,label lines (layouts.py); a list
+# or a folder named one of VAL_NAMES validates the train list or train/ folder beside it.
+LIST_SUFFIXES = (".csv", ".txt")
+VAL_NAMES = ("val", "validation")
 
 
 def data_roots() -> list[Path]:
@@ -42,9 +48,18 @@ def check_under_roots(dataset: str, roots: list[Path]) -> None:
         return
     real = os.path.realpath(os.path.expanduser(dataset))
     resolved = f" (it resolves to {real})" if real != os.path.abspath(os.path.expanduser(dataset)) else ""
+    what = "list file" if Path(dataset).suffix.lower() in LIST_SUFFIXES else "folder"
     raise ConfigError(
         "dataset",
-        f"dataset folder {dataset}{resolved} is outside the data roots ({', '.join(str(r) for r in roots)}): "
-        "the dashboard trains only on folders inside them; move or copy the data into a root, "
+        f"dataset {what} {dataset}{resolved} is outside the data roots ({', '.join(str(r) for r in roots)}): "
+        f"the dashboard trains only on {what}s inside them; move or copy the data into a root, "
         "or add its parent folder to PARALLAX_DATA_ROOTS",
     )
+
+
+def offered_lists(folder: Path) -> list[Path]:
+    """The list files directly in ``folder`` that the dashboard offers as datasets, sorted: every
+    visible ``.csv``/``.txt`` but validation lists, which come with the train list beside them."""
+    return sorted(path for path in folder.iterdir()
+                  if path.suffix.lower() in LIST_SUFFIXES and not path.name.startswith(".")
+                  and path.stem.lower() not in VAL_NAMES and path.is_file())

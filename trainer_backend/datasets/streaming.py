@@ -180,8 +180,8 @@ def streaming_splits(listing: FolderListing, *, image_size: int, bands, band_sca
                      val_indices, seed: int, sample: bool = True) -> tuple[StreamingImages, StreamingImages]:
     """Train and val over the folder's files, normalised with a sample of the training images' mean/std
     (unit ones without ``sample``: for a process that reads no images, which decodes none)."""
-    paths = [f for files in listing.files_by_class for f in files]
-    labels = torch.as_tensor([label for label, files in enumerate(listing.files_by_class) for _ in files])
+    paths, labels = listing.labelled_files()
+    labels = torch.as_tensor(labels)
     channels, bytes_per_value = stored_format(listing, bands, band_scale)
     dtype = torch.uint8 if bytes_per_value == 1 else torch.float16
     roots = list(listing.roots) if listing.roots is not None else None

@@ -224,9 +224,12 @@ def test_channel_counts_that_differ_name_a_file_of_each(parallax_home, tmp_path)
 def test_folder_errors_are_clear(parallax_home, tmp_path):
     with pytest.raises(DatasetError, match="neither a built-in dataset .*digits.* nor an existing folder"):
         prepare_data(str(tmp_path / "nowhere"))
-    a_file = tmp_path / "file.txt"
+    a_file = tmp_path / "file.json"
     a_file.write_text("x")
-    with pytest.raises(DatasetError, match="not a directory"):
+    with pytest.raises(DatasetError, match="not a directory.*or a .csv/.txt list file"):
+        prepare_data(str(a_file))
+    a_file = a_file.rename(tmp_path / "file.txt")  # a .txt is read as a list of path,label lines
+    with pytest.raises(DatasetError, match="line 1 is x: expected path,label"):
         prepare_data(str(a_file))
     empty = tmp_path / "empty"
     empty.mkdir()
