@@ -241,8 +241,10 @@ def listing_warnings(listing: FolderListing) -> list[str]:
     if listing.stray_files:
         example = listing.stray_files[0].name
         warnings.append(f"ignored {len(listing.stray_files)} files outside the class folders (e.g. {shown_name(example)})")
+    # A list file's images are named from the list's folder (and may lie outside it, as the list says).
+    base = listing.root.parent if listing.layout == "list" else listing.root
     not_utf8 = [relative for files in listing.files_by_class for f in files
-                if not is_utf8(relative := str(f.relative_to(listing.root)))]
+                if not is_utf8(relative := os.path.relpath(f, base))]
     if not_utf8:
         warnings.append(f"{len(not_utf8)} image files have names (or class folders) that are not UTF-8, e.g. "
                         f"{shown_name(not_utf8[0])}: they are read as they are, and named with those bytes escaped")

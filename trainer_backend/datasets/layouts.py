@@ -75,7 +75,7 @@ def split_listing(root: Path, train_dir: Path, val_dir: Path, roots: list[Path] 
                     and path not in (train_dir, val_dir))
 
     def under_root(listing: FolderListing, folder: Path):
-        return tuple((str(Path(folder.name, name)), size, mtime) for name, size, mtime in listing.fingerprint)
+        return tuple((str(Path(folder.name, entry[0])), *entry[1:]) for entry in listing.fingerprint)
 
     return FolderListing(
         root=root,
@@ -107,8 +107,9 @@ def list_files_of(list_path: Path, roots: list[Path] | None) -> FolderListing:
             grouped[index[label]].append(path)
         return tuple(tuple(files) for files in grouped)
 
-    fingerprint = [(os.path.relpath(path, list_path.parent), result.st_size, result.st_mtime_ns)
-                   for path, _, result in train_rows + val_rows]
+    # As folder.file_fingerprint: a listed link re-pointed at another image changes the key too.
+    fingerprint = [(os.path.relpath(path, list_path.parent), result.st_size, result.st_mtime_ns, result.st_ctime_ns,
+                    result.st_dev, result.st_ino, os.path.realpath(path)) for path, _, result in train_rows + val_rows]
     trained = {(result.st_dev, result.st_ino) for _, _, result in train_rows}
     repeated = [path for path, _, result in val_rows if (result.st_dev, result.st_ino) in trained]
     many = len(repeated) != 1
