@@ -58,8 +58,8 @@ What is measured: the engine against a hand-written PyTorch loop and against PyT
 cached data pipeline against decoding TIFFs on every access, dashboard render times with 500 runs,
 the cost of database writes, launch latency (and where it goes), the profiler's cost, what DDP on CPU
 buys, the default run's time and accuracy, and a whole run's memory over its dataset's decoded size
-with 1, 2 and 4 ranks (`bench/data_scale.py`); take figures on a quiet machine (`make bench` takes
-about 20 minutes on 2 cores). [RELIABILITY.md](RELIABILITY.md) lists every fault and bad input
+with 1, 2 and 4 ranks (`bench/data_scale.py`); take figures on a quiet machine (how long
+`make bench` took is said above the summary below). [RELIABILITY.md](RELIABILITY.md) lists every fault and bad input
 Parallax is tested against and what the user sees, with the figures of a 10-minute soak
 (`bench/soak.py`).
 
