@@ -6,16 +6,18 @@
 #              and run the whole suite
 # make test-fast - the tests that start no process (about a minute)
 # make lint  - ruff, configured in pyproject.toml
+# make screenshots - remake docs/img/*.png from a default run and a default sweep in a real dashboard and
+#              chromium (docs/screenshots.py, about 10 minutes on 2 cores)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,
-# and on runs that sleep while a test acts on them, which overlap; three keep 2 cores busy (README, Tests).
+# and on runs that sleep while a test acts on them, which overlap; three keep 2 cores busy (docs/HOW_IT_IS_BUILT.md, Tests).
 # A test file stays on one worker, so its module fixtures are built once.
 TEST_WORKERS ?= 3
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
 
-.PHONY: run dev test test-fast lint bench-check install clean system-deps
+.PHONY: run dev test test-fast lint bench-check install clean system-deps screenshots
 
 # The package, editable: the checkout is what runs, and `parallax` is on the venv's PATH. python3-venv first: a
 # fresh Debian has python3 without it, and `python3 -m venv` fails there.
@@ -61,6 +63,10 @@ bench-check: system-deps $(VENV)/.installed-test
 
 system-deps:
 	bash scripts/system-deps
+
+# The README's screenshots, from the runs a new user makes (playwright and chromium, as the browser tests use).
+screenshots: system-deps $(VENV)/.installed-test
+	$(PY) docs/screenshots.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

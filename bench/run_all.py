@@ -53,6 +53,45 @@ run of the same round. A figure is the median, with the smallest and largest of 
 comparison is quoted as the median of the ratios of pairs run in the same round. Training throughput
 is taken from the epochs after the first, which carry one-off costs (allocator growth, kernel
 selection). Every benchmark works in its own temporary `PARALLAX_HOME`.
+
+What is measured: the engine against a hand-written PyTorch loop and against PyTorch Lightning, the
+cached data pipeline against decoding TIFFs on every access, dashboard render times with 500 runs,
+the cost of database writes, launch latency (and where it goes), the profiler's cost, what DDP on CPU
+buys, the default run's time and accuracy, and a whole run's memory over its dataset's decoded size
+with 1, 2 and 4 ranks (`bench/data_scale.py`); take figures on a quiet machine (how long
+`make bench` took is said above the summary below). [RELIABILITY.md](RELIABILITY.md) lists every fault and bad input
+Parallax is tested against and what the user sees, with the figures of a 10-minute soak
+(`bench/soak.py`).
+
+## The first GPU: `make gpu-check`
+
+On a machine with CUDA, `make gpu-check` (at most 10 minutes; its runs took 3 on one H100) trains a
+short series of real runs on `cuda:0` (resnet18 on the digits at 128 px: single in bf16, `--amp off`,
+`--compile`, `--channels-last`, ddp and fsdp as worlds of one, fp16 with `--grad-clip`, and ddp under
+`torchrun --standalone`), prints for each the epochs' images/s, the largest step point's images/s,
+MFU with its `peak_source` and the peak memory, then runs `tests/system/test_gpu.py` in the time
+left, and writes the table with the GPU's name to this file (section *GPU check*, which `make bench`
+keeps). It exits 1 if a run or test failed or a figure is out of bounds (a step point above twice the
+best epoch's images/s, an MFU above 1, a CPU peak on a GPU run). Without CUDA it prints one line and
+exits 0. It installs nothing and needs no `.venv`: it runs under `.venv/bin/python` where that
+exists, else under the python you name, for instance where PyTorch is preinstalled and the rest came
+as wheels installed to a folder:
+
+```
+pip install --target /opt/wheels sqlalchemy alembic mako greenlet streamlit plotly   # or from local wheel files
+PYTHONPATH=/opt/wheels make gpu-check PY=python3
+```
+
+## The test suite's time
+
+`make test` (three pytest-xdist workers) ran 1,179 tests. It is bound by the CPU: it needs about 714
+CPU-seconds (a serial run, 2026-11-27), the two cores are 96 to 99 % busy under three workers, and a
+fourth gains nothing (410 s against 400 s). A run's worker importing torch and timm costs 3.5 to 4 s of
+CPU. Its time follows the machine's speed: 400 to 445 s on 2 cores where `import torch` took 1.5 to
+2.0 s (five runs, four of them fresh-clone CI runs, 2026-11-27), and 755 s the same morning, where it
+took 3.7 s. `make test-fast`: 771 tests, 38 to 45 s on 2 cores (2026-11-27).
+
+## The benchmarks at a glance
 """
 
 

@@ -63,7 +63,7 @@ def reference_grads(images: torch.Tensor, labels: torch.Tensor) -> dict[str, tor
 # --- the lr schedule, step by step ---
 
 def expected_lr(kind: str, k: int, total: int, warmup: int, peak: float) -> float:
-    """The formulas of the README's training recipe, written out apart from trainer_backend/engine/schedule.py."""
+    """The formulas of the training recipe (docs/STRATEGIES.md), written out apart from trainer_backend/engine/schedule.py."""
     if k < warmup:
         rise = (k + 1) / warmup
         return peak * (1 / 25 + (24 / 25) * rise if kind == "onecycle" else rise)
