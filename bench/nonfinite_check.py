@@ -85,8 +85,9 @@ def main() -> None:
             if watch is not None:
                 guard_per_step_s.append(watch.spent_s / len(loader))
             print(f"{KEY} round {index + 1}/{rounds} {side}: {1000 * seconds / len(loader):.1f} ms/step", flush=True)
-    report.ratio("step time with the check over without", step_s["with"], step_s["without"],
-                 target=at_most(1.01, "×"))
+    # Epochs on this 2-core machine drift by more than the check's cost, so the pairs' ratio cannot tell 1 %
+    # (6 pairs: 0.96-1.21); the target is checked on the check's own time, taken around its calls.
+    report.ratio("step time with the check over without", step_s["with"], step_s["without"])
     report.add("the check's time on the training thread per step", [1e6 * s for s in guard_per_step_s], unit=" µs")
     report.add("its share of a step", [100 * g / s for g, s in zip(guard_per_step_s, step_s["with"])], unit=" %",
                target=at_most(1.0, " %"))
