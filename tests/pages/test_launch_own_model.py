@@ -117,3 +117,18 @@ def test_a_missing_file_is_refused_without_a_child(launch_page, tmp_path):
     shown = [plain(e.value) for e in at.error]
     assert any(f"{tmp_path}/nowhere.py is not a file" in text for text in shown), shown
     assert launch_button(at).disabled
+
+
+def test_a_rerun_reuses_the_verdict_and_an_edit_of_the_file_checks_again(launch_page, tmp_path):
+    log = tmp_path / "imports.log"
+    path = tmp_path / "counted.py"
+    path.write_text(f"open({str(log)!r}, 'a').write('imported\\n')\n" + GOOD)
+    at = choose_own_model(launch_page, f"{path}:Net", '{"width": 4}')
+    assert not at.error, [e.value for e in at.error]
+    assert log.read_text().count("imported") == 1
+    at.number_input(key="epochs").set_value(2).run()  # another field: the same model, no new child
+    at.run()
+    assert not at.error and log.read_text().count("imported") == 1
+    path.write_text(path.read_text() + "\n# edited\n")  # a new hash: checked again
+    at.run()
+    assert not at.error and log.read_text().count("imported") == 2
