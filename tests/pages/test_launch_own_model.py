@@ -42,7 +42,7 @@ import torch.nn as nn
 
 
 class Net(nn.Module):
-    def __init__(self, num_classes=10, in_chans=3):
+    def __init__(self, width=4, num_classes=10, in_chans=3):
         super().__init__()
         self.head = nn.Linear(in_chans, num_classes)
 
