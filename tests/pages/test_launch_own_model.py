@@ -132,3 +132,31 @@ def test_a_rerun_reuses_the_verdict_and_an_edit_of_the_file_checks_again(launch_
     path.write_text(path.read_text() + "\n# edited\n")  # a new hash: checked again
     at.run()
     assert not at.error and log.read_text().count("imported") == 2
+
+
+FLAT = '''
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes=10, in_chans=3):
+        super().__init__()
+        self.head = nn.Linear(in_chans, num_classes)
+
+    def forward(self, x):
+        return self.head(x.mean((2, 3)))
+'''
+
+
+def test_a_sweep_checks_the_model_under_a_strategy_that_cuts_it_only_where_it_holds_one(launch_page, tmp_path):
+    path = tmp_path / "flat.py"
+    path.write_text(FLAT)  # one layer: nothing to cut into stages
+    at = launch_page
+    at.radio(key="launch_mode").set_value("Compare strategies").run()
+    at = choose_own_model(at, f"{path}:Net", "{}")
+    assert at.multiselect(key="sweep_strategies").value == ["single", "ddp", "mp", "pp"]
+    shown = [plain(e.value) for e in at.error]
+    assert any("has 1 layers in sequence, too few" in text and "parallax_stages()" in text for text in shown), shown
+    at.multiselect(key="sweep_strategies").set_value(["single", "ddp"]).run()
+    assert not at.error, [e.value for e in at.error]
+    assert any("takes num_classes and in_chans" in plain(s.value) for s in at.success)
