@@ -18,11 +18,13 @@ from db import dashboard
 from trainer_backend.contract import devices as device_info
 from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
-                                    MAX_CHOICE_LENGTH, MAX_TAG_LENGTH, MAX_TAGS, RunConfig, max_cpu_processes)
+                                    MAX_CHOICE_LENGTH, MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, MAX_TAG_LENGTH,
+                                    MAX_TAGS, RunConfig, max_cpu_processes)
+from trainer_backend.contract.model_source import is_custom_model
 from trainer_backend.contract.strategy_specs import find, spec
 from trainer_backend.contract.fields import FIELDS
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from ui import launch_memory, memory_views, options, state
+from ui import launch_memory, memory_views, options, own_model, state
 from ui import torchrun as torchrun_ui
 from ui.fields import field_widget
 from ui.text import escape_markdown
@@ -240,12 +242,30 @@ with data_col:
 
 with model_col:
     st.subheader("Model")
-    models = options.model_choices() if full else list(options.DEFAULT_MODELS)
-    values["model"] = st.selectbox(FIELDS["model"].label, models, key="model", help=FIELDS["model"].help,
-                                   index=launch_memory.index_of(models, START.config.model))
-    field_slot("model")
-    # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
-    model_problem = options.model_problem(values["model"]) if full else None
+    started_own = is_custom_model(START.config.model)
+    own = st.radio("Model from", [own_model.TIMM, own_model.OWN], horizontal=True, key="model_kind",
+                   index=int(started_own), captions=["a timm architecture", "path/to/file.py:Attr or pkg.module:Attr"]
+                   ) == own_model.OWN
+    if own:
+        values["model"] = st.text_input(
+            "Your model", key="own_model", value=START.config.model if started_own else "",
+            placeholder="~/nets/mynet.py:Net", max_chars=MAX_PATH_LENGTH,
+            help="An nn.Module class or a function returning one, in a .py file or an importable module. It is "
+            "checked in a separate process (imported, built on the meta device, one fake forward at the image "
+            "size); the dashboard never imports it.").strip()
+        field_slot("model")
+        values["model_args"] = field_widget(FIELDS["model_args"], START.config.model_args if started_own else "{}",
+                                            max_chars=MAX_MODEL_ARGS_LENGTH)
+        field_slot("model_args")
+        verdict_slot = st.empty()
+        model_problem = None  # the child's verdict, once the config builds
+    else:
+        models = options.model_choices() if full else list(options.DEFAULT_MODELS)
+        values["model"] = st.selectbox(FIELDS["model"].label, models, key="model", help=FIELDS["model"].help,
+                                       index=launch_memory.index_of(models, START.config.model))
+        field_slot("model")
+        # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
+        model_problem = options.model_problem(values["model"]) if full else None
     count_slot = st.empty()  # filled once the button is there: a large model takes a while to count
 
 strategy_col, devices_col = st.columns(2, gap="large")
@@ -410,6 +430,14 @@ if sweeping:
         errors.setdefault("strategy", "Pick at least two strategies to compare.")
 if model_problem:
     errors["model"] = model_problem
+if own and config is not None and not errors.keys() & {"model", "model_args"}:
+    with verdict_slot, st.spinner("Checking your model in a separate process…"):
+        verdict = own_model.model_verdict(own_model.config_to_check(config, sweep_strategies if sweeping else None))
+    if verdict.ok:
+        verdict_slot.success(f"{escape_markdown(verdict.line)} (checked in {verdict.seconds:.1f} s)",
+                             icon=":material/check_circle:")
+    else:
+        errors["model"] = verdict.line
 if info.get("problems"):
     errors["dataset"] = "; ".join(info["problems"])
 elif full and (memory := options.memory_problem(info, values["stored_size"] or values["image_size"],
@@ -457,7 +485,10 @@ if not full:
     count_slot.caption("Counting parameters…")
     options.load_training_stack()  # the form is usable meanwhile; a click waits for the import to end
     st.rerun()  # every model, the dataset's details, the parameter count and their checks
-if model_problem is None:
+if own:
+    count_slot.caption("Parameter count and memory estimate: not computed here, since that would import your "
+                       "code into the dashboard; `python -m trainer_backend estimate --model ...` gives them.")
+elif model_problem is None:
     num_classes = int(info.get("num_classes") or 10)
     count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))
     count_slot.caption(f"{options.format_count(count)} parameters for {num_classes} classes" if count else
@@ -487,7 +518,7 @@ if not sweeping and spec(values["strategy"]).distributed and config is not None:
             st.error(str(exc), icon=":material/error:")
 
 # Last, so that every field and the Launch button are drawn before the estimate runs (cached per config).
-if full and config is not None and not errors:
+if full and config is not None and not errors and not own:
     with memory_slot:
         num_classes, in_chans = int(info.get("num_classes") or 10), options.input_channels(info, config.bands)
         if sweeping:
