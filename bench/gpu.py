@@ -236,38 +236,24 @@ def run_engine_syncs(settings: dict, *, device: str, data_path: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def engine_path_flags(data_path: str, device: str) -> tuple[str, ...] | None:
-    """The engine's flags for ``data_path``, or None where it cannot be asked for: on a GPU the
-    host path needs ``--data-on-device off`` (a dataset that fits is kept on the GPU otherwise); on
-    a CPU the data is always in host memory."""
-    from trainer_backend.contract.config import RunConfig
-
+def engine_path_flags(data_path: str, device: str) -> tuple[str, ...]:
+    """The engine's flags for ``data_path``: on a GPU ``--data-on-device on`` or ``off`` (a dataset that
+    fits is kept on the GPU otherwise); on a CPU the data is always in host memory."""
     if data_path == "device":
-        return ("--data-on-device", "on") if _has_data_on_device(RunConfig) and device != "cpu" else ()
+        return ("--data-on-device", "on") if device != "cpu" else ()
     workers = ("--num-workers", str(HOST_WORKERS))
-    if device == "cpu":
-        return workers
-    return ("--data-on-device", "off", *workers) if _has_data_on_device(RunConfig) else None
-
-
-def _has_data_on_device(config_class) -> bool:
-    return "data_on_device" in getattr(config_class, "__dataclass_fields__", {})
+    return workers if device == "cpu" else ("--data-on-device", "off", *workers)
 
 
 def compare_paths(settings: dict, db_url: str, repeats: int, *, device: str = "cuda:0",
                   label: str = KEY) -> dict[str, dict]:
     """The engine against the hand-written loop on each data path: same model, data, batch and
     switches, started in turn; images/s (median of the epochs after the first) of each run, the
-    ratio of each pair, and each side's synchronising calls per training step. A path the engine
-    cannot be asked for is reported with why, not measured."""
+    ratio of each pair, and each side's synchronising calls per training step."""
     devices = "cpu" if device == "cpu" else device.split(":")[-1]
     results: dict[str, dict] = {}
     for path in DATA_PATHS:
         flags = engine_path_flags(path, device)
-        if flags is None:
-            results[path] = {"skipped": "the engine has no --data-on-device: on a GPU it keeps a dataset that fits "
-                                        "there, so its host path cannot be chosen for the digits"}
-            continue
         workers = HOST_WORKERS if path == "host" else 0
         plain_syncs: list = []
 
@@ -329,9 +315,6 @@ def main() -> int:
     with parallax_home() as home:
         paths = compare_paths(settings, f"sqlite:///{home / 'parallax.db'}", args.repeats)
     for path, result in paths.items():
-        if "skipped" in result:
-            report.note(f"{DATA_PATHS[path]}: not measured: {result['skipped']}")
-            continue
         report.add(f"{DATA_PATHS[path]}: engine, images/s", result["engine"], unit="images/s")
         report.add(f"{DATA_PATHS[path]}: hand-written loop, images/s", result["plain"], unit="images/s")
         report.ratio(f"{DATA_PATHS[path]}: engine / hand-written, images/s", result["engine"], result["plain"],

@@ -9,24 +9,12 @@ import textwrap
 
 import pytest
 
+from tests.plugins.user_net import NET_SOURCE
 from tests.support import DDP_ON_CPU, run_cli, train_and_export
 
 pytestmark = pytest.mark.processes
 
-MYNET = textwrap.dedent('''
-    from torch import nn
-
-
-    class Net(nn.Module):
-        def __init__(self, width, num_classes=10, in_chans=3):
-            super().__init__()
-            self.features = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1), nn.ReLU(),
-                                          nn.AdaptiveAvgPool2d(1), nn.Flatten())
-            self.head = nn.Linear(width, num_classes)
-
-        def forward(self, x):
-            return self.head(self.features(x))
-
+MYNET = NET_SOURCE + textwrap.dedent('''
 
     class Bare(nn.Module):
         def forward(self, x):

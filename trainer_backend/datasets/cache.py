@@ -118,6 +118,11 @@ def open_cache_file(path: Path) -> BinaryIO | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None
+    return os.fdopen(regular_or_closed(fd, path), "rb")
+
+
+def regular_or_closed(fd: int, path: Path) -> int:
+    """``fd`` when it is a regular file; otherwise it is closed and the one line naming what is at ``path`` raised."""
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -125,7 +130,7 @@ def open_cache_file(path: Path) -> BinaryIO | None:
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "rb")
+    return fd
 
 
 def cache_key(source_fingerprint, image_size: int, bands, band_scale) -> str:
@@ -161,14 +166,7 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
         # Not blocking: opening a named pipe for writing would wait for a reader forever.
         fd = os.open(lock_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
                      0o666)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise not_a_cache_file(lock_path, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "ab") as handle:
+    with os.fdopen(regular_or_closed(fd, lock_path), "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -12,25 +12,13 @@ import pytest
 import torch
 from torch import nn
 
+from tests.plugins.user_net import NET_SOURCE
 from trainer_backend.contract.config import ConfigError, RunConfig
 from trainer_backend.contract.model_source import ModelError, model_source, with_model_source
 from trainer_backend.engine.custom_model import build_custom_model, check_custom_model, sized_by
 from trainer_backend.engine.models import create_model, split_into_stages
 
-NETS = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-
-    class Net(nn.Module):
-        def __init__(self, width, num_classes=10, in_chans=3):
-            super().__init__()
-            self.features = nn.Sequential(nn.Conv2d(in_chans, width, 3, padding=1), nn.ReLU(),
-                                          nn.AdaptiveAvgPool2d(1), nn.Flatten())
-            self.head = nn.Linear(width, num_classes)
-
-        def forward(self, x):
-            return self.head(self.features(x))
+NETS = "import torch\n" + NET_SOURCE + textwrap.dedent('''
 
 
     class Fixed(nn.Module):
