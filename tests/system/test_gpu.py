@@ -990,3 +990,21 @@ def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
         torch.cuda.set_sync_debug_mode(0)
     assert stopped_at is not None and 20 < stopped_at <= 20 + 2 * CUDA_CHECK_EVERY
     assert reason.startswith("loss became NaN at epoch 1 step 20 (lr 0.1)")
+
+
+@one_gpu
+def test_the_batchnorm_re_estimate_reads_nothing_on_the_host():
+    """The statistics re-estimated before validation, on a GPU, under sync debug mode "error": BatchNorm's
+    own cumulative mode would read its batch count on the host in every layer and batch."""
+    from trainer_backend.engine.batchnorm import reestimate
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8)).cuda()
+    batches = [(torch.randn(16, 3, 32, 32, device="cuda"), None) for _ in range(5)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert reestimate(model, batches, lambda images, labels: model(images)) is True
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    expected = torch.stack([model[0](images).mean(dim=(0, 2, 3)) for images, _ in batches]).mean(dim=0)
+    assert torch.allclose(model[1].running_mean, expected, atol=1e-4)

@@ -55,19 +55,36 @@ def reestimate(model: nn.Module, loader: DataLoader, forward: Callable[[torch.Te
     was_training = model.training
     for layer in layers:
         layer.reset_running_stats()
-        layer.momentum = None  # a cumulative, equal-weight average over the batches below
+    # An equal-weight average over every forward call below (a pipeline calls each layer once per
+    # micro-batch). BatchNorm's own cumulative mode (momentum None) reads num_batches_tracked on the
+    # host in every layer, a device sync per layer and batch on a GPU; a host count per layer gives
+    # the same average: the k-th call moves the statistics 1/k of the way.
+    hooks = [layer.register_forward_pre_hook(_cumulative_momentum(layer)) for layer in layers]
     model.train()
     try:
-        # A cumulative average reads num_batches_tracked on the host, where a torch.compile'd model
-        # breaks its graph in every BatchNorm layer and compiles the pieces; eager is faster here.
+        # The momentum changes at every call, which a torch.compile'd model would guard and
+        # recompile on; eager is faster here.
         with torch.compiler.set_stance("force_eager"):
             for images, labels in loader:
                 forward(images, labels)
     finally:
+        for hook in hooks:
+            hook.remove()
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
         model.train(was_training)
     return True
+
+
+def _cumulative_momentum(layer: nn.modules.batchnorm._BatchNorm) -> Callable:
+    calls = 0
+
+    def before_forward(module, inputs):
+        nonlocal calls
+        calls += 1
+        layer.momentum = 1.0 / calls
+
+    return before_forward
 
 
 def lag_note(*, train_acc: float, val_acc: float, epoch: int, steps_per_epoch: int, reestimated: bool,

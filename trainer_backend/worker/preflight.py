@@ -22,7 +22,8 @@ from trainer_backend.contract.printable import one_line, shown_name
 from trainer_backend.contract.storage import DiskFullError
 from trainer_backend.engine.trainer import load_data, make_strategy
 
-OOM_HINT = "out of memory: try a smaller --batch-size (or a smaller --image-size or model)"
+OOM_HINT = ("out of memory: try a smaller --batch-size (or a smaller --image-size or model, or --data-on-device off "
+            "to keep the dataset in host memory)")
 # How running out of GPU memory reads in each library's own words.
 OUT_OF_MEMORY = re.compile(
     r"OutOfMemoryError|CUDA out of memory"  # PyTorch's caching allocator

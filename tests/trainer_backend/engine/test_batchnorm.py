@@ -42,6 +42,25 @@ def test_statistics_are_the_average_over_the_sample_and_nothing_else_changes():
         assert torch.equal(model.state_dict()[name], value), name
 
 
+def test_the_average_never_reads_a_count_on_the_host(monkeypatch):
+    """BatchNorm's cumulative mode (momentum None) turns num_batches_tracked into a Python float in
+    every layer and batch: on a GPU, a device sync each. The re-estimate gives BatchNorm a number."""
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+    seen = []
+    for layer in (model[1], model[3]):
+        layer.register_forward_hook(lambda module, inputs, output: seen.append(module.momentum))
+    dataset = images_dataset(60)
+    loader = statistics_loader(DataLoader(dataset, batch_size=20, collate_fn=collate_batch),
+                               max_images=60, seed=0, full_batches=False)
+    host_reads = []
+    real_float = torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: host_reads.append(t) or real_float(t))
+    reestimate(model, loader, lambda images, labels: model(dataset.normalise(images)))
+    assert host_reads == []
+    assert seen == [1.0, 1.0, 1 / 2, 1 / 2, 1 / 3, 1 / 3]  # the k-th batch weighs 1/k: an equal-weight average
+    assert model[1].momentum == model[3].momentum == 0.1
+
+
 def test_a_model_without_batchnorm_is_left_alone():
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     calls = []
