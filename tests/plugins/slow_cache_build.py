@@ -10,7 +10,7 @@ import time
 
 from trainer_backend.datasets import builtin
 
-BUILD_S = 30.0
+BUILD_S = 20.0
 
 _decode_digits = builtin.decode_digits
 

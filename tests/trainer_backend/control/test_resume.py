@@ -7,6 +7,7 @@ each epoch recorded once; the points kept on disk are bounded by --keep-checkpoi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -69,18 +70,30 @@ def test_only_an_ended_run_with_a_resume_point_is_resumed(parallax_home, engine,
         resume(999)
 
 
+def resumable_from(folder) -> int:
+    """The epoch of the run folder's last resume point (resume.json, written after resume.pt), 0 if none yet."""
+    try:
+        return int(json.loads((folder / points.RESUME_EPOCH_FILE).read_text())["epoch"])
+    except FileNotFoundError:
+        return 0
+
+
 @pytest.mark.processes
 @pytest.mark.parametrize("world", list(WORLDS))
 def test_a_killed_run_resumes_from_its_last_epoch_as_the_same_run(parallax_home, world):
     flags, devices = WORLDS[world]
     run_id = launch(parallax_home, *SLEEPER, *flags, "--batch-size", "64", "--epochs", "6",
                     env_extra=SLEEPER_ENV)
-    run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 2, timeout_s=180, what="two epochs")
+    folder = run_dir(parallax_home, run_id)
+    # An epoch is recorded before its resume point is written: kill only once epoch 2's point is
+    # there, so that the resumed run must start after it.
+    run = wait_for(parallax_home, run_id, lambda r: len(r["epochs"]) >= 2 and resumable_from(folder) >= 2,
+                   timeout_s=180, what="two epochs and the resume point of epoch 2")
     os.killpg(run["pid"], signal.SIGKILL)
     assert_group_gone(run["pid"])
     killed = export(parallax_home, run_id)
     assert killed["status"] == "lost" and len(killed["epochs"]) < 6
-    assert (run_dir(parallax_home, run_id) / "resume.pt").is_file()
+    assert (folder / "resume.pt").is_file()
 
     moved = ("--devices", devices) if devices else ()
     resumed = run_cli("resume", str(run_id), *moved, home=parallax_home, timeout=60, env_extra=SLEEPER_ENV)
