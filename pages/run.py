@@ -367,4 +367,5 @@ show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)
 with notes_section:
     run_notes.show_notes(run_notes.distinct_notes(run.notes, notes),
-                         warnings=[nonfinite_line(epochs)] if not epochs.empty else [])
+                         warnings=[nonfinite_line(epochs)] if not epochs.empty else [],
+                         expanded=run.status in ("failed", "lost"))

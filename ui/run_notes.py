@@ -35,11 +35,14 @@ def notes_label(count: int) -> str:
     return f"{NOTES_LABEL} ({count})"
 
 
-def show_notes(lines: list[str], warnings: Iterable[str | None] = ()) -> None:
-    """The warnings (things that went wrong while the run trained) in sight, then the notes as one
-    collapsed list: a page that leads with the run's numbers, not with what the engine chose for it."""
+def show_notes(lines: list[str], warnings: Iterable[str | None] = (), *, expanded: bool = False) -> None:
+    """The warnings (things that went wrong while the run trained) in sight, then the notes in one
+    section, collapsed unless ``expanded`` (a failed run's notes may say why): a page that leads with
+    the run's numbers, not with what the engine chose for it. A paragraph per note, each as written."""
     for warning in distinct_notes(warnings):
         st.warning(escape_markdown(warning), icon=":material/warning:")
     if lines:
-        with st.expander(notes_label(len(lines)), icon=":material/info:"):
-            st.markdown("\n".join(f"- {escape_markdown(line)}" for line in lines))
+        # A key: a reader's open section stays open when a new note changes its label.
+        with st.expander(notes_label(len(lines)), expanded=expanded, icon=":material/info:", key="run_notes_list"):
+            for line in lines:
+                st.markdown(escape_markdown(line))

@@ -48,9 +48,7 @@ def texts(elements) -> list[str]:
 def run_notes(at: AppTest) -> list[str]:
     """The lines of the Run page's Notes section, as the engine or the page wrote them (Markdown escapes undone)."""
     [notes] = [expander for expander in at.expander if expander.label.startswith(NOTES_LABEL)]
-    [listed] = notes.markdown
-    return [re.sub(r"\\(.)", r"\1", line.removeprefix("- ")).replace("\u2060", "")
-            for line in listed.value.splitlines()]
+    return [re.sub(r"\\(.)", r"\1", line.value).replace("\u2060", "") for line in notes.markdown]
 
 
 def shown_status(at: AppTest) -> str:
