@@ -6,8 +6,8 @@
 #              and run the whole suite
 # make test-fast - the tests that start no process (about a minute)
 # make lint  - ruff, configured in pyproject.toml
-# make screenshots - remake docs/img/*.png from a default run and a default sweep in a real dashboard and
-#              chromium (docs/screenshots.py, about 10 minutes on 2 cores)
+# make screenshots - remake docs/img/*.png from the form's default sweep in a real dashboard and
+#              chromium (docs/screenshots.py, a few minutes on 2 cores)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,

@@ -1,13 +1,15 @@
-"""Remake the README's screenshots from the runs a new user makes, in a real dashboard and browser.
+"""Remake the README's three screenshots from the runs a new user makes, in a real dashboard and browser.
 
 A fresh dashboard (its own PARALLAX_HOME in a temporary folder) is started and Debian's chromium
-drives it through playwright as a user would: Launch with the form's defaults (resnet18 on the
-digits, one CPU process) and wait for the run to complete -> docs/img/run-page.png; then Compare
-strategies with the form's default sweep (single, ddp, mp, pp on two CPU devices), wait for all of
-it, and compare its runs -> docs/img/compare-page.png. About 10 minutes on 2 cores.
+drives it through playwright as a user would: on Launch, Compare strategies with the form's default
+sweep (resnet18 on the digits: single, ddp, mp and pp on two CPU devices) and wait for all of it;
+then the two-process DDP run's page, its numbers, notes, epoch charts and time per rank ->
+docs/img/run-page.png, and further down the same page its per-step and system charts ->
+docs/img/run-steps-system.png; then Compare with the sweep's runs -> docs/img/compare-page.png.
+A few minutes on 2 cores (the four runs train one after the other).
 
     .venv/bin/python docs/screenshots.py
-    .venv/bin/python docs/screenshots.py --home /tmp/shots --compare 2,3,4,5   # again from kept runs
+    .venv/bin/python docs/screenshots.py --home /tmp/shots --runs 1,2,3,4   # again from kept runs
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from bench.browser import CHROMIUM, EPOCH_CHART_KEYS, EPOCH_CHARTS, make_run_com
 
 IMAGES = ROOT / "docs" / "img"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-VIEWPORT = {"width": 1400, "height": 1500}  # tall enough for a whole page: Streamlit scrolls inside itself
+# Tall enough for the Run page whole (Streamlit scrolls inside itself); each shot is a clip of it.
+VIEWPORT = {"width": 1400, "height": 6000}
+SHOT_HEIGHT_PX = 2100  # the most of any shot: a Run page's top down to its time per rank
 UI_MS = 120_000
 RUN_MS = 30 * 60_000
+SWEEP_RUNS = 4  # the form's default sweep: single, ddp, mp, pp
+STEP_AND_SYSTEM_CHARTS = ".st-key-step_train_loss, .st-key-system_memory_mb"
 CHROMIUM_WAIT_S = 600
 
 
@@ -75,10 +81,15 @@ def wait_idle(page) -> None:
     page.get_by_test_id("stStatusWidget").wait_for(state="detached", timeout=UI_MS)
 
 
-def shoot(page, name: str) -> None:
+def shoot(page, name: str, top_px: float = 0.0, bottom_px: float | None = None, left_px: float = 0.0) -> Path:
+    """The page from ``top_px`` to ``bottom_px`` (SHOT_HEIGHT_PX at most) and from ``left_px`` to the right edge."""
     page.mouse.move(VIEWPORT["width"] - 5, VIEWPORT["height"] - 5)  # no hover toolbar over a chart
     page.wait_for_timeout(500)
-    page.screenshot(path=str(IMAGES / name))
+    bottom_px = min(top_px + SHOT_HEIGHT_PX, bottom_px if bottom_px is not None else top_px + SHOT_HEIGHT_PX)
+    path = IMAGES / name
+    page.screenshot(path=str(path), clip={"x": left_px, "y": top_px, "width": VIEWPORT["width"] - left_px,
+                                          "height": bottom_px - top_px})
+    return path
 
 
 def open_launch_form(page, url: str):
@@ -93,22 +104,8 @@ def completed_badges(page):
     return page.get_by_role("paragraph").filter(has=page.get_by_role("img", name="check_circle icon"))
 
 
-def default_run(page, url: str) -> int:
-    """Launch with every value as the form offers it; wait until the run has completed."""
-    from playwright.sync_api import expect
-
-    open_launch_form(page, url).click()
-    page.wait_for_url(re.compile(r"/run\?run=\d+"), timeout=UI_MS)
-    run_id = int(re.search(r"run=(\d+)", page.url).group(1))
-    expect(completed_badges(page)).to_have_text(re.compile(r"completed$"), timeout=RUN_MS)
-    expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS), timeout=UI_MS)
-    wait_idle(page)
-    shoot(page, "run-page.png")
-    return run_id
-
-
-def default_sweep(page, url: str) -> None:
-    """Compare strategies with the form's defaults; wait until every run has completed."""
+def default_sweep(page, url: str) -> list[int]:
+    """Compare strategies with the form's defaults; wait until every run has completed. Its run ids, in launch order."""
     from playwright.sync_api import expect
 
     open_launch_form(page, url)
@@ -116,8 +113,31 @@ def default_sweep(page, url: str) -> None:
     wait_idle(page)
     page.locator("[data-testid=stBaseButton-primary]:visible", has_text="Launch the sweep").click()
     page.wait_for_url(re.compile(r"/sweep\?sweep=\d+"), timeout=UI_MS)
-    expect(completed_badges(page)).to_have_count(4, timeout=RUN_MS)
+    expect(completed_badges(page)).to_have_count(SWEEP_RUNS, timeout=RUN_MS)
     wait_idle(page)
+    links = page.get_by_role("link", name=re.compile(r"^Run #\d+ ")).all_text_contents()
+    return sorted({int(re.search(r"Run #(\d+)", text).group(1)) for text in links})
+
+
+def run_page(page, url: str, run_id: int) -> None:
+    """The run's page: its top (numbers, notes, epoch charts, time per rank), then its per-step and system charts."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/run?run={run_id}")
+    expect(page.locator(EPOCH_CHARTS)).to_have_count(len(EPOCH_CHART_KEYS), timeout=UI_MS)
+    expect(page.locator(STEP_AND_SYSTEM_CHARTS)).to_have_count(2, timeout=UI_MS)
+    wait_idle(page)
+    page.wait_for_timeout(1500)  # the charts lay themselves out after the rerun
+    ranks = page.get_by_test_id("stDataFrame").first.bounding_box()  # the per-rank table, under its chart
+    print(f"run #{run_id} -> {shoot(page, 'run-page.png', bottom_px=ranks['y'] + ranks['height'] + 20)}", flush=True)
+    main = page.get_by_test_id("stMain").bounding_box()
+    # From the first per-step chart's row to the end of the system charts: the charts are the last on the page
+    # before the log, two to a row.
+    first = page.locator(".st-key-step_train_loss").bounding_box()
+    last = page.locator(".stPlotlyChart").last.bounding_box()
+    path = shoot(page, "run-steps-system.png", top_px=first["y"] - 20, bottom_px=last["y"] + last["height"] + 20,
+                 left_px=main["x"])
+    print(f"run #{run_id}, per-step and system charts -> {path}", flush=True)
 
 
 def compare(page, run_ids: list[int]) -> None:
@@ -135,7 +155,8 @@ def compare(page, run_ids: list[int]) -> None:
         expect(picker.locator("[data-tag]")).to_have_count(count, timeout=UI_MS)  # the picked runs
     page.locator(".stPlotlyChart").nth(2).wait_for(timeout=UI_MS)
     wait_idle(page)
-    shoot(page, "compare-page.png")
+    page.wait_for_timeout(1500)
+    print(f"runs {run_ids} -> {shoot(page, 'compare-page.png')}", flush=True)
 
 
 def cancel_active_runs(home: Path) -> None:
@@ -149,7 +170,19 @@ def cancel_active_runs(home: Path) -> None:
                        capture_output=True)
 
 
-def shoot_all(home: Path, compare_only: list[int]) -> None:
+def ddp_run(home: Path, run_ids: list[int]) -> int:
+    """Which of ``run_ids`` is the DDP run (``parallax list``)."""
+    env = {**os.environ, "PARALLAX_HOME": str(home)}
+    env.pop("PARALLAX_DB_URL", None)
+    listed = subprocess.run([sys.executable, "-m", "trainer_backend", "list"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120).stdout
+    ddp = [int(n) for n in re.findall(r"run_id=(\d+) status=\w+ strategy=ddp ", listed) if int(n) in run_ids]
+    if not ddp:
+        sys.exit(f"error: none of the runs {run_ids} is a DDP run:\n{listed}")
+    return ddp[0]
+
+
+def shoot_all(home: Path, kept_runs: list[int]) -> None:
     from playwright.sync_api import sync_playwright
 
     server, url = start_dashboard(home)
@@ -158,16 +191,9 @@ def shoot_all(home: Path, compare_only: list[int]) -> None:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_MS)
-            if compare_only:
-                page.goto(url)
-                sweep = compare_only
-            else:
-                run_id = default_run(page, url)
-                print(f"run #{run_id} -> {IMAGES / 'run-page.png'}", flush=True)
-                default_sweep(page, url)
-                sweep = list(range(run_id + 1, run_id + 5))  # a fresh database numbers them in launch order
+            sweep = kept_runs or default_sweep(page, url)
+            run_page(page, url, ddp_run(home, sweep))
             compare(page, sweep)
-            print(f"runs {sweep} -> {IMAGES / 'compare-page.png'}", flush=True)
             browser.close()
     finally:
         server.terminate()
@@ -178,18 +204,18 @@ def shoot_all(home: Path, compare_only: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--home", type=Path, help="PARALLAX_HOME to use and keep (default: a temporary one)")
-    parser.add_argument("--compare", default="", help="only shoot the Compare page of these runs of --home")
+    parser.add_argument("--runs", default="", help="shoot these runs of --home (a sweep's) instead of launching a sweep")
     args = parser.parse_args()
-    compare_only = [int(n) for n in args.compare.split(",") if n.strip()]
+    kept_runs = [int(n) for n in args.runs.split(",") if n.strip()]
     wait_for_chromium()
     if args.home is not None:
         args.home.mkdir(parents=True, exist_ok=True)
-        shoot_all(args.home, compare_only)
+        shoot_all(args.home, kept_runs)
         return
     with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
         home = Path(scratch) / "parallax_home"
         home.mkdir()
-        shoot_all(home, compare_only)
+        shoot_all(home, kept_runs)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Run: one run's status, progress and charts, live while it trains (per epoch, and per step and
 second: loss, images/s, CPU, memory, GPU utilisation and power); its log, the engine's notes, its
-error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run."""
+error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run.
+
+The page leads with the run's numbers; every note about the run is gathered below them, once
+(``ui/run_notes.py``). Its sections are called in order at the end of this file."""
 
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, series_charts,
-                state, widgets)
+from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, run_notes,
+                series_charts, state, widgets)
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -33,21 +36,24 @@ SERIES_KEY = "run_series_drawn"
 LIVE_MAX_POINTS = 600
 
 
-def show_metrics(epochs: pd.DataFrame, measurements: dict) -> None:
+def show_metrics(epochs: pd.DataFrame, measurements: dict) -> list[str]:
+    """The run's numbers in one row that wraps where the page is narrow (each metric as wide as its text, so
+    none is cut), units in the labels; returns the lines saying why a number is missing."""
     last = epochs.iloc[-1]
     figures = run_figures(epochs.to_dict("records"))
-    columns = st.columns(5)
-    columns[0].metric("Validation accuracy", f"{last.val_acc:.1%}" if pd.notna(last.val_acc) else "—")
+    row = st.container(horizontal=True, gap="large", key="run_metrics")
+    row.metric("Validation accuracy", f"{last.val_acc:.1%}" if pd.notna(last.val_acc) else "—", width="content")
     best = f"{figures.best_val_acc:.1%}" if figures.best_val_acc is not None else "—"
-    columns[1].metric("Best validation accuracy", best)
+    row.metric("Best validation accuracy", best, width="content")
     throughput = figures.images_per_s
-    columns[2].metric("Throughput", f"{throughput:,.0f} images/s" if throughput is not None else "—",
-                      help=IMAGES_PER_S_HELP)
-    efficiency_views.mfu_metric(columns[3], epochs, measurements)
-    columns[4].metric("Training time", widgets.format_duration(figures.training_time_s),
-                      help=TRAINING_TIME_HELP + (f" With them, the epochs took "
-                                                 f"{widgets.format_duration(figures.epochs_time_s)}."
-                                                 if figures.epochs_time_s is not None else ""))
+    row.metric("Throughput (images/s)", f"{throughput:,.0f}" if throughput is not None else "—",
+               help=IMAGES_PER_S_HELP, width="content")
+    missing = efficiency_views.mfu_metric(row, epochs, measurements)
+    row.metric("Training time", widgets.format_duration(figures.training_time_s), width="content",
+               help=TRAINING_TIME_HELP + (f" With them, the epochs took "
+                                          f"{widgets.format_duration(figures.epochs_time_s)}."
+                                          if figures.epochs_time_s is not None else ""))
+    return [missing] if missing else []
 
 
 def nonfinite_line(epochs: pd.DataFrame) -> str | None:
@@ -115,7 +121,8 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float |
     widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
 
-def show_head(run: store.RunRecord) -> None:
+def show_head(run: store.RunRecord) -> list[str]:
+    """The run's status, what it trains, and its Cancel or Resume button; returns its notes for the Notes section."""
     badge_col, what_col, cancel_col = st.columns([1, 6, 1], vertical_alignment="center")
     with badge_col:
         widgets.status_badge(run.status)
@@ -123,8 +130,6 @@ def show_head(run: store.RunRecord) -> None:
     what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
                      f"{escape_markdown(run.dataset)} · {scaling.batch_summary(run.config)} · "
                      f"created {run.created_at:%Y-%m-%d %H:%M} UTC")
-    if note := unknown_strategy_note(run.id, run.strategy, run.measurements):
-        st.info(escape_markdown(note), icon=":material/update:")
     if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
         with st.spinner("Stopping every process of the run…"):
             try:
@@ -140,8 +145,9 @@ def show_head(run: store.RunRecord) -> None:
         except (ValueError, LookupError) as exc:
             st.session_state[CANCEL_NOTE_KEY] = str(exc)
         st.rerun()
-    if note := st.session_state.pop(CANCEL_NOTE_KEY, None):
+    if note := st.session_state.pop(CANCEL_NOTE_KEY, None):  # the answer to a button just pressed: in sight
         st.warning(escape_markdown(note), icon=":material/warning:")
+    return [unknown_strategy_note(run.id, run.strategy, run.measurements)]
 
 
 def launch_again(run: store.RunRecord) -> None:
@@ -155,21 +161,24 @@ def launch_again(run: store.RunRecord) -> None:
 
 
 def show_messages(run: store.RunRecord) -> None:
+    """How the run ended where it did not complete (its error leads a failed run's page), or why it waits."""
     show_outcome(run)
-    for note in run.notes:
-        st.info(escape_markdown(note), icon=":material/info:")
     if run.status == "queued":
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
 
 
-def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
-    """The per-epoch numbers and charts: drawn on a full run of the page, i.e. once per epoch."""
+def show_numbers(run: store.RunRecord, epochs: pd.DataFrame) -> list[str]:
+    """The run's numbers, drawn on a full run of the page (once per epoch); returns the lines saying why
+    one is missing."""
     if epochs.empty:
         st.caption("Charts appear when the first epoch ends.")
-    else:
-        show_metrics(epochs, run.measurements)
-        if line := nonfinite_line(epochs):
-            st.warning(line, icon=":material/warning:")
+        return []
+    return show_metrics(epochs, run.measurements)
+
+
+def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
+    """The per-epoch charts and tables: drawn on a full run of the page, i.e. once per epoch."""
+    if not epochs.empty:
         show_charts(epochs)
         efficiency_views.rank_times(epochs, key="rank_times")
         label = scaling.run_label(run.id, run.strategy, scaling.device_count(run.config), run.model)
@@ -332,7 +341,13 @@ run = store.get_run(engine, run_id)
 title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
-show_head(run)
+
+# The page, top to bottom: what the run is; its progress and how it ended; its numbers; its notes,
+# once each; its charts and tables; its log and files. A view for one kind of run (a Slurm job, a
+# run logged from a user's script) is a call of its own module among the charts and tables, and puts
+# what it has to say into `notes`: the Notes section is drawn after them, in the place kept for it.
+notes: list[str | None] = []
+notes += show_head(run)
 launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
@@ -340,6 +355,8 @@ progress_s = live.progress_refresh_s(run.status, age_s(run))
 st.fragment(live_progress, run_every=progress_s)(
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic(), progress_s)
 show_messages(run)
+notes += show_numbers(run, epochs)
+notes_section = st.container(key="run_notes")  # right below the numbers; filled once every section has spoken
 show_epochs(run, epochs)
 show_per_class(run)
 last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
@@ -348,3 +365,7 @@ st.fragment(live_series, run_every=live.series_refresh_s(active, last_epoch_s))(
 # Open for a failure, where the log says most. Redrawn with each epoch, status or note.
 show_log(run_id, expanded=run.status in ("failed", "lost"))
 show_static(run)
+with notes_section:
+    run_notes.show_notes(run_notes.distinct_notes(run.notes, notes),
+                         warnings=[nonfinite_line(epochs)] if not epochs.empty else [],
+                         expanded=run.status in ("failed", "lost"))

@@ -19,8 +19,8 @@ from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
 from db.lifecycle import ACTIVE_STATUSES
 from reports.forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
-from reports.sweep import (ESTIMATE_ERROR_NOTE, mfu_note, scaling_figure, strategy_advice, sweep_html, sweep_table,
-                           waiting_for)
+from reports.sweep import (ESTIMATE_ERROR_NOTE, energy_gaps_line, mfu_note, scaling_figure, strategy_advice,
+                           sweep_html, sweep_table, waiting_for)
 from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
@@ -56,13 +56,6 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
                              for value, of in zip(table["utilisation_pct"], table["utilisation_of"])],
         "energy per image (J)": numbers(table["energy_j_per_image"], "{:.3g}"),
     })
-
-
-def energy_gaps(table: pd.DataFrame) -> str | None:
-    """One line naming the runs without energy per image, and why."""
-    gaps = [f"#{row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
-            if pd.isna(row.energy_j_per_image) and row.energy_note]
-    return ("Why energy per image is empty: " + "; ".join(gaps) + ".") if gaps else None
 
 
 def sweep_state(engine, run_ids: list[int]) -> tuple[list[store.RunRecord], dict[int, int]]:
@@ -136,7 +129,7 @@ def show_report(engine, sweep_id: int, target_acc: float) -> None:
     st.caption("Mean utilisation: of the run's GPUs (the mean over them) over its samples, or of the host's CPU "
                "where it had no GPU samples.")
     st.caption(ESTIMATE_ERROR_NOTE)
-    if gaps := energy_gaps(table):
+    if gaps := energy_gaps_line(table, run_name=lambda run_id: f"#{run_id}"):
         st.caption(escape_markdown(gaps))
     if table["speedup"].notna().any():
         st.caption("Speedup: throughput over the sweep's single-device run; efficiency: speedup per device "

@@ -147,11 +147,29 @@ def report_frame(table: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def energy_gaps(table: pd.DataFrame) -> dict[str, list[int]]:
+    """{why energy per image is empty: the runs it is empty for}, each reason once: the runs of a sweep on one
+    machine usually share it (no RAPL here), and one line saying it per run would say it four times."""
+    gaps: dict[str, list[int]] = {}
+    for row in table.itertuples():
+        if pd.isna(row.energy_j_per_image) and row.energy_note:
+            gaps.setdefault(row.energy_note.rstrip("."), []).append(int(row.run_id))
+    return gaps
+
+
+def energy_gaps_line(table: pd.DataFrame, run_name=lambda run_id: f"run {run_id}") -> str | None:
+    """The line saying why energy per image is empty where it is (each reason once, after the runs it
+    concerns, named by ``run_name``), or None."""
+    gaps = energy_gaps(table)
+    if not gaps:
+        return None
+    parts = [f"{', '.join(run_name(run_id) for run_id in run_ids)} — {reason}" for reason, run_ids in gaps.items()]
+    return "Why energy per image is empty: " + "; ".join(parts) + "."
+
+
 def energy_reasons(table: pd.DataFrame) -> list[str]:
     """The line saying why energy per image is empty where it is, or nothing."""
-    reasons = [f"run {row.run_id} — {row.energy_note.rstrip('.')}" for row in table.itertuples()
-               if pd.isna(row.energy_j_per_image) and row.energy_note]
-    return ["Why energy per image is empty: " + "; ".join(reasons) + "."] if reasons else []
+    return [line] if (line := energy_gaps_line(table)) else []
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -23,6 +23,8 @@ METRIC_TITLES = {
     "epoch_time_s": "Epoch time (s)",
 }
 X_AXES = {"epoch": "Epoch", "wall_time_s": "Wall-clock time (s)"}
+# Room above the highest point (and below the lowest, where it sits on the floor), as a share of the range.
+Y_PAD_SHARE = 0.06
 
 
 def base_figure(title: str, x_title: str, y_title: str, *, percent: bool = False) -> go.Figure:
@@ -39,6 +41,33 @@ def base_figure(title: str, x_title: str, y_title: str, *, percent: bool = False
     return figure
 
 
+def y_range(values) -> list[float] | None:
+    """The y range of a chart whose values are ``values``: always from zero (every quantity charted is a
+    loss, a share, a rate, a duration or an amount, and zero is its floor), so that a constant line is drawn
+    flat and a change of 0.1 % looks like one, not like a climb across the whole chart (autorange spans
+    only the values: 1,286.8-1,287.6 MB for a steady process). None where there is no finite value."""
+    finite = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").dropna()
+    finite = finite[finite.abs() != float("inf")]
+    if finite.empty:
+        return None
+    low, high = min(0.0, float(finite.min())), max(0.0, float(finite.max()))
+    if low == high:
+        return [0.0, 1.0]  # all zeros: a unit range with the line at its foot
+    span = high - low
+    return [low - (span * Y_PAD_SHARE if low < 0 else 0.0), high + span * Y_PAD_SHARE]
+
+
+def fit_y_axis(figure: go.Figure) -> go.Figure:
+    """Give ``figure`` the y range its traces' values need (``y_range``); a figure without values yet
+    (a live chart before its first point) gets an autorange that includes zero, for the same reason."""
+    values = [y for trace in figure.data if getattr(trace, "y", None) is not None for y in trace.y]
+    if (bounds := y_range(values)) is not None:
+        figure.update_yaxes(range=bounds)
+    else:
+        figure.update_yaxes(rangemode="tozero")
+    return figure
+
+
 def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and frame[column].notna().any()
 
@@ -51,7 +80,7 @@ def epoch_lines(epochs: pd.DataFrame, columns: dict[str, str], title: str, y_tit
         if has_values(epochs, column):
             figure.add_scatter(x=epochs["epoch"], y=epochs[column], name=name, mode="lines+markers")
     figure.update_xaxes(dtick=1 if len(epochs) <= 20 else None)
-    return figure
+    return fit_y_axis(figure)
 
 
 def loss_figure(epochs: pd.DataFrame) -> go.Figure:
@@ -92,7 +121,7 @@ def memory_figure(memory: pd.DataFrame) -> go.Figure:
             figure.add_scatter(x=rows["epoch"], y=rows["peak_memory_reserved_mb"], name=f"{device} reserved",
                                mode="lines+markers", line=dict(dash="dash", color=color))
     figure.update_xaxes(dtick=1 if memory["epoch"].nunique() <= 20 else None)
-    return figure
+    return fit_y_axis(figure)
 
 
 def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, str],
@@ -108,7 +137,7 @@ def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, 
                                mode="lines+markers", line=dict(color=(colours or {}).get(run_id)))
     if x == "epoch" and epochs["epoch"].nunique() <= 20:
         figure.update_xaxes(dtick=1)
-    return figure
+    return fit_y_axis(figure)
 
 
 def speedup_figure(scaling: pd.DataFrame, colours: dict[int, str] | None = None) -> go.Figure:

@@ -10,22 +10,22 @@ import streamlit as st
 from reports import efficiency, memory_check
 
 
-def mfu_metric(column, run_epochs: pd.DataFrame, measurements: dict) -> None:
-    """MFU (and achieved TFLOP/s) as a metric in ``column``, or the line saying why there is none."""
+def mfu_metric(row, run_epochs: pd.DataFrame, measurements: dict) -> str | None:
+    """MFU (and achieved TFLOP/s) as a metric in ``row``, as wide as its text; or, where there is none,
+    the line saying why (for the page's notes)."""
     figures = efficiency.mfu_by_run(run_epochs)
     if figures.empty or figures["mfu"].isna().all():
-        if reason := efficiency.mfu_missing(measurements, run_epochs):
-            column.caption(reason)
-        return
-    row = figures.iloc[0]
+        return efficiency.mfu_missing(measurements, run_epochs)
     peak = measurements.get("peak_tflops")
     source = measurements.get("peak_source")
-    column.metric("MFU", f"{row.mfu:.1%}",
-                  help="Model FLOPs utilisation: the FLOPs a training step needs (counted once per run) times "
-                  "images/s, over the device's peak"
-                  + (f" ({peak:g} TFLOP/s, {source})" if peak and source else "")
-                  + (f"; achieved {row.achieved_tflops:.3f} TFLOP/s" if pd.notna(row.achieved_tflops) else "")
-                  + ". Mean over the epochs after the first.")
+    measured = figures.iloc[0]
+    row.metric("MFU", f"{measured.mfu:.1%}", width="content",
+               help="Model FLOPs utilisation: the FLOPs a training step needs (counted once per run) times "
+               "images/s, over the device's peak"
+               + (f" ({peak:g} TFLOP/s, {source})" if peak and source else "")
+               + (f"; achieved {measured.achieved_tflops:.3f} TFLOP/s" if pd.notna(measured.achieved_tflops) else "")
+               + ". Mean over the epochs after the first.")
+    return None
 
 
 def rank_times(run_epochs: pd.DataFrame, key: str) -> None:

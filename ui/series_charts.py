@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ui.charts import base_figure, has_values
+from ui.charts import base_figure, fit_y_axis, has_values
 from ui.text import plotly_text
 
 STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
@@ -159,7 +159,7 @@ def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = N
                            customdata=steps[["epoch", "t_s"]],
                            hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
     _mark(figure, marks, "step")
-    return figure
+    return fit_y_axis(figure)
 
 
 def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None = None) -> go.Figure:
@@ -171,7 +171,7 @@ def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None 
         if has_values(rows, metric):
             figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode=line_mode(len(rows)))
     _mark(figure, marks, "t_s")
-    return figure
+    return fit_y_axis(figure)
 
 
 def system_charts_for(system: pd.DataFrame) -> list[str]:
@@ -255,7 +255,7 @@ def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, s
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
         figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines",
                            line=dict(color=(colours or {}).get(run_id)))
-    return figure
+    return fit_y_axis(figure)
 
 
 def _mark(figure: go.Figure, marks: pd.DataFrame | None, x: str) -> None:

@@ -291,6 +291,28 @@ def test_the_sweep_report_gains_mean_utilisation_and_energy_per_image_with_the_r
                          "and no RAPL here.")
 
 
+def test_a_reason_the_runs_of_a_sweep_share_is_said_once(engine):
+    """Four CPU runs on a machine without RAPL: one reason, after the runs it concerns, not four times."""
+    sweep_id = store.create_sweep(engine, CONFIG, ["single", "ddp", "mp", "pp"])
+    no_rapl = "Energy per image is not recorded: cpu_package: RAPL is not available."
+    run_ids = []
+    for strategy in ("single", "ddp", "mp"):
+        run_ids.append(store.create_run(engine, {**CONFIG, "strategy": strategy}, status="completed",
+                                        sweep_id=sweep_id, notes=[no_rapl]))
+        log_epochs(engine, run_ids[-1], [{"energy_j_per_image": None}])
+    other = store.create_run(engine, {**CONFIG, "strategy": "pp"}, status="completed", sweep_id=sweep_id,
+                             notes=["No energy per image: the GPU's counter stopped."])
+    log_epochs(engine, other, [{"energy_j_per_image": None}])
+
+    table = sweep_report.sweep_table(engine, sweep_id)
+    line = sweep_report.energy_gaps_line(table, run_name=lambda run_id: f"#{run_id}")
+    assert line.count("RAPL is not available") == 1
+    assert line == ("Why energy per image is empty: " + ", ".join(f"#{run_id}" for run_id in run_ids)
+                    + " — Energy per image is not recorded: cpu_package: RAPL is not available; "
+                    f"#{other} — No energy per image: the GPU's counter stopped.")
+    assert sweep_report.format_table(table).count("RAPL is not available") == 1
+
+
 # --- pages --------------------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """Nothing cut at 1,400 px, in a real browser: the Runs table shows accuracy, images/s and tags
 beside a run whose dataset is a long folder path; the Launch page's "Will it fit?" tables (one run
 and a sweep) and the Run page's "Time per rank" table do not scroll sideways; no chart's axis title
-runs into its title or out of the chart (the CPU and memory charts above all).
+runs into its title or out of the chart (the CPU and memory charts above all). The Run page of a CPU
+run leads with its numbers, at 1,400 px and narrower: no note above the first metric, no metric cut,
+the run's notes gathered below them, each once, and charts whose y axis starts at zero.
 
     .venv/bin/python -m pytest tests/e2e/test_browser_layout.py -q
 """
@@ -53,6 +55,28 @@ CHART_PROBLEMS = """() => {
   }
   return out;
 }"""
+
+
+# Every element of a metric whose text is wider than its box (cut, with or without an ellipsis).
+CUT_METRICS = """() => Array.from(document.querySelectorAll('[data-testid=stMetric]')).flatMap(metric =>
+  Array.from(metric.querySelectorAll('*')).filter(e => e.scrollWidth > e.clientWidth + 1).map(e =>
+    `metric "${metric.textContent}": "${e.textContent}" is ${e.scrollWidth} px wide in ${e.clientWidth} px`))"""
+# Every note (st.info, st.warning, st.error) and the Notes section, with where it stands against the metrics.
+NOTES_AGAINST_METRICS = """() => {
+  const metrics = Array.from(document.querySelectorAll('[data-testid=stMetric]'));
+  const top = Math.min(...metrics.map(m => m.getBoundingClientRect().top));
+  const bottom = Math.max(...metrics.map(m => m.getBoundingClientRect().bottom));
+  const notes = Array.from(document.querySelectorAll('[data-testid=stAlert], [data-testid=stExpander]'))
+    .filter(e => e.getBoundingClientRect().height > 0);
+  return {metrics: metrics.length, above: notes.filter(e => e.getBoundingClientRect().top < top).map(e => e.textContent),
+          notes_below: notes.filter(e => e.getBoundingClientRect().top >= bottom && e.textContent.includes('Notes ('))
+                            .map(e => e.textContent)};
+}"""
+# The first y tick label of each chart of the Run page's epochs, by its title.
+FIRST_Y_TICKS = """() => Object.fromEntries(Array.from(document.querySelectorAll('.js-plotly-plot')).map(plot => [
+  (plot.querySelector('.gtitle') || {}).textContent,
+  (Array.from(plot.querySelectorAll('.ytick text')).map(t => t.textContent)[0] || null)]))"""
+RUN_PAGE_WIDTHS = (1400, 900)
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +154,52 @@ def test_nothing_is_cut_at_1400_px(dashboard_with_runs):
             settle(page)
             page.screenshot(path=str(ARTIFACTS / "layout-launch-sweep.png"))
             problems += [f"Launch, sweep: {problem}" for problem in page.evaluate(CUT_TABLES)]
+        finally:
+            browser.close()
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_run_page_of_a_cpu_run_leads_with_its_numbers(dashboard_with_runs):
+    from playwright.sync_api import expect, sync_playwright
+
+    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
+    url, ddp_id = dashboard_with_runs
+    ARTIFACTS.mkdir(exist_ok=True)
+    problems = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            for width in RUN_PAGE_WIDTHS:
+                page = browser.new_page(viewport={"width": width, "height": 2400})
+                page.set_default_timeout(UI_MS)
+                page.goto(f"{url}/run?run={ddp_id}")
+                page.locator(".js-plotly-plot .gtitle", has_text="Peak memory per device").wait_for(timeout=UI_MS)
+                settle(page)
+                page.screenshot(path=str(ARTIFACTS / f"run-page-{width}.png"))
+                placed = page.evaluate(NOTES_AGAINST_METRICS)
+                assert placed["metrics"] >= 4, placed  # accuracy, best accuracy, images/s, MFU, training time
+                problems += [f"{width} px: above the first metric: {text!r}" for text in placed["above"]]
+                if len(placed["notes_below"]) != 1:
+                    problems.append(f"{width} px: not one Notes section below the metrics: {placed['notes_below']}")
+                problems += [f"{width} px: {problem}" for problem in page.evaluate(CUT_METRICS)]
+                ticks = page.evaluate(FIRST_Y_TICKS)
+                problems += [f"{width} px: the {title!r} chart's y axis starts at {tick}, not 0"
+                             for title, tick in ticks.items()
+                             if title in ("Loss", "Throughput", "Epoch time") or str(title).startswith("Peak memory")
+                             if tick != "0"]
+                page.close()
+
+            page = browser.new_page(viewport=PAGE)
+            page.goto(f"{url}/run?run={ddp_id}")
+            notes = page.get_by_test_id("stExpander").filter(has_text="Notes (")
+            notes.get_by_text("Notes (").click()
+            listed = notes.get_by_test_id("stMarkdownContainer")
+            expect(listed.filter(has_text="DDP on CPU: 2 processes on gloo")).to_have_count(1, timeout=UI_MS)
+            lines = [line for line in listed.all_text_contents() if not line.startswith("Notes (")]  # not its label
+            energy = [line for line in lines if "energy" in line.lower()]
+            assert len(energy) <= 1, energy  # said once
+            assert len(lines) == len(set(lines)) >= 3, lines
+            page.screenshot(path=str(ARTIFACTS / "run-page-notes.png"))
         finally:
             browser.close()
     assert problems == [], "\n".join(problems)

@@ -13,6 +13,7 @@ Every test pins the machine it tests by faking NVML: a CPU machine unless it ask
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -26,6 +27,7 @@ from db.engine import session_scope
 from db.models import EpochMetric, Run, utcnow
 from db.folders import run_folder
 from trainer_backend.control.lifecycle import group_members
+from ui.run_notes import NOTES_LABEL
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm
@@ -41,6 +43,12 @@ def open_page(page: str, **session) -> AppTest:
 
 def texts(elements) -> list[str]:
     return [element.value for element in elements]
+
+
+def run_notes(at: AppTest) -> list[str]:
+    """The lines of the Run page's Notes section, as the engine or the page wrote them (Markdown escapes undone)."""
+    [notes] = [expander for expander in at.expander if expander.label.startswith(NOTES_LABEL)]
+    return [re.sub(r"\\(.)", r"\1", line.value).replace("\u2060", "") for line in notes.markdown]
 
 
 def shown_status(at: AppTest) -> str:
@@ -269,7 +277,8 @@ def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax
     assert texts(at.title) == [f"Run #{run_id}"]
     assert len(at.get("plotly_chart")) == 5  # loss, accuracy, throughput, epoch time, memory
     assert [p.text for p in at.get("progress")] == ["Epoch 3 of 3 done", "All steps done"]
-    assert "DDP on CPU: 2 processes on gloo" in texts(at.info)
+    assert "DDP on CPU: 2 processes on gloo" in run_notes(at)
+    assert not at.info  # every note in the one Notes section, none standing above the numbers
     assert {m.label: m.value for m in at.metric}["Best validation accuracy"] == "95.0%"
     [checkpoint] = at.get("link_button")
     assert checkpoint.proto.label == "Download the best checkpoint (0.0 MB)"

@@ -15,7 +15,7 @@ import pytest
 from db import store
 from db.recorded_by import VERSION_KEY, parallax_version
 from tests.nvml_machines import fake_nvml  # noqa: F401
-from tests.pages.test_every_page import add_run, cpu_machine, open_page, texts  # noqa: F401
+from tests.pages.test_every_page import add_run, cpu_machine, open_page, run_notes, texts  # noqa: F401
 from tests.pages.test_sweep import add_sweep_run
 from tests.pages.test_sweep import open_page as open_with_query
 from trainer_backend.control.cli import main
@@ -37,8 +37,9 @@ def runs(engine):
     return single, ddp, newer
 
 
-def the_note(at, run_id: int) -> str:
-    (note,) = [text for text in texts(at.info) if f"Run #{run_id} was recorded by" in text]
+def the_note(at, run_id: int, *, run_page: bool = False) -> str:
+    """The note on a run a newer version recorded: among the Run page's notes, or on its own elsewhere."""
+    (note,) = [text for text in (run_notes(at) if run_page else texts(at.info)) if f"Run #{run_id} was recorded by" in text]
     return note
 
 
@@ -65,9 +66,10 @@ def test_the_run_runs_and_sweep_pages_show_it_too(runs, parallax_home, engine):
     single, ddp, newer = runs
     at = open_page("pages/run.py", run_id=newer)
     assert not at.exception, at.exception
-    assert f"recorded by Parallax {NEWER}" in the_note(at, newer)
+    assert f"recorded by Parallax {NEWER}" in the_note(at, newer, run_page=True)
+    assert not at.info  # below the numbers, with the run's other notes
     at = open_page("pages/run.py", run_id=ddp)
-    assert not [text for text in texts(at.info) if "was recorded by" in text]  # a run this version knows: no note
+    assert not [text for text in run_notes(at) + texts(at.info) if "was recorded by" in text]  # a run this version knows: no note
 
     at = open_page("pages/runs.py")
     assert not at.exception, at.exception

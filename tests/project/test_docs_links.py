@@ -79,6 +79,15 @@ def test_every_link_and_image_in_the_readme_and_docs_resolves():
     assert not problems, "\n".join(problems)
 
 
+def test_every_image_in_docs_img_is_shown_by_the_readme_or_a_guide():
+    """A screenshot ``make screenshots`` no longer makes is not left behind, out of date."""
+    shown = {(path.parent / target).resolve() for path in markdown_files()
+             for _, line in prose_lines(path.read_text(encoding="utf-8"))
+             for target in LINK.findall(INLINE_CODE.sub("", line))}
+    unshown = [p.name for p in sorted((ROOT / "docs" / "img").glob("*.png")) if p.resolve() not in shown]
+    assert not unshown, f"images in docs/img that no page shows: {unshown}"
+
+
 def test_the_readme_links_every_guide_in_docs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     linked = {target.partition("#")[0] for target in LINK.findall(readme)}
