@@ -13,6 +13,7 @@ or the key its ranks share. What it logs are rows of ``script_metrics``: (name, 
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,10 +33,10 @@ DEFAULT_MAX_POINTS = 2000
 
 def create_script_run(engine: Engine, *, name: str, project: str, config: Mapping[str, Any], key: str,
                       tags: Sequence[str] = (), world_size: int = 1, script: Mapping[str, Any] | None = None,
-                      status: str = "running") -> int:
+                      status: str = "running", created_at: datetime | None = None) -> int:
     """Insert a script run and return its id; ``script`` (its file, project, name ...) goes to
-    ``measurements["script"]``."""
-    now = utcnow()
+    ``measurements["script"]``. ``created_at``: when it started, where that was not now (an offline run)."""
+    now = created_at or utcnow()
     run = Run(
         created_at=now, started_at=now, heartbeat_at=now, status=status, kind=SCRIPT_KIND,
         strategy=str(config.get("strategy") or SCRIPT_STRATEGY)[:64],
@@ -52,8 +53,9 @@ def create_script_run(engine: Engine, *, name: str, project: str, config: Mappin
 
 
 def find_script_run(engine: Engine, key: str) -> dict[str, Any] | None:
-    """The newest script run with ``key``: id, status, started_at, config and measurements; None for none."""
-    statement = (select(Run.id, Run.status, Run.started_at, Run.config, Run.measurements, Run.created_at)
+    """The newest script run with ``key``: id, status, started_at, heartbeat_at, config and measurements; None
+    for none."""
+    statement = (select(Run.id, Run.status, Run.started_at, Run.heartbeat_at, Run.config, Run.measurements)
                  .where(Run.elastic_run_id == key, Run.kind == SCRIPT_KIND).order_by(Run.id.desc()).limit(1))
     with session_scope(engine) as session:
         row = session.execute(statement).one_or_none()
@@ -67,6 +69,15 @@ def reopen_script_run(engine: Engine, run_id: int) -> bool:
             update(Run).where(Run.id == run_id, Run.status != "running")
             .values(status="running", error=None, finished_at=None, heartbeat_at=utcnow())
         ).rowcount == 1
+
+
+def set_script_key(engine: Engine, run_id: int, *, key: str, group: str, world_size: int) -> None:
+    """A resumed run takes the key and rank group of the job that resumes it (its ranks find it by them)."""
+    with session_scope(engine) as session:
+        measurements = session.scalar(select(Run.measurements).where(Run.id == run_id)) or {}
+        script = {**measurements.get("script", {}), "group": group}
+        session.execute(update(Run).where(Run.id == run_id).values(
+            elastic_run_id=key, world_size=world_size, measurements={**measurements, "script": script}))
 
 
 def update_script_config(engine: Engine, run_id: int, config: Mapping[str, Any]) -> None:
