@@ -4,6 +4,7 @@ each way of ending is recorded, one run across torchrun's ranks, resuming, a loc
 from __future__ import annotations
 
 import signal
+import socket
 import sqlite3
 import sys
 
@@ -168,8 +169,11 @@ def test_an_offline_run_is_synced_once(engine, tmp_path):
 
 def test_two_torchrun_ranks_share_one_run_with_both_ranks_samples(engine, tmp_path):
     script = write_script(tmp_path, "ddp.py", scripts.DDP)
+    with socket.socket() as probe:  # a free port: torchrun's default (29500) may be another test's
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     code, out, err = run_script([
-        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0", str(script)],
+        "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port), str(script)],
         cwd=tmp_path, env_extra={"OMP_NUM_THREADS": "1"}, timeout_s=240)
     assert code == 0, err[-3000:]
     run = only_run(engine)
