@@ -106,7 +106,7 @@ class Run:
         """Record ``data`` ({name: number}) at ``step`` (the last step + 1 when left out). Costs the training
         thread microseconds: the values are written by a background thread."""
         if self._ended:
-            raise RuntimeError(f"parallax.log after the run ended (finish was called); start another with parallax.init")
+            raise RuntimeError("parallax.log after the run ended (finish was called); start another with parallax.init")
         if step is None:
             step = self._next_step
         elif type(step) is not int or step < 0:
