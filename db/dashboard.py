@@ -104,14 +104,14 @@ def filter_choices(engine: Engine) -> dict[str, list[str]]:
 def runs_for_compare(engine: Engine, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     """The picked runs with their configs (the comparison needs them), in the order given.
 
-    Keys: id, status, strategy, model, dataset, config, world_size, created_at, measurements. Unknown ids
+    Keys: id, status, strategy, model, dataset, config, world_size, created_at, measurements, kind. Unknown ids
     are skipped.
     """
     run_ids = list(dict.fromkeys(int(i) for i in run_ids))
     if not run_ids:
         return []
     statement = select(Run.id, Run.status, Run.strategy, Run.model, Run.dataset, Run.config,
-                       Run.world_size, Run.created_at, Run.measurements).where(Run.id.in_(run_ids))
+                       Run.world_size, Run.created_at, Run.measurements, Run.kind).where(Run.id.in_(run_ids))
     with session_scope(engine) as session:
         by_id = {row.id: row._asdict() for row in session.execute(statement)}
     return [by_id[i] for i in run_ids if i in by_id]

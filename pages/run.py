@@ -18,8 +18,8 @@ from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, series_charts,
-                state, widgets)
+from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, script_views,
+                series_charts, state, widgets)
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -235,7 +235,7 @@ def live_steps(run: store.RunRecord) -> None:
     """While the run is active: its loss and images/s per step, drawn in the browser from the first recorded
     step and grown every second from the server's live route (ui/live_feed.py), with no rerun of the page.
     The document is the same on every rerun, so the browser keeps it and its charts."""
-    if run.status in ACTIVE_STATUSES:
+    if run.status in ACTIVE_STATUSES and not script_views.is_script(run):  # a script logs its own series
         st.iframe(live_feed.feed_html(run.id), height=live_feed.FEED_HEIGHT_PX)
 
 
@@ -333,14 +333,18 @@ title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 show_head(run)
-launch_again(run)
+if not script_views.is_script(run):  # a script's config is not a launch form's
+    launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
 progress_s = live.progress_refresh_s(run.status, age_s(run))
 st.fragment(live_progress, run_every=progress_s)(
     run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic(), progress_s)
 show_messages(run)
-show_epochs(run, epochs)
+if script_views.is_script(run):
+    script_views.run_section(engine, run)
+else:
+    show_epochs(run, epochs)
 show_per_class(run)
 last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
 live_steps(run)
