@@ -102,7 +102,7 @@ def init(project: str | None = None, name: str | None = None, config: Mapping[st
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "script"
     new = Run(project=project or script, name=name or script, config=dict(config or {}), tags=list(tags or ()),
               run_key=None if id is None else str(id), resume=resume, mode=mode, info=rank_info())
-    endings.track(new)
+    endings.track(new, hooks=mode != "disabled")
     return new
 
 

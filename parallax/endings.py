@@ -18,10 +18,12 @@ _previous_handlers: dict[int, object] = {}
 SIGNALS = ("SIGINT", "SIGTERM")
 
 
-def track(run) -> None:
-    """``run`` is this process's run from now on; the hooks are installed on first use."""
+def track(run, *, hooks: bool = True) -> None:
+    """``run`` is this process's run from now on; the hooks are installed on first use (``hooks``: a run
+    that records nothing needs none)."""
     _active[:] = [run]
-    _install()
+    if hooks:
+        _install()
 
 
 def forget(run) -> None:

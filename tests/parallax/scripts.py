@@ -145,3 +145,25 @@ DDP = """
     print("rank", rank, "run_id", run.run_id, flush=True)
     dist.destroy_process_group()
 """
+
+PROFILED = """
+    import sys
+    import parallax
+    print("torch before init", "torch" in sys.modules, flush=True)
+    import torch
+    run = parallax.init(project="tests", name="profiled")
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with parallax.profile(wait=1, warmup=1, active=2) as prof:
+        for step in range(6):
+            with prof.range("forward"):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+            with prof.range("backward"):
+                loss.backward()
+            with prof.range("optimizer_step"):
+                optimizer.step()
+                optimizer.zero_grad()
+            parallax.log({"train/loss": loss.item()})
+            prof.step()
+    parallax.finish()
+"""

@@ -45,6 +45,20 @@ def test_a_plain_script_is_a_completed_script_run_with_every_logged_value(engine
     assert "not written" not in err
 
 
+def test_profile_stores_a_window_where_the_profile_views_read_it_and_the_import_loads_no_torch(engine, tmp_path):
+    from db import profiles
+
+    script = write_script(tmp_path, "train.py", scripts.PROFILED)
+    code, out, err = run_script([str(script)], cwd=tmp_path)
+    assert code == 0, err
+    assert "torch before init False" in out
+    run = only_run(engine)
+    assert profiles.profiled_runs(engine, [run.id]) == {run.id}
+    steps = profiles.read_steps(engine, [run.id])
+    assert [row["step"] for row in steps] == [3, 4] and all(row["forward_ms"] > 0 for row in steps)
+    assert profiles.read_ops(engine, run.id) and [t["rank"] for t in profiles.list_traces(engine, run.id)] == [0]
+
+
 def test_an_uncaught_exception_fails_the_run_with_its_last_line(engine, tmp_path):
     script = write_script(tmp_path, "train.py", scripts.RAISES)
     code, _, err = run_script([str(script)], cwd=tmp_path)
