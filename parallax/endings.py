@@ -10,12 +10,20 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 _active: list = []  # the run being logged in this process (at most one)
 _installed = False
 _previous_hook = None
 _previous_handlers: dict[int, object] = {}
 SIGNALS = ("SIGINT", "SIGTERM")
+SIGNAL_FLUSH_S = 5.0  # a cancelled script writes what it can this long, inside cancel's grace period
+
+
+def failure_text(exc_type, exc, tb) -> str:
+    """The exception's last line first (the Run page's headline), then the traceback."""
+    last = traceback.format_exception_only(exc_type, exc)[-1].strip()
+    return f"{last}\n{''.join(traceback.format_exception(exc_type, exc, tb))}"
 
 
 def track(run, *, hooks: bool = True) -> None:
@@ -51,8 +59,6 @@ def _install() -> None:
 
 
 def _on_uncaught(exc_type, exc, tb) -> None:
-    from parallax.run import failure_text
-
     run = current()
     if run is not None:
         if issubclass(exc_type, KeyboardInterrupt):
@@ -69,8 +75,6 @@ def _on_exit() -> None:
 
 
 def _on_signal(number: int, frame) -> None:
-    from parallax.run import SIGNAL_FLUSH_S
-
     run = current()
     if run is not None:
         run.end("cancelled", f"cancelled by {signal.Signals(number).name}", wait_s=SIGNAL_FLUSH_S)

@@ -18,11 +18,11 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
 from parallax import endings
+from parallax.endings import failure_text
 from parallax.ranks import RankInfo, group_key
 from parallax.values import as_step, as_values
 from parallax.writer import BackgroundWriter
@@ -32,7 +32,6 @@ MODES = ("online", "offline", "disabled")
 MODE_ENV = "PARALLAX_MODE"
 JOIN_TIMEOUT_ENV = "PARALLAX_JOIN_TIMEOUT_S"
 DEFAULT_JOIN_TIMEOUT_S = 120.0
-SIGNAL_FLUSH_S = 5.0  # a cancelled script writes what it can this long, inside cancel's grace period
 
 
 class Config(dict):
@@ -277,12 +276,6 @@ class Run:
         except Exception as exc:
             print(f"parallax: could not record that run {run_id} ended {status}: {describe_database_error(exc)}",
                   file=sys.stderr, flush=True)
-
-
-def failure_text(exc_type, exc, tb) -> str:
-    """The exception's last line first (the Run page's headline), then the traceback."""
-    last = traceback.format_exception_only(exc_type, exc)[-1].strip()
-    return f"{last}\n{''.join(traceback.format_exception(exc_type, exc, tb))}"
 
 
 def describe_database_error(exc: BaseException) -> str:
