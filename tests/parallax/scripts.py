@@ -167,3 +167,23 @@ PROFILED = """
             prof.step()
     parallax.finish()
 """
+
+# Logs train/loss until a file named "more" appears beside it, then val/acc as well, until a file "stop".
+WATCHED = """
+    import time
+    from pathlib import Path
+    import parallax
+    here = Path(__file__).parent
+    run = parallax.init(project="tests", name="watched", config={"lr": 0.05, "batch_size": 128})
+    step = 0
+    while not (here / "stop").exists():
+        values = {"train/loss": 2.0 / (step + 1)}
+        if (here / "more").exists():
+            values["val/acc"] = min(1.0, step / 100)
+        parallax.log(values)
+        if step == 5:
+            print("ready", run.run_id, flush=True)
+        step += 1
+        time.sleep(0.1)
+    parallax.finish()
+"""
