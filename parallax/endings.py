@@ -43,6 +43,16 @@ def current():
     return _active[0] if _active else None
 
 
+def _forget_in_child() -> None:
+    # A forked child (a DataLoader worker) is not the script: a SIGTERM its parent's DataLoader sends it at
+    # shutdown, or its own exit, must not end the run.
+    _active.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _install() -> None:
     global _installed, _previous_hook
     if _installed:

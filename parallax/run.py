@@ -86,7 +86,7 @@ class Run:
         self._sampler = None
         self._engine = None
         self._ended = False
-        self._end_lock = threading.Lock()
+        self._end_lock = threading.RLock()  # a signal handler may run end() while end() is entered
         if mode == "online":
             self._start_online(resume)
         elif mode == "offline" and info.is_main:

@@ -187,3 +187,22 @@ WATCHED = """
         time.sleep(0.1)
     parallax.finish()
 """
+
+# A forked child (as DataLoader workers are) ended by SIGTERM, as a DataLoader ends a worker that does not stop in
+# time: the child inherits the script's handlers, and must not end the run.
+WITH_CHILD = """
+    import multiprocessing, time
+    import parallax
+
+    parallax.init(project="tests", name="child")
+    parallax.log({"train/loss": 1.0})
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    child.start()
+    time.sleep(0.5)
+    child.terminate()
+    child.join(30)
+    print("child exit", child.exitcode, flush=True)
+    time.sleep(0.5)
+    parallax.log({"train/loss": 0.5})
+    parallax.finish()
+"""

@@ -59,6 +59,16 @@ def test_profile_stores_a_window_where_the_profile_views_read_it_and_the_import_
     assert profiles.read_ops(engine, run.id) and [t["rank"] for t in profiles.list_traces(engine, run.id)] == [0]
 
 
+def test_a_forked_child_ended_by_sigterm_does_not_end_the_run(engine, tmp_path):
+    script = write_script(tmp_path, "train.py", scripts.WITH_CHILD)
+    code, out, err = run_script([str(script)], cwd=tmp_path)
+    assert code == 0, err
+    assert f"child exit {-signal.SIGTERM}" in out  # it died by the signal, as without Parallax
+    run = only_run(engine)
+    assert (run.status, run.error) == ("completed", None)
+    assert len(script_metrics.read_points(engine, [run.id], max_points=None)) == 2
+
+
 def test_an_uncaught_exception_fails_the_run_with_its_last_line(engine, tmp_path):
     script = write_script(tmp_path, "train.py", scripts.RAISES)
     code, _, err = run_script([str(script)], cwd=tmp_path)
@@ -141,7 +151,9 @@ def test_resume_allow_logs_on_into_the_same_run_and_never_refuses_an_existing_id
 
 def test_a_database_locked_for_five_seconds_loses_nothing(engine, db_url, tmp_path):
     script = write_script(tmp_path, "train.py", scripts.STEADY)
-    process = start_script([str(script), "locked", "400"], cwd=tmp_path)
+    # SQLite's own wait for the lock cut to 0.4 s (a fifth of PARALLAX_DB_LOCK_WAIT_S): the writes fail while the
+    # lock is held, and the writer must keep their values and write them once it is released.
+    process = start_script([str(script), "locked", "400"], cwd=tmp_path, env_extra={"PARALLAX_DB_LOCK_WAIT_S": "2"})
     try:
         wait_for_line(process, "ready")
         time.sleep(1.0)
