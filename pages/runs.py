@@ -165,7 +165,7 @@ frame = table_frame(rows)
 frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
 
 st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")
-if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows]):
+if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows if row["kind"] != "script"]):
     st.caption(escape_markdown(newer))
 # A new key when filters, sorting or the data's ids change: a selection never points at another row.
 table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"

@@ -49,6 +49,7 @@ def test_the_run_page_charts_every_logged_metric_grouped_by_prefix(parallax_home
     assert any("Strategy scaling (speedup, efficiency) does not apply" in c.value for c in at.caption)
     assert not at.get("iframe")  # the launched runs' live step feed is not a script's
     assert [b.label for b in at.get("download_button")] == ["Download the logged metrics (CSV)"]
+    assert not any("unknown to this version" in note.value for note in at.info)  # "script" is no newer strategy
 
 
 def test_a_running_script_runs_charts_grow_on_the_next_tick(parallax_home, engine):
@@ -71,6 +72,7 @@ def test_runs_marks_script_runs_and_filters_them(parallax_home, engine):
     assert not at.exception, at.exception
     table = at.dataframe[0].value
     assert dict(zip(table["run"], table["trained by"])) == {launched: "engine", script: "script"}
+    assert not any("newer version" in caption.value for caption in at.caption)  # "script" is no newer strategy
     at.multiselect(key="filter_kinds").set_value(["script"]).run()
     assert at.dataframe[0].value["run"].tolist() == [script]
 
