@@ -114,7 +114,17 @@ def runs_for_compare(engine: Engine, run_ids: Iterable[int]) -> list[dict[str, A
                        Run.world_size, Run.created_at, Run.measurements, Run.kind).where(Run.id.in_(run_ids))
     with session_scope(engine) as session:
         by_id = {row.id: row._asdict() for row in session.execute(statement)}
+    for row in by_id.values():
+        devices = row["config"].get("devices")
+        if row["kind"] == "script" and devices is not None and not _names(devices):
+            # A script names its devices as it likes (0, "cuda:0", [0, 1]): compared as the names they read as.
+            row["config"] = {**row["config"], "devices": [str(d) for d in devices] if isinstance(devices, list)
+                             else [str(devices)]}
     return [by_id[i] for i in run_ids if i in by_id]
+
+
+def _names(devices: Any) -> bool:
+    return isinstance(devices, list) and all(isinstance(device, str) for device in devices)
 
 
 def like_key(config: dict[str, Any]) -> tuple:

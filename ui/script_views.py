@@ -163,3 +163,7 @@ def compare_section(engine, runs: list[dict], labels: Mapping[int, str], colours
         columns[index % 2].plotly_chart(metric_figure(matched, name, labels, colours), key=f"compare_script_{key}")
     st.caption("Launched runs join a chart where they record a series of the same name (train_loss, "
                "images_per_s, lr per step; train_acc, val_loss, val_acc at each epoch's last step).")
+    st.download_button("Download the logged metrics of the script runs (CSV)",
+                       scripts.drop(columns="n").to_csv(index=False), mime="text/csv", on_click="ignore",
+                       file_name=f"parallax-script-runs-{'-'.join(map(str, script_ids))}.csv",
+                       icon=":material/download:", key="compare_script_csv")

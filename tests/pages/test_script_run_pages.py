@@ -84,7 +84,8 @@ def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
     from db import series
 
     series.add_steps(engine, launched, store_steps)
-    script = add_script_run(engine, names=("train/loss", "val_acc"))
+    # A script's config names its devices as it likes: the Compare page reads them as names.
+    script = add_script_run(engine, names=("train/loss", "val_acc"), config={"lr": 0.001, "devices": [0, 1]})
     at = open_page("pages/compare.py", compare_ids=[launched, script])
     assert not at.exception, at.exception
     assert any(f"Strategy scaling does not apply to #{script}" in c.value for c in at.caption)
@@ -96,3 +97,4 @@ def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
     assert lines[f"#{launched}"][:2] == [2.0, 1.0]
     differences = at.dataframe[-1].value
     assert {"lr", "model", "strategy"} <= set(differences.index)
+    assert "Download the logged metrics of the script runs (CSV)" in [b.label for b in at.get("download_button")]
