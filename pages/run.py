@@ -328,7 +328,7 @@ with picker_col:
 if run_id != state.requested_run_id():
     st.query_params["run"] = run_id
     st.session_state[state.RUN_ID_KEY] = run_id
-run = store.get_run(engine, run_id)
+run = script_views.readable(store.get_run(engine, run_id))
 title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))

@@ -8,6 +8,7 @@ The figure builders are pure (rows -> DataFrame -> Figure); the functions that d
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +33,16 @@ ENGINE_EPOCH_SERIES = ("train_acc", "val_loss", "val_acc")
 def is_script(run: Any) -> bool:
     kind = run.get("kind") if isinstance(run, Mapping) else getattr(run, "kind", None)
     return kind == SCRIPT_KIND
+
+
+def readable(run):
+    """``run`` (a ``store.RunRecord``) as the pages read it: a script's devices as a list of names, whatever the
+    script gave (2, "cuda:0", [0, 1]); other runs as they are."""
+    devices = run.config.get("devices")
+    if not is_script(run) or devices is None or (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+        return run
+    names = [str(device) for device in devices] if isinstance(devices, list) else [str(devices)]
+    return dataclasses.replace(run, config={**run.config, "devices": names})
 
 
 def scaling_applies(config: Mapping[str, Any]) -> bool:

@@ -36,7 +36,7 @@ def values(encoded) -> list[float]:
 
 
 def test_the_run_page_charts_every_logged_metric_grouped_by_prefix(parallax_home, engine):
-    run_id = add_script_run(engine)
+    run_id = add_script_run(engine, config={"lr": 0.001, "devices": 2})  # devices as a script may give them
     at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
     at.query_params["run"] = str(run_id)
     at.switch_page("pages/run.py").run()
