@@ -36,12 +36,13 @@ class RunFilters:
     models: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()  # "engine" (launched) or "script" (import parallax)
 
 
 def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[str, Any]]:
     """One dict per run, newest first, with a summary of its epochs.
 
-    Keys: id, status, strategy, model, dataset, devices, batch_size, accumulate_steps, effective_batch, epochs,
+    Keys: id, status, kind, strategy, model, dataset, devices, batch_size, accumulate_steps, effective_batch, epochs,
     epochs_done, best_val_acc, mean_images_per_s (``run_figures``' images_per_s: over the epochs after the
     first), train_time_s (training steps only), epochs_time_s (with validation), tags, user_note,
     created_at, finished_at. The epoch figures come from ``db.run_figures``, as every page's do.
@@ -53,12 +54,12 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
             Run.config["batch_size"].as_integer().label("batch_size"),
             Run.config["accumulate_steps"].as_integer().label("accumulate_steps"),
             Run.config["epochs"].as_integer().label("epochs"),
-            Run.tags, Run.user_note, Run.created_at, Run.finished_at,
+            Run.tags, Run.user_note, Run.created_at, Run.finished_at, Run.kind,
         )
         .order_by(Run.created_at.desc(), Run.id.desc())
     )
     for column, wanted in ((Run.status, filters.statuses), (Run.strategy, filters.strategies),
-                           (Run.model, filters.models), (Run.dataset, filters.datasets)):
+                           (Run.model, filters.models), (Run.dataset, filters.datasets), (Run.kind, filters.kinds)):
         if wanted:
             statement = statement.where(column.in_(wanted))
     with session_scope(engine) as session:
@@ -73,7 +74,9 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
         row.update(epochs_done=figures.epochs_done, best_val_acc=figures.best_val_acc,
                    mean_images_per_s=figures.images_per_s, train_time_s=figures.training_time_s,
                    epochs_time_s=figures.epochs_time_s)
-        row["devices"] = list(row["devices"] or [])
+        # A script's config may name its devices as it likes ("cuda:0", ["cpu", "cpu"]).
+        devices = row["devices"] or []
+        row["devices"] = [str(device) for device in devices] if isinstance(devices, list) else [str(devices)]
         row["tags"] = list(row["tags"] or [])
         # Runs recorded before gradient accumulation existed stepped once per batch.
         row["accumulate_steps"] = row["accumulate_steps"] or 1
@@ -86,12 +89,12 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
 
 
 def filter_choices(engine: Engine) -> dict[str, list[str]]:
-    """The values each run-table filter can take: statuses, strategies, models, datasets, tags."""
+    """The values each run-table filter can take: statuses, strategies, models, datasets, tags, kinds."""
     with session_scope(engine) as session:
         choices = {
             name: sorted(session.scalars(select(column).distinct()))
             for name, column in (("statuses", Run.status), ("strategies", Run.strategy),
-                                 ("models", Run.model), ("datasets", Run.dataset))
+                                 ("models", Run.model), ("datasets", Run.dataset), ("kinds", Run.kind))
         }
         tag_lists = session.scalars(select(Run.tags))
         choices["tags"] = sorted({tag for tags in tag_lists for tag in (tags or [])})
@@ -101,17 +104,27 @@ def filter_choices(engine: Engine) -> dict[str, list[str]]:
 def runs_for_compare(engine: Engine, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     """The picked runs with their configs (the comparison needs them), in the order given.
 
-    Keys: id, status, strategy, model, dataset, config, world_size, created_at, measurements. Unknown ids
+    Keys: id, status, strategy, model, dataset, config, world_size, created_at, measurements, kind. Unknown ids
     are skipped.
     """
     run_ids = list(dict.fromkeys(int(i) for i in run_ids))
     if not run_ids:
         return []
     statement = select(Run.id, Run.status, Run.strategy, Run.model, Run.dataset, Run.config,
-                       Run.world_size, Run.created_at, Run.measurements).where(Run.id.in_(run_ids))
+                       Run.world_size, Run.created_at, Run.measurements, Run.kind).where(Run.id.in_(run_ids))
     with session_scope(engine) as session:
         by_id = {row.id: row._asdict() for row in session.execute(statement)}
+    for row in by_id.values():
+        devices = row["config"].get("devices")
+        if row["kind"] == "script" and devices is not None and not _names(devices):
+            # A script names its devices as it likes (0, "cuda:0", [0, 1]): compared as the names they read as.
+            row["config"] = {**row["config"], "devices": [str(d) for d in devices] if isinstance(devices, list)
+                             else [str(devices)]}
     return [by_id[i] for i in run_ids if i in by_id]
+
+
+def _names(devices: Any) -> bool:
+    return isinstance(devices, list) and all(isinstance(device, str) for device in devices)
 
 
 def like_key(config: dict[str, Any]) -> tuple:

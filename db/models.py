@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -154,6 +155,9 @@ class Run(Base):
     progress_total_steps: Mapped[int | None] = mapped_column(Integer)
     # Runs launched together to compare strategies on one config.
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
+    # Who trains it: "engine" (launched through Parallax) or "script" (a user's own script logging through
+    # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
+    kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
 
     epochs: Mapped[list[EpochMetric]] = relationship(
         back_populates="run",
@@ -286,3 +290,18 @@ class SystemSample(Base):
     # [{"index": 0, "util_pct": 98, "memory_used_mb": 20311, "power_w": 402.1, "temperature_c": 61,
     #   "sm_clock_mhz": 1980}, ...]; empty where the run uses no GPU.
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+
+
+class ScriptMetric(Base):
+    """One value a script logged (``parallax.log``): any name, any step, rank 0's."""
+
+    __tablename__ = "script_metrics"
+    # Charts read one metric of one run by step; the run's deletion cascades through the same index.
+    __table_args__ = (Index("ix_script_metrics_run_name_step", "run_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    step: Mapped[int] = mapped_column(BigInteger)
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started
+    value: Mapped[float | None] = mapped_column(Float)  # None for NaN (not every backend stores it)

@@ -38,7 +38,7 @@ def recorded_by(measurements: Mapping[str, Any] | None) -> str | None:
 def unknown_strategy_note(run_id: int, strategy: str, measurements: Mapping[str, Any] | None) -> str | None:
     """One line for a run whose strategy this version does not know, naming the version that recorded
     it; None for a run this version can read whole."""
-    if find(strategy) is not None:
+    if find(strategy) is not None or "script" in (measurements or {}):  # a script names its strategy as it likes
         return None
     version = recorded_by(measurements)
     who = f"Parallax {version}" if version else "a version of Parallax that did not record its version"

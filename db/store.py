@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import series
+from db import script_metrics, series
 from db.engine import session_scope
 from db.lifecycle import PROCESS_START_KEY, process_start
 from db.recorded_by import VERSION_KEY, parallax_version
@@ -83,6 +83,7 @@ class RunRecord:
     hosts: list[str]
     elastic_run_id: str | None
     measurements: dict[str, Any]
+    kind: str = "engine"
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class RunSummary:
     created_at: datetime
     finished_at: datetime | None
     tags: list[str]
+    kind: str = "engine"
 
 
 def create_run(
@@ -300,6 +302,7 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
         run = session.get(Run, run_id)
         if run is None:
             raise LookupError(f"no run with id {run_id}")
+        run_kind = run.kind
         epochs = [row._asdict() for row in session.execute(_select_epochs([run_id]))]
         for epoch in epochs:
             del epoch["run_id"]
@@ -334,12 +337,15 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
             "strategy": run.strategy,
             "model": run.model,
             "dataset": run.dataset,
+            "kind": run.kind,
         }
     # The run's summary as every page shows it (db.run_figures), beside the epochs it sums up.
     exported["figures"] = run_figures(epochs).to_dict()
     # Every point, not downsampled: an export is the record, charts are where points are thinned.
     exported["steps"] = [{name: row[name] for name in series.STEP_FIELDS}
                          for row in series.read_steps(engine, [run_id], max_points=None)]
+    if run_kind == "script":  # every value the script logged
+        exported["script_metrics"] = script_metrics.read_points(engine, [run_id], max_points=None)
     exported["system"] = [series.export_sample(row, series.sample_host(row["node"], exported["hosts"], exported["host"]))
                           for row in series.read_system(engine, [run_id], max_points=None)]
     return exported

@@ -14,7 +14,7 @@ from reports import efficiency, scaling
 from reports.sweep import strategy_advice, waiting_for
 from db.recorded_by import unknown_strategy_note
 from trainer_backend.contract.strategy_specs import find, names_where
-from ui import charts, efficiency_views, series_charts, state, widgets
+from ui import charts, efficiency_views, script_views, series_charts, state, widgets
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")
@@ -199,10 +199,12 @@ labels = {run["id"]: scaling.label_for(run) for run in runs}
 # One name and one colour per run in every chart (and on the Sweeps page, for the same runs).
 colours = scaling.run_colours(labels)
 
-show_scaling(runs, epochs, baselines, colours)
+if scaling_runs := script_views.runs_for_scaling(runs):
+    show_scaling(scaling_runs, epochs, baselines, colours)
 show_curves(epochs, labels, colours)
 
 show_series(engine, picked_ids, labels, colours)
+script_views.compare_section(engine, runs, labels, colours)
 
 st.subheader("Config differences")
 differences = scaling.config_differences(runs)

@@ -22,7 +22,7 @@ from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_fi
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
 from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, run_notes,
-                series_charts, state, widgets)
+                script_views, series_charts, state, widgets)
 from ui.profile_views import step_breakdown_chart
 from ui.text import escape_markdown
 
@@ -171,7 +171,8 @@ def show_numbers(run: store.RunRecord, epochs: pd.DataFrame) -> list[str]:
     """The run's numbers, drawn on a full run of the page (once per epoch); returns the lines saying why
     one is missing."""
     if epochs.empty:
-        st.caption("Charts appear when the first epoch ends.")
+        if not script_views.is_script(run):  # a script's own metrics are charted as they come
+            st.caption("Charts appear when the first epoch ends.")
         return []
     return show_metrics(epochs, run.measurements)
 
@@ -244,7 +245,7 @@ def live_steps(run: store.RunRecord) -> None:
     """While the run is active: its loss and images/s per step, drawn in the browser from the first recorded
     step and grown every second from the server's live route (ui/live_feed.py), with no rerun of the page.
     The document is the same on every rerun, so the browser keeps it and its charts."""
-    if run.status in ACTIVE_STATUSES:
+    if run.status in ACTIVE_STATUSES and not script_views.is_script(run):  # a script logs its own series
         st.iframe(live_feed.feed_html(run.id), height=live_feed.FEED_HEIGHT_PX)
 
 
@@ -337,7 +338,7 @@ with picker_col:
 if run_id != state.requested_run_id():
     st.query_params["run"] = run_id
     st.session_state[state.RUN_ID_KEY] = run_id
-run = store.get_run(engine, run_id)
+run = script_views.readable(store.get_run(engine, run_id))
 title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
@@ -348,7 +349,8 @@ epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 # what it has to say into `notes`: the Notes section is drawn after them, in the place kept for it.
 notes: list[str | None] = []
 notes += show_head(run)
-launch_again(run)
+if not script_views.is_script(run):  # a script's config is not a launch form's
+    launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES
 progress_s = live.progress_refresh_s(run.status, age_s(run))
@@ -357,7 +359,10 @@ st.fragment(live_progress, run_every=progress_s)(
 show_messages(run)
 notes += show_numbers(run, epochs)
 notes_section = st.container(key="run_notes")  # right below the numbers; filled once every section has spoken
-show_epochs(run, epochs)
+if script_views.is_script(run):
+    script_views.run_section(engine, run)
+else:
+    show_epochs(run, epochs)
 show_per_class(run)
 last_epoch_s = float(epochs.epoch_time_s.iloc[-1]) if not epochs.empty and pd.notna(epochs.epoch_time_s.iloc[-1]) else None
 live_steps(run)

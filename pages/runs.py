@@ -23,7 +23,7 @@ PENDING_DELETE_KEY = "runs_pending_delete"
 TABLE_VERSION_KEY = "runs_table_version"
 # Each filter: (its name in the address, its label).
 FILTERS = {"statuses": ("status", "Status"), "strategies": ("strategy", "Strategy"), "models": ("model", "Model"),
-           "datasets": ("dataset", "Dataset"), "tags": ("tag", "Tag")}
+           "datasets": ("dataset", "Dataset"), "tags": ("tag", "Tag"), "kinds": ("kind", "Trained by")}
 SORTS = {
     "Newest first": ("run", False),
     "Oldest first": ("run", True),
@@ -34,7 +34,7 @@ SORTS = {
 
 # Shown first, in this order: at 1,400 px the table shows about eight columns before it scrolls, and
 # these say which run is which and how it did; the rest follow in the frame's order.
-LEAD_COLUMNS = ("run", "status", "strategy", "devices", "model", BEST_VAL_ACC_LABEL, IMAGES_PER_S_LABEL, "tags")
+LEAD_COLUMNS = ("run", "status", "trained by", "strategy", "devices", "model", BEST_VAL_ACC_LABEL, IMAGES_PER_S_LABEL, "tags")
 
 
 def dataset_name(dataset: str) -> str:
@@ -48,6 +48,8 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame({
         "run": [r["id"] for r in rows],
         "status": [r["status"] for r in rows],
+        # "script": a user's own script logging through `import parallax`; "engine": launched by Parallax.
+        "trained by": [r.get("kind", "engine") for r in rows],
         "strategy": [r["strategy"] for r in rows],
         "devices": [",".join(r["devices"]) for r in rows],
         "model": [r["model"] for r in rows],
@@ -163,7 +165,7 @@ frame = table_frame(rows)
 frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
 
 st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")
-if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows]):
+if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows if row["kind"] != "script"]):
     st.caption(escape_markdown(newer))
 # A new key when filters, sorting or the data's ids change: a selection never points at another row.
 table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"

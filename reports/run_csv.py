@@ -99,6 +99,11 @@ def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
         # whole or not at all: a full disk is one line naming the file, never half a CSV
         write_export(path, frame_for_csv(table).to_csv(index=False).encode(), "CSV file")
         written.append(path)
+    if exported.get("script_metrics"):  # a script run (import parallax): every value it logged
+        path = directory / "metrics.csv"
+        table = pd.DataFrame(exported["script_metrics"], columns=["name", "step", "t_s", "value"])
+        write_export(path, table.to_csv(index=False).encode(), "CSV file")
+        written.append(path)
     return written
 
 

@@ -32,11 +32,11 @@ EXPORT_KEYS = ["run_id", "status", "error", "pid", "config", "notes", "epochs"]
 EXPORT_EXTRA_KEYS = {
     "created_at", "started_at", "finished_at", "host", "world_size", "tags", "user_note",
     "strategy", "model", "dataset", "heartbeat_at", "progress", "sweep_id", "nodes", "hosts", "elastic_run_id",
-    "measurements", "steps", "system", "figures",
+    "measurements", "steps", "system", "figures", "kind", "script_metrics",
 }
 
 
-HEAD = "0009"  # the newest migration; a new one bumps this
+HEAD = "0010"  # the newest migration; a new one bumps this
 
 
 def epoch_metrics(epoch: int, **overrides) -> dict:

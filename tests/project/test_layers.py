@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.support import ROOT
 
-PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports")
+PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports", "parallax")
 TOP_FILES = ("app.py",)
 
 

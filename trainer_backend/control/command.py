@@ -4,6 +4,7 @@
     parallax run --dataset digits --epochs 1          # and launch, sweep, cancel, export, list: see --help
     parallax hash-password                            # the secrets.toml lines for a dashboard password
     parallax db upgrade [--db URL]                    # migrate a database to this version's schema
+    parallax sync FILE [--db URL]                     # put an offline script run (import parallax) in the database
 
 ``parallax run …`` is ``python -m trainer_backend run …``; the engine's own processes (a launched run's worker,
 its ranks, torchrun's ranks) keep starting through ``python -m trainer_backend``, which works wherever Parallax is
@@ -34,6 +35,7 @@ USAGE = """usage: parallax COMMAND ...
   predict         classify image files with a run's best checkpoint (or --folder FOLDER for an accuracy)
   hash-password   print the secrets.toml lines for a dashboard password
   db upgrade      migrate the database (--db URL, else PARALLAX_DB_URL or PARALLAX_HOME's SQLite) to this version
+  sync            put the run file of a script's offline run (parallax.init(mode="offline")) in the database
 
 'parallax COMMAND --help' says more about each engine command.
 """
@@ -90,6 +92,29 @@ def upgrade_database(argv: list[str]) -> int:
     return 0
 
 
+def sync_offline_runs(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="parallax sync", description="put offline script runs in the database")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="a run file written by parallax.init(mode='offline')")
+    parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
+    args = parser.parse_args(argv)
+    from db.access import DatabaseUnavailable, open_database
+    from parallax.offline import sync
+
+    try:
+        engine = open_database(args.db)
+    except (DatabaseUnavailable, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in args.files:
+        try:
+            print(f"{name}: run_id={sync(name, engine)}")
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -103,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, python_command("-m", "ui.auth", "hash-password", *rest))
     if command == "db":
         return upgrade_database(rest)
+    if command == "sync":
+        return sync_offline_runs(rest)
     # Every other command is the engine's (run, launch, sweep, cancel, export, list …), whose parser names the
     # commands allowed. It runs as ``python -m trainer_backend`` would, in this process: the CUDA device order is
     # pinned before torch is imported (trainer_backend/__main__.py).

@@ -1,0 +1,128 @@
+"""Offline runs: ``mode="offline"`` writes the run to a file of JSON lines beside the script, and
+``parallax sync FILE`` puts it in the database as a script run, once.
+
+The file, one JSON object a line:
+
+    {"parallax_offline": 1, "key": "...", "project": ..., "name": ..., "config": {...}, "tags": [...],
+     "created_at": "<ISO UTC>", "host": ..., "pid": ..., "world_size": 1, "file": "<script>"}
+    {"step": 0, "t": <unix time>, "values": {"train/loss": 2.3}}      one per log call
+    {"config": {...}}                                                  the script changed run.config
+    {"end": "completed", "error": null, "finished_at": "<ISO UTC>", "summary": {...}}
+
+A file without its end line (the script was killed, or still runs) is synced as lost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+FORMAT_VERSION = 1
+
+
+class FileSink:
+    """The writer's sink for an offline run: appends lines, flushed at each turn."""
+
+    def __init__(self, path: Path, run):
+        self.path, self.run = path, run
+        header = {"parallax_offline": FORMAT_VERSION, "key": uuid.uuid4().hex, "project": run.project,
+                  "name": run.name, "config": _jsonable(dict(run.config)), "tags": run.tags,
+                  "created_at": datetime.now(timezone.utc).isoformat(), "host": socket.gethostname(),
+                  "pid": os.getpid(), "world_size": run.info.world_size,
+                  "file": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""}
+        run.config.take_change()
+        with open(path, "x", encoding="utf-8") as out:
+            out.write(json.dumps(header) + "\n")
+
+    @classmethod
+    def beside_script(cls, run) -> FileSink:
+        script = Path(sys.argv[0]) if sys.argv and sys.argv[0] and Path(sys.argv[0]).is_file() else None
+        folder = script.resolve().parent if script is not None else Path.cwd()
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stem = script.stem if script is not None else "script"
+        return cls(folder / f"parallax-{stem}-{stamp}-{os.getpid()}.jsonl", run)
+
+    def write(self, entries: list[tuple]) -> None:
+        lines = "".join(json.dumps({"step": step, "t": at, "values": {k: _finite(v) for k, v in values.items()}})
+                        + "\n" for step, at, values in entries)
+        self._append(lines)
+
+    def tick(self) -> None:
+        if (config := self.run.config.take_change()) is not None:
+            self._append(json.dumps({"config": _jsonable(config)}) + "\n")
+
+    def finish(self, status: str, error: str | None) -> None:
+        """The last lines: a changed config, and how the run ended."""
+        self.tick()
+        summary = {k: v for k, v in self.run.summary.items() if isinstance(v, (str, int, bool)) or
+                   (isinstance(v, float) and math.isfinite(v))}
+        self._append(json.dumps({"end": status, "error": error, "finished_at": datetime.now(timezone.utc).isoformat(),
+                                 "summary": summary}) + "\n")
+
+    def _append(self, text: str) -> None:
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(text)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _jsonable(config: dict) -> dict:
+    return json.loads(json.dumps(config, default=str))
+
+
+def sync(path: str | Path, engine) -> int:
+    """Put the offline run in ``path`` into the database; returns its run id. A file synced before is
+    refused (its run is named), as is a file that is not an offline run."""
+    from db import lifecycle, script_metrics, store
+
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError:
+        header = {}
+    if header.get("parallax_offline") != FORMAT_VERSION:
+        raise ValueError(f"{path} is not a Parallax offline run file (its first line should start "
+                         f'{{"parallax_offline": {FORMAT_VERSION}, ...}})')
+    key = f"script:offline:{header['key']}"
+    if (found := script_metrics.find_script_run(engine, key)) is not None:
+        raise ValueError(f"{path} was synced before, as run {found['id']}; delete that run to sync it again")
+    created_at = datetime.fromisoformat(header["created_at"])
+    points, config, end = [], dict(header.get("config") or {}), None
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # the last line cut short by a kill: the points before it stand
+                break
+            raise ValueError(f"{path}:{number} is not a JSON line") from None
+        if "values" in record:
+            points += [(name, record["step"], round(record["t"] - created_at.timestamp(), 3), value)
+                       for name, value in record["values"].items()]
+        elif "config" in record:
+            config = record["config"]
+        elif "end" in record:
+            end = record
+    run_id = script_metrics.create_script_run(
+        engine, name=header["name"], project=header["project"], config=config, key=key, tags=header.get("tags") or [],
+        world_size=header.get("world_size") or 1, created_at=created_at,
+        script={"file": header.get("file", ""), "offline_file": str(path.resolve()), "host": header.get("host")})
+    for start in range(0, len(points), 50_000):
+        script_metrics.add_points(engine, run_id, points[start:start + 50_000])
+    if end is not None:
+        store.set_measurements(engine, run_id, {"summary": end.get("summary") or {}})
+        lifecycle.finish(engine, run_id, end["end"], end.get("error"))
+    else:
+        lifecycle.finish(engine, run_id, "lost", "the offline run file ends without saying how the run ended: the "
+                         "script was killed, or it is still running")
+    return run_id

@@ -1,0 +1,100 @@
+"""Script runs (``import parallax``) on the Runs, Run and Compare pages, through Streamlit's AppTest:
+marked and filterable, every logged metric charted by prefix, live while running, beside a launched run
+on Compare with its config diff, and strategy scaling said not to apply."""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+
+import numpy as np
+import plotly.io
+from streamlit.testing.v1 import AppTest
+
+from db import script_metrics, store
+from tests.nvml_machines import fake_nvml  # noqa: F401
+from tests.pages.test_every_page import APP, TIMEOUT_S, add_run, cpu_machine, open_page, texts  # noqa: F401
+
+
+def add_script_run(engine, *, status="completed", names=("train/loss", "train/acc", "val/acc", "lr"), steps=20,
+                   config=None) -> int:
+    run_id = script_metrics.create_script_run(engine, name="baseline", project="resnet",
+                                              config=config or {"lr": 0.001, "batch_size": 64}, key="script:test")
+    script_metrics.add_points(engine, run_id, [(name, step, step * 0.1, 1.0 / (step + 1))
+                                               for step in range(steps) for name in names])
+    if status != "running":
+        store.set_status(engine, run_id, status)
+    return run_id
+
+
+def values(encoded) -> list[float]:
+    """A trace's numbers as plotly's JSON carries them (a typed array: dtype and base64 bytes)."""
+    if isinstance(encoded, dict):
+        return np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=encoded["dtype"]).tolist()
+    return list(encoded)
+
+
+def test_the_run_page_charts_every_logged_metric_grouped_by_prefix(parallax_home, engine):
+    run_id = add_script_run(engine, config={"lr": 0.001, "devices": 2})  # devices as a script may give them
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    figures = [plotly.io.from_json(chart.proto.spec) for chart in at.get("plotly_chart")]
+    assert [figure.layout.title.text for figure in figures] == ["train/acc", "train/loss", "val/acc", "lr"]
+    assert values(figures[1].data[0].y)[:2] == [1.0, 0.5]
+    groups = [m.value for m in at.markdown if m.value.startswith("**")]
+    assert groups == ["**train**", "**val**", "**other**"]
+    assert any("Strategy scaling (speedup, efficiency) does not apply" in c.value for c in at.caption)
+    assert not at.get("iframe")  # the launched runs' live step feed is not a script's
+    assert [b.label for b in at.get("download_button")] == ["Download the logged metrics (CSV)"]
+    assert not any("unknown to this version" in note.value for note in at.info)  # "script" is no newer strategy
+
+
+def test_a_running_script_runs_charts_grow_on_the_next_tick(parallax_home, engine):
+    run_id = add_script_run(engine, status="running", names=("train/loss",), steps=3)
+    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())  # alive: this process
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 1
+    script_metrics.add_points(engine, run_id, [("val/acc", 3, 0.3, 0.5)])
+    at.run()  # stands for the fragment's tick
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_runs_marks_script_runs_and_filters_them(parallax_home, engine):
+    launched = add_run(engine)
+    script = add_script_run(engine)
+    at = open_page("pages/runs.py")
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert dict(zip(table["run"], table["trained by"])) == {launched: "engine", script: "script"}
+    assert not any("newer version" in caption.value for caption in at.caption)  # "script" is no newer strategy
+    at.multiselect(key="filter_kinds").set_value(["script"]).run()
+    assert at.dataframe[0].value["run"].tolist() == [script]
+
+
+def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
+    launched = add_run(engine)
+    store_steps = [{"epoch": 1, "step": step, "t_s": step * 0.1, "train_loss": 2.0 / step, "images_per_s": 100.0,
+                    "lr": 0.1} for step in range(1, 11)]
+    from db import series
+
+    series.add_steps(engine, launched, store_steps)
+    # A script's config names its devices as it likes: the Compare page reads them as names.
+    script = add_script_run(engine, names=("train/loss", "val_acc"), config={"lr": 0.001, "devices": [0, 1]})
+    at = open_page("pages/compare.py", compare_ids=[launched, script])
+    assert not at.exception, at.exception
+    assert any(f"Strategy scaling does not apply to #{script}" in c.value for c in at.caption)
+    assert "Logged metrics (script runs)" in texts(at.subheader)
+    figures = [plotly.io.from_json(chart.proto.spec) for chart in at.get("plotly_chart")]
+    loss = next(figure for figure in figures if figure.layout.title.text == "train/loss")
+    lines = {line.name.split(" ")[0]: values(line.y) for line in loss.data}
+    assert set(lines) == {f"#{launched}", f"#{script}"}  # matched by name: train/loss and train_loss
+    assert lines[f"#{launched}"][:2] == [2.0, 1.0]
+    differences = at.dataframe[-1].value
+    assert {"lr", "model", "strategy"} <= set(differences.index)
+    assert "Download the logged metrics of the script runs (CSV)" in [b.label for b in at.get("download_button")]

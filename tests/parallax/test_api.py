@@ -1,0 +1,138 @@
+"""The SDK's surface without a process of its own: what log accepts and refuses, the W&B names it does not
+have, run.config, and the background writer's retries and its one line about what it could not write."""
+
+from __future__ import annotations
+
+import pytest
+
+import parallax
+from parallax.ranks import RankInfo, group_key, rank_info
+from parallax.run import Config
+from parallax.values import as_step, as_values
+from parallax.writer import BackgroundWriter
+
+
+@pytest.mark.parametrize("name", ["watch", "Table", "Image", "save", "alert", "Histogram", "log_artifact", "config"])
+def test_unsupported_wandb_names_raise_naming_what_there_is(name):
+    with pytest.raises(NotImplementedError, match=rf"parallax\.{name} is not supported: .*There is: parallax\.init"):
+        getattr(parallax, name)
+
+
+def test_an_unknown_name_is_an_attribute_error_and_init_refuses_unknown_arguments():
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        parallax.nonsense  # noqa: B018
+    with pytest.raises(NotImplementedError, match="does not take entity, reinit"):
+        parallax.init(project="p", entity="me", reinit=True)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"mode": "cloud"}, "mode='cloud' is not one of online, offline, disabled"),
+    ({"resume": "auto"}, "resume='auto' is not one of never, allow, must"),
+    ({"resume": "allow"}, "needs the id of the run to resume"),
+    ({"tags": "a,b"}, "tags is a list of strings"),
+    ({"config": [1, 2]}, "config is a dict"),
+])
+def test_init_refuses_bad_arguments_in_one_line(arguments, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        parallax.init(project="p", **arguments)
+
+
+def test_log_takes_numbers_and_flattens_nested_dicts():
+    numpy = pytest.importorskip("numpy")
+    assert as_values({"a": 1, "b": True, "c": numpy.float32(0.5), "d": {"e": 2.0}}) == \
+        {"a": 1.0, "b": 1.0, "c": 0.5, "d/e": 2.0}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"loss": "high"}, "'loss' is str 'high'"),
+    ({"loss": None}, "'loss' is NoneType"),
+    ({"loss": [1, 2]}, "'loss' is a list, not a number"),
+    ({1: 2.0}, "metric names are strings"),
+    ([("loss", 1.0)], "takes a dict"),
+])
+def test_log_refuses_what_is_not_a_number_naming_the_key(data, message):
+    with pytest.raises(TypeError, match=message):
+        as_values(data)
+
+
+def test_steps_are_whole_numbers_from_zero():
+    assert as_step(3) == 3
+    with pytest.raises(TypeError, match="step=1.5 is not a whole number"):
+        as_step(1.5)
+    with pytest.raises(ValueError, match="step=-1 is negative"):
+        as_step(-1)
+
+
+def test_a_disabled_run_counts_steps_keeps_its_summary_and_writes_nothing(parallax_home):
+    with parallax.init(project="p", name="n", config={"lr": 0.1}, mode="disabled") as run:
+        parallax.log({"loss": 2.0})
+        parallax.log({"loss": 1.0}, step=10)
+        run.log({"loss": 0.5})
+        assert run._next_step == 12 and run.summary == {"loss": 0.5}
+        run.config.batch_size = 32
+        assert run.config == {"lr": 0.1, "batch_size": 32} and run.config.lr == 0.1
+    assert parallax.run() is None
+    assert not any(parallax_home.iterdir())  # no database was opened
+    with pytest.raises(RuntimeError, match="after the run ended"):
+        run.log({"loss": 0.1})
+
+
+def test_config_changes_are_taken_once():
+    config = Config({"a": 1})
+    assert config.take_change() is None
+    config["b"] = 2
+    config.update(c=3)
+    assert config.take_change() == {"a": 1, "b": 2, "c": 3} and config.take_change() is None
+    with pytest.raises(AttributeError, match="run.config has no 'z'"):
+        config.z  # noqa: B018
+
+
+class FlakySink:
+    """Refuses its first ``failures`` writes, as a database locked by another process does."""
+
+    def __init__(self, failures: int):
+        self.failures, self.rows = failures, []
+
+    def write(self, entries):
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("database is locked")
+        self.rows += entries
+
+    def tick(self):
+        pass
+
+
+def test_the_writer_keeps_what_a_failed_write_held_and_writes_it_in_order():
+    sink = FlakySink(failures=2)
+    writer = BackgroundWriter(sink, flush_s=1000)
+    for step in range(5):
+        writer.put((step, 0.0, {"loss": 1.0}))
+    assert not writer.flush() and not writer.flush()
+    writer.put((5, 0.0, {"loss": 1.0}))
+    assert writer.flush()
+    assert [entry[0] for entry in sink.rows] == [0, 1, 2, 3, 4, 5]
+    assert writer.close(1.0) == (0, None)
+
+
+def test_what_could_not_be_written_is_counted_with_why():
+    writer = BackgroundWriter(FlakySink(failures=10**6), flush_s=1000, max_pending=3)
+    for step in range(5):
+        writer.put((step, 0.0, {"loss": 1.0, "lr": 0.1}))
+    unwritten, why = writer.close(0.3)
+    assert unwritten == 10  # 3 held and refused by the sink, 2 refused while the queue was full; 2 values each
+    assert "RuntimeError: database is locked" in why and "4 were logged while 3 log calls were already waiting" in why
+
+
+def test_ranks_of_one_job_share_a_key_and_other_jobs_do_not(monkeypatch):
+    monkeypatch.delenv("PARALLAX_RUN_GROUP", raising=False)
+    job = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    info = rank_info(job)
+    assert info == RankInfo(rank=1, local_rank=1, world_size=2, node=0) and not info.is_main
+    assert group_key(info, job) == group_key(RankInfo(0, 0, 2, 0), {**job, "RANK": "0"})
+    assert group_key(info, job) != group_key(info, {**job, "MASTER_PORT": "29512"})
+    torchrun = {**job, "TORCHELASTIC_RUN_ID": "job-7"}
+    assert group_key(info, torchrun) != group_key(info, {**torchrun, "TORCHELASTIC_RUN_ID": "job-8"})
+    assert group_key(RankInfo(0, 0, 1, 0), {}) == ""  # one process: no group
+    with pytest.raises(ValueError, match="RANK='x' is not a whole number"):
+        rank_info({"RANK": "x"})

@@ -1,0 +1,180 @@
+"""The views of script runs (users' own scripts logging through ``import parallax``): every logged metric
+charted by step, grouped by the prefix before its first "/" ("train/loss" under "train"), live while the
+script runs; its summary; and, on Compare, the logged metrics beside launched runs' own series, matched by
+name ("train/loss", "train_loss" and "train loss" are one name).
+
+The figure builders are pure (rows -> DataFrame -> Figure); the functions that draw take the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from db import lifecycle, script_metrics, series
+from ui.charts import base_figure
+from ui.text import escape_markdown, plotly_text
+
+SCRIPT_KIND = script_metrics.SCRIPT_KIND
+POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "n")
+NO_PREFIX = "other"
+LIVE_REFRESH_S = 2.0
+MAX_POINTS = 600  # per metric and run: a chart half a screen wide
+# A launched run's own series, under the names a script would log them by (``match_key``).
+ENGINE_STEP_SERIES = ("train_loss", "images_per_s", "lr")
+ENGINE_EPOCH_SERIES = ("train_acc", "val_loss", "val_acc")
+
+
+def is_script(run: Any) -> bool:
+    kind = run.get("kind") if isinstance(run, Mapping) else getattr(run, "kind", None)
+    return kind == SCRIPT_KIND
+
+
+def readable(run):
+    """``run`` (a ``store.RunRecord``) as the pages read it: a script's devices as a list of names, whatever the
+    script gave (2, "cuda:0", [0, 1]); other runs as they are."""
+    devices = run.config.get("devices")
+    if not is_script(run) or devices is None or (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+        return run
+    names = [str(device) for device in devices] if isinstance(devices, list) else [str(devices)]
+    return dataclasses.replace(run, config={**run.config, "devices": names})
+
+
+def scaling_applies(config: Mapping[str, Any]) -> bool:
+    """Strategy scaling (speedup, efficiency) compares strategies over devices: a script run takes part
+    only where its config names both (``strategy`` and ``devices``)."""
+    return bool(config.get("strategy")) and bool(config.get("devices"))
+
+
+def match_key(name: str) -> str:
+    return name.strip().lower().replace("/", "_").replace(" ", "_").replace("-", "_")
+
+
+def points_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=list(POINT_COLUMNS))
+
+
+def by_prefix(names: Iterable[str]) -> dict[str, list[str]]:
+    """Metric names grouped by the prefix before their first "/", groups in order, names sorted."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        prefix = name.split("/", 1)[0] if "/" in name else NO_PREFIX
+        groups.setdefault(prefix, []).append(name)
+    return dict(sorted(groups.items(), key=lambda item: (item[0] == NO_PREFIX, item[0])))
+
+
+def metric_figure(frame: pd.DataFrame, name: str, labels: Mapping[int, str] | None = None,
+                  colours: Mapping[int, str] | None = None) -> go.Figure:
+    """``name`` over steps, one line per run in ``frame`` (named by ``labels`` where there are several)."""
+    figure = base_figure(plotly_text(name), "step", "")
+    rows = frame[frame["name"] == name].dropna(subset=["value"])
+    for run_id, points in rows.groupby("run_id", sort=False):
+        mode = "lines" if len(points) > 1 else "markers"
+        figure.add_scatter(x=points["step"], y=points["value"], mode=mode,
+                           name=plotly_text((labels or {}).get(run_id, f"#{run_id}")),
+                           line=dict(color=(colours or {}).get(run_id)))
+    figure.update_layout(showlegend=bool(labels) and len(labels) > 1)
+    return figure
+
+
+def engine_points(step_rows: Iterable[Mapping[str, Any]], epoch_rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """A launched run's series as script points: its step points by step, and its epochs' accuracy and
+    validation loss at the last step of each epoch (where step points say which that is)."""
+    step_rows, rows = list(step_rows), []
+    last_step: dict[tuple[int, int], int] = {}
+    for row in step_rows:
+        key = (row["run_id"], row["epoch"])
+        last_step[key] = max(last_step.get(key, 0), row["step"])
+        rows += [{"run_id": row["run_id"], "name": name, "step": row["step"], "t_s": row["t_s"], "value": row[name],
+                  "n": row.get("n", 1)} for name in ENGINE_STEP_SERIES if row.get(name) is not None]
+    for row in epoch_rows:
+        step = last_step.get((row["run_id"], row["epoch"]))
+        if step is not None:
+            rows += [{"run_id": row["run_id"], "name": name, "step": step, "t_s": None, "value": row[name], "n": 1}
+                     for name in ENGINE_EPOCH_SERIES if row.get(name) is not None]
+    return points_frame(rows)
+
+
+# --- what the pages draw ---------------------------------------------------------------------
+
+
+def run_section(engine, run) -> None:
+    """A script run's Run page body: its logged metrics (live while it runs) and summary."""
+    active = run.status in lifecycle.ACTIVE_STATUSES
+    script = run.measurements.get("script") or {}
+    where = f" · {escape_markdown(script['file'])}" if script.get("file") else ""
+    st.caption(f"A script run (`import parallax`) of project **{escape_markdown(str(script.get('project', '')))}**"
+               f"{where}. Its config is the script's own.")
+    if not scaling_applies(run.config):
+        st.caption("Strategy scaling (speedup, efficiency) does not apply: the script's config names no "
+                   "`strategy` and `devices`.")
+    st.fragment(_live_metrics, run_every=LIVE_REFRESH_S if active else None)(run.id)
+    summary = run.measurements.get("summary") or {}
+    if summary:
+        with st.expander("Summary (the last value of each metric, and what the script set)"):
+            st.dataframe(pd.DataFrame({"value": [str(value) for value in summary.values()]}, index=list(summary)),
+                         width="content")
+
+
+def _live_metrics(run_id: int) -> None:
+    from ui import state
+
+    engine = state.engine()
+    frame = points_frame(script_metrics.read_points(engine, [run_id], max_points=MAX_POINTS))
+    if frame.empty:
+        st.caption("Charts appear when the script logs its first values (parallax.log).")
+        return
+    for prefix, names in by_prefix(frame["name"].unique()).items():
+        st.markdown(f"**{escape_markdown(prefix)}**")
+        columns = st.columns(2)
+        for index, name in enumerate(names):
+            columns[index % 2].plotly_chart(metric_figure(frame, name), key=f"script_metric_{name}")
+    st.download_button("Download the logged metrics (CSV)", frame.drop(columns="n").to_csv(index=False),
+                       file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
+                       icon=":material/download:", key="script_metrics_csv")
+
+
+def runs_for_scaling(runs: list[dict]) -> list[dict]:
+    """The runs the Compare page's strategy scaling takes: launched runs, and script runs whose config names
+    a strategy and devices; a caption says which were left out."""
+    left_out = [run for run in runs if is_script(run) and not scaling_applies(run["config"])]
+    if left_out:
+        st.caption("Strategy scaling does not apply to " + ", ".join(f"#{run['id']}" for run in left_out)
+                   + ": script runs whose config names no `strategy` and `devices`.")
+    return [run for run in runs if run not in left_out]
+
+
+def compare_section(engine, runs: list[dict], labels: Mapping[int, str], colours: Mapping[int, str]) -> None:
+    """The picked script runs' logged metrics, each beside the other runs' series of the same name."""
+    script_ids = [run["id"] for run in runs if is_script(run)]
+    if not script_ids:
+        return
+    from db import store
+
+    st.subheader("Logged metrics (script runs)")
+    scripts = points_frame(script_metrics.read_points(engine, script_ids, max_points=MAX_POINTS))
+    others = [run["id"] for run in runs if not is_script(run)]
+    launched = engine_points(series.read_steps(engine, others, max_points=MAX_POINTS),
+                             store.read_epoch_metrics(engine, others)) if others else points_frame([])
+    frame = pd.concat([scripts, launched], ignore_index=True) if not launched.empty else scripts
+    if frame.empty:
+        st.caption("The picked script runs logged nothing yet.")
+        return
+    frame["key"] = frame["name"].map(match_key)
+    shown = dict.fromkeys(scripts["name"].map(match_key))  # each metric a script logged, once
+    names = {key: next(name for name in scripts["name"] if match_key(name) == key) for key in shown}
+    columns = st.columns(2)
+    for index, (key, name) in enumerate(names.items()):
+        matched = frame[frame["key"] == key].assign(name=name)
+        columns[index % 2].plotly_chart(metric_figure(matched, name, labels, colours), key=f"compare_script_{key}")
+    st.caption("Launched runs join a chart where they record a series of the same name (train_loss, "
+               "images_per_s, lr per step; train_acc, val_loss, val_acc at each epoch's last step).")
+    st.download_button("Download the logged metrics of the script runs (CSV)",
+                       scripts.drop(columns="n").to_csv(index=False), mime="text/csv", on_click="ignore",
+                       file_name=f"parallax-script-runs-{'-'.join(map(str, script_ids))}.csv",
+                       icon=":material/download:", key="compare_script_csv")
