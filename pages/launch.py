@@ -21,7 +21,7 @@ from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CO
                                     MAX_CHOICE_LENGTH, MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, MAX_TAG_LENGTH,
                                     MAX_TAGS, RunConfig, max_cpu_processes)
 from trainer_backend.contract.model_source import is_custom_model
-from trainer_backend.contract.strategy_specs import find, spec
+from trainer_backend.contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.contract.fields import FIELDS
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import launch_memory, memory_views, options, own_model, state
@@ -306,7 +306,7 @@ if sweeping:
     memory_slot = st.container()
     # The shared fields are checked under a strategy that takes any number of devices; the
     # strategies' own rules are then checked one by one, as the sweep will build them.
-    values["strategy"] = "mp" if len(values["devices"]) > 1 else "single"
+    values["strategy"] = sweep_base_for(len(values["devices"])).name
 
 st.subheader("Training")
 # Three to a row: an error under a field needs room to be read.

@@ -7,7 +7,8 @@
 Three readers: ``RunConfig`` validates the simple bounds and choices from it (config.py), the command line
 builds its flags from it (control/cli.py) and the Launch form its widgets (ui/fields.py). A field whose rules
 say more than bounds or a list (devices, tags, bands, dataset paths ...) names the config.py function that
-checks it in ``check``. Below config.py, so it holds the lists and limits config.py validates against.
+checks it in ``check``. Below config.py, so it holds the lists and limits config.py validates against, and the
+defaults: RunConfig's fields default to their entries' (config._default).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainer_backend.contract.strategy_specs import baseline
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -155,7 +158,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           parse=str),
     _switch("pretrained", "Start from pretrained weights (from the local cache when offline)",
             "Start from the model's pretrained weights, from the local cache when offline."),
-    Field("strategy", str, "single", "Strategy", "How the run spreads over its devices.", registry="strategies",
+    Field("strategy", str, baseline().name, "Strategy", "How the run spreads over its devices.", registry="strategies",
           check="STRATEGIES", parse=str),
     Field("devices", str, ("cpu",), "Devices", "Comma list of torch devices: cpu may repeat (cpu,cpu = 2 CPU "
           "processes for ddp) and a bare integer N means cuda:N.", check="parse_devices", parse=str),

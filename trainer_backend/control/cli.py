@@ -31,6 +31,7 @@ from trainer_backend.contract.printable import one_line, printable_lines, shown_
 from trainer_backend.contract.startup import engine_imports
 from trainer_backend.contract.storage import DiskFullError, check_export_dir
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
+from trainer_backend.contract.strategy_specs import sweep_base_for
 from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -110,7 +111,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
         several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
-        values["strategy"] = "mp" if several else "single"
+        values["strategy"] = sweep_base_for(2 if several else 1).name
     if world is not None:
         from trainer_backend.contract.world import values_for_world
 

@@ -8,9 +8,12 @@ exactly the entry's bounds and choices.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -39,6 +42,17 @@ def test_every_entry_starts_from_runconfigs_default():
     wrong = {name: (spec.default, getattr(defaults, name)) for name, spec in FIELDS.items()
              if spec.default != getattr(defaults, name)}
     assert not wrong
+
+
+def test_runconfig_takes_every_catalogued_default_from_the_catalogue_and_writes_none_itself():
+    """Derived, not copied: RunConfig's class body defaults every catalogued field to ``_default(name)``, so the
+    catalogue is the one place a default is written and the two cannot disagree."""
+    source = inspect.getsource(RunConfig)
+    body = ast.parse(textwrap.dedent(source)).body[0].body
+    written = {node.target.id: node.value for node in body if isinstance(node, ast.AnnAssign) and node.value}
+    assert set(FIELDS) <= set(written)
+    copied = [name for name in FIELDS if ast.unparse(written[name]) != f"_default({name!r})"]
+    assert not copied, f"RunConfig writes its own default for {copied}: take the catalogue's"
 
 
 def test_every_special_rule_names_what_in_config_holds_it():
