@@ -1,6 +1,10 @@
 """Launch: choose data, model, strategy and devices; every value is checked by building the
 same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
 
+The form's sections and fields come from the field catalogue (ui/fields.py draws them); this page
+adds the pickers whose choices come from the data roots, timm and the machine (dataset, model,
+strategy, devices), and the checks and captions around them.
+
 In "Compare strategies" mode the form takes several strategies instead of one: each one's config
 is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page.
 
