@@ -84,7 +84,8 @@ def widget_spec(spec: Field, value: Any, **overrides: Any) -> tuple[str, dict[st
             kwargs["format_func"] = lambda choice: spec.choice_labels.get(choice, choice)
     elif spec.kind in (int, float):
         kind = "number_input"
-        kwargs.update(value=spec.kind(value), step=spec.kind(spec.step or 1))
+        # None where the field has no default (a blank box: the run decides), else a number of the field's kind.
+        kwargs.update(value=None if value is None else spec.kind(value), step=spec.kind(spec.step or 1))
         if spec.kind is float and kwargs["step"] < 0.01:
             kwargs["format"] = "%g"  # 0.0001, not 0.00
     else:
