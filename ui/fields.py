@@ -90,7 +90,8 @@ def widget_spec(spec: Field, value: Any, **overrides: Any) -> tuple[str, dict[st
             kwargs["format"] = "%g"  # 0.0001, not 0.00
     else:
         kind = "text_input"
-        kwargs["value"] = "" if value is None else ", ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        kwargs["value"] = ("" if value is None else spec.separator.join(map(str, value)) if isinstance(value, tuple)
+                           else str(value))
     for name in ("placeholder", "max_chars"):
         if getattr(spec, name) is not None and kind == "text_input":
             kwargs[name] = getattr(spec, name)
@@ -100,12 +101,13 @@ def widget_spec(spec: Field, value: Any, **overrides: Any) -> tuple[str, dict[st
 
 def config_value(spec: Field, held: Any) -> Any:
     """What a widget of ``spec`` holds, as RunConfig takes it: a multiselect's picks as the comma list (none
-    picked: the default), a text through the field's own parser (blank: the default where that is None)."""
+    picked: the default), a text through the field's own parser (blank: the default where that is none or an
+    empty list)."""
     if isinstance(held, list):
         return ",".join(held) or spec.default
     if isinstance(held, str) and spec.kind is str:
-        if not held.strip() and spec.default is None:
-            return None
+        if not held.strip() and spec.default in (None, ()):
+            return spec.default
         return spec.parse(held) if spec.parse is not None else held
     return held
 

@@ -92,7 +92,8 @@ class Field:
     # The Launch form (ui/fields.py): the section it is drawn in (None: the command line only) and a heading inside
     # it; the widget where the kind's own does not fit ("toggle", "multiselect", "radio"); what a multiselect or a
     # choice offers where ``choices`` is not the rule (a tuple, or a function giving them, e.g. from the machine);
-    # when it is shown (None: always; a hidden field keeps its default); a text's placeholder and longest input.
+    # when it is shown (None: always; a hidden field keeps its default); a text's placeholder and longest input,
+    # and how a list value is joined into its text (so that ``parse`` splits it back).
     section: str | None = None
     group: str | None = None
     widget: str | None = None
@@ -100,6 +101,7 @@ class Field:
     shown_when: Condition | None = None
     placeholder: str | None = None
     max_chars: int | None = None
+    separator: str = ", "
 
     @property
     def flag(self) -> str:

@@ -210,4 +210,7 @@ def test_a_multiselect_and_a_text_list_go_back_to_what_runconfig_takes():
     assert config_value(FIELDS["augment"], []) == "none" and config_value(FIELDS["augment"], ["flip", "crop"]) == "flip,crop"
     assert widget_spec(FIELDS["tags"], ("a", "b"))[1]["value"] == "a, b"
     assert RunConfig(tags=config_value(FIELDS["tags"], "a, b,,")).tags == ("a", "b")
-    assert config_value(FIELDS["bands"], "  ") is None and RunConfig(bands=config_value(FIELDS["bands"], "3, 2,1")).bands == (3, 2, 1)
+    assert config_value(FIELDS["tags"], " ") == () and config_value(FIELDS["bands"], "  ") is None
+    spaced = dataclasses.replace(FIELDS["tags"], separator=" ", parse=str.split)  # a list its parser splits on spaces
+    assert widget_spec(spaced, ("--a", "--b"))[1]["value"] == "--a --b" and config_value(spaced, "--a --b") == ["--a", "--b"]
+    assert RunConfig(bands=config_value(FIELDS["bands"], "3, 2,1")).bands == (3, 2, 1)
