@@ -13,7 +13,7 @@ from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
 from reports.sweep import strategy_advice, waiting_for
 from db.recorded_by import unknown_strategy_note
-from trainer_backend.contract.strategy_specs import find, names_where
+from trainer_backend.contract.strategy_specs import baseline, find, names_where
 from ui import charts, efficiency_views, script_views, series_charts, state, widgets
 from ui.text import escape_markdown
 
@@ -192,7 +192,8 @@ if problems:
     st.warning(escape_markdown("These runs are not like for like, so their speedups compare different work: "
                                + "; ".join(problems) + "."), icon=":material/warning:")
 
-baselines = scaling.pick_baselines(runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs]))
+baselines = scaling.pick_baselines(
+    runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs], baseline().name))
 wanted_ids = list(dict.fromkeys([*picked_ids, *baselines.values()]))
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, wanted_ids))
 labels = {run["id"]: scaling.label_for(run) for run in runs}

@@ -1,6 +1,10 @@
 """Launch: choose data, model, strategy and devices; every value is checked by building the
 same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
 
+The form's sections and fields come from the field catalogue (ui/fields.py draws them); this page
+adds the pickers whose choices come from the data roots, timm and the machine (dataset, model,
+strategy, devices), and the checks and captions around them.
+
 In "Compare strategies" mode the form takes several strategies instead of one: each one's config
 is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page.
 
@@ -11,22 +15,22 @@ the import follows once the Launch button is there, and the page then redraws it
 from __future__ import annotations
 
 import socket
+from collections import ChainMap
+from types import SimpleNamespace
 
 import streamlit as st
 
 from db import dashboard
 from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (AUGMENTATIONS, CPU_PROCESSES_PER_CORE,
+from trainer_backend.contract.config import (CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
-                                    MAX_CHOICE_LENGTH, MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, MAX_TAG_LENGTH,
-                                    MAX_TAGS, RunConfig, max_cpu_processes)
+                                    MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, RunConfig, max_cpu_processes)
 from trainer_backend.contract.model_source import is_custom_model
-from trainer_backend.contract.strategy_specs import find, spec
-from trainer_backend.contract.fields import FIELDS
+from trainer_backend.contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import launch_memory, memory_views, options, own_model, state
 from ui import torchrun as torchrun_ui
-from ui.fields import field_widget
+from ui.fields import draw_form, field_widget
 from ui.text import escape_markdown
 from ui.validation import validate_form
 
@@ -41,10 +45,6 @@ SWEEP_PICKED_KEY = "sweep_strategies_picked"  # the user chose the sweep's strat
 
 values: dict = {}
 slots: dict = {}  # field -> the spot right under its widget where its error goes
-
-
-def field_slot(name: str) -> None:
-    slots[name] = st.empty()
 
 
 def device_batch_caption(config) -> str:
@@ -207,6 +207,101 @@ def sweep_errors(config, strategies: list[str], device_counts: tuple[int, ...] |
     return errors
 
 
+def draw_dataset(spec, start):
+    """The dataset picker: the built-ins and every folder and list file under the data roots, with what it holds."""
+    roots = ", ".join(str(p) for p in options.data_roots())
+    datasets = options.dataset_choices()
+    chosen = st.selectbox(
+        spec.label, datasets, format_func=options.dataset_label, key=spec.name,
+        index=launch_memory.index_of(datasets, start),
+        help=f"{spec.help} Offered: the built-in sets, and every sub-folder (one folder per class "
+        f"inside, or train/ and val/) and .csv/.txt list file of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, "
+        "to look elsewhere).")
+    outside = options.outside_roots(chosen)  # never read a folder outside the roots
+    if outside:
+        page.info = {"problems": [outside], "warnings": []}
+    else:
+        page.info = options.describe_dataset(chosen) if full else {"problems": [], "warnings": []}
+    st.caption(options.dataset_summary(page.info) if full or outside else "Reading the dataset…")
+    for warning in page.info.get("warnings", []):
+        st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
+    return chosen
+
+
+def draw_model(spec, start):
+    """A timm architecture from the list, or your own model's path:Attr, checked apart (ui/own_model.py)."""
+    started_own = is_custom_model(start)
+    page.own = st.radio("Model from", [own_model.TIMM, own_model.OWN], horizontal=True, key="model_kind",
+                        index=int(started_own),
+                        captions=["a timm architecture", "path/to/file.py:Attr or pkg.module:Attr"]) == own_model.OWN
+    if page.own:
+        return st.text_input(
+            "Your model", key="own_model", value=start if started_own else "",
+            placeholder="~/nets/mynet.py:Net", max_chars=MAX_PATH_LENGTH,
+            help="An nn.Module class or a function returning one, in a .py file or an importable module. It is "
+            "checked in a separate process (imported, built on the meta device, one fake forward at the image "
+            "size); the dashboard never imports it.").strip()
+    models = options.model_choices() if full else list(options.DEFAULT_MODELS)
+    chosen = st.selectbox(spec.label, models, key=spec.name, help=spec.help,
+                          index=launch_memory.index_of(models, start))
+    # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
+    page.model_problem = options.model_problem(chosen) if full else None
+    return chosen
+
+
+def draw_model_args(spec, start):
+    """Your own model's keyword arguments; a timm model takes none from the form."""
+    if not page.own:
+        return spec.default
+    value = field_widget(spec, start if is_custom_model(START.config.model) else spec.default,
+                         max_chars=MAX_MODEL_ARGS_LENGTH)
+    page.verdict_slot = st.empty()  # the child's verdict, once the config builds
+    return value
+
+
+def draw_strategy(spec, start):
+    """One strategy, or in a sweep the strategies to compare, each with its description."""
+    names = list(STRATEGIES)
+    if sweeping:
+        start_sweep_strategies()
+        page.sweep_strategies = st.multiselect("Strategies to compare", names, key="sweep_strategies",
+                                               on_change=mark_sweep_picked, placeholder="Pick two or more strategies")
+        st.caption(" · ".join(f"**{n}**: {STRATEGIES[n]}" for n in page.sweep_strategies))
+        shared["strategies"] = tuple(page.sweep_strategies)
+        return None  # set once the devices are known: the sweep's shared fields are checked under a base strategy
+    chosen = st.radio(spec.label, names, captions=[STRATEGIES[n] for n in names], key=spec.name,
+                      label_visibility="collapsed", index=launch_memory.index_of(names, start))
+    shared["strategies"] = (chosen,)
+    return chosen
+
+
+def draw_devices(spec, start):
+    """The GPUs or CPU processes, the memory estimate's spot under them, and a sweep's device counts."""
+    devices = choose_devices("sweep" if sweeping else values["strategy"])
+    page.memory_slot = st.container()  # the memory estimate, filled in once the rest of the page is drawn
+    if sweeping:
+        page.counts_text = st.text_input(
+            "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts", max_chars=200,
+            value=START.device_counts,
+            help="Each multi-device strategy runs once per count (on CPU: that many processes), and the report "
+            "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
+        slots["device_counts"] = st.empty()
+    return devices
+
+
+def after_devices() -> None:
+    if sweeping:
+        # Every strategy's estimate, side by side: the whole width (in the Devices column it was cut at 1,400 px).
+        page.memory_slot = st.container()
+        # The shared fields are checked under a strategy that takes any number of devices; the
+        # strategies' own rules are then checked one by one, as the sweep will build them.
+        values["strategy"] = sweep_base_for(len(values["devices"])).name
+
+
+def draw_note() -> None:
+    page.user_note = st.text_area("Note", key="note", height=68, placeholder="What is this run meant to show?")
+
+
 st.title("Launch a run")
 st.caption(f"The defaults train {DEFAULTS.model} on the bundled handwritten digits for {DEFAULTS.epochs} epochs in "
            "one CPU process: a quick run that works on any machine. Every value is checked as you change it.")
@@ -217,205 +312,18 @@ mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch
 sweeping = mode == SWEEP
 full = options.training_stack_loaded()  # else a quick first draw, with what needs neither torch nor timm
 
-data_col, model_col = st.columns(2, gap="large")
-with data_col:
-    st.subheader("Data")
-    roots = ", ".join(str(p) for p in options.data_roots())
-    datasets = options.dataset_choices()
-    values["dataset"] = st.selectbox(
-        "Dataset", datasets, format_func=options.dataset_label, key="dataset",
-        index=launch_memory.index_of(datasets, START.config.dataset),
-        help=f"{FIELDS['dataset'].help} Offered: the built-in sets, and every sub-folder (one folder per class "
-        f"inside, or train/ and val/) and .csv/.txt list file of: {roots} (set PARALLAX_DATA_ROOTS, colon-separated, "
-        "to look elsewhere).")
-    outside = options.outside_roots(values["dataset"])  # never read a folder outside the roots
-    if outside:
-        info = {"problems": [outside], "warnings": []}
-    else:
-        info = options.describe_dataset(values["dataset"]) if full else {"problems": [], "warnings": []}
-    st.caption(options.dataset_summary(info) if full or outside else "Reading the dataset…")
-    for warning in info.get("warnings", []):
-        st.caption(f":orange[:material/warning: {escape_markdown(warning)}]")
-    field_slot("dataset")
-    values["image_size"] = field_widget(FIELDS["image_size"], START.config.image_size)
-    field_slot("image_size")
-
-with model_col:
-    st.subheader("Model")
-    started_own = is_custom_model(START.config.model)
-    own = st.radio("Model from", [own_model.TIMM, own_model.OWN], horizontal=True, key="model_kind",
-                   index=int(started_own), captions=["a timm architecture", "path/to/file.py:Attr or pkg.module:Attr"]
-                   ) == own_model.OWN
-    if own:
-        values["model"] = st.text_input(
-            "Your model", key="own_model", value=START.config.model if started_own else "",
-            placeholder="~/nets/mynet.py:Net", max_chars=MAX_PATH_LENGTH,
-            help="An nn.Module class or a function returning one, in a .py file or an importable module. It is "
-            "checked in a separate process (imported, built on the meta device, one fake forward at the image "
-            "size); the dashboard never imports it.").strip()
-        field_slot("model")
-        values["model_args"] = field_widget(FIELDS["model_args"], START.config.model_args if started_own else "{}",
-                                            max_chars=MAX_MODEL_ARGS_LENGTH)
-        field_slot("model_args")
-        verdict_slot = st.empty()
-        model_problem = None  # the child's verdict, once the config builds
-    else:
-        models = options.model_choices() if full else list(options.DEFAULT_MODELS)
-        values["model"] = st.selectbox(FIELDS["model"].label, models, key="model", help=FIELDS["model"].help,
-                                       index=launch_memory.index_of(models, START.config.model))
-        field_slot("model")
-        # The defaults are timm models (a test checks it): the quick first draw need not ask timm.
-        model_problem = options.model_problem(values["model"]) if full else None
-    count_slot = st.empty()  # filled once the button is there: a large model takes a while to count
-
-strategy_col, devices_col = st.columns(2, gap="large")
-with strategy_col:
-    names = list(STRATEGIES)
-    if sweeping:
-        st.subheader("Strategies")
-        start_sweep_strategies()
-        sweep_strategies = st.multiselect("Strategies to compare", names, key="sweep_strategies",
-                                          on_change=mark_sweep_picked, placeholder="Pick two or more strategies")
-        st.caption(" · ".join(f"**{n}**: {STRATEGIES[n]}" for n in sweep_strategies))
-        field_slot("strategy")
-    else:
-        st.subheader("Strategy")
-        values["strategy"] = st.radio("Strategy", names, captions=[STRATEGIES[n] for n in names], key="strategy",
-                                      label_visibility="collapsed",
-                                      index=launch_memory.index_of(names, START.config.strategy))
-        field_slot("strategy")
-    if any(spec(name).microbatched for name in (sweep_strategies if sweeping else [values["strategy"]])):
-        values["microbatches"] = field_widget(FIELDS["microbatches"], START.config.microbatches)
-        field_slot("microbatches")
-        values["pipeline_schedule"] = field_widget(FIELDS["pipeline_schedule"], START.config.pipeline_schedule)
-        field_slot("pipeline_schedule")
-with devices_col:
-    st.subheader("Devices")
-    values["devices"] = choose_devices("sweep" if sweeping else values["strategy"])
-    field_slot("devices")
-    memory_slot = st.container()  # the memory estimate, filled in once the rest of the page is drawn
-    if sweeping:
-        counts_text = st.text_input(
-            "Device counts to sweep (optional, e.g. 1,2,4)", key="sweep_device_counts", max_chars=200,
-            value=START.device_counts,
-            help="Each multi-device strategy runs once per count (on CPU: that many processes), and the report "
-            "forecasts 2× and 4× the devices; single runs once, on one device. Blank: the devices above.")
-        field_slot("device_counts")
-if sweeping:
-    # Every strategy's estimate, side by side: the whole width (in the Devices column it was cut at 1,400 px).
-    memory_slot = st.container()
-    # The shared fields are checked under a strategy that takes any number of devices; the
-    # strategies' own rules are then checked one by one, as the sweep will build them.
-    values["strategy"] = "mp" if len(values["devices"]) > 1 else "single"
-
-st.subheader("Training")
-# Three to a row: an error under a field needs room to be read.
-batch_col, epochs_col, lr_col = st.columns(3)
-with batch_col:
-    values["batch_size"] = field_widget(FIELDS["batch_size"], START.config.batch_size)
-    batch_hint = st.empty()
-    field_slot("batch_size")
-with epochs_col:
-    values["epochs"] = field_widget(FIELDS["epochs"], START.config.epochs)
-    field_slot("epochs")
-with lr_col:
-    values["lr"] = field_widget(FIELDS["lr"], START.config.lr)
-    field_slot("lr")
-optimizer_col, amp_col, profile_col = st.columns(3, vertical_alignment="bottom")
-with optimizer_col:
-    values["optimizer"] = field_widget(FIELDS["optimizer"], START.config.optimizer)
-    field_slot("optimizer")
-with amp_col:
-    values["amp"] = field_widget(FIELDS["amp"], START.config.amp)
-    field_slot("amp")
-with profile_col:
-    values["profile"] = field_widget(FIELDS["profile"], START.config.profile, toggle=True)
-    field_slot("profile")
-
-with st.expander("More options"):
-    more_left, more_right = st.columns(2)
-    with more_left:
-        values["pretrained"] = field_widget(FIELDS["pretrained"], START.config.pretrained)
-        field_slot("pretrained")
-        values["weight_decay"] = field_widget(FIELDS["weight_decay"], START.config.weight_decay)
-        field_slot("weight_decay")
-        values["val_from"] = field_widget(FIELDS["val_from"], START.config.val_from)
-        field_slot("val_from")
-        values["val_fraction"] = field_widget(FIELDS["val_fraction"], START.config.val_fraction)
-        field_slot("val_fraction")
-        values["stored_size"] = field_widget(FIELDS["stored_size"], START.config.stored_size)
-        field_slot("stored_size")
-        values["decode"] = field_widget(FIELDS["decode"], START.config.decode)
-        field_slot("decode")
-        values["data_on_device"] = field_widget(FIELDS["data_on_device"], DEFAULTS.data_on_device)
-        field_slot("data_on_device")
-    with more_right:
-        values["seed"] = field_widget(FIELDS["seed"], START.config.seed)
-        field_slot("seed")
-        values["num_workers"] = field_widget(FIELDS["num_workers"], START.config.num_workers)
-        field_slot("num_workers")
-        values["bn_stats_images"] = field_widget(FIELDS["bn_stats_images"], START.config.bn_stats_images)
-        field_slot("bn_stats_images")
-        bands_text = field_widget(FIELDS["bands"], ",".join(map(str, START.config.bands or ())),
-                                  max_chars=MAX_CHOICE_LENGTH)
-        values["bands"] = bands_text.strip() or None
-        field_slot("bands")
-
-with st.expander("Advanced"):
-    st.markdown("**Training recipe**")
-    schedule_col, warmup_col, scale_col = st.columns(3, vertical_alignment="bottom")
-    with schedule_col:
-        values["lr_schedule"] = field_widget(FIELDS["lr_schedule"], START.config.lr_schedule)
-        field_slot("lr_schedule")
-    with warmup_col:
-        values["warmup_epochs"] = field_widget(FIELDS["warmup_epochs"], START.config.warmup_epochs)
-        field_slot("warmup_epochs")
-    with scale_col:
-        values["scale_lr"] = field_widget(FIELDS["scale_lr"], START.config.scale_lr)
-        field_slot("scale_lr")
-    smoothing_col, clip_col, accumulate_col = st.columns(3)
-    with smoothing_col:
-        values["label_smoothing"] = field_widget(FIELDS["label_smoothing"], START.config.label_smoothing)
-        field_slot("label_smoothing")
-    with clip_col:
-        values["grad_clip"] = field_widget(FIELDS["grad_clip"], START.config.grad_clip)
-        field_slot("grad_clip")
-    with accumulate_col:
-        values["accumulate_steps"] = field_widget(FIELDS["accumulate_steps"], START.config.accumulate_steps)
-        field_slot("accumulate_steps")
-    nonfinite_col, stall_col, keep_col = st.columns(3)
-    with nonfinite_col:
-        values["on_nonfinite"] = field_widget(FIELDS["on_nonfinite"], DEFAULTS.on_nonfinite)
-        field_slot("on_nonfinite")
-    with stall_col:
-        values["on_stall"] = field_widget(FIELDS["on_stall"], DEFAULTS.on_stall)
-        field_slot("on_stall")
-    with keep_col:
-        values["keep_checkpoints"] = field_widget(FIELDS["keep_checkpoints"], DEFAULTS.keep_checkpoints)
-        field_slot("keep_checkpoints")
-    recipe_hint = st.empty()
-    st.markdown("**Augmentation and speed**")
-    augment_col, speed_col = st.columns(2)
-    with augment_col:
-        augment = st.multiselect(FIELDS["augment"].label, AUGMENTATIONS, key="augment", help=FIELDS["augment"].help,
-                                 default=[a for a in START.config.augment.split(",") if a in AUGMENTATIONS])
-        values["augment"] = ",".join(augment) or "none"
-        field_slot("augment")
-    with speed_col:
-        values["channels_last"] = field_widget(FIELDS["channels_last"], START.config.channels_last)
-        field_slot("channels_last")
-        values["compile"] = field_widget(FIELDS["compile"], START.config.compile)
-        field_slot("compile")
-
-st.subheader("Labels")
-tags_col, note_col = st.columns([1, 2])
-with tags_col:
-    tags_text = field_widget(FIELDS["tags"], ", ".join(START.config.tags), placeholder="baseline, fp32",
-                             max_chars=MAX_TAGS * (MAX_TAG_LENGTH + 2))
-    values["tags"] = tuple(t.strip() for t in tags_text.split(",") if t.strip())
-    field_slot("tags")
-with note_col:
-    user_note = st.text_area("Note", key="note", height=68, placeholder="What is this run meant to show?")
+# What the page's own widgets leave for the checks below them.
+page = SimpleNamespace(info={"problems": [], "warnings": []}, own=False, model_problem=None, verdict_slot=None,
+                       sweep_strategies=[], counts_text="", memory_slot=None, user_note="")
+shared: dict = {}  # what a field's shown_when reads besides the values: the strategies the form will run
+ends = draw_form(START.config, values, slots, form=ChainMap(values, shared, START.config.to_dict()),
+                 renderers={"dataset": draw_dataset, "model": draw_model, "model_args": draw_model_args,
+                            "strategy": draw_strategy, "devices": draw_devices},
+                 extras={"Labels": [draw_note]}, after={"Devices": after_devices})
+info, own, model_problem, sweep_strategies = page.info, page.own, page.model_problem, page.sweep_strategies
+verdict_slot, counts_text, memory_slot, user_note = page.verdict_slot, page.counts_text, page.memory_slot, page.user_note
+count_slot = ends["Model"]  # filled once the button is there: a large model takes a while to count
+batch_hint, recipe_hint = ends["Training"], ends["Training recipe"]
 
 config, errors = validate_form(values)
 device_counts = None

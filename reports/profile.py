@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from db import profiles, store
-from trainer_backend.contract.storage import DiskFullError, write_export
+from trainer_backend.contract.storage import DiskFullError, check_export_dir, write_export
 
 from .report_html import REPORT_CSS, charts_html
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure
@@ -60,17 +60,6 @@ def report_html(engine, run_id: int) -> str:
 </body></html>"""
 
 
-def check_profile_dir(directory: Path) -> None:
-    """ValueError naming ``directory`` when the profile cannot go there: it, or a folder above it, is
-    a file (then nothing is written, and no existing file is replaced by a folder)."""
-    for path in (directory, *directory.parents):
-        if path.exists() and not path.is_dir():
-            what = "is an existing file" if path == directory else f"is inside {path}, which is a file"
-            raise ValueError(f"--profile-dir {directory} {what}, not a folder: give a folder (it is created if missing)")
-        if path.exists():
-            return
-
-
 def trace_file_name(run_id: int, rank: int) -> str:
     """A rank's trace file, named by its run: traces of several runs kept in one folder stay apart."""
     return f"parallax-run-{run_id}-trace-rank{rank}.json.gz"
@@ -79,7 +68,7 @@ def trace_file_name(run_id: int, rank: int) -> str:
 def write_profile_dir(engine, run_id: int, directory: Path) -> list[Path]:
     """Write parallax-run-<N>-trace-rank<R>.json.gz, ops.csv and report.html into ``directory``; returns the
     paths."""
-    check_profile_dir(directory)
+    check_export_dir(directory, "--profile-dir")
     ops, _ = load_profile(engine, run_id)
     written = []
     try:

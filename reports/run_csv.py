@@ -27,7 +27,7 @@ import pandas as pd
 
 from db.series import GPU_FIELDS, PROCESS_FIELDS, STEP_FIELDS
 from db.store import EPOCH_FLOAT_FIELDS
-from trainer_backend.contract.storage import write_export
+from trainer_backend.contract.storage import check_export_dir, write_export
 
 from .spreadsheet import frame_for_csv
 
@@ -87,7 +87,7 @@ def figures_table(exported: dict[str, Any]) -> pd.DataFrame:
 
 def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
     """Write ``CSV_FILES`` for the exported run into ``directory`` (made if missing); returns the paths."""
-    check_csv_dir(directory)
+    check_export_dir(directory, "--csv")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -105,16 +105,6 @@ def write_run_csv(exported: dict[str, Any], directory: Path) -> list[Path]:
         write_export(path, table.to_csv(index=False).encode(), "CSV file")
         written.append(path)
     return written
-
-
-def check_csv_dir(directory: Path) -> None:
-    """ValueError naming ``directory`` when it, or a folder above it, is a file: nothing is written then."""
-    for path in (directory, *directory.parents):
-        if path.exists() and not path.is_dir():
-            what = "is an existing file" if path == directory else f"is inside {path}, which is a file"
-            raise ValueError(f"--csv {directory} {what}, not a folder: give a folder (it is created if missing)")
-        if path.exists():
-            return
 
 
 def _scalar(value: Any) -> bool:

@@ -17,12 +17,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import SPECS
 
 START_KEY = "launch_form_start"
-# The strategies a sweep starts with where the devices allow them (DataParallel on CPU is single again,
-# FSDP is DDP's memory trade: both are picked by hand).
-SWEEP_CHOICES = ("single", "ddp", "mp", "pp")
 
 
 @dataclass(frozen=True)
@@ -63,4 +60,4 @@ def index_of(choices: list, value, fallback: int = 0) -> int:
 def strategies_allowed(device_count: int) -> list[str]:
     """The sweep's usual strategies that ``device_count`` devices can run: single always; DDP, MP and PP
     (each needs a second process or stage) from two devices."""
-    return [name for name in SWEEP_CHOICES if spec(name).one_device or device_count >= 2]
+    return [s.name for s in SPECS if s.in_first_sweep and (s.one_device or device_count >= 2)]

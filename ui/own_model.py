@@ -54,7 +54,7 @@ def config_to_check(config: RunConfig, sweep_strategies: list[str] | None) -> Ru
     """The config whose model the child checks: the form's, or for a sweep the first strategy that cuts the
     model into stages (mp, pp: the strictest check), else single on one device."""
     from trainer_backend.contract.config import ConfigError
-    from trainer_backend.contract.strategy_specs import spec
+    from trainer_backend.contract.strategy_specs import baseline, spec
 
     if sweep_strategies is None:
         return config
@@ -62,6 +62,6 @@ def config_to_check(config: RunConfig, sweep_strategies: list[str] | None) -> Ru
     try:
         if staged:
             return config.replace(strategy=staged[0]) if config.strategy != staged[0] else config
-        return config.replace(strategy="single", devices=config.devices[:1])
+        return config.replace(strategy=baseline().name, devices=config.devices[:1])
     except ConfigError:  # that strategy's own rules fail here: the sweep's field checks say so
         return config

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 # The lists and limits the field catalogue describes live beside it; imported here, where they are enforced.
@@ -126,85 +126,90 @@ def parse_tags(tags: Any) -> tuple[str, ...]:
     return cleaned
 
 
+def _default(name: str) -> Any:
+    """A RunConfig field's default: the catalogue's, so that the two cannot disagree."""
+    return FIELDS[name].default
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs. ``batch_size`` is the global batch: DDP gives each of N ranks batch/N."""
 
-    dataset: str = "digits"
-    image_size: int = 32
+    dataset: str = _default("dataset")
+    image_size: int = _default("image_size")
     # The size the dataset cache stores images at; 0 stores them at image_size. Larger, training
     # batches take random-resized crops of it to image_size on the device (timm's defaults) and
     # validation a centre crop, as ImageNet recipes do (trainer_backend/engine/inputs.py).
-    stored_size: int = 0
-    bands: tuple[int, ...] | None = None
-    band_scale: float | None = None
-    model: str = "resnet18"
+    stored_size: int = _default("stored_size")
+    bands: tuple[int, ...] | None = _default("bands")
+    band_scale: float | None = _default("band_scale")
+    model: str = _default("model")
     # The model's keyword arguments, a JSON object kept as canonical JSON text (sorted keys) so that
     # the frozen config stays hashable and two spellings of the same arguments compare equal.
-    model_args: str = "{}"
+    model_args: str = _default("model_args")
     # A custom model's source file and its SHA-256 when the run was launched ('<path> sha256=<hex>';
     # '' for a timm model): the code a past run trained (contract/model_source.py).
     model_source: str = ""
-    pretrained: bool = False
-    strategy: str = "single"
-    devices: tuple[str, ...] = ("cpu",)
-    batch_size: int = 128
+    pretrained: bool = _default("pretrained")
+    strategy: str = _default("strategy")
+    devices: tuple[str, ...] = _default("devices")
+    batch_size: int = _default("batch_size")
     # The first run a newcomer makes: resnet18 on digits ends above 90 % validation accuracy in
     # under a minute on two CPU cores (docs/BENCHMARKS.md).
-    epochs: int = 3
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    amp: str = "auto"
-    num_workers: int = 0
-    seed: int = 0
-    val_fraction: float = 0.2
+    epochs: int = _default("epochs")
+    lr: float = _default("lr")
+    optimizer: str = _default("optimizer")
+    weight_decay: float = _default("weight_decay")
+    amp: str = _default("amp")
+    num_workers: int = _default("num_workers")
+    seed: int = _default("seed")
+    val_fraction: float = _default("val_fraction")
     # "test" validates on the dataset's official test split (mnist, fashion_mnist, cifar10; a folder's
     # val/ tree, a train.csv's val.csv), and
     # datasets without one on val_fraction of the training images; "train" always the latter.
-    val_from: str = "test"
+    val_from: str = _default("val_from")
     # "cache" decodes a dataset once into a file every process maps; "workers" decodes an image
     # folder's files in the DataLoader workers every epoch, caching nothing (datasets/streaming.py).
-    decode: str = "cache"
+    decode: str = _default("decode")
     # Whether a CUDA run keeps the cached dataset on each process's GPU ("auto": where its stored
     # pixels take at most a tenth of the free memory; "on": wherever they fit; "off": never).
-    data_on_device: str = "auto"
+    data_on_device: str = _default("data_on_device")
     # Before each validation, BatchNorm statistics are re-estimated from this many training
     # images with the current weights (trainer_backend/engine/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
-    bn_stats_images: int = 512
+    bn_stats_images: int = _default("bn_stats_images")
     # The profiler records a window of the first epoch: skip `wait` steps, record and discard
     # `warmup`, keep `active`.
-    profile: bool = False
-    profile_wait: int = 1
-    profile_warmup: int = 1
-    profile_active: int = 3
-    profile_stack: bool = False
-    microbatches: int = 4
-    pipeline_schedule: str = "gpipe"
+    profile: bool = _default("profile")
+    profile_wait: int = _default("profile_wait")
+    profile_warmup: int = _default("profile_warmup")
+    profile_active: int = _default("profile_active")
+    profile_stack: bool = _default("profile_stack")
+    microbatches: int = _default("microbatches")
+    pipeline_schedule: str = _default("pipeline_schedule")
     # The training recipe (trainer_backend/engine/schedule.py): the learning rate follows `lr_schedule`
     # per optimizer step after a linear warmup of `warmup_epochs` (fractional allowed); with
     # `scale_lr` the lr given is for a global batch of 256, scaled by effective_batch / 256.
-    lr_schedule: str = "constant"
-    warmup_epochs: float = 0.0
-    scale_lr: bool = False
+    lr_schedule: str = _default("lr_schedule")
+    warmup_epochs: float = _default("warmup_epochs")
+    scale_lr: bool = _default("scale_lr")
     # Training loss only; validation reports the plain cross-entropy.
-    label_smoothing: float = 0.0
-    grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
+    label_smoothing: float = _default("label_smoothing")
+    grad_clip: float = _default("grad_clip")  # max gradient norm; 0 = no clipping
     # What a NaN or infinite training loss does: stop the run, skip the step's update, or warn
     # (trainer_backend/engine/divergence.py).
-    on_nonfinite: str = "stop"
+    on_nonfinite: str = _default("on_nonfinite")
     # What a run whose steps stop moving does once its stacks are logged: wait or cancel (worker/stall.py).
-    on_stall: str = "wait"
+    on_stall: str = _default("on_stall")
     # Resume points kept on disk, the newest first (engine/resume.py); the best epoch's weights are kept apart.
-    keep_checkpoints: int = 1
-    accumulate_steps: int = 1  # batches whose gradients add up to one optimizer step
+    keep_checkpoints: int = _default("keep_checkpoints")
+    accumulate_steps: int = _default("accumulate_steps")  # batches whose gradients add up to one optimizer step
     # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).
-    augment: str = "none"
-    channels_last: bool = False
+    augment: str = _default("augment")
+    channels_last: bool = _default("channels_last")
     # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
-    compile: bool = False
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    compile: bool = _default("compile")
+    tags: tuple[str, ...] = _default("tags")
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
     nodes: int = 1

@@ -97,6 +97,17 @@ def write_export(path: Path, data: bytes, what: str) -> None:
         raise ValueError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
+def check_export_dir(directory: Path, flag: str) -> None:
+    """ValueError naming ``flag`` and ``directory`` when an export cannot go there: it, or a folder above it, is a
+    file (then nothing is written, and no existing file is replaced by a folder)."""
+    for path in (directory, *directory.parents):
+        if path.exists() and not path.is_dir():
+            what = "is an existing file" if path == directory else f"is inside {path}, which is a file"
+            raise ValueError(f"{flag} {directory} {what}, not a folder: give a folder (it is created if missing)")
+        if path.exists():
+            return
+
+
 @contextlib.contextmanager
 def writing(path: Path, what: str, *, advice: str = RUN_ADVICE) -> Iterator[BinaryIO]:
     """A binary file to write ``path`` through; renamed into place only if the block succeeds."""

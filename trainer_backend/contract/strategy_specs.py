@@ -39,6 +39,12 @@ class StrategySpec:
     shards_state: bool = False  # parameters, gradients and optimizer state are split over the devices
     one_device: bool = False  # runs on exactly one device
     baseline: bool = False  # the one-device run every other strategy is measured against
+    # A sweep's shared fields are checked under it where the sweep spans several devices: it adds no batch or
+    # speed-switch rule of its own, so what fails there fails for every strategy (their own rules follow one by one).
+    sweep_base: bool = False
+    # Offered in a new sweep where the devices allow it; the others are picked by hand (DataParallel on CPU is
+    # single again, FSDP is DDP's memory trade).
+    in_first_sweep: bool = False
     grad_sync_passes: float = 0.0  # gradient passes each device sends per step, times (n-1)/n (ring)
     records_on_last_rank: bool = False  # the last rank (the one computing the loss) writes the step points
     compile_refusal: str = ""  # why torch.compile cannot run it; empty where it can
@@ -145,7 +151,7 @@ _STRATEGIES = "trainer_backend.engine.strategies"
 SPECS: tuple[StrategySpec, ...] = (
     StrategySpec(
         "single", "One device, one process: the baseline every other strategy is measured against.",
-        f"{_STRATEGIES}.base:Strategy", one_device=True, baseline=True, checks=(_one_device,)),
+        f"{_STRATEGIES}.base:Strategy", one_device=True, baseline=True, in_first_sweep=True, checks=(_one_device,)),
     StrategySpec(
         "dp", "torch.nn.DataParallel: one process scatters each batch over the listed GPUs "
         "(a pass-through on CPU). Simple, but GPU 0 gathers everything; DDP is usually faster.",
@@ -157,17 +163,17 @@ SPECS: tuple[StrategySpec, ...] = (
         "ddp", "DistributedDataParallel: one process per device, gradients all-reduced. "
         "The default choice when the model fits on one device.",
         f"{_STRATEGIES}.ddp:DistributedStrategy", distributed=True, splits_batch=True, grad_sync_passes=2.0,
-        checks=(_batch_divides_over_processes,), own_notes=_data_parallel_notes),
+        in_first_sweep=True, checks=(_batch_divides_over_processes,), own_notes=_data_parallel_notes),
     StrategySpec(
         "mp", "Model parallel: the model cut into stages on different devices, one stage busy at a "
         "time. Pays off only when the model does not fit on one device.",
         f"{_STRATEGIES}.mp:ModelParallelStrategy", spans_devices=True, staged=True, shards_state=True,
-        checks=(_stage_per_device,), own_notes=_model_parallel_notes),
+        sweep_base=True, in_first_sweep=True, checks=(_stage_per_device,), own_notes=_model_parallel_notes),
     StrategySpec(
         "pp", "Pipeline parallel: stages as in mp, one process each, with the batch cut into "
         "microbatches so stages work at once. Pays off for models too big for one device.",
         f"{_STRATEGIES}.pp:PipelineStrategy", distributed=True, staged=True, microbatched=True, shards_state=True,
-        records_on_last_rank=True,
+        records_on_last_rank=True, in_first_sweep=True,
         compile_refusal="pipeline stages run inside torch.distributed.pipelining's schedule, which torch.compile "
         "does not trace",
         channels_last_refusal="pipeline stages send their activations to the next process as contiguous (NCHW) "
@@ -197,6 +203,22 @@ def spec(name: str) -> StrategySpec:
         shown = repr(name[:40] if isinstance(name, str) else name)[:60]
         raise ValueError(f"Unknown strategy ({shown}); allowed: {', '.join(STRATEGY_SPECS)}")
     return found
+
+
+def baseline() -> StrategySpec:
+    """The one-device strategy every other is measured against."""
+    return next(s for s in SPECS if s.baseline)
+
+
+def sweep_base_for(device_count: int) -> StrategySpec:
+    """The strategy a sweep's shared fields are checked under on ``device_count`` devices: the baseline on one,
+    else the one that adds no rule of its own."""
+    return baseline() if device_count <= 1 else next(s for s in SPECS if s.sweep_base)
+
+
+def memory_saver() -> StrategySpec:
+    """The strategy to suggest where a model does not fit: data parallel with its state sharded over the devices."""
+    return next(s for s in SPECS if s.splits_batch and s.shards_state)
 
 
 def names_where(flag: Callable[[StrategySpec], bool]) -> list[str]:

@@ -29,8 +29,9 @@ from trainer_backend.contract.fields import FIELDS, Field
 from trainer_backend.contract.plugins import load_plugins
 from trainer_backend.contract.printable import one_line, printable_lines, shown_name
 from trainer_backend.contract.startup import engine_imports
-from trainer_backend.contract.storage import DiskFullError
+from trainer_backend.contract.storage import DiskFullError, check_export_dir
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
+from trainer_backend.contract.strategy_specs import sweep_base_for
 from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -110,7 +111,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
         several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
-        values["strategy"] = "mp" if several else "single"
+        values["strategy"] = sweep_base_for(2 if several else 1).name
     if world is not None:
         from trainer_backend.contract.world import values_for_world
 
@@ -432,19 +433,16 @@ def _engine_with_fresh_states(url: str | None):
 def _cmd_export(args: argparse.Namespace) -> int:
     from db import store
 
-    if args.profile_dir is not None:
-        from reports.profile import check_profile_dir
-
-        check_profile_dir(args.profile_dir)  # before any output: nothing half-done
-    if args.csv is not None:
-        from reports.run_csv import check_csv_dir, write_run_csv
-
-        check_csv_dir(args.csv)
+    for flag, directory in (("--profile-dir", args.profile_dir), ("--csv", args.csv)):
+        if directory is not None:
+            check_export_dir(directory, flag)  # before any output: nothing half-done
     engine = _engine_with_fresh_states(args.db)
     exported = store.export_run(engine, args.run_id)
     if args.csv is None:
         print(json.dumps(exported, indent=2))
     else:
+        from reports.run_csv import write_run_csv
+
         for path in write_run_csv(exported, args.csv):
             print(f"wrote {path}")
     if args.profile_dir is not None:

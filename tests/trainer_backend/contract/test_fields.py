@@ -8,20 +8,21 @@ exactly the entry's bounds and choices.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import inspect
 import subprocess
 import sys
+import textwrap
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from tests.support import ROOT
-from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from trainer_backend.contract import config as config_module
 from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, shown
 from trainer_backend.contract.fields import FIELDS, SET_BY_LAUNCH, SET_BY_TORCHRUN, Field
 from trainer_backend.control.cli import build_parser, flag_help
-from ui.fields import widget_help, widget_spec
+from ui.fields import config_value, widget_spec
 
 RUN_SUBCOMMANDS = ("run", "launch", "sweep", "estimate")
 NUMBERS = [f for f in FIELDS.values() if f.kind in (int, float) and f.low is not None]
@@ -39,6 +40,17 @@ def test_every_entry_starts_from_runconfigs_default():
     wrong = {name: (spec.default, getattr(defaults, name)) for name, spec in FIELDS.items()
              if spec.default != getattr(defaults, name)}
     assert not wrong
+
+
+def test_runconfig_takes_every_catalogued_default_from_the_catalogue_and_writes_none_itself():
+    """Derived, not copied: RunConfig's class body defaults every catalogued field to ``_default(name)``, so the
+    catalogue is the one place a default is written and the two cannot disagree."""
+    source = inspect.getsource(RunConfig)
+    body = ast.parse(textwrap.dedent(source)).body[0].body
+    written = {node.target.id: node.value for node in body if isinstance(node, ast.AnnAssign) and node.value}
+    assert set(FIELDS) <= set(written)
+    copied = [name for name in FIELDS if ast.unparse(written[name]) != f"_default({name!r})"]
+    assert not copied, f"RunConfig writes its own default for {copied}: take the catalogue's"
 
 
 def test_every_special_rule_names_what_in_config_holds_it():
@@ -189,32 +201,16 @@ def test_a_choice_widget_is_a_selectbox_of_the_catalogues_list_at_the_value():
     kind, kwargs = widget_spec(FIELDS["bands"], None, max_chars=200)
     assert kind == "text_input" and kwargs["value"] == "" and kwargs["max_chars"] == 200
     assert widget_spec(FIELDS["compile"], False)[0] == "checkbox"
+    assert widget_spec(FIELDS["profile"], False)[0] == "toggle"  # the catalogue's widget, where the kind's does not fit
 
 
-@pytest.fixture
-def pipeline_form(parallax_home, cpu_machine) -> AppTest:  # noqa: F811
-    """The Launch form with strategy pp, which shows the pipeline's own fields too."""
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
-    at.switch_page("pages/launch.py").run()
-    at.radio(key="strategy").set_value("pp").run()
-    assert not at.exception, at.exception
-    return at
-
-
-def test_the_launch_forms_widgets_carry_the_catalogues_labels_and_help(pipeline_form):
-    at = pipeline_form
-    widgets = [*at.number_input, *at.selectbox, *at.checkbox, *at.toggle, *at.text_input, *at.multiselect]
-    drawn = {w.key: w for w in widgets if w.key in FIELDS}
-    generated = {"image_size", "microbatches", "pipeline_schedule", "batch_size", "epochs", "lr", "optimizer", "amp",
-                 "profile", "pretrained", "weight_decay", "val_from", "val_fraction", "stored_size", "decode", "data_on_device",
-                 "seed",
-                 "num_workers", "bn_stats_images", "bands", "lr_schedule", "warmup_epochs", "scale_lr",
-                 "label_smoothing", "grad_clip", "accumulate_steps", "channels_last", "compile", "tags"}
-    assert generated <= set(drawn), generated - set(drawn)
-    for name in generated:
-        assert drawn[name].label == FIELDS[name].label, name
-        assert drawn[name].help == widget_help(FIELDS[name]), name
-    for name in ("model", "augment"):  # drawn by hand (their choices come from elsewhere), the help from the catalogue
-        assert drawn[name].label == FIELDS[name].label and drawn[name].help == FIELDS[name].help, name
-    assert drawn["dataset"].help.startswith(FIELDS["dataset"].help)
-    assert at.number_input(key="epochs").value == RunConfig().epochs
+def test_a_multiselect_and_a_text_list_go_back_to_what_runconfig_takes():
+    kind, kwargs = widget_spec(FIELDS["augment"], "crop,nonsense")
+    assert kind == "multiselect" and kwargs["options"] == ("flip", "crop") and kwargs["default"] == ["crop"]
+    assert config_value(FIELDS["augment"], []) == "none" and config_value(FIELDS["augment"], ["flip", "crop"]) == "flip,crop"
+    assert widget_spec(FIELDS["tags"], ("a", "b"))[1]["value"] == "a, b"
+    assert RunConfig(tags=config_value(FIELDS["tags"], "a, b,,")).tags == ("a", "b")
+    assert config_value(FIELDS["tags"], " ") == () and config_value(FIELDS["bands"], "  ") is None
+    spaced = dataclasses.replace(FIELDS["tags"], separator=" ", parse=str.split)  # a list its parser splits on spaces
+    assert widget_spec(spaced, ("--a", "--b"))[1]["value"] == "--a --b" and config_value(spaced, "--a --b") == ["--a", "--b"]
+    assert RunConfig(bands=config_value(FIELDS["bands"], "3, 2,1")).bands == (3, 2, 1)

@@ -1,13 +1,11 @@
 """The strategy specs: one per strategy, each naming a class that runs it and agreeing with it, and
-the only place outside the strategies that tests a strategy's name."""
+the only place outside the strategies that names one (tests/project/test_strategy_names.py checks the rest)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,17 +14,13 @@ from torch.utils.data import DistributedSampler
 
 from trainer_backend.contract import config as config_module
 from trainer_backend.contract.config import STRATEGIES, RunConfig, strategy_notes
-from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, find, spec
+from trainer_backend.contract.strategy_specs import (SPECS, STRATEGY_SPECS, baseline, find, memory_saver, spec,
+                                                    sweep_base_for)
 from trainer_backend.engine.strategies import DistributedStrategy, Strategy
 from trainer_backend.engine.strategies.registry import strategy_class
 
-from tests.support import ROOT, run_python
+from tests.support import run_python
 
-PRODUCT = ("app.py", "pages", "ui", "db", "reports", "trainer_backend")
-# Where strategy names may be tested: the strategies themselves and their specs.
-OWNERS = ("trainer_backend/engine/strategies/", "trainer_backend/contract/strategy_specs.py")
-# The string tests on strategy names left elsewhere, per file, each with a comment on the line above saying why.
-ALLOWED = {"db/dashboard.py": 1}  # an SQL filter on the baseline's name: db sits beneath the specs
 STRATEGY_MODULES = ("base", "dp", "ddp", "mp", "pp", "fsdp")
 
 
@@ -121,58 +115,12 @@ def test_the_specs_rules_and_notes_are_the_configs():
     assert spec("single").notes(RunConfig()) == []
 
 
-# --- No strategy names tested outside the strategies -------------------------------------------------------------
-
-def _names_in(node: ast.AST) -> bool:
-    """Whether ``node`` is a strategy name, or a tuple, list or set holding one."""
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, str) and node.value in STRATEGY_SPECS
-    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_in(e) for e in node.elts)
-
-
-def string_tests(source: str) -> list[int]:
-    """Lines testing a value against strategy names: ``x == "pp"``, ``x in ("ddp", "fsdp")``,
-    ``column.isin(["mp"])``, and lookups in a dict keyed by them (``{"dp": ...}[x]``, ``.get(x)``)."""
-    lines = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
-                                                 for op in node.ops):
-            if any(_names_in(part) for part in (node.left, *node.comparators)):
-                lines.append(node.lineno)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "isin":
-            if any(_names_in(arg) for arg in node.args):
-                lines.append(node.lineno)
-        elif isinstance(node, ast.Dict) and any(k is not None and _names_in(k) for k in node.keys):
-            lines.append(node.lineno)
-    return sorted(lines)
-
-
-def product_files() -> list[Path]:
-    paths = []
-    for part in PRODUCT:
-        path = ROOT / part
-        paths += [path] if path.is_file() else sorted(path.rglob("*.py"))
-    return [p for p in paths if "migrations" not in p.parts
-            and not any(p.relative_to(ROOT).as_posix().startswith(owner) for owner in OWNERS)]
-
-
-def test_the_scan_finds_string_tests_in_every_form():
-    source = ('if config.strategy == "pp":\n    pass\nok = strategy in ("ddp", "fsdp")\nx = df["s"].isin(["mp"])\n'
-              'why = {"dp": "a"}[strategy]\nfine = strategy == other\nnote = "pp in words"\nd = {"lr": 1}\n')
-    assert string_tests(source) == [1, 3, 4, 5]
-
-
-def test_no_more_string_tests_on_strategy_names_than_listed_and_each_says_why():
-    found = {}
-    for path in product_files():
-        text = path.read_text(encoding="utf-8")
-        lines = string_tests(text)
-        if lines:
-            found[path.relative_to(ROOT).as_posix()] = lines
-    over = {f: lines for f, lines in found.items() if len(lines) > ALLOWED.get(f, 0)}
-    assert not over, f"strategy names tested outside the strategies (ask their spec instead): {over}"
-    for file, lines in found.items():
-        text = (ROOT / file).read_text(encoding="utf-8").splitlines()
-        for line in lines:
-            above = text[line - 2].strip() if line >= 2 else ""
-            assert above.startswith("#") or "#" in text[line - 1], f"{file}:{line} tests a strategy name without a why"
+def test_the_roles_other_code_asks_for_are_the_specs():
+    """What used to be a name written elsewhere: the baseline, the strategy a sweep's shared fields are checked
+    under, the one suggested where memory is short, and a new sweep's strategies."""
+    assert baseline() is spec("single") and RunConfig().strategy == "single"
+    assert sweep_base_for(1) is spec("single") and sweep_base_for(2) is spec("mp") and sweep_base_for(8) is spec("mp")
+    # mp adds no batch or speed-switch rule: a sweep's shared fields fail under it only where they fail for all.
+    assert not spec("mp").compile_refusal and not spec("mp").channels_last_refusal and not spec("mp").splits_batch
+    assert memory_saver() is spec("fsdp")
+    assert [s.name for s in SPECS if s.in_first_sweep] == ["single", "ddp", "mp", "pp"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import spec
+from trainer_backend.contract.strategy_specs import memory_saver, spec
 from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, StoredData, estimate_memory, stored_data
 
 
@@ -110,21 +110,21 @@ def suggestions(config: RunConfig, num_classes: int, in_chans: int, free_mb: dic
             return free_mb
         return free_mb if all(d in free_mb for d in changed.devices) else None
 
-    strategy = spec(config.strategy)
+    strategy, saver = spec(config.strategy), memory_saver().name
     step = len(config.devices) if strategy.splits_batch else (config.microbatches if strategy.microbatched else 1)
     if (batch := largest_batch(config, num_classes, in_chans, free_mb, step, stored)) is not None:
         found.append(f"a global batch of {batch}")
     if config.uses_cuda and config.amp in ("off",):
         check("mixed precision bf16 (--amp bf16)", amp="bf16")
     if not strategy.shards_state and len(config.devices) > 1:
-        check("fsdp on the same devices", strategy="fsdp")
+        check(f"{saver} on the same devices", strategy=saver)
     more = [g for g in (gpus or []) if g not in config.devices]
     if more and not strategy.one_device:
         devices = (*config.devices, *more)
         check(f"{config.strategy} on {len(devices)} GPUs ({','.join(devices)})", devices=devices)
     elif more and strategy.one_device:
         devices = (*config.devices, *more)
-        check(f"fsdp on {len(devices)} GPUs ({','.join(devices)})", strategy="fsdp", devices=devices)
+        check(f"{saver} on {len(devices)} GPUs ({','.join(devices)})", strategy=saver, devices=devices)
     return found
 
 
