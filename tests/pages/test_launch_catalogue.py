@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -19,7 +20,7 @@ from trainer_backend.contract import config as config_module
 from trainer_backend.contract import fields as fields_module
 from trainer_backend.contract.config import RunConfig
 from trainer_backend.contract.fields import FIELDS, Field, when
-from ui import launch_memory, validation
+from ui import launch_memory, memory_views, options, own_model, validation
 from ui.fields import SECTIONS, Section, form_sections, widget_help
 
 APP = str(ROOT / "app.py")
@@ -44,7 +45,10 @@ def wider_catalogue(monkeypatch):
         monkeypatch.setitem(fields_module.FIELDS, spec.name, spec)
     wider = dataclasses.make_dataclass("RunConfig", [(s.name, s.kind, s.default) for s in ADDED], bases=(RunConfig,),
                                        frozen=True)
-    for module in (config_module, validation, launch_memory):
+    # Every module that holds the class, whichever tests imported them before this one: the page's
+    # modules read RunConfig from their own namespace.
+    for module in {config_module, validation, launch_memory, memory_views, options, own_model,
+                   *(m for m in list(sys.modules.values()) if getattr(m, "RunConfig", None) is RunConfig)}:
         monkeypatch.setattr(module, "RunConfig", wider)
     monkeypatch.setattr(validation, "DEFAULT_CONFIG", wider())
     return wider
