@@ -205,6 +205,19 @@ class RunConfig:
     # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
     compile: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # Where the run trains (this machine, or a Slurm cluster) and what its Slurm job asks for (slurm_options.py).
+    where: str = "local"
+    slurm_partition: str | None = None
+    slurm_nodes: int = 1
+    slurm_gpus_per_node: int = 0
+    slurm_cpus_per_task: int = 1
+    slurm_mem: str | None = None
+    slurm_time: str | None = None
+    slurm_account: str | None = None
+    slurm_qos: str | None = None
+    slurm_extra: tuple[str, ...] = field(default_factory=tuple)
+    max_requeues: int = 3
+    slurm_array_limit: int = 0
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
     nodes: int = 1
@@ -217,6 +230,9 @@ class RunConfig:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
         object.__setattr__(self, "augment", parse_augment(self.augment))
         object.__setattr__(self, "model_args", parse_model_args(self.model_args))
+        from trainer_backend.contract.slurm_options import parse_extra
+
+        object.__setattr__(self, "slurm_extra", parse_extra(self.slurm_extra))
         _validate(self)
 
     @property
@@ -448,6 +464,14 @@ def _validate(cfg: RunConfig) -> None:
     _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
     _validate_data_on_device(cfg)
+    _validate_slurm(cfg)
+
+
+def _validate_slurm(cfg: RunConfig) -> None:
+    """The Slurm fields' own rules (slurm_options.py), named in the field catalogue."""
+    from trainer_backend.contract.slurm_options import check_slurm_options
+
+    check_slurm_options(cfg)
 
 
 def data_holding_devices(cfg: RunConfig) -> list[str]:
@@ -559,7 +583,8 @@ def _validate_devices(cfg: RunConfig) -> None:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
         )
-    if gpus and cfg.nodes == 1:  # other machines' GPUs cannot be counted from here
+    # Other machines' GPUs (a torchrun job's, a Slurm cluster's nodes) cannot be counted from here.
+    if gpus and cfg.nodes == 1 and cfg.where != "slurm":
         available = cuda_device_count()
         missing = [d for d in gpus if int(d.split(":")[1]) >= available]
         if missing:
