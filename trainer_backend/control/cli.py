@@ -300,6 +300,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from trainer_backend.worker.torchrun import run_in_world
 
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
+    if config.where == "slurm":
+        raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
+                          "at once; 'run' trains in the foreground on this machine")
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
                           "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
@@ -325,6 +328,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     check_model_before_launch(config)  # your own model, in a child process, before it is queued
     open_database(args.db)
     run_id = launch(config, db_url=args.db)
+    if config.where == "slurm":
+        from db import make_engine, store
+        from trainer_backend.control.slurm_job import slurm_info
+
+        info = slurm_info(store.get_run(make_engine(args.db), run_id)) or {}
+        print(f"run_id={run_id} status=queued slurm_job={info.get('job_id')}", flush=True)
+        return 0
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
 

@@ -78,6 +78,10 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_under_roots(config.dataset, data_roots)
+    if config.where == "slurm":
+        from trainer_backend.control.slurm_job import submit
+
+        return submit(config, db_url=db_url, sweep_id=sweep_id)
     config = with_model_source(with_absolute_dataset(config))
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
@@ -233,6 +237,14 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
     if data_roots is not None:
         check_under_roots(config.dataset, data_roots)
     engine = make_engine(db_url)
+    if config.where == "slurm":  # one job array, a task per run
+        from trainer_backend.control.slurm_job import check_database_reachable, check_world, submit_array
+
+        for each in configs:
+            check_world(each)
+        check_database_reachable(absolute_database_url(database_url(db_url)))
+        sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
+        return sweep_id, submit_array(configs, db_url=db_url, sweep_id=sweep_id, array_limit=config.slurm_array_limit)
     sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
     return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id, data_roots=data_roots) for c in configs]
 
