@@ -157,7 +157,7 @@ PartitionName=test Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
         ids = self.squeue_ids()
         if ids:
             subprocess.run(["scancel", *ids], env=self.env, capture_output=True, timeout=10)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
                 state not in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT") for state in self._job_states()):
             time.sleep(0.5)
@@ -180,3 +180,21 @@ PartitionName=test Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         self.processes.clear()
+        for pid in self.leftovers():  # steps of a job that outlived its cancel (slurmstepd, its tasks)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def leftovers(self) -> list[int]:
+        """Processes that run with this cluster's SLURM_CONF in their environment: its jobs' steps and tasks."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if mark in (entry / "environ").read_bytes().split(b"\0"):
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found

@@ -110,7 +110,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
         several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
-        values["strategy"] = "mp" if several else "single"
+        values["strategy"] = "ddp" if values.get("where") == "slurm" else "mp" if several else "single"
     if world is not None:
         from trainer_backend.contract.world import values_for_world
 
@@ -360,11 +360,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     open_database(args.db)
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db, device_counts=device_counts)
     engine = make_engine(args.db)
-    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; they run one after another)", flush=True)
+    how = "one Slurm job array" if config.where == "slurm" else "they run one after another"
+    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; {how})", flush=True)
     pending = list(run_ids)
     try:
         while pending:
             lifecycle.mark_lost_runs(engine)
+            watch_slurm(engine)
             for run_id in list(pending):
                 run = store.get_run(engine, run_id)
                 if run.status not in lifecycle.ACTIVE_STATUSES:
@@ -436,7 +438,15 @@ def _engine_with_fresh_states(url: str | None):
 
     engine = open_database(url)
     lifecycle.mark_lost_runs(engine)
+    watch_slurm(engine)
     return engine
+
+
+def watch_slurm(engine) -> None:
+    """Runs sent to Slurm whose job has ended without them recording it: marked with Slurm's final state."""
+    from trainer_backend.control.slurm_status import watch_slurm_runs
+
+    watch_slurm_runs(engine)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

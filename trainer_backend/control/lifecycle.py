@@ -280,6 +280,12 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
         raise LookupError(f"no run with id {run_id}")
     if run.status not in state.ACTIVE_STATUSES:
         return run.status
+    if (run.config or {}).get("where") == "slurm":
+        from trainer_backend.control.slurm_job import cancel_job
+
+        state.finish(engine, run_id, "cancelled", error="cancelled by the user")
+        cancel_job(engine, run)
+        return store.get_run(engine, run_id).status
     # Marked before the signal: the run's own process then records nothing over it, and a
     # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
     if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():

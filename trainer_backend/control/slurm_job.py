@@ -155,8 +155,9 @@ export PYTHONPATH={q(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONUNBUFFERED=1
 echo "parallax: run $PARALLAX_RUN_ID, job $SLURM_JOB_ID, attempt $((${{SLURM_RESTART_COUNT:-0}} + 1)), on $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
 
-# Slurm's warning before the time limit or a preemption (USR1), or its SIGTERM: the run resumes from its last
-# finished epoch in a requeued job, at most MAX_REQUEUES times; a cancel from Parallax is never requeued.
+# Slurm's warning before the time limit or a preemption (USR1): the run resumes from its last finished epoch in a
+# requeued job, at most MAX_REQUEUES times; a cancel from Parallax is never requeued. SIGTERM is not trapped:
+# scancel sends it too, and a job preempted with PreemptMode=REQUEUE is requeued by Slurm itself.
 requeue() {{
     if [[ -e "$RUN_FOLDER/{CANCEL_FILE}" ]]; then
         echo "parallax: cancelled from Parallax; not requeued"
@@ -167,7 +168,7 @@ requeue() {{
         scontrol requeue "$SLURM_JOB_ID"
     fi
 }}
-trap requeue USR1 TERM
+trap requeue USR1
 
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
@@ -263,3 +264,37 @@ def slurm_info(run) -> dict | None:
 def on_slurm(config: dict) -> bool:
     """Whether a stored config sends its run to Slurm."""
     return (config or {}).get("where") == "slurm" and find(str((config or {}).get("strategy"))) is not None
+
+
+CANCEL_WAIT_S = 15.0
+
+
+def cancel_job(engine, run, *, wait_s: float = CANCEL_WAIT_S) -> None:
+    """Cancel the Slurm job of ``run`` (already marked cancelled): a running job first gets USR1 in its batch
+    script, which, finding the cancel's mark, does not requeue, while rank 0's heartbeat sees the run cancelled
+    and stops the ranks; after at most ``wait_s`` (its last finished epoch is on disk already: resume points are
+    written at each epoch's end) ``scancel`` ends whatever is left. A pending job is simply removed."""
+    import time
+
+    info = slurm_info(run)
+    if info is None or not info.get("job_id"):
+        return
+    job_id = str(info["job_id"])
+    folder = run_folder(engine, run.id, create=True)
+    (folder / CANCEL_FILE).write_text("cancelled from Parallax\n")
+    state = _job_state(job_id)
+    if state == "RUNNING":
+        slurm_command("scancel", "--signal=USR1", "--batch", job_id)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _job_state(job_id) == "RUNNING":
+            time.sleep(0.5)
+    result = slurm_command("scancel", job_id)
+    if result.returncode != 0 and "already completing or completed" not in result.stderr \
+            and "Invalid job id" not in result.stderr:
+        raise SlurmUnavailable(f"scancel {job_id} failed: {result.stderr.strip()}")
+
+
+def _job_state(job_id: str) -> str | None:
+    result = slurm_command("squeue", "-h", "-j", job_id, "-o", "%T")
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
