@@ -104,11 +104,11 @@ def test_a_failing_job_fails_with_the_runs_reason_and_slurms_exit_code(slurm, pa
     deadline = time.monotonic() + 60
     while (job := queue(interval_s=0).get(job_id)) is not None and not job.ended and time.monotonic() < deadline:
         time.sleep(1)
-    assert job is not None and job.state == "FAILED" and job.exit_code == 1, job
+    assert job is not None and job.state == "FAILED" and job.exit_code not in (None, 0), job  # srun's status
 
 
 def test_a_pending_job_is_cancelled_and_leaves_the_queue(slurm, parallax_home, engine):
-    run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", "cpu", "--slurm-extra", "--begin=now+1hour")
+    run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", "cpu", "--slurm-extra=--begin=now+1hour")
     job = queue(interval_s=0)[job_id]
     assert job.state == "PENDING" and job.reason == "BeginTime"
     assert watch_slurm_runs(engine, interval_s=0)[run_id].reason == "BeginTime"
