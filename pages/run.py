@@ -21,6 +21,7 @@ from reports import scaling
 from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, series_charts,
                 state, widgets)
 from ui.profile_views import step_breakdown_chart
+from ui.slurm_views import show_job as show_slurm_job
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/run.py")
@@ -333,6 +334,7 @@ title_col.title(f"Run #{run_id}")
 # The run before its epochs: an epoch landing in between costs one more full run, never a stale chart.
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 show_head(run)
+show_slurm_job(run)
 launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.
 active = run.status in ACTIVE_STATUSES

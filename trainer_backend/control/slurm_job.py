@@ -298,3 +298,25 @@ def _job_state(job_id: str) -> str | None:
     result = slurm_command("squeue", "-h", "-j", job_id, "-o", "%T")
     return result.stdout.strip() or None if result.returncode == 0 else None
 
+
+
+MAX_TAIL_BYTES = 256 * 1024
+
+
+def read_job_log(run, offset: int = 0, *, max_bytes: int = MAX_TAIL_BYTES) -> tuple[str, int]:
+    """(text, next offset): what the job's output file holds from byte ``offset`` on, at most ``max_bytes``
+    (from its end where more was written), for the Run page to tail; ("", offset) where it has none yet."""
+    info = slurm_info(run)
+    if info is None or not info.get("log"):
+        return "", offset
+    try:
+        with open(info["log"], "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if offset > size:  # the file was replaced: start again
+                offset = 0
+            offset = max(offset, size - max_bytes)
+            handle.seek(offset)
+            data = handle.read(size - offset)
+    except OSError:
+        return "", offset
+    return data.decode("utf-8", errors="replace"), offset + len(data)

@@ -248,3 +248,48 @@ def _requeued(engine, run_id: int) -> None:
     with session_scope(engine) as session:
         session.execute(update(Run).where(Run.id == run_id, Run.status == "running")
                         .values(status="queued", pid=None, heartbeat_at=None))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition as ``sinfo`` shows it: its nodes and GPUs, and how many of each are free now."""
+
+    name: str
+    default: bool
+    nodes: int
+    free_nodes: int
+    gpus: int
+    free_gpus: int
+
+
+def _gpu_count(gres: str) -> int:
+    """'gpu:a100:4(S:0-1),shard:8' -> 4; '(null)' -> 0."""
+    return sum(int(m[1]) for m in re.finditer(r"gpu(?::[^:,()]+)?:(\d+)", gres or ""))
+
+
+def partitions() -> list[Partition] | str:
+    """The cluster's partitions with their free nodes and GPUs (for the Launch form), or the one-line reason
+    Slurm is not offered here (no client, no controller answering, no partition)."""
+    try:
+        result = slurm_command("sinfo", "-h", "-N", "-O", "PartitionName:200,StateCompact:20,Gres:200,GresUsed:200")
+    except SlurmUnavailable as exc:
+        return str(exc)
+    if result.returncode != 0:
+        return f"sinfo failed: {(result.stderr or result.stdout).strip()[:200]}"
+    found: dict[str, dict] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, node_state = parts[0], parts[1]
+        gres, used = (parts[2] if len(parts) > 2 else ""), (parts[3] if len(parts) > 3 else "")
+        entry = found.setdefault(name.rstrip("*"), {"default": name.endswith("*"), "nodes": 0, "free_nodes": 0,
+                                                    "gpus": 0, "free_gpus": 0})
+        entry["nodes"] += 1
+        up = not any(flag in node_state for flag in ("down", "drain", "fail", "maint", "*"))
+        entry["free_nodes"] += node_state == "idle"
+        entry["gpus"] += _gpu_count(gres)
+        entry["free_gpus"] += max(0, _gpu_count(gres) - _gpu_count(used)) if up else 0
+    if not found:
+        return "sinfo lists no partition: this cluster has none this user may use"
+    return [Partition(name, **values) for name, values in found.items()]

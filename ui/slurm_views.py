@@ -1,0 +1,48 @@
+"""The Run page's part for a run sent to Slurm: its job, what Slurm says of it (PENDING's reason), the sbatch
+script kept with the run, and the tail of the job's output.
+
+    show_job(run)       # draws nothing for a run trained on this machine
+
+What Slurm says comes from the process-wide poll (trainer_backend/control/slurm_status.py): one squeue for every
+tab, at most every 10 s.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from db.folders import run_folder
+from trainer_backend.control.slurm_job import SCRIPT_FILE, SlurmUnavailable, read_job_log, slurm_info
+from trainer_backend.control.slurm_status import queue
+from ui import state
+
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def job_line(run, jobs: dict) -> str:
+    """'Slurm job 12: PENDING (Resources)' — what Slurm says of the run's job now, in one line."""
+    info = slurm_info(run) or {}
+    job_id = str(info.get("job_id"))
+    job = jobs.get(job_id)
+    if job is None:
+        return f"Slurm job {job_id}: no longer in the queue"
+    code = f", exit code {job.exit_code}" if job.ended and job.exit_code is not None else ""
+    return f"Slurm job {job_id}: {job.state}{f' ({job.reason})' if job.reason else ''}{code}"
+
+
+def show_job(run) -> None:
+    """The run's Slurm job (nothing for a local run)."""
+    if slurm_info(run) is None:
+        return
+    try:
+        st.caption(job_line(run, queue()), help="From squeue, read at most every 10 s for every open tab.")
+    except SlurmUnavailable as exc:
+        st.caption(f"Slurm job {slurm_info(run).get('job_id')}: Slurm does not answer ({exc})")
+    with st.expander("Slurm job script"):
+        try:
+            st.code((run_folder(state.engine(), run.id) / SCRIPT_FILE).read_text(), language="bash")
+        except OSError as exc:
+            st.caption(f"The script cannot be read: {exc.strerror or exc}")
+    with st.expander("Job output (Slurm)"):
+        text, _ = read_job_log(run, 0, max_bytes=LOG_TAIL_BYTES)
+        st.code(text or "(nothing written yet: the job has not started)", language=None)
