@@ -469,9 +469,12 @@ def _validate(cfg: RunConfig) -> None:
 
 def _validate_slurm(cfg: RunConfig) -> None:
     """The Slurm fields' own rules (slurm_options.py), named in the field catalogue."""
-    from trainer_backend.contract.slurm_options import check_slurm_options
+    from trainer_backend.contract.slurm_options import SlurmOptionError, check_slurm_options
 
-    check_slurm_options(cfg)
+    try:
+        check_slurm_options(cfg)
+    except SlurmOptionError as exc:
+        raise ConfigError(exc.field, str(exc)) from None
 
 
 def data_holding_devices(cfg: RunConfig) -> list[str]:

@@ -10,12 +10,10 @@ is submitted. Imports nothing heavy: the Launch form checks with it on every cha
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any
 
+from trainer_backend.contract.fields import WHERE, split_sbatch_options
 from trainer_backend.contract.strategy_specs import find
-
-if TYPE_CHECKING:
-    from trainer_backend.contract.config import RunConfig
 
 # What sbatch accepts for a partition, account or QoS name (Slurm's own names are letters, digits, _ - .).
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
@@ -30,15 +28,24 @@ SET_BY_PARALLAX = ("job-name", "output", "error", "open-mode", "requeue", "no-re
                    "time", "mem", "account", "qos", "wrap", "chdir")
 
 
-def _refuse(name: str, message: str):
-    from trainer_backend.contract.config import ConfigError
+class SlurmOptionError(ValueError):
+    """A Slurm field Slurm would not take; config.py raises it as the ConfigError of ``field``."""
 
-    return ConfigError(name, message)
+    def __init__(self, field_name: str, message: str):
+        super().__init__(message)
+        self.field = field_name
 
 
-def _check_text(cfg: RunConfig, name: str, pattern: re.Pattern, allowed: str) -> None:
-    from trainer_backend.contract.config import shown
+_refuse = SlurmOptionError
 
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (as config.shown), so a refusal stays one line."""
+    text = repr(value[:limit] if isinstance(value, (str, list, tuple)) else value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_text(cfg: Any, name: str, pattern: re.Pattern, allowed: str) -> None:
     value = getattr(cfg, name)
     if value is None:
         return
@@ -48,8 +55,6 @@ def _check_text(cfg: RunConfig, name: str, pattern: re.Pattern, allowed: str) ->
 
 def parse_extra(value) -> tuple[str, ...]:
     """slurm_extra as a tuple of lines (a list in JSON, a text of options on the command line)."""
-    from trainer_backend.contract.fields import split_sbatch_options
-
     if isinstance(value, str):
         return tuple(split_sbatch_options(value))
     if isinstance(value, (list, tuple)):
@@ -57,11 +62,8 @@ def parse_extra(value) -> tuple[str, ...]:
     return value
 
 
-def check_slurm_options(cfg: RunConfig) -> None:
-    """Refuse, in one line, a Slurm field Slurm would not take, or a run Slurm cannot train."""
-    from trainer_backend.contract.config import shown
-    from trainer_backend.contract.fields import WHERE
-
+def check_slurm_options(cfg: Any) -> None:
+    """Refuse (SlurmOptionError, one line) a Slurm field Slurm would not take, or a run Slurm cannot train."""
     if cfg.where not in WHERE:
         raise _refuse("where", f"where {shown(cfg.where)} is not allowed: choose one of {', '.join(WHERE)}")
     for name in ("slurm_partition", "slurm_account", "slurm_qos"):
@@ -101,7 +103,7 @@ def check_slurm_options(cfg: RunConfig) -> None:
                       "more nodes or processes per node")
 
 
-def processes_per_node(cfg: RunConfig) -> int:
+def processes_per_node(cfg: Any) -> int:
     """Training processes torchrun starts on each node: one per GPU asked for, or on CPUs the run's devices
     spread over its nodes (at least one each)."""
     if cfg.slurm_gpus_per_node > 0:

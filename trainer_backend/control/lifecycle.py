@@ -81,7 +81,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     if config.where == "slurm":
         from trainer_backend.control.slurm_job import submit
 
-        return submit(config, db_url=db_url, sweep_id=sweep_id)
+        return submit(with_absolute_dataset(config), db_url=db_url, sweep_id=sweep_id)
     config = with_model_source(with_absolute_dataset(config))
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
@@ -148,6 +148,11 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
         store.set_config(engine, run_id, moved.to_dict(), world_size=moved.world_size)
         store.add_notes(engine, run_id, [f"Resumed on {','.join(moved.devices)} (trained on "
                                          f"{','.join(run.config.get('devices', []))} before)."])
+    if (run.config or {}).get("where") == "slurm":
+        from trainer_backend.control.slurm_job import resubmit
+
+        resubmit(engine, url, run_id)  # the same script, a new job; it resumes from the resume point
+        return run_id
     start_worker(engine, url, run_id, data_roots)
     return run_id
 
@@ -244,7 +249,8 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
             check_world(each)
         check_database_reachable(absolute_database_url(database_url(db_url)))
         sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
-        return sweep_id, submit_array(configs, db_url=db_url, sweep_id=sweep_id, array_limit=config.slurm_array_limit)
+        return sweep_id, submit_array([with_absolute_dataset(c) for c in configs], db_url=db_url, sweep_id=sweep_id,
+                                      array_limit=config.slurm_array_limit)
     sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
     return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id, data_roots=data_roots) for c in configs]
 

@@ -192,11 +192,8 @@ exit "$status"
 def _prepare(config: RunConfig) -> RunConfig:
     if config.where != "slurm":
         raise ConfigError("where", f"where {config.where} is not slurm: launch it on this machine instead")
-    from trainer_backend.control.lifecycle import check_environment, with_absolute_dataset
-
-    check_environment()
     check_world(config)
-    return with_model_source(with_absolute_dataset(config))
+    return with_model_source(config)
 
 
 def submit(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:
@@ -253,6 +250,40 @@ def submit_array(configs: list[RunConfig], *, db_url: str | None = None, sweep_i
             "job_id": f"{job_id}_{index}" if many else job_id, "array_job_id": job_id if many else None,
             "script": SCRIPT_FILE, "log": str(log)}})
     return run_ids
+
+
+def resubmit(engine, url: str, run_id: int) -> str:
+    """Submit the reopened (queued) run ``run_id`` again with the script kept in its folder; its job resumes it
+    from its last resume point. Returns the new job id; a refused sbatch fails the run with sbatch's words."""
+    folder = run_folder(engine, run_id, create=True)
+    (folder / CANCEL_FILE).unlink(missing_ok=True)
+    try:
+        config = RunConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"run {run_id} cannot be submitted again: its {CONFIG_FILE} cannot be read ({exc}); launch "
+                         "it again instead") from None
+    check_database_reachable(url)
+    # A script of its own (a run of an array trains alone now); the one it ran with stays beside it.
+    script = folder / SCRIPT_FILE
+    if script.is_file():
+        script.replace(folder / f"{SCRIPT_FILE}.before-resume")
+    script.write_text(render_script(config, [run_id], [folder], job_name=f"parallax-{run_id}",
+                                    output=folder / LOG_FILE))
+    (folder / LOG_FILE).touch()
+    env = {**os.environ, "PARALLAX_DB_URL": url, "PARALLAX_HOME": str(parallax_home())}
+    result = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                            timeout=COMMAND_TIMEOUT_S, env=env, cwd=folder, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        from db import lifecycle as state
+
+        refused = (result.stderr or result.stdout).strip()
+        state.finish(engine, run_id, "failed", error=f"sbatch refused the job: {refused}")
+        raise SlurmUnavailable(f"sbatch refused the job: {refused.splitlines()[0] if refused else 'no reason given'}")
+    job_id = result.stdout.strip().split(";")[0]
+    info = slurm_info(store.get_run(engine, run_id)) or {}
+    store.set_measurements(engine, run_id, {SLURM_KEY: {**info, "job_id": job_id, "array_job_id": None,
+                                                        "log": str(folder / LOG_FILE)}})
+    return job_id
 
 
 def slurm_info(run) -> dict | None:

@@ -89,3 +89,24 @@ def test_the_log_is_tailed_from_a_byte_offset(tmp_path):
     assert read_job_log(run, offset) == ("second\n", 13)
     assert read_job_log(run, 0, max_bytes=4) == ("ond\n", 13)
     assert read_job_log(SimpleNamespace(measurements={}), 5) == ("", 5)
+
+
+def test_a_sqlite_home_is_refused_where_a_node_is_another_machine(monkeypatch, tmp_path):
+    """A node elsewhere cannot exist on the test machine: its address is given at the edge (scontrol's answer)."""
+    import pytest
+
+    from trainer_backend.contract.config import ConfigError
+    from trainer_backend.control import slurm_job
+
+    monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
+    monkeypatch.delenv(slurm_job.SHARED_HOME_ENV, raising=False)
+    monkeypatch.setattr(slurm_job, "node_addresses", lambda: {"n1": "127.0.0.1", "n7": "192.0.2.7"})
+    with pytest.raises(ConfigError) as refused:
+        slurm_job.check_database_reachable(f"sqlite:///{tmp_path}/parallax.db")
+    assert "node n7 is not" in str(refused.value) and "PARALLAX_SHARED_HOME=1" in str(refused.value)
+    slurm_job.check_database_reachable("postgresql://parallax@db.example/parallax")  # a server: taken
+    monkeypatch.setenv(slurm_job.SHARED_HOME_ENV, "1")
+    slurm_job.check_database_reachable(f"sqlite:///{tmp_path}/parallax.db")  # declared shared: taken
+    monkeypatch.setattr(slurm_job, "node_addresses", lambda: {"n1": "127.0.0.1", "n2": "localhost"})
+    monkeypatch.delenv(slurm_job.SHARED_HOME_ENV)
+    slurm_job.check_database_reachable(f"sqlite:///{tmp_path}/parallax.db")  # every node is this machine

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -77,7 +78,7 @@ def squeue_state(cluster, job_id: str) -> str:
 
 @pytest.mark.parametrize("nodes, devices", [(1, "cpu"), (2, "cpu,cpu")], ids=["1-node", "2-node"])
 def test_a_run_submitted_from_the_cli_trains_every_epoch_on_its_nodes(slurm, parallax_home, engine, nodes, devices):
-    submitted = time.monotonic()
+    submitted, submitted_at = time.monotonic(), time.time()
     run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", devices, "--slurm-nodes", str(nodes),
                             "--epochs", "2")
     run = store.get_run(engine, run_id)
@@ -87,7 +88,11 @@ def test_a_run_submitted_from_the_cli_trains_every_epoch_on_its_nodes(slurm, par
     assert f"#SBATCH --job-name=parallax-{run_id}" in script and f"#SBATCH --nodes={nodes}" in script
     assert (folder / LOG_FILE).exists()  # from submission, for the Run page's tail
     first_epoch = wait_for(engine, run_id, lambda r: epochs_of(engine, run_id) or ended(r), what="a first epoch")
-    print(f"submit to first epoch ({nodes} node(s)): {time.monotonic() - submitted:.1f} s")
+    log = (run_folder(engine, run_id) / LOG_FILE).read_text()
+    started_at = datetime.strptime(log.split(" at ", 1)[1].split()[0], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=timezone.utc).timestamp()
+    print(f"submit to first epoch ({nodes} node(s)): {time.monotonic() - submitted:.1f} s, of which the batch script "
+          f"started after {started_at - submitted_at:.0f} s (the launch command included)")
     run = wait_for(engine, run_id, ended)
     assert first_epoch and run.status == "completed", run.error
     assert epochs_of(engine, run_id) == [1, 2]
@@ -117,8 +122,8 @@ def test_a_pending_job_is_cancelled_and_leaves_the_queue(slurm, parallax_home, e
     assert squeue_state(slurm, job_id) in ("", "CANCELLED")
 
 
-def test_a_running_job_is_cancelled_within_its_bound(slurm, parallax_home, engine):
-    run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", "200")
+def test_a_running_job_is_cancelled_within_its_bound_and_resumed_by_a_new_job(slurm, parallax_home, engine):
+    run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", "30")
     wait_for(engine, run_id, lambda r: epochs_of(engine, run_id) or ended(r), what="a first epoch")
     started = time.monotonic()
     cancelled = run_cli("cancel", str(run_id), home=parallax_home, timeout=120)
@@ -129,7 +134,15 @@ def test_a_running_job_is_cancelled_within_its_bound(slurm, parallax_home, engin
         time.sleep(1)
     assert squeue_state(slurm, job_id) in ("", "CANCELLED", "FAILED", "COMPLETED")
     run = store.get_run(engine, run_id)
-    assert run.status == "cancelled" and len(epochs_of(engine, run_id)) < 200
+    done = epochs_of(engine, run_id)
+    assert run.status == "cancelled" and 1 <= len(done) < 30
+    resumed = run_cli("resume", str(run_id), home=parallax_home, timeout=120)
+    assert resumed.returncode == 0 and "status=queued" in resumed.stdout, resumed.stderr
+    new_job = slurm_info(store.get_run(engine, run_id))["job_id"]
+    assert new_job != job_id
+    run = wait_for(engine, run_id, ended)
+    assert run.status == "completed", run.error
+    assert epochs_of(engine, run_id) == list(range(1, 31))  # each recorded once
 
 
 def test_a_requeued_job_resumes_and_records_each_epoch_once(slurm, parallax_home, engine):
@@ -202,3 +215,19 @@ def test_a_job_at_its_time_limit_ends_timeout_with_its_resume_point_kept(slurm, 
     assert run.status == "failed" and "TIMEOUT" in run.error and f"parallax resume {run_id}" in run.error
     assert epochs_of(engine, run_id)
     assert (run_folder(engine, run_id) / "resume.pt").is_file()
+
+
+def test_the_form_gets_the_partitions_with_their_free_nodes(slurm):
+    from trainer_backend.control.slurm_status import Partition, partitions
+
+    assert partitions() == [Partition("test", default=True, nodes=2, free_nodes=2, gpus=0, free_gpus=0)]
+
+
+def test_without_a_controller_slurm_is_not_offered_in_one_line(monkeypatch, tmp_path):
+    from trainer_backend.control.slurm_status import partitions
+
+    (tmp_path / "slurm.conf").write_text("ClusterName=none\nSlurmctldHost=nowhere(127.0.0.1)\nSlurmctldPort=9\n"
+                                         "NodeName=x CPUs=1\nPartitionName=p Nodes=x\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    reason = partitions()
+    assert isinstance(reason, str) and reason.startswith("sinfo failed:") and "\n" not in reason
