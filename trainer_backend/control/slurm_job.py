@@ -45,6 +45,8 @@ SLURM_KEY = "slurm"  # Run.measurements["slurm"]: {"job_id", "script", "log", "a
 SHARED_HOME_ENV = "PARALLAX_SHARED_HOME"
 COMMAND_TIMEOUT_S = 30.0
 SIGNAL_LEAD_S = 120  # USR1 this long before the time limit (Slurm may send it up to ~15 s late)
+EPOCH_WAIT_S = 90  # after USR1, how long the epoch in progress may take to leave its resume point
+RESUME_EPOCH = "resume.json"  # engine/resume.py's RESUME_EPOCH_FILE, written after each epoch's resume point
 RDZV_PORT_BASE = 29500
 
 
@@ -155,18 +157,33 @@ export PYTHONPATH={q(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONUNBUFFERED=1
 echo "parallax: run $PARALLAX_RUN_ID, job $SLURM_JOB_ID, attempt $((${{SLURM_RESTART_COUNT:-0}} + 1)), on $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
 
-# Slurm's warning before the time limit or a preemption (USR1): the run resumes from its last finished epoch in a
-# requeued job, at most MAX_REQUEUES times; a cancel from Parallax is never requeued. SIGTERM is not trapped:
-# scancel sends it too, and a job preempted with PreemptMode=REQUEUE is requeued by Slurm itself.
+# Slurm's warning before the time limit or a preemption (USR1): the epoch in progress may end and leave its resume
+# point (resume.json names its epoch) for up to EPOCH_WAIT_S, then the job requeues itself and the requeued job
+# resumes from the last finished epoch, at most MAX_REQUEUES times. A cancel from Parallax is never requeued.
+# SIGTERM is not trapped: scancel sends it too, and a job preempted with PreemptMode=REQUEUE is requeued by Slurm.
+EPOCH_WAIT_S={EPOCH_WAIT_S}
+resume_epoch() {{ cat "$RUN_FOLDER/{RESUME_EPOCH}" 2>/dev/null || echo none; }}
 requeue() {{
     if [[ -e "$RUN_FOLDER/{CANCEL_FILE}" ]]; then
         echo "parallax: cancelled from Parallax; not requeued"
+        return
     elif (( ${{SLURM_RESTART_COUNT:-0}} >= MAX_REQUEUES )); then
         echo "parallax: signal received; requeued $MAX_REQUEUES time(s) already (max_requeues), so the job is not requeued"
-    else
-        echo "parallax: signal received; requeueing job $SLURM_JOB_ID to resume from the last finished epoch"
-        scontrol requeue "$SLURM_JOB_ID"
+        return
     fi
+    echo "parallax: signal received; waiting up to $EPOCH_WAIT_S s for the epoch in progress to leave its resume point"
+    local before waited=0
+    before=$(resume_epoch)
+    while [[ $(resume_epoch) == "$before" ]] && (( waited < EPOCH_WAIT_S )) && kill -0 "$srun_pid" 2>/dev/null; do
+        sleep 1
+        waited=$((waited + 1))
+    done
+    if ! kill -0 "$srun_pid" 2>/dev/null; then
+        echo "parallax: the run ended meanwhile; not requeued"
+        return
+    fi
+    echo "parallax: requeueing job $SLURM_JOB_ID after ${{waited}} s (resume point: $(resume_epoch))"
+    scontrol requeue "$SLURM_JOB_ID"
 }}
 trap requeue USR1
 

@@ -161,6 +161,20 @@ def test_a_requeued_job_resumes_and_records_each_epoch_once(slurm, parallax_home
     assert "attempt 2" in (run_folder(engine, run_id) / LOG_FILE).read_text()
 
 
+def test_usr1_lets_the_epoch_end_then_requeues_and_the_run_resumes(slurm, parallax_home, engine):
+    """Slurm's warning before the time limit or a preemption, sent as Slurm sends it (to the batch script)."""
+    run_id, job_id = launch(parallax_home, *SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", "8")
+    wait_for(engine, run_id, lambda r: len(epochs_of(engine, run_id)) >= 1 or ended(r), what="an epoch")
+    warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm.env, capture_output=True,
+                            text=True, timeout=30)
+    assert warned.returncode == 0, warned.stderr
+    run = wait_for(engine, run_id, ended)
+    assert run.status == "completed", run.error
+    assert epochs_of(engine, run_id) == list(range(1, 9))
+    log = (run_folder(engine, run_id) / LOG_FILE).read_text()
+    assert f"requeueing job {job_id}" in log and "attempt 2" in log, log[-2000:]
+
+
 def test_a_sweep_is_one_job_array_running_two_at_a_time(slurm, parallax_home, engine):
     base = RunConfig(dataset="digits", model="parallax_sleeps_each_step", image_size=16, where="slurm",
                      strategy="ddp", batch_size=64, epochs=2)
