@@ -292,4 +292,9 @@ def partitions() -> list[Partition] | str:
         entry["free_gpus"] += max(0, _gpu_count(gres) - _gpu_count(used)) if up else 0
     if not found:
         return "sinfo lists no partition: this cluster has none this user may use"
+    # -O's PartitionName leaves out the default's "*" that %P shows.
+    names = slurm_command("sinfo", "-h", "-o", "%P").stdout.split()
+    for name in names:
+        if name.endswith("*") and name[:-1] in found:
+            found[name[:-1]]["default"] = True
     return [Partition(name, **values) for name, values in found.items()]
