@@ -295,9 +295,14 @@ class RunConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             named = "[" + ", ".join(shown(name, 40) for name in unknown[:5]) + (", …" if len(unknown) > 5 else "") + "]"
-            raise ConfigError(
-                unknown[0], f"unknown config field(s) {named}; allowed: {sorted(known)}"
-            )
+            allowed = str(sorted(known))
+            if len(allowed) > 600:  # one line: the nearest names, and where the whole list is
+                import difflib
+
+                nearest = difflib.get_close_matches(str(unknown[0])[:100], sorted(known), n=5, cutoff=0.5)
+                allowed = (f"{len(known)} fields (python -m trainer_backend run --help lists them)"
+                           + (f", e.g. {', '.join(nearest)}" if nearest else ""))
+            raise ConfigError(unknown[0], f"unknown config field(s) {named}; allowed: {allowed}")
         return cls(**data)  # lists become tuples in __post_init__, after their items are checked
 
     def replace(self, **changes: Any) -> RunConfig:
