@@ -46,3 +46,20 @@ def show_job(run) -> None:
     with st.expander("Job output (Slurm)"):
         text, _ = read_job_log(run, 0, max_bytes=LOG_TAIL_BYTES)
         st.code(text or "(nothing written yet: the job has not started)", language=None)
+
+
+def with_pending_reasons(frame, engine):
+    """The Runs table with a pending Slurm job's reason beside its run's status: 'queued · PENDING (Resources)'.
+    From the shared poll (no squeue of its own within its interval); the frame as it is without Slurm runs."""
+    from trainer_backend.control.slurm_status import watch_slurm_runs
+
+    jobs = watch_slurm_runs(engine)
+    if not jobs or frame.empty:
+        return frame
+    frame = frame.copy()
+    frame["status"] = [
+        f"{status} · {jobs[run].state}{f' ({jobs[run].reason})' if jobs[run].reason else ''}"
+        if run in jobs and jobs[run].state == "PENDING" else status
+        for run, status in zip(frame["run"], frame["status"])
+    ]
+    return frame

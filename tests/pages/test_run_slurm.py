@@ -1,4 +1,4 @@
-"""The Run page of a run sent to Slurm: its job and PENDING's reason from the shared poll, the sbatch script kept
+"""The Run and Runs pages of a run sent to Slurm: its job and PENDING's reason from the shared poll, the sbatch script kept
 with the run, and the job's output file (there from submission), on a real test cluster."""
 
 from __future__ import annotations
@@ -31,5 +31,10 @@ def test_the_run_page_shows_the_pending_reason_the_script_and_the_output(slurm_c
         codes = [c.value for c in at.code]
         assert any(f"#SBATCH --job-name=parallax-{run_id}" in code for code in codes)
         assert any("the job has not started" in code for code in codes)
+        runs = AppTest.from_file(str(ROOT / "app.py"), default_timeout=90)
+        runs.switch_page("pages/runs.py").run()
+        assert not runs.exception, runs.exception
+        table = runs.dataframe[0].value
+        assert list(table.loc[table["run"] == run_id, "status"]) == ["queued · PENDING (BeginTime)"]
     finally:
         slurm_cluster.cancel_all()
