@@ -114,10 +114,12 @@ def check_database_reachable(url: str) -> None:
 def check_world(config: RunConfig) -> RunConfig:
     """The config as the job's world will train it (one device per process over every node), refused in one
     line where it cannot (a batch that does not divide over the processes, a staged model without enough)."""
-    world = config.slurm_nodes * processes_per_node(config)
-    kind = "cuda:0" if config.uses_cuda else "cpu"
+    per_node = processes_per_node(config)
+    # GPUs as torchrun gives them (cuda:LOCAL_RANK on every node); CPU processes share one kind of device.
+    devices = tuple(f"cuda:{i}" for _ in range(config.slurm_nodes) for i in range(per_node)) if config.uses_cuda \
+        else ("cpu",) * (config.slurm_nodes * per_node)
     try:
-        return config.replace(devices=(kind,) * world, nodes=config.slurm_nodes if config.uses_cuda else 1)
+        return config.replace(devices=devices, nodes=config.slurm_nodes if config.uses_cuda else 1)
     except ConfigError as exc:
         raise ConfigError(exc.field, f"on Slurm ({config.slurm_nodes} node(s) × {processes_per_node(config)} "
                           f"process(es)): {exc}") from None

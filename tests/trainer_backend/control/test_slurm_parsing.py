@@ -110,3 +110,17 @@ def test_a_sqlite_home_is_refused_where_a_node_is_another_machine(monkeypatch, t
     monkeypatch.setattr(slurm_job, "node_addresses", lambda: {"n1": "127.0.0.1", "n2": "localhost"})
     monkeypatch.delenv(slurm_job.SHARED_HOME_ENV)
     slurm_job.check_database_reachable(f"sqlite:///{tmp_path}/parallax.db")  # every node is this machine
+
+
+def test_the_world_a_job_trains_is_its_nodes_times_their_processes_and_a_bad_one_is_refused_before_submitting():
+    import pytest
+
+    from trainer_backend.contract.config import ConfigError
+    from trainer_backend.control.slurm_job import check_world
+
+    gpus = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4)
+    assert check_world(gpus).world_size == 8 and check_world(gpus.replace(slurm_nodes=1)).world_size == 4
+    assert check_world(RunConfig(where="slurm", strategy="ddp", devices="cpu,cpu", slurm_nodes=2)).world_size == 2
+    with pytest.raises(ConfigError) as refused:
+        check_world(RunConfig(where="slurm", strategy="ddp", devices="cpu", batch_size=7, slurm_nodes=2))
+    assert str(refused.value).startswith("on Slurm (2 node(s) × 1 process(es)): ")
