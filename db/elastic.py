@@ -10,7 +10,7 @@ another machine) finds the run by torchrun's job id and carries on in the same r
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 
 from db.engine import session_scope
 from db.lifecycle import PROCESS_START_KEY, process_start
@@ -54,7 +54,8 @@ def resume_job_run(engine: Engine, run_id: int, *, pid: int, host: str, nodes: i
         measurements = session.scalar(select(Run.measurements).where(Run.id == run_id)) or {}
         result = session.execute(
             update(Run).where(Run.id == run_id, Run.status.in_(statuses))
-            .values(status="running", finished_at=None, error=None, heartbeat_at=utcnow(),
+            .values(status="running", started_at=func.coalesce(Run.started_at, utcnow()), finished_at=None, error=None,
+                    heartbeat_at=utcnow(),
                     pid=pid, host=host, nodes=nodes, hosts=list(hosts),
                     measurements={**measurements, PROCESS_START_KEY: process_start(pid)})
         )

@@ -134,7 +134,9 @@ def set_progress(engine: Engine, run_id: int, *, epoch: int, step: int, total_st
 
 
 def active_runs(engine: Engine) -> list[ActiveRun]:
-    """Queued and running runs in launch order, with the devices each holds or wants."""
+    """Queued and running runs on this machine's queue in launch order, with the devices each holds or wants.
+    A run sent to Slurm holds no device here, and Slurm, not its pid or heartbeat, says when it has gone
+    (trainer_backend/control/slurm_status.py)."""
     with session_scope(engine) as session:
         rows = session.execute(
             select(Run.id, Run.status, Run.config, Run.pid, Run.host, Run.heartbeat_at, Run.created_at,
@@ -144,7 +146,7 @@ def active_runs(engine: Engine) -> list[ActiveRun]:
     return [
         ActiveRun(r.id, r.status, tuple((r.config or {}).get("devices") or ()), r.pid, r.host, r.heartbeat_at, r.created_at,
                   (r.measurements or {}).get(PROCESS_START_KEY))
-        for r in rows
+        for r in rows if (r.config or {}).get("where") != "slurm"
     ]
 
 

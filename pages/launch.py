@@ -28,7 +28,8 @@ from trainer_backend.contract.config import (CPU_PROCESSES_PER_CORE,
 from trainer_backend.contract.model_source import is_custom_model
 from trainer_backend.contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from ui import launch_memory, memory_views, options, own_model, state
+from ui import launch_memory, memory_views, options, own_model, slurm_views, state
+from trainer_backend.contract.fields import SLURM_SECTION
 from ui import torchrun as torchrun_ui
 from ui.fields import draw_form, field_widget
 from ui.text import escape_markdown
@@ -324,6 +325,7 @@ info, own, model_problem, sweep_strategies = page.info, page.own, page.model_pro
 verdict_slot, counts_text, memory_slot, user_note = page.verdict_slot, page.counts_text, page.memory_slot, page.user_note
 count_slot = ends["Model"]  # filled once the button is there: a large model takes a while to count
 batch_hint, recipe_hint = ends["Training"], ends["Training recipe"]
+slurm_views.show_partitions(ends[SLURM_SECTION])
 
 config, errors = validate_form(values)
 device_counts = None

@@ -24,6 +24,7 @@ from reports import scaling
 from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, run_notes,
                 script_views, series_charts, state, widgets)
 from ui.profile_views import step_breakdown_chart
+from ui.slurm_views import show_job as show_slurm_job
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/run.py")
@@ -349,6 +350,7 @@ epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, [run_id]))
 # what it has to say into `notes`: the Notes section is drawn after them, in the place kept for it.
 notes: list[str | None] = []
 notes += show_head(run)
+show_slurm_job(run)
 if not script_views.is_script(run):  # a script's config is not a launch form's
     launch_again(run)
 # Only the progress reruns every few seconds, and only while there is something to watch.

@@ -14,7 +14,7 @@ from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_
 from db.lifecycle import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
 from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
-from ui import state
+from ui import slurm_views, state
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/runs.py")
@@ -161,7 +161,7 @@ sort_by = sort_col.selectbox("Sort by", list(SORTS), key="sort_by")
 column, ascending = SORTS[sort_by]
 rows = dashboard.run_table(engine, filters)
 rows_by_id = {row["id"]: row for row in rows}
-frame = table_frame(rows)
+frame = slurm_views.with_pending_reasons(table_frame(rows), engine)
 frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
 
 st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")

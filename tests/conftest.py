@@ -46,7 +46,7 @@ TESTS = Path(__file__).resolve().parent
 # or browser), in under a minute; the others are marked `processes` (and `browser`): by the fixtures they take
 # (below), by their file's `pytestmark`, or one by one. In the fast tier a test that starts a process anyway
 # fails, naming the mark it lacks, so the tiers cannot drift.
-PROCESS_FIXTURES = {"cli", "shared_runs", "served", "postgres_server", "postgres_url"}
+PROCESS_FIXTURES = {"cli", "shared_runs", "served", "postgres_server", "postgres_url", "slurm_cluster"}
 # What a test (or a function or fixture of its module that it uses) names when it starts processes.
 PROCESS_NAMES = {"run_cli", "train_and_export", "run_world", "engine_forkserver", "subprocess", "Popen", "spawn",
                  "start_processes", "fork", "Process", "launch", "launch_sweep", "sync_playwright", "ThrowawayCluster",
@@ -191,6 +191,23 @@ def postgres_server():
     try:
         yield cluster.start()
     finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A two-node Slurm cluster (``slurm_cluster.py``) for this test worker, stopped by pid after the session;
+    skipped only where Slurm's packages are not installed (``scripts/system-deps`` installs them)."""
+    from tests.slurm_cluster import SlurmCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.cancel_all()
         cluster.stop()
 
 

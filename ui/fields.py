@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from trainer_backend.contract.fields import FIELDS, Field
+from trainer_backend.contract.fields import FIELDS, SLURM_SECTION, Field
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("More options", expander=True, columns=2),
     # Three to a row: an error under a field needs room to be read.
     Section("Advanced", expander=True),
+    Section(SLURM_SECTION, expander=True),
     Section("Labels", columns=(1, 2)),
 )
 

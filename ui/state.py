@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from db import make_engine
 from db.engine import DatabaseUnavailable
 from db.lifecycle import mark_lost_runs
+from trainer_backend.control.slurm_status import watch_slurm_runs
 from db.settings import database_url
 from db.store import MAX_ID, parse_id
 from ui.text import escape_markdown
@@ -55,6 +56,7 @@ def engine_with_fresh_states() -> Engine:
     run as running, and a lost run can be deleted."""
     current = engine()
     mark_lost_runs(current)
+    watch_slurm_runs(current)  # one squeue per 10 s for every tab, and only while a Slurm run is active
     return current
 
 

@@ -14,14 +14,16 @@ from tests.support import ROOT
 SCRIPT = ROOT / "scripts" / "system-deps"
 
 
-def run_script(tmp_path, *, uid: int, sudo_allowed: bool, chromium: str, initdb: str = "/nowhere/initdb"):
+def run_script(tmp_path, *, uid: int, sudo_allowed: bool, chromium: str, initdb: str = "/nowhere/initdb",
+               slurmctld: str | None = None):
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir(exist_ok=True)
     for name, body in (("id", f"echo {uid}"), ("sudo", f"exit {0 if sudo_allowed else 1}")):
         (fake_bin / name).write_text(f"#!/bin/sh\n{body}\n")
         (fake_bin / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "CHROMIUM": chromium, "INITDB_GLOB": initdb,
-           "PYTHON": "true"}  # python3-venv counts as installed
+           "PYTHON": "true",  # python3-venv counts as installed
+           "SLURMCTLD": slurmctld or "/bin/sh"}  # Slurm counts as installed, unless said
     return subprocess.run(["bash", str(SCRIPT), "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -40,6 +42,18 @@ def test_installs_what_is_missing_as_root_or_through_sudo(tmp_path, uid, sudo_al
     command = done.stdout.replace("\\", "")
     assert command.startswith(prefix)
     assert "apt-get update" in command and "apt-get install -y -qq chromium postgresql" in command
+
+
+def test_installs_slurm_without_its_recommends(tmp_path):
+    present = tmp_path / "chromium"
+    present.write_text("#!/bin/sh\n")
+    present.chmod(0o755)
+    done = run_script(tmp_path, uid=0, sudo_allowed=False, chromium=str(present), initdb=str(present),
+                      slurmctld=str(tmp_path / "absent"))
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.replace("\\", "")
+    assert "apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge" in command
+    assert "chromium" not in command and "postgresql" not in command
 
 
 def test_without_root_or_sudo_it_stops_with_the_command_to_run(tmp_path):

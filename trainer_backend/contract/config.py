@@ -210,6 +210,19 @@ class RunConfig:
     # torch.compile the model; the compile warm-up is timed apart from the epochs (speed.py).
     compile: bool = _default("compile")
     tags: tuple[str, ...] = _default("tags")
+    # Where the run trains (this machine, or a Slurm cluster) and what its Slurm job asks for (slurm_options.py).
+    where: str = _default("where")
+    slurm_partition: str | None = _default("slurm_partition")
+    slurm_nodes: int = _default("slurm_nodes")
+    slurm_gpus_per_node: int = _default("slurm_gpus_per_node")
+    slurm_cpus_per_task: int = _default("slurm_cpus_per_task")
+    slurm_mem: str | None = _default("slurm_mem")
+    slurm_time: str | None = _default("slurm_time")
+    slurm_account: str | None = _default("slurm_account")
+    slurm_qos: str | None = _default("slurm_qos")
+    slurm_extra: tuple[str, ...] = _default("slurm_extra")
+    max_requeues: int = _default("max_requeues")
+    slurm_array_limit: int = _default("slurm_array_limit")
     # Machines the run spans; set by torchrun (then ``devices`` lists every process's device, in
     # rank order, each machine's own GPUs, so a GPU index may repeat), never by hand.
     nodes: int = 1
@@ -222,6 +235,9 @@ class RunConfig:
             object.__setattr__(self, "bands", _parse_bands(self.bands))
         object.__setattr__(self, "augment", parse_augment(self.augment))
         object.__setattr__(self, "model_args", parse_model_args(self.model_args))
+        from trainer_backend.contract.slurm_options import parse_extra
+
+        object.__setattr__(self, "slurm_extra", parse_extra(self.slurm_extra))
         _validate(self)
 
     @property
@@ -284,9 +300,14 @@ class RunConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             named = "[" + ", ".join(shown(name, 40) for name in unknown[:5]) + (", …" if len(unknown) > 5 else "") + "]"
-            raise ConfigError(
-                unknown[0], f"unknown config field(s) {named}; allowed: {sorted(known)}"
-            )
+            allowed = str(sorted(known))
+            if len(allowed) > 600:  # one line: the nearest names, and where the whole list is
+                import difflib
+
+                nearest = difflib.get_close_matches(str(unknown[0])[:100], sorted(known), n=5, cutoff=0.5)
+                allowed = (f"{len(known)} fields (python -m trainer_backend run --help lists them)"
+                           + (f", e.g. {', '.join(nearest)}" if nearest else ""))
+            raise ConfigError(unknown[0], f"unknown config field(s) {named}; allowed: {allowed}")
         return cls(**data)  # lists become tuples in __post_init__, after their items are checked
 
     def replace(self, **changes: Any) -> RunConfig:
@@ -453,6 +474,17 @@ def _validate(cfg: RunConfig) -> None:
     _validate_loader_workers(cfg)
     _validate_speed_switches(cfg)
     _validate_data_on_device(cfg)
+    _validate_slurm(cfg)
+
+
+def _validate_slurm(cfg: RunConfig) -> None:
+    """The Slurm fields' own rules (slurm_options.py), named in the field catalogue."""
+    from trainer_backend.contract.slurm_options import SlurmOptionError, check_slurm_options
+
+    try:
+        check_slurm_options(cfg)
+    except SlurmOptionError as exc:
+        raise ConfigError(exc.field, str(exc)) from None
 
 
 def data_holding_devices(cfg: RunConfig) -> list[str]:
@@ -564,7 +596,8 @@ def _validate_devices(cfg: RunConfig) -> None:
         raise ConfigError(
             "amp", f"amp {cfg.amp!r} needs CUDA devices; on CPU training runs in fp32: use auto or off"
         )
-    if gpus and cfg.nodes == 1:  # other machines' GPUs cannot be counted from here
+    # Other machines' GPUs (a torchrun job's, a Slurm cluster's nodes) cannot be counted from here.
+    if gpus and cfg.nodes == 1 and cfg.where != "slurm":
         available = cuda_device_count()
         missing = [d for d in gpus if int(d.split(":")[1]) >= available]
         if missing:

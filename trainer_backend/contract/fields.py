@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainer_backend.contract.strategy_specs import StrategySpec, baseline, find
@@ -294,3 +294,59 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     _switch("profile_stack", "Profiler: record Python stacks", "Profiler: record Python stacks too (larger "
             "traces)."),
 )}
+
+
+# Where a run goes, and what it asks a Slurm cluster for (contract/slurm_options.py checks them together; the
+# job they become: control/slurm_job.py). The Launch form draws them in a section of their own.
+WHERE = ("local", "slurm")
+MAX_SLURM_GPUS_PER_NODE = 64
+MAX_REQUEUES = 100
+SLURM_SECTION = "Slurm"
+
+
+def split_sbatch_options(text: str) -> list[str]:
+    """'--constraint=a100 --exclusive' -> ['--constraint=a100', '--exclusive']: one #SBATCH line each."""
+    import re
+
+    return [part for part in re.split(r"\s+(?=--)", text.strip()) if part]
+
+
+_SLURM_FIELDS = (
+    _choice("where", "local", "Where the run goes", "local trains on this machine; slurm submits the run to a Slurm "
+            "cluster as one batch job (its database must be reachable from the cluster's nodes).", WHERE,
+            check="_validate_slurm", choice_labels={"local": "this machine", "slurm": "a Slurm cluster (sbatch)"}),
+    Field("slurm_partition", str, None, "Partition (blank: the cluster's default)", "The Slurm partition the job "
+          "asks for (sbatch --partition); blank takes the cluster's default.", check="_validate_slurm", parse=str),
+    _number("slurm_nodes", int, 1, "Nodes", "Machines the job spans (sbatch --nodes), one task each, every task a "
+            "torchrun agent.", 1, 4096, step=1),
+    _number("slurm_gpus_per_node", int, 0, "GPUs per node (0: CPU)", "GPUs the job asks for on each node, one "
+            "training process each; 0 trains on CPUs.", 0, MAX_SLURM_GPUS_PER_NODE,
+            step=1),
+    _number("slurm_cpus_per_task", int, 1, "CPUs per node", "CPU cores the job asks for on each node, "
+            "shared by that node's training processes and their loader workers.", 1, 4096,
+            step=1),
+    Field("slurm_mem", str, None, "Memory per node (e.g. 64G; blank: the default)", "Memory the job asks for on "
+          "each node (sbatch --mem), a whole number with an optional K, M, G or T, e.g. 64G; blank takes the "
+          "partition's default.", check="_validate_slurm", parse=str),
+    Field("slurm_time", str, None, "Time limit (e.g. 2:00:00; blank: the partition's)", "The job's time limit "
+          "(sbatch --time): minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS; blank takes the partition's.",
+          check="_validate_slurm", parse=str),
+    Field("slurm_account", str, None, "Account (optional)", "The account the job is charged to (sbatch --account).",
+          check="_validate_slurm", parse=str),
+    Field("slurm_qos", str, None, "QoS (optional)", "The quality of service the job asks for (sbatch --qos).",
+          check="_validate_slurm", parse=str),
+    Field("slurm_extra", str, (), "Extra #SBATCH options", "More sbatch options, one #SBATCH line each, every one "
+          "starting with --, e.g. --constraint=a100 --exclusive.", check="_validate_slurm",
+          parse=split_sbatch_options),
+    _number("max_requeues", int, 3, "Requeues at most", "How often a job that Slurm preempts or warns of its time "
+            "limit (USR1) requeues itself to resume from its last finished epoch before it is left to end.", 0,
+            MAX_REQUEUES, step=1),
+    _number("slurm_array_limit", int, 0, "Sweep runs at once on Slurm (0: no limit)", "A sweep onto Slurm is one "
+            "job array, one task per run: at most this many of them run at once (sbatch --array=0-K%M).", 0, 10_000,
+            step=1),
+)
+# The form draws them in their own section; the job's fields only once the run goes to Slurm.
+_SLURM_FIELDS = tuple(replace(f, section=SLURM_SECTION, shown_when=None if f.name == "where" else when("where", "slurm"),
+                              separator=" " if f.name == "slurm_extra" else f.separator) for f in _SLURM_FIELDS)
+FIELDS.update({f.name: f for f in _SLURM_FIELDS})
+SECTIONS: dict[str, tuple[str, ...]] = {SLURM_SECTION: tuple(f.name for f in _SLURM_FIELDS)}

@@ -216,6 +216,12 @@ def sweep_base_for(device_count: int) -> StrategySpec:
     return baseline() if device_count <= 1 else next(s for s in SPECS if s.sweep_base)
 
 
+def distributed_base() -> StrategySpec:
+    """The strategy a sweep's shared fields are checked under where every run is started by torchrun (a
+    scheduler's job): data parallel, one process per device, nothing sharded."""
+    return next(s for s in SPECS if s.distributed and s.splits_batch and not s.shards_state)
+
+
 def memory_saver() -> StrategySpec:
     """The strategy to suggest where a model does not fit: data parallel with its state sharded over the devices."""
     return next(s for s in SPECS if s.splits_batch and s.shards_state)

@@ -31,7 +31,7 @@ from trainer_backend.contract.printable import one_line, printable_lines, shown_
 from trainer_backend.contract.startup import engine_imports
 from trainer_backend.contract.storage import DiskFullError, check_export_dir
 from trainer_backend.contract.strategy_specs import spec as strategy_spec
-from trainer_backend.contract.strategy_specs import sweep_base_for
+from trainer_backend.contract.strategy_specs import distributed_base, sweep_base_for
 from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -111,7 +111,8 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         # The base of a sweep only has to be valid for some strategy; each run's strategy and
         # devices are set (and validated) per strategy before anything is launched.
         several = len(parse_devices(values.get("devices", RunConfig.devices))) > 1
-        values["strategy"] = sweep_base_for(2 if several else 1).name
+        values["strategy"] = (distributed_base() if values.get("where") == "slurm" else
+                              sweep_base_for(2 if several else 1)).name
     if world is not None:
         from trainer_backend.contract.world import values_for_world
 
@@ -301,6 +302,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from trainer_backend.worker.torchrun import run_in_world
 
         return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
+    if config.where == "slurm":
+        raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
+                          "at once; 'run' trains in the foreground on this machine")
     if args.resume_job:
         raise ConfigError("resume_job", "--resume-job takes over a run of a torchrun job: use it under torchrun "
                           "with --strategy ddp, fsdp or pp and the job's --rdzv-id")
@@ -326,6 +330,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     check_model_before_launch(config)  # your own model, in a child process, before it is queued
     open_database(args.db)
     run_id = launch(config, db_url=args.db)
+    if config.where == "slurm":
+        from db import make_engine, store
+        from trainer_backend.control.slurm_job import slurm_info
+
+        info = slurm_info(store.get_run(make_engine(args.db), run_id)) or {}
+        print(f"run_id={run_id} status=queued slurm_job={info.get('job_id')}", flush=True)
+        return 0
     print(f"run_id={run_id} status=queued", flush=True)
     return 0
 
@@ -351,11 +362,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     open_database(args.db)
     sweep_id, run_ids = launch_sweep(config, strategies, db_url=args.db, device_counts=device_counts)
     engine = make_engine(args.db)
-    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; they run one after another)", flush=True)
+    how = "one Slurm job array" if config.where == "slurm" else "they run one after another"
+    print(f"sweep_id={sweep_id} runs={','.join(map(str, run_ids))} (queued; {how})", flush=True)
     pending = list(run_ids)
     try:
         while pending:
             lifecycle.mark_lost_runs(engine)
+            watch_slurm(engine)
             for run_id in list(pending):
                 run = store.get_run(engine, run_id)
                 if run.status not in lifecycle.ACTIVE_STATUSES:
@@ -427,7 +440,15 @@ def _engine_with_fresh_states(url: str | None):
 
     engine = open_database(url)
     lifecycle.mark_lost_runs(engine)
+    watch_slurm(engine)
     return engine
+
+
+def watch_slurm(engine) -> None:
+    """Runs sent to Slurm whose job has ended without them recording it: marked with Slurm's final state."""
+    from trainer_backend.control.slurm_status import watch_slurm_runs
+
+    watch_slurm_runs(engine)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

@@ -78,6 +78,10 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_under_roots(config.dataset, data_roots)
+    if config.where == "slurm":
+        from trainer_backend.control.slurm_job import submit
+
+        return submit(with_absolute_dataset(config), db_url=db_url, sweep_id=sweep_id)
     config = with_model_source(with_absolute_dataset(config))
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
@@ -144,6 +148,11 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
         store.set_config(engine, run_id, moved.to_dict(), world_size=moved.world_size)
         store.add_notes(engine, run_id, [f"Resumed on {','.join(moved.devices)} (trained on "
                                          f"{','.join(run.config.get('devices', []))} before)."])
+    if (run.config or {}).get("where") == "slurm":
+        from trainer_backend.control.slurm_job import resubmit
+
+        resubmit(engine, url, run_id)  # the same script, a new job; it resumes from the resume point
+        return run_id
     start_worker(engine, url, run_id, data_roots)
     return run_id
 
@@ -233,6 +242,15 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
     if data_roots is not None:
         check_under_roots(config.dataset, data_roots)
     engine = make_engine(db_url)
+    if config.where == "slurm":  # one job array, a task per run
+        from trainer_backend.control.slurm_job import check_database_reachable, check_world, submit_array
+
+        for each in configs:
+            check_world(each)
+        check_database_reachable(absolute_database_url(database_url(db_url)))
+        sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
+        return sweep_id, submit_array([with_absolute_dataset(c) for c in configs], db_url=db_url, sweep_id=sweep_id,
+                                      array_limit=config.slurm_array_limit)
     sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
     return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id, data_roots=data_roots) for c in configs]
 
@@ -268,6 +286,12 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
         raise LookupError(f"no run with id {run_id}")
     if run.status not in state.ACTIVE_STATUSES:
         return run.status
+    if (run.config or {}).get("where") == "slurm":
+        from trainer_backend.control.slurm_job import cancel_job
+
+        state.finish(engine, run_id, "cancelled", error="cancelled by the user")
+        cancel_job(engine, run)
+        return store.get_run(engine, run_id).status
     # Marked before the signal: the run's own process then records nothing over it, and a
     # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
     if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():

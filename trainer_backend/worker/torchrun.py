@@ -193,7 +193,8 @@ def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *
                resume_job: bool, sampling: Sampling) -> RankSpec:
     """What this process of the job trains: its rank's part of the one run, resumable where torchrun
     may restart it or the job asks to resume; its machine's local rank 0 meters the machine."""
-    return RankSpec(joined, world.rank, run_id, url, echo=echo, resumable=world.max_restarts > 0 or resume_job,
+    resumable = world.max_restarts > 0 or resume_job or submitted_run_id() is not None
+    return RankSpec(joined, world.rank, run_id, url, echo=echo, resumable=resumable,
                     folder_name=folder_name, energy_part=sampling.energy_part(joined, meters=world.local_rank == 0))
 
 
@@ -247,6 +248,8 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
     used before, would otherwise mix its epochs into a run that ended long ago (or into one that a
     job still running owns). ``resume_job`` asks a new job to take over a lost or failed run."""
     pid, host = os.getpid(), socket.gethostname()
+    if submitted_run_id() is not None:
+        return _take_submitted_run(engine, submitted_run_id(), joined, world, hosts, notes)
     if resume_job and not restarted:
         state.mark_lost_runs(engine)  # a run whose job died is lost, and may be taken over
     found = elastic.find_job_run(engine, world.job_id)
@@ -271,6 +274,38 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
     run_id = store.create_run(engine, joined.to_dict(), status="running", notes=notes, world_size=joined.world_size)
     store.set_process(engine, run_id, pid=pid, host=host)
     elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts), hosts=hosts)
+    return run_id, "running"
+
+
+# The run a Slurm job trains: recorded (queued) when it was submitted (control/slurm_job.py), named by the job's script.
+SUBMITTED_RUN_ENV = "PARALLAX_RUN_ID"
+# Statuses a submitted run is taken over from: queued (the job's first start), running or lost (a job that Slurm
+# requeued, its earlier attempt stopped by a signal). Slurm runs one attempt of a job at a time.
+SUBMITTED_STATUSES = ("queued", "running", "lost")
+
+
+def submitted_run_id() -> int | None:
+    raw = os.environ.get(SUBMITTED_RUN_ENV)
+    return int(raw) if raw and raw.isdecimal() else None
+
+
+def _take_submitted_run(engine, run_id: int, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
+                        notes: list[str]) -> tuple[int, str]:
+    """The run recorded at submission, running under this job; (run id, its status) where it has ended (a cancel)."""
+    pid, host = os.getpid(), socket.gethostname()
+    if not elastic.resume_job_run(engine, run_id, pid=pid, host=host, nodes=len(hosts), hosts=hosts,
+                                  statuses=SUBMITTED_STATUSES):
+        run = store.get_run(engine, run_id)
+        if run is None:
+            raise LookupError(f"no run with id {run_id} ({SUBMITTED_RUN_ENV}): was the job submitted to another "
+                              "database?")
+        return run_id, run.status
+    store.set_config(engine, run_id, joined.to_dict(), world_size=joined.world_size)
+    elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts), hosts=hosts)
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    store.add_notes(engine, run_id, notes + ([f"Slurm requeued job {world.job_id} {restarts} time(s); it resumes from "
+                                              "its last finished epoch."] if restarts else []))
+    _forget_failures(engine, run_id)
     return run_id, "running"
 
 
@@ -306,8 +341,16 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         except RunCancelled:
             # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
             # stopping the job, which it does when another of its processes has failed.
-            if store.get_run(engine, run_id).status != "cancelled":
-                _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or (
+            cause = _failure_cause(folder_name, started)
+            if store.get_run(engine, run_id).status == "cancelled":
+                pass
+            elif cause is None and submitted_run_id() is not None:
+                # Slurm's signal (a requeue, a preemption, the time limit): the run stays as it is, for a
+                # requeued job to resume, or for the poll (control/slurm_status.py) to record Slurm's end.
+                store.add_notes(engine, run_id, [f"Slurm stopped attempt {int(os.environ.get('SLURM_RESTART_COUNT') or 0) + 1} "
+                                                 f"of job {world.job_id} (SIGTERM)."])
+            else:
+                _attempt_failed(engine, run_id, world, cause or (
                     "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
                     "torchrun's output names it"))
         except Exception as exc:
