@@ -102,6 +102,9 @@ def test_every_field_of_a_section_is_in_the_form_with_the_catalogues_label_and_h
     at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
     at.switch_page("pages/launch.py").run()
     at.radio(key="strategy").set_value("pp").run()  # shows the pipeline's own fields too
+    at.selectbox(key="where").set_value("slurm").run()  # and the Slurm job's
+    # No controller answers here: the section says so in one line instead of listing partitions.
+    assert [c.value for c in at.caption if c.value.startswith("Slurm is not offered here: ")], "no reason given"
     widgets = {w.key: w for w in [*at.number_input, *at.selectbox, *at.checkbox, *at.toggle, *at.text_input,
                                   *at.multiselect]}
     generated = {name for name, spec in FIELDS.items() if spec.section is not None} - RENDERED
