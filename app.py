@@ -18,8 +18,8 @@ import streamlit as st
 from streamlit.starlette import App
 
 from db.access import open_database
-from db.engine import masked_url
-from db.settings import database_url, keep_files_private, parallax_home
+from db.connection import masked_url
+from contract.environment import database_url, keep_files_private, parallax_home
 from ui import auth, serving
 from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SETTINGS_PAGE, SWEEP_PAGE,
                       return_to_requested_page)
@@ -34,7 +34,7 @@ def show_dashboard() -> None:
     # configured or the address is reachable from other machines (ui/auth.py).
     auth.require_access()
     try:
-        keep_files_private()  # what the dashboard and the runs it launches write is private (db/settings.py)
+        keep_files_private()  # what the dashboard and the runs it launches write is private (contract/environment.py)
         open_database()
     except ValueError as exc:  # DatabaseUnavailable, or a PARALLAX_HOME that cannot be a folder
         auth.stop_with_page(lambda message=str(exc): st.error(message, icon=":material/database:"))

@@ -41,10 +41,10 @@ def fill_database(url: str, runs: int, epochs: int) -> dict:
     """``runs`` runs of ``epochs`` epochs each; returns the ids the pages are shown with."""
     from sqlalchemy import insert, update
 
-    from db import lifecycle, make_engine, store
-    from db.engine import session_scope
-    from db.models import EpochMetric, Run, utcnow
-    from trainer_backend.contract.config import RunConfig
+    from db import run_state, make_engine, store
+    from db.connection import session_scope
+    from db.tables import EpochMetric, Run, utcnow
+    from contract.config import RunConfig
 
     engine = make_engine(url)
     now = utcnow()
@@ -68,12 +68,12 @@ def fill_database(url: str, runs: int, epochs: int) -> dict:
         with session_scope(engine) as session:
             session.execute(insert(EpochMetric), rows)
         if index < runs - 1:
-            lifecycle.finish(engine, run_id, "completed")
+            run_state.finish(engine, run_id, "completed")
     live = ids[-1]
     # The newest run is 'running' in this very process, so no reader marks it lost.
     store.set_process(engine, live, pid=os.getpid(), host=socket.gethostname())
-    lifecycle.heartbeat(engine, live)
-    lifecycle.set_progress(engine, live, epoch=epochs, step=5, total_steps=12)
+    run_state.heartbeat(engine, live)
+    run_state.set_progress(engine, live, epoch=epochs, step=5, total_steps=12)
     completed = ids[:-1]
     return {"live": live, "compare": completed[-len(STRATEGIES):]}
 

@@ -39,7 +39,7 @@ def settings(quick: bool) -> dict:
 def one_sweep(db_url: str, workload: dict, target: int) -> dict:
     """Run the sweep; return the forecast's row at ``target`` processes and the sweep's wall time."""
     from db import make_engine
-    from reports.forecast import sweep_forecast
+    from reports.scaling_forecast import sweep_forecast
 
     done = run_timed(engine_command(
         "sweep", "--strategies", "single,ddp", "--device-counts", f"{CALIBRATION},{target}", "--dataset", "digits",

@@ -191,7 +191,7 @@ def engine_sync_audit(model_name: str, batch_size: int, image_size: int, *, devi
     calls per step of its second epoch (None on a CPU), and the steps it took."""
     import torch
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.inputs import DeviceInputs
     from trainer_backend.engine.loop import make_grad_scaler, rank_amp_dtype, train_one_epoch
     from trainer_backend.engine.models import create_model

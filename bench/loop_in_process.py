@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from bench.plain_loop import build_model, load_digits_split, train_step  # noqa: E402
 from db import make_engine, store  # noqa: E402
-from trainer_backend.contract.config import RunConfig  # noqa: E402
+from contract.config import RunConfig  # noqa: E402
 from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
 from trainer_backend.worker.liveness import Heartbeat  # noqa: E402
 from trainer_backend.engine.loop import accumulate, train_one_epoch  # noqa: E402

@@ -43,7 +43,7 @@ def estimate_all(workload: dict) -> dict:
     import torch.distributed.pipelining  # noqa: F401
 
     import trainer_backend.engine.trainer  # noqa: F401
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.control.lifecycle import sweep_configs
     from trainer_backend.engine.forecast.memory_estimate import estimate_memory
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from bench.common import parse_args  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_most  # noqa: E402
-from trainer_backend.contract.config import RunConfig  # noqa: E402
+from contract.config import RunConfig  # noqa: E402
 from trainer_backend.engine.divergence import NonfiniteGuard  # noqa: E402
 from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
 from trainer_backend.engine.loop import train_one_epoch  # noqa: E402

@@ -57,7 +57,7 @@ def contenders(settings: dict, db_url: str) -> dict:
 
 
 def fill(report: Report, runs: dict, context) -> None:
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
 
     defaults = RunConfig()
     window = defaults.profile_wait + defaults.profile_warmup + defaults.profile_active

@@ -33,7 +33,7 @@ CADENCES = {"defaults": {}, "densest": {"PARALLAX_STEP_POINT_S": "0.000001", "PA
 def instrumented_run(settings: dict, environment: dict[str, str]) -> dict:
     """Train in this process with the series' calls timed; their seconds and the training time."""
     from db import make_engine, store
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.telemetry.energy import EnergyMeter
     from trainer_backend.worker.runner import execute_run
     from trainer_backend.telemetry.sampler import SystemSampler
@@ -85,8 +85,8 @@ def instrumented_run(settings: dict, environment: dict[str, str]) -> dict:
 def series_rows(engine, run_id: int) -> list:
     from sqlalchemy import select
 
-    from db.engine import session_scope
-    from db.models import StepMetric
+    from db.connection import session_scope
+    from db.tables import StepMetric
 
     with session_scope(engine) as session:
         return list(session.scalars(select(StepMetric.step).where(StepMetric.run_id == run_id)))

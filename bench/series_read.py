@@ -55,7 +55,7 @@ def fill(engine, run_id: int, rows: int) -> float:
 def rebuild_figures(engine, run_id: int, epochs) -> int:
     """What pages/run.py's build_series does on a tick with new rows; returns the number of figures."""
     from db import series
-    from ui import series_charts
+    from reports import series_charts
 
     steps = series_charts.steps_frame(series.read_steps(engine, [run_id], max_points=MAX_POINTS))
     system = series_charts.system_frame(series.read_system(engine, [run_id], max_points=MAX_POINTS))

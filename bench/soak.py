@@ -120,14 +120,14 @@ class Soak:
 
     def keep_runs_going(self) -> None:
         """Relaunch a slot's run when it ends, so three runs train at once the whole time."""
-        from db import lifecycle, make_engine, store
+        from db import run_state, make_engine, store
 
         engine = make_engine(f"sqlite:///{self.home / 'parallax.db'}")
         while not self.stop.wait(2.0):
-            lifecycle.mark_lost_runs(engine)
+            run_state.mark_lost_runs(engine)
             for slot, ids in self.runs.items():
                 run = store.get_run(engine, ids[-1])
-                if run.status not in lifecycle.ACTIVE_STATUSES and not self.stop.is_set():
+                if run.status not in run_state.ACTIVE_STATUSES and not self.stop.is_set():
                     self.launch(slot)
 
     def browse(self) -> None:
@@ -182,13 +182,13 @@ class Soak:
         return self.report(elapsed_s)
 
     def cancel_active(self) -> None:
-        from db import lifecycle, make_engine, store
+        from db import run_state, make_engine, store
         from trainer_backend.control.lifecycle import cancel
 
         engine = make_engine(f"sqlite:///{self.home / 'parallax.db'}")
         for ids in self.runs.values():
             for run_id in ids:
-                if store.get_run(engine, run_id).status in lifecycle.ACTIVE_STATUSES:
+                if store.get_run(engine, run_id).status in run_state.ACTIVE_STATUSES:
                     cancel(run_id)
 
     def report(self, elapsed_s: float) -> dict:

@@ -273,7 +273,7 @@ class Watch:
 
 def wait_until_finished(engine, run_id: int, timeout_s: float = 120) -> None:
     from db import store
-    from db.lifecycle import ACTIVE_STATUSES
+    from db.run_state import ACTIVE_STATUSES
 
     deadline = time.monotonic() + timeout_s
     while store.get_run(engine, run_id).status in ACTIVE_STATUSES:

@@ -1,8 +1,8 @@
 """Writes: what recording a run costs the training, and whether SQLite keeps up with readers.
 
 1. Cost per call of the three writes a run makes, on a fresh SQLite database (WAL): the epoch's
-   metrics (``db.store.log_epoch``, once per epoch), progress (``db.lifecycle.set_progress``, at
-   most about once a second) and the heartbeat (``db.lifecycle.heartbeat``, every 5 s), 200 calls
+   metrics (``db.store.log_epoch``, once per epoch), progress (``db.run_state.set_progress``, at
+   most about once a second) and the heartbeat (``db.run_state.heartbeat``, every 5 s), 200 calls
    per repeat, the three taken in turn, five repeats.
 2. Share of epoch time: a real foreground run (resnet18 on digits, 5 epochs, in this process) with
    the three functions wrapped to time every call; each epoch's write time over its recorded
@@ -43,7 +43,7 @@ def metrics(epoch: int) -> dict:
 
 def new_run(engine) -> int:
     from db import store
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
 
     return store.create_run(engine, RunConfig().to_dict(), status="running")
 
@@ -77,13 +77,13 @@ class CallCosts:
         return self._per_call(write)
 
     def set_progress(self) -> float:
-        from db import lifecycle
+        from db import run_state as lifecycle
 
         return self._per_call(lambda step: lifecycle.set_progress(self.engine, self.run_id, epoch=1, step=step,
                                                                   total_steps=self.calls))
 
     def heartbeat(self) -> float:
-        from db import lifecycle
+        from db import run_state as lifecycle
 
         return self._per_call(lambda _: lifecycle.heartbeat(self.engine, self.run_id))
 
@@ -97,8 +97,8 @@ def instrumented_run(settings: dict) -> dict:
     Returns, per epoch, the seconds spent in writes and the epoch's recorded time. A write
     belongs to the epoch whose ``log_epoch`` closes it (the heartbeat before training, and the
     queue claim, fall into epoch 1: a little pessimistic)."""
-    from db import lifecycle, make_engine, store
-    from trainer_backend.contract.config import RunConfig
+    from db import run_state as lifecycle, make_engine, store
+    from contract.config import RunConfig
     from trainer_backend.worker.runner import execute_run
 
     calls: list[tuple[str, float]] = []
@@ -138,7 +138,7 @@ def is_locked(exc: Exception) -> bool:
 
 
 def writer(url: str, seconds: float, start, results) -> None:
-    from db import lifecycle, make_engine, store
+    from db import run_state as lifecycle, make_engine, store
 
     engine = make_engine(url)
     committed, locked, errors, latencies = 0, 0, 0, []
@@ -194,8 +194,8 @@ def soak(url: str, seconds: float) -> dict:
     from sqlalchemy import func, select
 
     from db import make_engine
-    from db.engine import session_scope
-    from db.models import EpochMetric
+    from db.connection import session_scope
+    from db.tables import EpochMetric
 
     make_engine(url)  # create and migrate before the processes open it
     context = multiprocessing.get_context("spawn")

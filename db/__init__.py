@@ -6,8 +6,8 @@
     db.log_epoch(engine, run_id, {"epoch": 1, "train_loss": 0.9, ...})
 """
 
-from db.engine import dispose_engines, make_engine, session_scope
-from db.models import RUN_STATUSES, TERMINAL_STATUSES
+from db.connection import dispose_engines, make_engine, session_scope
+from db.tables import RUN_STATUSES, TERMINAL_STATUSES
 from db.store import (
     RunRecord,
     RunSummary,

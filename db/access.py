@@ -14,8 +14,8 @@ import os
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
-from db.engine import DatabaseUnavailable, make_engine, masked_url, sqlite_file
-from db.settings import database_url
+from db.connection import DatabaseUnavailable, make_engine, masked_url, sqlite_file
+from contract.environment import database_url
 
 __all__ = ["DatabaseUnavailable", "describe_failure", "open_database"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import Engine, select, update
 
-from db.engine import session_scope
-from db.models import EpochMetric, Run
+from db.connection import session_scope
+from db.tables import EpochMetric, Run
 from db.run_figures import run_figures
 
 # What makes two runs the same work: a speedup is only meaningful between runs that agree on these.
@@ -164,7 +164,7 @@ def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]], b
 def set_tags(engine: Engine, run_id: int, tags: Iterable[str]) -> list[str]:
     """Replace the run's tags (stripped, empty ones and repeats dropped); returns what was stored.
     Held to the bounds a launch has (``parse_tags``: 64 tags of 200 characters), ValueError otherwise."""
-    from trainer_backend.contract.config import parse_tags  # torch-free; the one place the bounds are kept
+    from contract.config import parse_tags  # torch-free; the one place the bounds are kept
 
     cleaned = list(parse_tags(list(dict.fromkeys(t.strip() for t in tags if t and t.strip()))))
     _update(engine, run_id, tags=cleaned)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, func, select, update
 
-from db.engine import session_scope
-from db.lifecycle import PROCESS_START_KEY, process_start
-from db.models import Run, utcnow
+from db.connection import session_scope
+from db.run_state import PROCESS_START_KEY, process_start
+from db.tables import Run, utcnow
 
 # A run left running by a failed attempt, or marked lost while torchrun restarted the job (its
 # rank 0 had died), is picked up again; cancelled, failed and completed runs stay as they are.

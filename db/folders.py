@@ -20,9 +20,9 @@ from typing import BinaryIO
 
 from sqlalchemy import Engine, select
 
-from db.engine import session_scope
-from db.models import DatabaseIdentity
-from db.settings import parallax_home
+from db.connection import session_scope
+from db.tables import DatabaseIdentity
+from contract.environment import parallax_home
 
 # The key never changes for a database: read once per engine.
 _keys: weakref.WeakKeyDictionary[Engine, tuple[str, int]] = weakref.WeakKeyDictionary()

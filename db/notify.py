@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Engine, func, select
 
-from db.engine import session_scope
-from db.models import EpochMetric, Run
+from db.connection import session_scope
+from db.tables import EpochMetric, Run
 
 WEBHOOKS_ENV = "PARALLAX_WEBHOOKS"
 WEBHOOKS_FILE = "webhooks"  # in PARALLAX_HOME, one URL a line
@@ -56,7 +56,7 @@ def webhook_urls() -> list[str]:
 
 def settings_webhooks() -> list[str]:
     """The webhooks the dashboard's Settings keep in ``$PARALLAX_HOME/webhooks``."""
-    from db.settings import parallax_home
+    from contract.environment import parallax_home
 
     try:
         lines = (parallax_home() / WEBHOOKS_FILE).read_text(encoding="utf-8").splitlines()
@@ -68,7 +68,7 @@ def settings_webhooks() -> list[str]:
 def save_webhooks(urls: list[str]) -> None:
     """Replace the Settings webhooks with ``urls`` (each checked first; ValueError names a bad one), in a
     file only its owner can read: the URLs hold their secrets."""
-    from db.settings import parallax_home
+    from contract.environment import parallax_home
 
     checked = [check_webhook_url(url) for url in urls if url.strip()]
     path = parallax_home() / WEBHOOKS_FILE

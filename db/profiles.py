@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
 
-from db.engine import session_scope
-from db.models import ProfileOp, ProfileStep, ProfileTrace
+from db.connection import session_scope
+from db.tables import ProfileOp, ProfileStep, ProfileTrace
 
 OP_FIELDS = ("name", "calls", "self_cpu_us", "cpu_total_us", "self_device_us", "device_total_us",
              "self_cpu_memory_bytes", "self_device_memory_bytes")

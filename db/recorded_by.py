@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-from trainer_backend.contract.strategy_specs import STRATEGY_SPECS, find
+from contract.strategy_specs import STRATEGY_SPECS, find
 
 VERSION_KEY = "parallax_version"  # in Run.measurements, beside process_start
 DISTRIBUTION = "parallax-train"

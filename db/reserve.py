@@ -21,7 +21,7 @@ from pathlib import Path
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
-from db.engine import sqlite_file
+from db.connection import sqlite_file
 
 # A run's last write is one row (and its indexes): a few pages of WAL. Many times that, so that a
 # checkpoint's first frames fit too, and small next to any database.

@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from db.engine import session_scope
-from db.models import Run, ScriptMetric, utcnow
+from db.connection import session_scope
+from db.tables import Run, ScriptMetric, utcnow
 from db.recorded_by import VERSION_KEY, parallax_version
 
 SCRIPT_KIND = "script"

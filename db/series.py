@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import BigInteger, Engine, cast, delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from db.engine import session_scope
-from db.models import Run, StepMetric, SystemSample
+from db.connection import session_scope
+from db.tables import Run, StepMetric, SystemSample
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
 # "node": the machine sampled, by its node rank in a torchrun job (0 where the run has one machine).

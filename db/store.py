@@ -21,10 +21,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from db import script_metrics, series
-from db.engine import session_scope
-from db.lifecycle import PROCESS_START_KEY, process_start
+from db.connection import session_scope
+from db.run_state import PROCESS_START_KEY, process_start
 from db.recorded_by import VERSION_KEY, parallax_version
-from db.models import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
+from db.tables import RUN_STATUSES, TERMINAL_STATUSES, EpochMetric, Run, Sweep, utcnow
 from db.run_figures import run_figures
 
 MAX_ID = 2**63 - 1  # ids are 64-bit signed integers in SQLite and PostgreSQL (BIGINT) alike
@@ -201,7 +201,7 @@ def set_status(engine: Engine, run_id: int, status: str, *, error: str | None = 
 
 def set_process(engine: Engine, run_id: int, *, pid: int, host: str) -> None:
     """Record which process (pid on host) executes the run, so it can be found and cancelled,
-    and when that process started (``db.lifecycle.process_start``, called on ``host``): a pid is
+    and when that process started (``db.run_state.process_start``, called on ``host``): a pid is
     reused after its process ends, and a cancel must signal the run's own process, no other."""
     start = process_start(pid) if host == socket.gethostname() else None
     with session_scope(engine) as session:

@@ -11,10 +11,11 @@ import streamlit as st
 from db import dashboard, series, store
 from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
-from reports.sweep import strategy_advice, waiting_for
+from reports.sweep_report import strategy_advice, waiting_for
 from db.recorded_by import unknown_strategy_note
-from trainer_backend.contract.strategy_specs import baseline, find, names_where
-from ui import charts, efficiency_views, script_views, series_charts, state, widgets
+from contract.strategy_specs import baseline, find, names_where
+from reports import charts, series_charts
+from ui import efficiency_views, script_views, state, widgets
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/compare.py")

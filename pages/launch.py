@@ -1,7 +1,7 @@
 """Launch: choose data, model, strategy and devices; every value is checked by building the
 same ``RunConfig`` the trainer runs; Launch starts a background run and opens its page.
 
-The form's sections and fields come from the field catalogue (ui/fields.py draws them); this page
+The form's sections and fields come from the field catalogue (ui/field_widgets.py draws them); this page
 adds the pickers whose choices come from the data roots, timm and the machine (dataset, model,
 strategy, devices), and the checks and captions around them.
 
@@ -21,17 +21,17 @@ from types import SimpleNamespace
 import streamlit as st
 
 from db import dashboard
-from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import (CPU_PROCESSES_PER_CORE,
+from contract import devices as device_info
+from contract.config import (CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, RunConfig, max_cpu_processes)
-from trainer_backend.contract.model_source import is_custom_model
-from trainer_backend.contract.strategy_specs import find, spec, sweep_base_for
+from contract.model_source import is_custom_model
+from contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
 from ui import launch_memory, memory_views, options, own_model, slurm_views, state
-from trainer_backend.contract.fields import SLURM_SECTION
-from ui import torchrun as torchrun_ui
-from ui.fields import draw_form, field_widget
+from contract.fields import SLURM_SECTION
+from ui import torchrun_command as torchrun_ui
+from ui.field_widgets import draw_form, field_widget
 from ui.text import escape_markdown
 from ui.validation import validate_form
 

@@ -15,14 +15,14 @@ import streamlit as st
 
 from db import profiles, series, store
 from db.folders import NotARegularFile
-from db.lifecycle import ACTIVE_STATUSES, RESUMABLE_ENDS
+from db.run_state import ACTIVE_STATUSES, RESUMABLE_ENDS
 from db.recorded_by import unknown_strategy_note
 from db.run_figures import IMAGES_PER_S_HELP, TRAINING_TIME_HELP, run_figures
 from trainer_backend.control.housekeeping import OutsideRunFolder, checkpoint_files, run_file
 from trainer_backend.control.lifecycle import CancelNotDelivered, cancel, resume
 from reports import scaling
-from ui import (charts, confusion, downloads, efficiency_views, launch_memory, live, live_feed, options, run_notes,
-                script_views, series_charts, state, widgets)
+from reports import charts, confusion_charts, series_charts
+from ui import downloads, efficiency_views, launch_memory, live, live_feed, options, run_notes, script_views, state, widgets
 from ui.profile_views import step_breakdown_chart
 from ui.slurm_views import show_job as show_slurm_job
 from ui.text import escape_markdown
@@ -257,9 +257,9 @@ def show_per_class(run: store.RunRecord) -> None:
         return
     st.subheader("Per class (best epoch)")
     table_col, matrix_col = st.columns([1, 2])
-    table_col.dataframe(confusion.per_class_frame(record), hide_index=True,
+    table_col.dataframe(confusion_charts.per_class_frame(record), hide_index=True,
                         column_config={"accuracy": st.column_config.NumberColumn(format="percent")})
-    figure, caption = confusion.confusion_figure(record)
+    figure, caption = confusion_charts.confusion_figure(record)
     if figure is not None:
         matrix_col.plotly_chart(figure, key="confusion")
     matrix_col.caption(caption)

@@ -11,7 +11,7 @@ import streamlit as st
 from db import dashboard
 from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
                             TRAINING_TIME_LABEL)
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
 from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 from ui import slurm_views, state

@@ -17,9 +17,9 @@ import streamlit as st
 from db import store
 from db.run_figures import IMAGES_PER_S_LABEL
 from reports import scaling
-from db.lifecycle import ACTIVE_STATUSES
-from reports.forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
-from reports.sweep import (ESTIMATE_ERROR_NOTE, energy_gaps_line, mfu_note, scaling_figure, strategy_advice,
+from db.run_state import ACTIVE_STATUSES
+from reports.scaling_forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
+from reports.sweep_report import (ESTIMATE_ERROR_NOTE, energy_gaps_line, mfu_note, scaling_figure, strategy_advice,
                            sweep_html, sweep_table, waiting_for)
 from ui import efficiency_views, live, state, widgets
 from ui.profile_views import step_breakdown_chart

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from parallax import endings
-from parallax.profiling import profile
+from parallax.profile_window import profile
 from parallax.ranks import rank_info
-from parallax.run import MODE_ENV, MODES, RESUME_CHOICES, Config, Run
+from parallax.script_run import MODE_ENV, MODES, RESUME_CHOICES, Config, Run
 
 __all__ = ["Config", "Run", "finish", "init", "log", "profile", "run"]
 

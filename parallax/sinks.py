@@ -6,13 +6,13 @@ import os
 import signal
 import time
 
-from db import lifecycle, script_metrics
+from db import run_state, script_metrics
 from trainer_backend.telemetry.sampler import SystemSampler
 
 
 class DatabaseSink:
     """Rank 0's writes: the logged values in one statement per turn, a heartbeat every
-    ``lifecycle.HEARTBEAT_INTERVAL_S``, and a config the script changed."""
+    ``run_state.HEARTBEAT_INTERVAL_S``, and a config the script changed."""
 
     def __init__(self, run, started_at_s: float):
         self.run, self.started_at_s = run, started_at_s
@@ -29,10 +29,10 @@ class DatabaseSink:
         if (config := self.run.config.take_change()) is not None:
             script_metrics.update_script_config(engine, run_id, config)
         now = time.monotonic()
-        if now - self._beat_at < lifecycle.HEARTBEAT_INTERVAL_S:
+        if now - self._beat_at < run_state.HEARTBEAT_INTERVAL_S:
             return
         self._beat_at = now
-        if not lifecycle.heartbeat(engine, run_id) and _ended_as(engine, run_id) == "cancelled":
+        if not run_state.heartbeat(engine, run_id) and _ended_as(engine, run_id) == "cancelled":
             # Cancelled where SIGTERM could not reach (another machine, another user): stop as if it had.
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -37,7 +37,7 @@ class Sink(Protocol):
 class BackgroundWriter:
     def __init__(self, sink: Sink, *, flush_s: float | None = None, max_pending: int = MAX_PENDING_CALLS,
                  describe_error: Callable[[BaseException], str] = lambda exc: f"{type(exc).__name__}: {exc}"):
-        from db.settings import seconds_from_env  # the database's packages load with init, not with the import
+        from contract.environment import seconds_from_env  # the database's packages load with init, not with the import
 
         self.sink, self.max_pending = sink, max_pending
         self.flush_s = seconds_from_env(FLUSH_ENV, DEFAULT_FLUSH_S) if flush_s is None else flush_s

@@ -12,8 +12,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import find
+from contract.config import RunConfig
+from contract.strategy_specs import find
 
 # Beyond the like-for-like fields (dataset, model, global batch, image size, AMP), what changes a
 # step's time or memory: bands, the input channels of the first convolution; optimizer, its update

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from db import profiles, store
-from trainer_backend.contract.storage import DiskFullError, check_export_dir, write_export
+from contract.storage import DiskFullError, check_export_dir, write_export
 
 from .report_html import REPORT_CSS, charts_html
 from .profile_charts import breakdown_means, memory_by_op_figure, step_breakdown_figure, top_ops, top_ops_figure

@@ -27,7 +27,7 @@ import pandas as pd
 
 from db.series import GPU_FIELDS, PROCESS_FIELDS, STEP_FIELDS
 from db.store import EPOCH_FLOAT_FIELDS
-from trainer_backend.contract.storage import check_export_dir, write_export
+from contract.storage import check_export_dir, write_export
 
 from .spreadsheet import frame_for_csv
 

@@ -15,10 +15,10 @@ from typing import Any
 import pandas as pd
 
 from db.dashboard import LIKE_FOR_LIKE_FIELDS, like_key
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from db.run_figures import steady_images_per_s
 from db.store import EPOCH_FIELDS
-from trainer_backend.contract.strategy_specs import find
+from contract.strategy_specs import find
 from .spreadsheet import frame_for_csv
 
 SCALING_COLUMNS = (

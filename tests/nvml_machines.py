@@ -44,7 +44,7 @@ def fake_nvml(monkeypatch):
 
 def pin_cuda_count(monkeypatch, count: int) -> None:
     """What torch would count, for the config checks that ask it (the form's "no such GPU")."""
-    monkeypatch.setattr("trainer_backend.contract.config.cuda_device_count", lambda: count)
+    monkeypatch.setattr("contract.config.cuda_device_count", lambda: count)
 
 
 @pytest.fixture

@@ -319,7 +319,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     validation split: (checkpoint, accuracy, mean loss, images)."""
     import torch
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.inputs import DeviceInputs
     from trainer_backend.engine.loop import evaluate
     from trainer_backend.engine.models import create_model

@@ -10,8 +10,9 @@
                                   │ measures with
                                   ▼
                                telemetry    step points, system samples, profiler, MFU, memory, energy
-    every room reads ─────────▶ contract     RunConfig and this machine's devices and limits (torch-free)
+    every room reads ─────────▶ contract/    (the package below every other) RunConfig, devices, limits: torch-free
                                 datasets     folders and built-in sets, decoded once, cached and split
 
-Arrows run down only (tests/project/test_layers.py checks it): a room never imports one above it.
+Arrows run down only (tests/project/test_layers.py checks it): a room never imports one above it, and the
+backend imports ui/ and pages/ never: it writes through db/ and reports/, and reads contract/.
 """

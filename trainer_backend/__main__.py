@@ -9,14 +9,14 @@ signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Before torch is imported: CUDA reads the order once, when it starts. Every process Parallax
 # starts (the CLI, a launched run's worker, its spawned ranks, torchrun's ranks) comes through here.
-from trainer_backend.contract.devices import pin_cuda_device_order  # noqa: E402
+from contract.devices import pin_cuda_device_order  # noqa: E402
 
 pin_cuda_device_order()
 
 from trainer_backend.control.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    from db.settings import keep_files_private
+    from contract.environment import keep_files_private
 
     try:  # before anything is written: what this process and the ones it starts write is private
         keep_files_private()

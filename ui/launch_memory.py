@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.strategy_specs import SPECS
+from contract.config import ConfigError, RunConfig
+from contract.strategy_specs import SPECS
 
 START_KEY = "launch_form_start"
 

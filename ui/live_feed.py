@@ -98,7 +98,7 @@ def plotly_js() -> bytes:
 @functools.cache
 def chart_layouts() -> dict[str, dict]:
     """Each live chart's layout, as the Run page's other step charts lay theirs out (the same for every run)."""
-    from ui import series_charts
+    from reports import series_charts
 
     empty = series_charts.steps_frame([])
     return {column: json.loads(series_charts.step_figure(empty, column).to_json())["layout"]

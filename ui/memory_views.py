@@ -13,8 +13,8 @@ import json
 
 import streamlit as st
 
-from trainer_backend.contract import devices as device_info
-from trainer_backend.contract.config import RunConfig
+from contract import devices as device_info
+from contract.config import RunConfig
 from ui.text import escape_markdown
 
 # Free memory moves while other work runs; suggestions are cached per 256 MB of it.

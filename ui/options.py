@@ -18,7 +18,7 @@ from typing import Any
 
 import streamlit as st
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.datasets.roots import data_roots, is_under_roots, offered_lists
 
 # The default run's model first, so the form opens on it.
@@ -80,7 +80,7 @@ def dataset_lists() -> list[str]:
 
 def outside_roots(choice: str) -> str | None:
     """Why the dashboard may not use ``choice`` (a folder outside the data roots), or None."""
-    from trainer_backend.contract.config import ConfigError
+    from contract.config import ConfigError
     from trainer_backend.datasets.roots import check_under_roots
 
     if choice in BUILTIN_DATASETS:  # decided here: the check would import torch to learn these names
@@ -147,8 +147,8 @@ def data_on_device_problem(config: RunConfig) -> str | None:
     makes before it trains, from the dataset's size and NVML's free memory), or None."""
     if config.data_on_device != "on" or not config.uses_cuda:
         return None
-    from trainer_backend.contract.config import data_on_device_problem as problem
-    from trainer_backend.contract.devices import gpu_free_bytes
+    from contract.config import data_on_device_problem as problem
+    from contract.devices import gpu_free_bytes
     from trainer_backend.datasets import stored_split_size
 
     try:

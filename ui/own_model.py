@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import streamlit as st
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.model_source import ModelError, with_model_source
+from contract.config import RunConfig
+from contract.model_source import ModelError, with_model_source
 
 TIMM, OWN = "timm", "Your own"
 
@@ -53,8 +53,8 @@ def _checked(model: str, model_args: str, source: str, dataset: str, bands, imag
 def config_to_check(config: RunConfig, sweep_strategies: list[str] | None) -> RunConfig:
     """The config whose model the child checks: the form's, or for a sweep the first strategy that cuts the
     model into stages (mp, pp: the strictest check), else single on one device."""
-    from trainer_backend.contract.config import ConfigError
-    from trainer_backend.contract.strategy_specs import baseline, spec
+    from contract.config import ConfigError
+    from contract.strategy_specs import baseline, spec
 
     if sweep_strategies is None:
         return config

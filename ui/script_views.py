@@ -16,9 +16,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from db import lifecycle, script_metrics, series
-from ui.charts import base_figure
-from ui.text import escape_markdown, plotly_text
+from db import run_state, script_metrics, series
+from reports.charts import base_figure
+from ui.text import escape_markdown
+from contract.printable import plotly_text
 
 SCRIPT_KIND = script_metrics.SCRIPT_KIND
 POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "n")
@@ -105,7 +106,7 @@ def engine_points(step_rows: Iterable[Mapping[str, Any]], epoch_rows: Iterable[M
 
 def run_section(engine, run) -> None:
     """A script run's Run page body: its logged metrics (live while it runs) and summary."""
-    active = run.status in lifecycle.ACTIVE_STATUSES
+    active = run.status in run_state.ACTIVE_STATUSES
     script = run.measurements.get("script") or {}
     where = f" · {escape_markdown(script['file'])}" if script.get("file") else ""
     st.caption(f"A script run (`import parallax`) of project **{escape_markdown(str(script.get('project', '')))}**"

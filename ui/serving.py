@@ -134,7 +134,7 @@ def download(request) -> Any:
     from starlette.responses import PlainTextResponse, StreamingResponse
 
     from db.folders import NotARegularFile, open_regular_file
-    from db.settings import database_url
+    from contract.environment import database_url
     from trainer_backend.control.housekeeping import OutsideRunFolder, run_file
     from ui.state import engine_for
 
@@ -171,7 +171,7 @@ def live_points(request) -> Any:
     """A run's status, progress and the step points after ``after``, for a link a Run page signed (ui/live_feed.py)."""
     from starlette.responses import JSONResponse, PlainTextResponse
 
-    from db.settings import database_url
+    from contract.environment import database_url
     from ui.state import engine_for
 
     if (refused := _host_refusal(request)) is not None:

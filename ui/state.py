@@ -1,4 +1,4 @@
-"""What the pages share: the cached database engine, the page paths, and moving between pages
+"""What the pages share: the cached database connection (a SQLAlchemy engine), the page paths, and moving between pages
 with the run (or runs) to show.
 
 The engine is cached per database URL with ``st.cache_resource``: one pool for every user and
@@ -13,10 +13,10 @@ import streamlit as st
 from sqlalchemy import Engine
 
 from db import make_engine
-from db.engine import DatabaseUnavailable
-from db.lifecycle import mark_lost_runs
+from db.connection import DatabaseUnavailable
+from db.run_state import mark_lost_runs
 from trainer_backend.control.slurm_status import watch_slurm_runs
-from db.settings import database_url
+from contract.environment import database_url
 from db.store import MAX_ID, parse_id
 from ui.text import escape_markdown
 

@@ -4,12 +4,12 @@
 
 Streamlit renders Markdown (and its own ``:color[...]``, ``:material/...:`` and ``$...$``) in
 st.markdown, st.caption, st.info and friends, and in widget labels; a tag ``[click](https://x)``
-would become a link. CSV downloads are made safe where they are built (``reports.spreadsheet``).
+would become a link. CSV downloads are made safe where they are built (``reports.spreadsheet``), Plotly labels by
+``contract.printable.plotly_text``.
 """
 
 from __future__ import annotations
 
-import html
 import re
 
 # Characters that start Markdown (or Streamlit's LaTeX) anywhere in a line. Escaped, they are text;
@@ -25,15 +25,6 @@ _LEADING_NUMBER = re.compile(r"^(\d+)([.)])")  # "1. " or "1) " starts a numbere
 # them; an invisible word joiner after the ":", "@" or "www" does. "Error: text" is left as it is.
 _WORD_JOINER = "\u2060"
 _SHORTCODE_OR_LINK = re.compile(r"(?i)(:(?=[a-z_+/-]|[0-9]+:)|@|\bwww(?=\.))")  # not "host:8501"
-
-
-def plotly_text(text: object) -> str:
-    """``text`` shown literally in a Plotly label (an axis tick, a legend entry): Plotly reads tags
-    such as ``<a href>`` and ``<br>`` in them, so ``<``, ``>`` and ``&`` become entities, and
-    invisible controls (a newline, ESC from a file name) their escapes."""
-    line = str(text)
-    line = line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-    return html.escape(line, quote=False)
 
 
 def escape_markdown(text: object) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 DEFAULT_CONFIG = RunConfig()
 

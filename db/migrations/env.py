@@ -1,8 +1,8 @@
 """Alembic environment for the Parallax database.
 
-Two callers: ``db.engine.upgrade_to_head`` hands over an open connection in
+Two callers: ``db.connection.upgrade_to_head`` hands over an open connection in
 ``config.attributes["connection"]``; the ``alembic -c db/alembic.ini ...`` CLI gets none and
-connects to ``db.settings.database_url()`` (``PARALLAX_DB_URL`` or the SQLite file in
+connects to ``contract.environment.database_url()`` (``PARALLAX_DB_URL`` or the SQLite file in
 ``PARALLAX_HOME``), or to ``sqlalchemy.url`` when that is set in the config.
 """
 
@@ -13,9 +13,9 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, create_engine, func, make_url, pool, select
 
-from db.engine import MIGRATION_LOCK_KEY, sqlite_file
-from db.models import Base
-from db.settings import database_url
+from db.connection import MIGRATION_LOCK_KEY, sqlite_file
+from db.tables import Base
+from contract.environment import database_url
 
 config = context.config
 target_metadata = Base.metadata

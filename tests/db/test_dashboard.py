@@ -1,6 +1,6 @@
 """What the dashboard reads and changes outside the pages: the run table and its filters
 (``db/dashboard.py``), deleting a run with its files (``trainer_backend/control/housekeeping.py``) and
-device discovery (``trainer_backend/contract/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
+device discovery (``contract/devices.py``). Real SQLite files in tmp_path and real PostgreSQL
 databases: every test that takes ``db_url`` runs on both.
 
     .venv/bin/python -m pytest tests/db/test_dashboard.py -q
@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from db import dashboard, store
-from trainer_backend.contract import devices
+from contract import devices
 from db.folders import run_folder
 from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
 

@@ -19,7 +19,7 @@ import db
 from tests.support import ROOT, run_cli
 from db import store
 from db.folders import database_key, run_folder
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control.housekeeping import delete_run_and_files, run_file
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "8", "--epochs", "1")
@@ -112,7 +112,7 @@ def test_relative_paths_given_to_launch_mean_the_callers_directory(tmp_path, par
 
 
 def test_a_relative_sqlite_url_is_made_absolute_and_others_are_left_alone(tmp_path, monkeypatch):
-    from db.engine import absolute_database_url
+    from db.connection import absolute_database_url
 
     monkeypatch.chdir(tmp_path)
     assert absolute_database_url("sqlite:///rel/p.db") == f"sqlite:///{tmp_path / 'rel' / 'p.db'}"
@@ -126,7 +126,7 @@ def upgraded(tmp_path, parallax_home):
     """The 0001 fixture database (runs 1-3) in a home that holds run 1's files from before."""
     import shutil
 
-    from tests.db.test_engine_upgrades import FIXTURE
+    from tests.db.test_connection_upgrades import FIXTURE
 
     path = parallax_home / "parallax.db"
     shutil.copyfile(FIXTURE, path)

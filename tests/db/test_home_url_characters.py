@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import make_url
 
 import db
-from db.engine import absolute_database_url, sqlite_file
-from db.settings import data_dir, database_url
+from db.connection import absolute_database_url, sqlite_file
+from contract.environment import data_dir, database_url
 
 ODD_NAMES = ["home?mode=ro", "home#part", "home%41b", "home%3Fx"]
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from db import lifecycle, notify, store
+from db import run_state, notify, store
 
 SECRET = "T0SECRET/B0SECRET/xyzSECRETxyz"
 
@@ -69,7 +69,7 @@ def ended_run(engine, receiver, monkeypatch, status: str, error: str | None = No
     store.log_epoch(engine, run_id, {"epoch": 1, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5, "val_acc": 0.625,
                                      "epoch_time_s": 1.0, "train_time_s": 1.0, "images_per_s": 10.0,
                                      "peak_memory_mb": {}})
-    assert lifecycle.finish(engine, run_id, status, error=error)
+    assert run_state.finish(engine, run_id, status, error=error)
     return run_id, receiver.wait_for(1)
 
 
@@ -91,7 +91,7 @@ def test_a_failed_run_posts_its_reason_once(engine, parallax_home, receiver, mon
     run_id, [post] = ended_run(engine, receiver, monkeypatch, "failed", reason)
     assert post["body"]["event"] == "run.failed" and post["body"]["run"]["reason"] == reason
     assert f"failed: {reason}" in post["body"]["text"]
-    assert not lifecycle.finish(engine, run_id, "lost", error="later")  # the first end stands, and is told once
+    assert not run_state.finish(engine, run_id, "lost", error="later")  # the first end stands, and is told once
     assert len(receiver.posts) == 1
 
 
@@ -104,7 +104,7 @@ def test_a_run_marked_lost_is_told(engine, parallax_home, receiver, monkeypatch)
     monkeypatch.setenv(notify.WEBHOOKS_ENV, receiver.url)
     run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "single"}, status="running")
     store.set_process(engine, run_id, pid=2**22 + 1, host=__import__("socket").gethostname())  # no such process
-    assert lifecycle.mark_lost_runs(engine) == [run_id]
+    assert run_state.mark_lost_runs(engine) == [run_id]
     [post] = receiver.wait_for(1)
     assert post["body"]["event"] == "run.lost" and "is gone" in post["body"]["run"]["reason"]
 

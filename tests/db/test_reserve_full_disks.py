@@ -135,8 +135,8 @@ def test_a_database_that_cannot_be_written_any_more_is_one_line_and_heartbeats_s
     """A file system cannot be remounted read-only under an open SQLite writer, so the read-only
     database is SQLite's own: the same file opened with ``mode=ro``, every write refused by SQLite."""
     import db
-    from db import lifecycle, store
-    from db.engine import DatabaseReadOnlyError, retry_when_locked
+    from db import run_state, store
+    from db.connection import DatabaseReadOnlyError, retry_when_locked
 
     writable = db.make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
     run_id = store.create_run(writable, {"strategy": "single", "model": "test_resnet", "dataset": "digits"},
@@ -150,8 +150,8 @@ def test_a_database_that_cannot_be_written_any_more_is_one_line_and_heartbeats_s
         message = str(refused.value)
         assert "became read-only: could not record epoch 1 (attempt to write a readonly database)" in message
         assert "the metrics recorded so far are kept" in message and "\n" not in message
-        assert lifecycle.heartbeat(read_only, run_id) is False  # skipped, as under a lock
-        assert lifecycle.mark_lost_runs(read_only) == []  # reads go on; marking waits for a writable database
+        assert run_state.heartbeat(read_only, run_id) is False  # skipped, as under a lock
+        assert run_state.mark_lost_runs(read_only) == []  # reads go on; marking waits for a writable database
         assert [run.status for run in store.list_runs(read_only)] == ["running"]
     finally:
         db.dispose_engines()

@@ -21,10 +21,10 @@ from streamlit.testing.v1 import AppTest
 import db
 from tests.support import ROOT
 from db import series, store
-from reports import run_csv, sweep as sweep_report
+from reports import run_csv, sweep_report
 from reports.scaling import epochs_frame
 from trainer_backend.control import cli
-from ui import series_charts
+from reports import series_charts
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90

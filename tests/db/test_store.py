@@ -22,9 +22,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import JSON, event, func, select
 
 import db
-import db.engine as db_engine
+import db.connection as db_engine
 from db import profiles
-from db.models import Base, EpochMetric
+from db.tables import Base, EpochMetric
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"strategy": "ddp", "model": "resnet18", "dataset": "cifar10", "epochs": 2, "tags": ["baseline"]}

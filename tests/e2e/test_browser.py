@@ -22,7 +22,7 @@ from bench.browser import CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHART
 from tests.support import ROOT, run_dir
 from tests.nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from trainer_backend.control.lifecycle import cancel
 
 ARTIFACTS = ROOT / "test-artifacts"

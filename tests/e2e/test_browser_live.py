@@ -19,7 +19,7 @@ from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
 from tests.nvml_machines import subprocess_env
 from tests.support import SLEEPER_ENV, run_cli
 from db import dispose_engines, make_engine, store
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from trainer_backend.control.lifecycle import cancel
 
 pytestmark = [pytest.mark.processes, pytest.mark.browser]

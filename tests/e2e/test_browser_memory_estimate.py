@@ -24,7 +24,7 @@ ESTIMATE_MS = 120_000  # resnet50's traces on a busy two-core machine, and the s
 # the config's "does this GPU exist" check asks it (the same edge as nvml_machines.pin_cuda_count).
 GPU_COUNT_HOOK = """
 import os
-import trainer_backend.contract.config as config
+import contract.config as config
 config.cuda_device_count = lambda: int(os.environ["FAKE_CUDA_COUNT"])
 """
 

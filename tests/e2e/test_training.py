@@ -11,7 +11,7 @@ import pytest
 import tifffile
 
 from tests.support import evaluate_checkpoint, run_cli, train_and_export
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 
 EPOCH_FIELDS = ("train_loss", "train_acc", "val_loss", "val_acc", "epoch_time_s", "train_time_s", "images_per_s", "lr")
 DIGITS_TRAIN = 1437  # 80 % of scikit-learn's 1797 digits, stratified

@@ -23,8 +23,8 @@ from streamlit.testing.v1 import AppTest
 from tests.support import ROOT
 from tests.nvml_machines import fake_nvml, two_gpu_machine  # noqa: F401
 from db import store
-from db.engine import session_scope
-from db.models import EpochMetric, Run, utcnow
+from db.connection import session_scope
+from db.tables import EpochMetric, Run, utcnow
 from db.folders import run_folder
 from trainer_backend.control.lifecycle import group_members
 from ui.run_notes import NOTES_LABEL
@@ -134,7 +134,7 @@ def test_launch_defaults_are_valid_and_quick(parallax_home):
 
 def test_launch_form_starts_from_the_engines_defaults(parallax_home):
     """One source: the form's first values are RunConfig's, which the CLI's defaults are too."""
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
 
     at = open_page("pages/launch.py")
     defaults = RunConfig()

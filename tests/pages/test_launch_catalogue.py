@@ -16,12 +16,12 @@ from streamlit.testing.v1 import AppTest
 
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
-from trainer_backend.contract import config as config_module
-from trainer_backend.contract import fields as fields_module
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.fields import FIELDS, Field, when
+from contract import config as config_module
+from contract import fields as fields_module
+from contract.config import RunConfig
+from contract.fields import FIELDS, Field, when
 from ui import launch_memory, memory_views, options, own_model, validation
-from ui.fields import SECTIONS, Section, form_sections, widget_help
+from ui.field_widgets import SECTIONS, Section, form_sections, widget_help
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90  # the first page in a process imports torch and timm

@@ -10,7 +10,7 @@ from __future__ import annotations
 from db import store
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.pages.test_launch_recipe import cancel_at_the_end, errors_in_column_of, launch_button, launch_page  # noqa: F401
-from trainer_backend.contract.fields import FIELDS
+from contract.fields import FIELDS
 
 
 def test_the_choice_starts_at_auto_and_on_is_refused_beside_it_on_a_cpu(launch_page):

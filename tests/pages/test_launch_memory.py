@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
 from db import store
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from trainer_backend.control.lifecycle import cancel
 
 APP = str(ROOT / "app.py")

@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from db import store
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
 from trainer_backend.control.lifecycle import cancel

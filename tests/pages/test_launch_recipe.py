@@ -12,9 +12,9 @@ from streamlit.testing.v1 import AppTest
 
 from tests.support import ROOT
 from db import store
-from db.lifecycle import ACTIVE_STATUSES
+from db.run_state import ACTIVE_STATUSES
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control.lifecycle import cancel
 
 APP = str(ROOT / "app.py")
@@ -157,7 +157,7 @@ def open_page(page: str, **session) -> AppTest:
 
 
 def test_the_effective_batch_is_shown_wherever_the_batch_is(parallax_home, cpu_machine, engine):  # noqa: F811
-    from reports.sweep import format_table, sweep_table
+    from reports.sweep_report import format_table, sweep_table
 
     sweep_id = store.create_sweep(engine, {"batch_size": 64, "accumulate_steps": 4}, ["single", "mp"])
     accumulated = add_run(engine, sweep_id=sweep_id, accumulate_steps=4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control import slurm_status
 from trainer_backend.control.slurm_job import submit_array
 from tests.support import ROOT

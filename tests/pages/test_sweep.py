@@ -12,9 +12,9 @@ from streamlit.testing.v1 import AppTest
 from tests.support import ROOT
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
-from db.lifecycle import ACTIVE_STATUSES
-from reports.forecast import HYPOTHETICAL_HEADING
-from trainer_backend.contract import devices
+from db.run_state import ACTIVE_STATUSES
+from reports.scaling_forecast import HYPOTHETICAL_HEADING
+from contract import devices
 from trainer_backend.control.lifecycle import cancel
 
 APP = str(ROOT / "app.py")

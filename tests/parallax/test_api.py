@@ -7,7 +7,7 @@ import pytest
 
 import parallax
 from parallax.ranks import RankInfo, group_key, rank_info
-from parallax.run import Config
+from parallax.script_run import Config
 from parallax.values import as_step, as_values
 from parallax.writer import BackgroundWriter
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import db
-from db import lifecycle, script_metrics, series
+from db import run_state, script_metrics, series
 from tests.parallax import scripts
 from tests.parallax.scripts import finish_script, kill_group, run_script, start_script, wait_for_line, write_script
 
@@ -118,14 +118,14 @@ def test_a_killed_script_is_lost_once_its_pid_is_gone(engine, tmp_path):
     process = start_script([str(script)], cwd=tmp_path)
     try:
         wait_for_line(process, "ready")
-        assert lifecycle.mark_lost_runs(engine) == []  # alive: not lost
+        assert run_state.mark_lost_runs(engine) == []  # alive: not lost
         process.send_signal(signal.SIGKILL)
         process.wait(30)
     finally:
         kill_group(process)
     run = only_run(engine)
     assert run.status == "running"  # nothing in the script could say so
-    assert lifecycle.mark_lost_runs(engine) == [run.id]  # what the dashboard and `parallax list` ask
+    assert run_state.mark_lost_runs(engine) == [run.id]  # what the dashboard and `parallax list` ask
     run = only_run(engine)
     assert run.status == "lost" and f"process {process.pid}" in run.error
 

@@ -1,5 +1,5 @@
 """The project's imports run one way: no circles, no private names across modules, and the
-layers keep to themselves (the engine never imports the dashboard, the pages never join a
+layers keep to themselves (the backend never imports the dashboard, the pages never join a
 process group). Read from the source with ``ast``, imports inside functions included, since a
 circle hidden inside a function is still a circle.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.support import ROOT
 
-PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports", "parallax")
+PACKAGES = ("trainer_backend", "db", "ui", "pages", "bench", "reports", "parallax", "contract")
 TOP_FILES = ("app.py",)
 
 
@@ -165,7 +165,7 @@ def imported_modules(module: str) -> set[str]:
     return names
 
 
-def test_the_engine_never_imports_the_dashboard():
+def test_the_backend_never_imports_the_dashboard():
     offending = {
         f"{module} imports {name}"
         for module in MODULES if module.startswith("trainer_backend")
@@ -185,9 +185,10 @@ def test_pages_and_ui_never_import_torch_distributed():
     assert not offending, sorted(offending)
 
 
-# The backend's rooms by process role, highest first (trainer_backend/__init__.py draws them): a module imports
+# The backend's rooms by process role, highest first (trainer_backend/__init__.py draws them; the contract they all
+# read is the package at the bottom of LAYERS): a module imports
 # from its own room or a lower one, never a higher one.
-ROOMS = ("control", "worker", "engine", "telemetry", "datasets", "contract")
+ROOMS = ("control", "worker", "engine", "telemetry", "datasets")
 
 
 def room_of(module: str) -> str | None:
@@ -225,7 +226,68 @@ def test_the_contract_imports_no_torch():
     import subprocess
     import sys
 
-    contract = sorted(m for m in MODULES if room_of(m) == "contract")
+    contract = sorted(m for m in MODULES if m.split(".")[0] == "contract")
     code = "import sys\n" + "".join(f"import {m}\n" for m in contract) + "print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+# The top-level packages, highest first (docs/HOW_IT_IS_BUILT.md draws them): a package imports from itself or a
+# lower one, never a higher one. The contract (RunConfig, the field catalogue, strategy specs, where Parallax keeps
+# its state) is at the bottom, so that the database, the reports and the backend all read it without reading each
+# other upward.
+LAYERS = ("app", "bench", "pages", "ui", "parallax", "trainer_backend", "reports", "db", "contract")
+NOT_PRODUCT = ("tests", "docs", "scripts")
+
+
+def top_level_packages() -> set[str]:
+    found = {p.parent.name for p in ROOT.glob("*/__init__.py")} | {p.stem for p in ROOT.glob("*.py")}
+    return {name for name in found if name not in NOT_PRODUCT and not name.startswith(".") and name != "setup"}
+
+
+def package_sources() -> dict[str, str]:
+    """{module: source} for every module of every top-level package, migrations included."""
+    sources = {}
+    for package in LAYERS:
+        paths = [ROOT / f"{package}.py"] if (ROOT / f"{package}.py").exists() else sorted((ROOT / package).rglob("*.py"))
+        for path in paths:
+            sources[".".join(path.relative_to(ROOT).with_suffix("").parts)] = path.read_text(encoding="utf-8")
+    return sources
+
+
+def upward_package_imports(sources: dict[str, str], layers=LAYERS) -> list[str]:
+    """``module:line imports name (package above)`` for each import, at any depth, of a higher package."""
+    found = []
+    for module, source in sources.items():
+        here = module.split(".")[0]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                there = name.split(".")[0]
+                if there != here and there in layers and layers.index(there) < layers.index(here):
+                    found.append(f"{module}:{node.lineno} ({here}) imports {name} ({there}, above it)")
+    return found
+
+
+def test_every_top_level_package_has_its_place_in_the_layers():
+    unplaced = top_level_packages() - set(LAYERS)
+    assert not unplaced, f"top-level packages missing from LAYERS (tests/project/test_layers.py): {sorted(unplaced)}"
+
+
+def test_the_top_level_packages_import_only_downward():
+    found = upward_package_imports(package_sources())
+    assert not found, "imports of a higher package: " + "; ".join(found)
+
+
+def test_the_package_checker_finds_an_arrow_up_inside_a_function():
+    sources = {"db.store": "import os\nfrom contract.config import RunConfig\n",
+               "db.tags": "def f():\n    from trainer_backend.worker.tags import parse_tags\n",
+               "reports.sweep_report": "import db\nimport ui.views\n"}
+    assert upward_package_imports(sources) == [
+        "db.tags:2 (db) imports trainer_backend.worker.tags (trainer_backend, above it)",
+        "reports.sweep_report:2 (reports) imports ui.views (ui, above it)"]

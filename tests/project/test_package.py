@@ -73,7 +73,7 @@ def test_the_chores_have_their_commands(installed, tmp_path):
     home = tmp_path / "home"
     upgraded = parallax(installed, "db", "upgrade", cwd=tmp_path, home=home)
     assert upgraded.returncode == 0, upgraded.stderr
-    from db.engine import MIGRATIONS_DIR
+    from db.connection import MIGRATIONS_DIR
 
     newest = max(p.stem.split("_")[0] for p in (MIGRATIONS_DIR / "versions").glob("0*.py"))
     assert upgraded.stdout.strip().endswith(f"is at revision {newest}") and (home / "parallax.db").is_file()

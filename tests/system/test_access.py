@@ -24,7 +24,7 @@ import db
 from tests.support import GATED, ROOT
 from db import store
 from db.folders import run_folder
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.datasets.roots import check_under_roots, is_under_roots
 from ui import auth
 
@@ -289,7 +289,7 @@ def test_no_code_builds_a_shell_command():
 
 
 def test_shell_syntax_in_a_dataset_path_tag_and_root_is_data_never_run(tmp_path, parallax_home, db_url):
-    from db.lifecycle import ACTIVE_STATUSES
+    from db.run_state import ACTIVE_STATUSES
     from trainer_backend.control.lifecycle import launch
 
     marker = tmp_path / "executed"

@@ -31,7 +31,7 @@ from tests.support import ROOT, run_cli
 from db import store
 from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left
 from trainer_backend.control.cli import main
-from trainer_backend.contract.config import ConfigError, RunConfig, cpu_cores
+from contract.config import ConfigError, RunConfig, cpu_cores
 from reports.spreadsheet import csv_cell, frame_for_csv
 from ui.text import escape_markdown
 

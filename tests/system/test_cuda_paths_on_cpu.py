@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import trainer_backend.contract.config as config_module
+import contract.config as config_module
 from trainer_backend.engine import resume
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.engine.loop import resolve_amp
 from trainer_backend.worker.preflight import OOM_HINT, with_oom_hint
 from trainer_backend.engine.strategies import DataParallelStrategy, DistributedStrategy, Strategy
@@ -54,7 +54,7 @@ def test_amp_modes_asked_for_by_name_are_kept(monkeypatch):
 def ampere_beside_turing(two_gpus, monkeypatch, request):
     """cuda:0 has bf16 tensor cores (8.0), cuda:1 not (7.5): as NVML reports them, or (NVML absent)
     as torch does. Where NVML answers, torch must not be asked: that would start a CUDA context."""
-    from trainer_backend.contract import devices as devices_module
+    from contract import devices as devices_module
 
     capabilities = {0: (8, 0), 1: (7, 5)}
     if request.param == "nvml":
@@ -343,7 +343,7 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
     from sqlalchemy import select
 
     from db import make_engine, store
-    from db.models import StepMetric
+    from db.tables import StepMetric
     from trainer_backend.engine.loop import train_one_epoch
     from trainer_backend.telemetry.recorder import Recorder
     from trainer_backend.telemetry.steps import StepHooks, StepRecorder

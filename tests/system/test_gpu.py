@@ -125,7 +125,7 @@ def test_the_picker_and_cuda_name_the_same_gpu(parallax_home):
     import sys
 
     from tests.support import ROOT
-    from trainer_backend.contract import devices
+    from contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
         pytest.skip("needs NVML and whole GPUs")
@@ -226,7 +226,7 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
     """So that reading it back puts nothing on the GPU of the rank that saved it."""
     from torch import nn
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.strategies import Strategy
 
     strategy = Strategy(RunConfig(strategy="single", devices="0"))
@@ -247,7 +247,7 @@ def series_of(home, run):
     from sqlalchemy import select
 
     from db import make_engine
-    from db.models import StepMetric, SystemSample
+    from db.tables import StepMetric, SystemSample
 
     with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:
         steps = connection.execute(select(StepMetric).where(StepMetric.run_id == run["run_id"])).mappings().all()
@@ -353,7 +353,7 @@ def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
     import torch.nn.functional as F
     from torch import nn
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.loop import make_grad_scaler, train_one_epoch
     from trainer_backend.engine.strategies import Strategy
     from trainer_backend.engine.trainer import build_optimizer
@@ -484,7 +484,7 @@ def nvml_gpus_by_torch_index() -> dict[int, object]:
     """NVML's handle for each cuda:N (by UUID, so CUDA_VISIBLE_DEVICES and PCI bus order cannot mislead)."""
     import pynvml
 
-    from trainer_backend.contract import devices
+    from contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
         pytest.skip("needs NVML and whole GPUs")
@@ -699,12 +699,12 @@ def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subs
     import sys
 
     from tests.support import ROOT
-    from trainer_backend.contract import devices
+    from contract import devices
     statuses = devices.gpu_statuses()
     if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
         pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")
     last = statuses[-1]
-    probe = ("import json, torch\nfrom trainer_backend.contract import devices\n"
+    probe = ("import json, torch\nfrom contract import devices\n"
              "print(json.dumps([[s.index, s.uuid] for s in devices.gpu_statuses()] + "
              "[str(torch.cuda.get_device_properties(0).uuid)]))")
     for visible in (last.uuid, str(last.index)):
@@ -918,7 +918,7 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
 def test_a_dataset_kept_on_the_gpu_trains_and_validates_without_a_sync(parallax_home):
     """digits, kept whole on the GPU: 23 training steps and 6 validation batches, each gathered on the
     device from positions copied without a wait, with no blocking read (the confusion counts included)."""
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.datasets import PreparedData
     from trainer_backend.engine.trainer import load_data
 
@@ -942,7 +942,7 @@ def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sy
     import numpy as np
     from PIL import Image
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.datasets import prepare_data
     from trainer_backend.datasets.streaming import place_decoding
 
@@ -966,7 +966,7 @@ def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sy
 def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
     """--on-nonfinite stop on a GPU: 40 steps' observe and check under sync debug mode "error" (any implicit
     host-device sync raises), a NaN at step 20 stopping the epoch by step 20 + 2 checks, naming step 20."""
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.divergence import CUDA_CHECK_EVERY, NonfiniteGuard, TrainingDiverged
     from trainer_backend.engine.strategies import Strategy
 

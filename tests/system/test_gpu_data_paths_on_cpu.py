@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.datasets import device_decode
 from trainer_backend.datasets.device_decode import DeviceJpegDecode, EncodedImages
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, collate_batch

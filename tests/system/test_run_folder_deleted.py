@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import SLEEPER, SLEEPER_ENV, run_dir
 from tests.trainer_backend.control.test_lifecycle import launch, wait_for
-from trainer_backend.contract.storage import FolderGoneError, writing
+from contract.storage import FolderGoneError, writing
 
 pytestmark = pytest.mark.processes
 

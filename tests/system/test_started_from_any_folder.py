@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.python_process import python_command
-from ui.torchrun import torchrun_command
+from contract.config import RunConfig
+from contract.python_process import python_command
+from ui.torchrun_command import torchrun_command
 
 pytestmark = pytest.mark.processes
 
@@ -81,7 +81,7 @@ def test_a_launched_run_and_its_ranks_from_such_a_folder(project, parallax_home)
 
 WAIT_FOR_RUN = """
 import sys, time
-from db import lifecycle, make_engine, store
+from db import run_state as lifecycle, make_engine, store
 engine = make_engine(None)
 deadline = time.monotonic() + 240
 while time.monotonic() < deadline:

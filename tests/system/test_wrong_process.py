@@ -18,16 +18,16 @@ import time
 
 import db
 from tests.support import DDP_ON_CPU, ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
-from db import lifecycle as state
+from db import run_state as state
 from db import store
-from db.engine import session_scope
-from db.models import Run
+from db.connection import session_scope
+from db.tables import Run
 from tests.nvml_machines import fake_nvml  # noqa: F401
 from sqlalchemy import update
 from tests.system.test_checked_input import own_session_processes
 from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
 from tests.trainer_backend.control.test_lifecycle import MODEL, assert_group_gone, export, launch, training_started, wait_for
-from trainer_backend.contract.config import cpu_cores
+from contract.config import cpu_cores
 from trainer_backend.control.lifecycle import group_members
 
 

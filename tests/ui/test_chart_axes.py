@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from reports import scaling
-from ui import charts, series_charts
+from reports import charts, series_charts
 
 STEADY_MB = [1286.8, 1287.3, 1287.6, 1287.1]
 

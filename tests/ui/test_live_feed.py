@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from db import lifecycle, series, store
+from db import run_state, series, store
 from ui import live_feed
 
 CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "single", "devices": ["cpu"], "epochs": 2}
@@ -27,7 +27,7 @@ def test_feed_answers_status_progress_and_the_points_after_a_step(engine):
     assert empty["whole"] and empty["total_steps"] is None  # before the first step: nothing to draw
 
     series.add_steps(engine, run_id, points(1, 3))
-    lifecycle.set_progress(engine, run_id, epoch=1, step=3, total_steps=200)
+    run_state.set_progress(engine, run_id, epoch=1, step=3, total_steps=200)
     first = live_feed.feed(engine, run_id, 0)
     assert first["points"]["step"] == [1, 2, 3] and first["points"]["train_loss"] == [2.0, 1.0, 2.0 / 3]
     assert first["points"]["images_per_s"] == [101.0, 102.0, 103.0] and first["points"]["n"] == [1, 1, 1]
@@ -39,7 +39,7 @@ def test_feed_answers_status_progress_and_the_points_after_a_step(engine):
     assert live_feed.feed(engine, run_id, 5)["points"]["step"] == []  # nothing new: nothing sent
     assert json.dumps(new)  # what the route sends as it is
 
-    lifecycle.finish(engine, run_id, "completed")
+    run_state.finish(engine, run_id, "completed")
     assert live_feed.feed(engine, run_id, 5)["status"] == "completed"
     assert live_feed.feed(engine, run_id + 1, 0) is None
 

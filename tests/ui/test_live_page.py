@@ -21,8 +21,9 @@ from streamlit.testing.v1 import AppTest
 from streamlit.testing.v1 import app_test, local_script_runner
 
 from tests.support import ROOT
-from db import lifecycle, store
-from ui import charts, live
+from db import run_state, store
+from reports import charts
+from ui import live
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 90
@@ -97,7 +98,7 @@ def test_a_tick_without_a_new_epoch_updates_progress_but_builds_no_chart(paralla
     at = open_run_page(running_run)
     assert loss_figures == [1] and len(at.get("plotly_chart")) == 5
 
-    lifecycle.set_progress(engine, running_run, epoch=2, step=5, total_steps=12)
+    run_state.set_progress(engine, running_run, epoch=2, step=5, total_steps=12)
     tick(at)
     assert not at.exception, at.exception
     assert not at.title  # the fragment alone ran, not the page
@@ -131,7 +132,7 @@ def test_epochs_landing_fast_redraw_the_page_at_most_every_few_seconds_and_a_new
     assert not at.title and loss_figures == [1]  # too soon after the last drawing: the charts wait
     assert progress_texts(at)[0] == "Epoch 2 of 3 done"  # while the bars move on
 
-    lifecycle.finish(engine, running_run, "completed")
+    run_state.finish(engine, running_run, "completed")
     tick(at)
     assert [t.value for t in at.title] == [f"Run #{running_run}"]  # a new status: the whole page, at once
     assert loss_figures == [1, 2]
@@ -139,7 +140,7 @@ def test_epochs_landing_fast_redraw_the_page_at_most_every_few_seconds_and_a_new
 
 def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(parallax_home, engine, monkeypatch):
     monkeypatch.setattr(live, "EPOCH_REDRAW_S", 0.0)
-    from reports import sweep as sweep_report
+    from reports import sweep_report
 
     built: list[int] = []
     real = sweep_report.scaling_figure
@@ -158,7 +159,7 @@ def test_sweep_page_ticks_redraw_the_report_only_when_a_run_records_an_epoch(par
     assert not at.exception, at.exception
     assert built == [2]
 
-    lifecycle.set_progress(engine, single, epoch=1, step=3, total_steps=12)
+    run_state.set_progress(engine, single, epoch=1, step=3, total_steps=12)
     tick(at)
     assert not at.exception, at.exception
     assert built == [2] and not at.table  # the report was neither rebuilt nor resent
@@ -178,7 +179,8 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     fed by the server's route); the system charts tick on the server, rebuilt only on new rows. Once the run
     has ended the page draws the step charts itself, from every point."""
     from db import series
-    from ui import live_feed, series_charts
+    from ui import live_feed
+    from reports import series_charts
 
     monkeypatch.setattr(series_charts, "REBUILD_SHARE", float("inf"))  # new rows are charted at the next tick
     steps_built: list[int] = []
@@ -213,7 +215,7 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
     assert systems_built == [2, 2, 4, 4] and len(at.get("plotly_chart")) == 2
 
-    lifecycle.finish(engine, running_run, "completed")
+    run_state.finish(engine, running_run, "completed")
     tick(at)  # ended: the whole page, with the step charts drawn from every point and no live feed
     assert not at.exception, at.exception
     assert steps_built == [12, 12] and not at.get("iframe")
@@ -246,6 +248,6 @@ def test_a_queued_runs_page_redraws_when_it_starts_or_when_the_quick_look_is_ove
     assert [t.value for t in at.title] == [f"Run #{run_id}"]  # the whole page: it declares the slower timer
     tick(at)
     assert not at.title  # and then ticks quietly
-    lifecycle.claim(engine, run_id)
+    run_state.claim(engine, run_id)
     tick(at)
     assert [t.value for t in at.title] == [f"Run #{run_id}"]  # started: the whole page, at once

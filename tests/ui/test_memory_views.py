@@ -87,7 +87,7 @@ def test_run_and_compare_show_the_estimate_against_what_was_measured(engine, par
 
 def test_the_sweep_report_has_each_strategys_estimate_error(engine, parallax_home):
     from db import store
-    from reports.sweep import format_table, sweep_table
+    from reports.sweep_report import format_table, sweep_table
 
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["ddp", "fsdp"])
     add_run(engine, "ddp", sweep_id=sweep_id)

@@ -24,14 +24,14 @@ import re
 import sys
 from pathlib import Path
 
-from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
-from trainer_backend.contract.fields import FIELDS, Field
-from trainer_backend.contract.plugins import load_plugins
-from trainer_backend.contract.printable import one_line, printable_lines, shown_name
-from trainer_backend.contract.startup import engine_imports
-from trainer_backend.contract.storage import DiskFullError, check_export_dir
-from trainer_backend.contract.strategy_specs import spec as strategy_spec
-from trainer_backend.contract.strategy_specs import distributed_base, sweep_base_for
+from contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
+from contract.fields import FIELDS, Field
+from contract.plugins import load_plugins
+from contract.printable import one_line, printable_lines, shown_name
+from contract.startup import engine_imports
+from contract.storage import DiskFullError, check_export_dir
+from contract.strategy_specs import spec as strategy_spec
+from contract.strategy_specs import distributed_base, sweep_base_for
 from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -114,7 +114,7 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         values["strategy"] = (distributed_base() if values.get("where") == "slurm" else
                               sweep_base_for(2 if several else 1)).name
     if world is not None:
-        from trainer_backend.contract.world import values_for_world
+        from contract.world import values_for_world
 
         values = values_for_world(values, world)
     return RunConfig.from_dict(values)
@@ -263,8 +263,8 @@ def _database_problem(exc: Exception, url: str | None) -> str | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from db.access import DatabaseUnavailable, describe_failure
-    from db.engine import DatabaseLockedError
-    from db.settings import database_url
+    from db.connection import DatabaseLockedError
+    from contract.environment import database_url
 
     if isinstance(exc, (DatabaseUnavailable, DatabaseLockedError)):  # locked, full or read-only: it says why
         return str(exc)
@@ -281,14 +281,14 @@ def open_database(url: str | None):
 
 
 def _under_torchrun() -> bool:
-    from trainer_backend.contract.world import torchrun_world
+    from contract.world import torchrun_world
 
     world = torchrun_world()
     return world is not None and world.world_size > 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from trainer_backend.contract.world import refuse, torchrun_world
+    from contract.world import refuse, torchrun_world
 
     world = torchrun_world()
     try:
@@ -344,7 +344,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     import time
 
-    from db import lifecycle, make_engine, store
+    from db import run_state, make_engine, store
 
     from trainer_backend.control.lifecycle import cancel, launch_sweep, parse_device_counts, sweep_configs
 
@@ -367,11 +367,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     pending = list(run_ids)
     try:
         while pending:
-            lifecycle.mark_lost_runs(engine)
+            run_state.mark_lost_runs(engine)
             watch_slurm(engine)
             for run_id in list(pending):
                 run = store.get_run(engine, run_id)
-                if run.status not in lifecycle.ACTIVE_STATUSES:
+                if run.status not in run_state.ACTIVE_STATUSES:
                     print(f"run_id={run_id} status={run.status}", flush=True)
                     if run.error:
                         print(f"  {run.strategy}: {one_line(run.error.splitlines()[0])}", flush=True)
@@ -385,8 +385,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
         print(f"sweep_id={sweep_id} cancelled", flush=True)
         return 1
-    from reports.forecast import format_forecast, sweep_forecast
-    from reports.sweep import format_table, mfu_note, strategy_advice, sweep_html, sweep_table
+    from reports.scaling_forecast import format_forecast, sweep_forecast
+    from reports.sweep_report import format_table, mfu_note, strategy_advice, sweep_html, sweep_table
 
     table = sweep_table(engine, sweep_id, target_acc=args.target_acc)
     print(format_table(table))
@@ -395,7 +395,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(format_forecast(sweep_forecast(engine, sweep_id)))
     print(strategy_advice(table))
     if args.report is not None:
-        from trainer_backend.contract.storage import write_export
+        from contract.storage import write_export
 
         write_export(args.report, sweep_html(engine, sweep_id, target_acc=args.target_acc).encode(), "sweep report")
         print(f"wrote {args.report}", file=sys.stderr)
@@ -420,7 +420,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from db import make_engine
-    from db.settings import database_url
+    from contract.environment import database_url
     from trainer_backend.worker.liveness import claim_if_free
 
     # Before the engine's imports (seconds of CPU): a run whose devices are free leaves the queue now.
@@ -436,10 +436,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _engine_with_fresh_states(url: str | None):
     """The engine, after marking runs whose process died as lost: a read never shows a dead run as running."""
-    from db import lifecycle
+    from db import run_state
 
     engine = open_database(url)
-    lifecycle.mark_lost_runs(engine)
+    run_state.mark_lost_runs(engine)
     watch_slurm(engine)
     return engine
 
@@ -523,7 +523,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     """One line (or JSON object) per run, newest first, with the figures the Runs page shows."""
     from db.dashboard import RunFilters, run_table
-    from db.models import RUN_STATUSES
+    from db.tables import RUN_STATUSES
 
     for status in args.status or ():
         if status not in RUN_STATUSES:

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainer_backend.contract.python_process import python_command
+from contract.python_process import python_command
 
 USAGE = """usage: parallax COMMAND ...
 
@@ -81,7 +81,7 @@ def upgrade_database(argv: list[str]) -> int:
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     args = parser.parse_args(argv)
     from db.access import DatabaseUnavailable, open_database
-    from db.engine import current_revisions, masked_url
+    from db.connection import current_revisions, masked_url
 
     try:
         engine = open_database(args.db)  # opening a database migrates it to head, under a lock
@@ -98,7 +98,7 @@ def sync_offline_runs(argv: list[str]) -> int:
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     args = parser.parse_args(argv)
     from db.access import DatabaseUnavailable, open_database
-    from parallax.offline import sync
+    from db.offline_runs import sync_offline_file as sync
 
     try:
         engine = open_database(args.db)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shutil
 
-from db import lifecycle as state
+from db import run_state as state
 from db import make_engine, store
 from db.folders import run_folder
 
-from trainer_backend.contract.storage import OLDER_RESUME_FILE, RESUME_FILE
+from contract.storage import OLDER_RESUME_FILE, RESUME_FILE
 
 
 class RunActiveError(ValueError):

@@ -22,18 +22,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from db import lifecycle as state
+from db import run_state as state
 from db import make_engine, store
-from db.engine import absolute_database_url, lock_wait_s
+from db.connection import absolute_database_url, lock_wait_s
 from db.folders import run_folder
-from db.settings import database_url, parallax_home
+from contract.environment import database_url, parallax_home
 
-from trainer_backend.contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
-from trainer_backend.contract.model_source import with_model_source
-from trainer_backend.contract.strategy_specs import find
+from contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
+from contract.model_source import with_model_source
+from contract.strategy_specs import find
 from trainer_backend.datasets.roots import check_under_roots
-from trainer_backend.contract.python_process import python_command
-from trainer_backend.contract.storage import RESUME_FILE, write_problem
+from contract.python_process import python_command
+from contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainer_backend

@@ -27,14 +27,14 @@ import sys
 from pathlib import Path
 
 from db import make_engine, store
-from db.engine import absolute_database_url
+from db.connection import absolute_database_url
 from db.folders import run_folder
-from db.settings import database_url, parallax_home
+from contract.environment import database_url, parallax_home
 
-from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.model_source import with_model_source
-from trainer_backend.contract.slurm_options import processes_per_node
-from trainer_backend.contract.strategy_specs import find
+from contract.config import ConfigError, RunConfig
+from contract.model_source import with_model_source
+from contract.slurm_options import processes_per_node
+from contract.strategy_specs import find
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_FILE = "slurm.sbatch"
@@ -258,7 +258,7 @@ def submit_array(configs: list[RunConfig], *, db_url: str | None = None, sweep_i
     except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
         refused = f"sbatch could not be run ({type(exc).__name__}: {exc})"
     if refused is not None:
-        from db import lifecycle as state
+        from db import run_state as state
 
         for run_id in run_ids:
             state.finish(engine, run_id, "failed", error=f"sbatch refused the job: {refused}")
@@ -293,7 +293,7 @@ def resubmit(engine, url: str, run_id: int) -> str:
     result = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
                             timeout=COMMAND_TIMEOUT_S, env=env, cwd=folder, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        from db import lifecycle as state
+        from db import run_state as state
 
         refused = (result.stderr or result.stdout).strip()
         state.finish(engine, run_id, "failed", error=f"sbatch refused the job: {refused}")

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import update
 
-from db import lifecycle as state
+from db import run_state as state
 from db import store
-from db.engine import session_scope
-from db.models import Run
+from db.connection import session_scope
+from db.tables import Run
 
 from trainer_backend.control.slurm_job import SlurmUnavailable, slurm_command, slurm_info
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from db.settings import data_dir
+from contract.environment import data_dir
 
-from trainer_backend.datasets.base import DatasetError, DecodedPool, make_pool, resize_uint8_images
+from trainer_backend.datasets.decoded import DatasetError, DecodedPool, make_pool, resize_uint8_images
 
 # Without it a stalled connection could hold a run in "preparing" forever.
 DOWNLOAD_TIMEOUT_S = 30

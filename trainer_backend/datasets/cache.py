@@ -41,10 +41,10 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from db.settings import data_dir
+from contract.environment import data_dir
 
-from trainer_backend.contract.printable import utf8_name
-from trainer_backend.datasets.base import DecodedPool, per_image_channel_sums
+from contract.printable import utf8_name
+from trainer_backend.datasets.decoded import DecodedPool, per_image_channel_sums
 from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.paths import file_kind
 

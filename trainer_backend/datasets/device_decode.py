@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .base import resize_unit_images, to_uint8
+from .decoded import resize_unit_images, to_uint8
 from .errors import DatasetError
 from .paths import open_checked
 

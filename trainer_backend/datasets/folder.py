@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer_backend.contract.printable import is_utf8, shown_name, utf8_name
-from trainer_backend.datasets.base import DatasetError
+from contract.printable import is_utf8, shown_name, utf8_name
+from trainer_backend.datasets.decoded import DatasetError
 from trainer_backend.datasets.cache import ImageWriter, PoolParts
 from trainer_backend.datasets.image_files import DecodedImage, decode_image_file, describe_image_file, is_image_file
 from trainer_backend.datasets.limits import decoded_bytes, too_large_decoded, too_many_images

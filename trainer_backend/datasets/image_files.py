@@ -23,8 +23,8 @@ import tifffile
 import torch
 from PIL import Image
 
-from trainer_backend.contract.printable import shown_name
-from trainer_backend.datasets.base import DatasetError, resize_unit_images, to_uint8
+from contract.printable import shown_name
+from trainer_backend.datasets.decoded import DatasetError, resize_unit_images, to_uint8
 from trainer_backend.datasets.limits import max_image_bytes, reduction_factor, too_large_image
 from trainer_backend.datasets.paths import open_checked
 

@@ -21,7 +21,7 @@ import os
 import stat
 from pathlib import Path
 
-from trainer_backend.contract.printable import shown_name
+from contract.printable import shown_name
 from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.folder import FolderListing, is_hidden, list_image_folder, resolve_folder
 from trainer_backend.datasets.image_files import IMAGE_SUFFIXES, is_image_file

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from db.settings import whole_number_from_env
+from contract.environment import whole_number_from_env
 
 from trainer_backend.datasets.errors import DatasetError
 

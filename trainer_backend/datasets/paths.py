@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from trainer_backend.contract.printable import shown_name
+from contract.printable import shown_name
 from trainer_backend.datasets.roots import is_under_roots
 from trainer_backend.datasets.errors import DatasetError
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer_backend.datasets.base import DatasetError, DecodedPool
+from trainer_backend.datasets.decoded import DatasetError, DecodedPool
 from trainer_backend.datasets.builtin import (
     BUILTIN_DATASETS,
     BUILTIN_SPECS,

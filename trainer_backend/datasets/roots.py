@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from db.settings import parallax_home
+from contract.environment import parallax_home
 
-from trainer_backend.contract.config import ConfigError
+from contract.config import ConfigError
 
 # A dataset path with one of these suffixes is a list file of path,label lines (layouts.py); a list
 # or a folder named one of VAL_NAMES validates the train list or train/ folder beside it.

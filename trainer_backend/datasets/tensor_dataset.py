@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainer_backend.datasets.base import DecodedPool
+from trainer_backend.datasets.decoded import DecodedPool
 
 # A constant channel (e.g. an all-zero band) has std 0; this floor keeps normalisation finite.
 MIN_STD = 1e-6

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer_backend.contract.model_source import ModelError, is_file_path, source_file, split_model_spec
+from contract.model_source import ModelError, is_file_path, source_file, split_model_spec
 
 SIZED_BY = ("num_classes", "in_chans")  # timm's names for what the dataset decides
 PROBE_BATCH = 2

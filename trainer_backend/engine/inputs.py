@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from trainer_backend.engine.augment import STORED_CROP_AREA, BatchAugment, centre_crop, random_resized_crop
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 
 
 def device_augmentations(config: RunConfig) -> tuple[tuple[str, ...], bool]:

@@ -62,7 +62,7 @@ def amp_setting(amp: str, capabilities: list[tuple[int, int]], *, microbatched: 
 def listed_capabilities(devices) -> list[tuple[int, int]]:
     """The compute capability of each GPU ``devices`` lists on this machine: NVML's answer where it
     gives one (it starts no CUDA context), else torch's."""
-    from trainer_backend.contract.devices import cuda_indices, gpu_statuses
+    from contract.devices import cuda_indices, gpu_statuses
 
     indices = cuda_indices(devices)
     if not indices:
@@ -75,7 +75,7 @@ def with_resolved_amp(config, capabilities: list[tuple[int, int]] | None = None)
     """``config`` (a RunConfig) with ``--amp auto`` resolved once for every rank, from the weakest
     of ``capabilities`` (by default those of the GPUs it lists on this machine). CPU runs keep
     "auto": they train in fp32 whatever it says."""
-    from trainer_backend.contract.strategy_specs import spec
+    from contract.strategy_specs import spec
 
     if config.amp != "auto" or not config.uses_cuda:
         return config
@@ -90,7 +90,7 @@ def rank_amp_dtype(config, device: torch.device) -> torch.dtype | None:
     """The autocast dtype a rank of ``config`` trains in on ``device``. The launcher resolved
     ``--amp auto`` for the whole world (``with_resolved_amp``); a config that comes here unresolved
     is resolved alike, from every GPU it lists, never from this rank's GPU alone."""
-    from trainer_backend.contract.strategy_specs import spec
+    from contract.strategy_specs import spec
 
     amp_dtype = resolve_amp(with_resolved_amp(config).amp, device)
     if spec(config.strategy).microbatched and amp_dtype == torch.float16:

@@ -18,8 +18,8 @@ import torch
 from timm.models import split_model_name_tag
 from torch import nn
 
-from trainer_backend.contract.config import MAX_MODEL_NAME_LENGTH, shown, shown_length
-from trainer_backend.contract.model_source import ModelError, is_custom_model
+from contract.config import MAX_MODEL_NAME_LENGTH, shown, shown_length
+from contract.model_source import ModelError, is_custom_model
 
 HUB_PROBE_TIMEOUT_S = 3.0
 

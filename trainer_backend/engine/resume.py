@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer_backend.contract.storage import OLDER_RESUME_FILE, RESUME_FILE, writing
+from contract.storage import OLDER_RESUME_FILE, RESUME_FILE, writing
 from trainer_backend.engine.strategies import Strategy
-from trainer_backend.contract.world import torchrun_world
+from contract.world import torchrun_world
 
 RESUME_EPOCH_FILE = "resume.json"
 

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 
 STEP_DECAY, STEP_PARTS = 0.1, 3
 ONECYCLE_START = 1 / 25  # OneCycleLR's div_factor

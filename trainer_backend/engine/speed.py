@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.engine.strategies import Strategy, autocast, synchronize
 
 

@@ -31,25 +31,25 @@ from db.folders import named_run_folder, read_regular_file, run_folder_name
 
 from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
-from trainer_backend.contract.config import ConfigError, RunConfig, data_refusal
+from contract.config import ConfigError, RunConfig, data_refusal
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.engine.divergence import NonfiniteGuard
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
                                      kept_on_device, prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
-from trainer_backend.contract.devices import cuda_indices
+from contract.devices import cuda_indices
 from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
-from trainer_backend.contract.logguard import guard_output, reattach_deleted_log
+from contract.logguard import guard_output, reattach_deleted_log
 from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, rank_amp_dtype, train_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
 from trainer_backend.engine.forecast.memory_estimate import run_stored_data, stored_estimate
 from trainer_backend.engine.models import create_model
-from trainer_backend.contract.plugins import load_plugins
+from contract.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 from trainer_backend.telemetry.stacks import register_stack_dump
@@ -57,8 +57,8 @@ from trainer_backend.engine.schedule import attach_schedule, build_optimizer
 from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
 from trainer_backend.engine.strategies.registry import make_strategy
-from trainer_backend.contract.storage import write_problem, writing
-from trainer_backend.contract.strategy_specs import spec as strategy_spec
+from contract.storage import write_problem, writing
+from contract.strategy_specs import spec as strategy_spec
 from trainer_backend.engine.strategies import Strategy, synchronize
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
-from trainer_backend.contract.devices import close_nvml, open_nvml
+from contract.devices import close_nvml, open_nvml
 
 POWERCAP_DIR = Path("/sys/class/powercap")
 # Package domains only (intel-rapl:0, intel-rapl:1): their subdomains (intel-rapl:0:0, cores) are

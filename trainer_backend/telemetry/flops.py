@@ -220,7 +220,7 @@ def cpu_peak_tflops(threads: int, cache_dir: Path | None = None, *, at_least: fl
     ``at_least``: a rate the caller has seen this CPU reach, above the cached peak. The cached peak
     was then measured while other work held the cores: measure again and keep the better of the two."""
     if cache_dir is None:
-        from db.settings import data_dir
+        from contract.environment import data_dir
 
         cache_dir = data_dir()
     path = cache_dir / CPU_PEAK_FILE

@@ -39,7 +39,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from trainer_backend.contract.storage import DiskFullError, disk_full_error, no_space_reason, writing
+from contract.storage import DiskFullError, disk_full_error, no_space_reason, writing
 
 PHASES = ("data_loading", "forward", "backward", "optimizer_step")
 RANGE_PREFIX = "parallax/"

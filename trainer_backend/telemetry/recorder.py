@@ -22,13 +22,13 @@ from collections.abc import Callable
 import torch
 
 from db.notify import notify
-from db import lifecycle as state
+from db import run_state as state
 from db import profiles, series, store
-from db.engine import DatabaseLockedError, LockBackoff, retry_when_locked
+from db.connection import DatabaseLockedError, LockBackoff, retry_when_locked
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.logguard import LOG_INCOMPLETE_NOTE, describe
-from trainer_backend.contract.storage import writing
+from contract.config import RunConfig
+from contract.logguard import LOG_INCOMPLETE_NOTE, describe
+from contract.storage import writing
 from trainer_backend.telemetry.profiling import LARGE_TRACE_BYTES, read_rank_outputs
 
 PROGRESS_INTERVAL_S = 1.0

@@ -26,10 +26,10 @@ from typing import Protocol
 import psutil
 
 from db import series, store
-from db.engine import DatabaseLockedError, retry_when_locked
-from db.settings import seconds_from_env
+from db.connection import DatabaseLockedError, retry_when_locked
+from contract.environment import seconds_from_env
 
-from trainer_backend.contract.devices import close_nvml, open_nvml
+from contract.devices import close_nvml, open_nvml
 
 SAMPLE_ENV = "PARALLAX_SAMPLE_S"
 DEFAULT_SAMPLE_S = 1.0

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from db.engine import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError
+from db.connection import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError
 
 from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.job_energy import JobEnergy

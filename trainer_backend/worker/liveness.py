@@ -17,9 +17,9 @@ import socket
 import threading
 import time
 
-from db import lifecycle as state
+from db import run_state as state
 from db import store
-from db.settings import parallax_home, whole_number_from_env
+from contract.environment import parallax_home, whole_number_from_env
 
 QUEUE_POLL_S = 1.0
 

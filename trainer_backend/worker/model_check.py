@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.model_source import ModelError, is_custom_model
+from contract.config import RunConfig
+from contract.model_source import ModelError, is_custom_model
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECK_TIMEOUT_S = 120.0  # importing torch and timm is most of it (seconds); a hung import ends here
@@ -50,7 +50,7 @@ def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIM
 
 
 def _verdict(config: RunConfig) -> dict:
-    from trainer_backend.contract.strategy_specs import spec
+    from contract.strategy_specs import spec
     from trainer_backend.engine.custom_model import check_custom_model
     from trainer_backend.engine.forecast.memory_estimate import dataset_shape
 
@@ -68,7 +68,7 @@ def _verdict(config: RunConfig) -> dict:
 
 
 def main() -> int:
-    from trainer_backend.contract.printable import one_line
+    from contract.printable import one_line
 
     try:
         verdict = _verdict(RunConfig.from_dict(json.loads(sys.stdin.read())))

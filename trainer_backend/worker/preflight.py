@@ -12,14 +12,14 @@ import re
 
 import torch
 
-from trainer_backend.contract.config import ConfigError, RunConfig, data_on_device_problem, strategy_notes
-from trainer_backend.contract.strategy_specs import spec
+from contract.config import ConfigError, RunConfig, data_on_device_problem, strategy_notes
+from contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
-from trainer_backend.contract.model_source import is_custom_model, model_source
+from contract.model_source import is_custom_model, model_source
 from trainer_backend.engine.custom_model import check_output, load_callable, sized_by
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
-from trainer_backend.contract.printable import one_line, shown_name
-from trainer_backend.contract.storage import DiskFullError
+from contract.printable import one_line, shown_name
+from contract.storage import DiskFullError
 from trainer_backend.engine.trainer import load_data, make_strategy
 
 OOM_HINT = ("out of memory: try a smaller --batch-size (or a smaller --image-size or model, or --data-on-device off "
@@ -61,7 +61,7 @@ def check_data_fits(config: RunConfig, stored_bytes: int) -> None:
     after its model is placed (``trainer.keep_on_device``)."""
     if config.data_on_device != "on" or not config.uses_cuda:
         return
-    from trainer_backend.contract.devices import gpu_free_bytes
+    from contract.devices import gpu_free_bytes
 
     problem = data_on_device_problem(config, stored_bytes, gpu_free_bytes())
     if problem is not None:

@@ -3,7 +3,7 @@ starts it afresh rather than as a fork of the worker (rank_server, runner._spawn
 engine, loaded as a process that trains loads it (contract.startup), so that its objects are frozen
 before the first rank is forked and the ranks share the pages that hold them."""
 
-from trainer_backend.contract.startup import engine_imports
+from contract.startup import engine_imports
 
 with engine_imports():
     import trainer_backend.worker.runner  # noqa: F401

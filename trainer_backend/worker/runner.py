@@ -30,24 +30,24 @@ import traceback
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from db import lifecycle as state
+from db import run_state as state
 from db import make_engine, store
-from db.engine import (DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, dispose_engines, lock_wait_s,
+from db.connection import (DatabaseFullError, DatabaseLockedError, DatabaseReadOnlyError, dispose_engines, lock_wait_s,
                        retry_when_locked)
 from db.folders import named_run_folder, run_folder_name
 from db.reserve import SpaceReserve
-from db.settings import database_url
+from contract.environment import database_url
 
-from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.model_source import with_model_source
+from contract.config import ConfigError, RunConfig
+from contract.model_source import with_model_source
 from trainer_backend.datasets.roots import check_under_roots
-from trainer_backend.contract.devices import cuda_indices
+from contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
-from trainer_backend.contract.logguard import guard_output, reattach_deleted_log
+from contract.logguard import guard_output, reattach_deleted_log
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.worker.stall import StallWatch
-from trainer_backend.contract.printable import one_line, printable_lines
+from contract.printable import one_line, printable_lines
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import COLLECTIVE_TIMEOUT_ENV, collective_timeout
 from trainer_backend.engine.divergence import TrainingDiverged

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from db import notify, store
-from db.settings import seconds_from_env
+from contract.environment import seconds_from_env
 
 from trainer_backend.telemetry.stacks import STACK_SIGNAL, STACKS_FILE
 

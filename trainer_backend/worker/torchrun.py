@@ -40,12 +40,12 @@ import torch
 import torch.distributed as dist
 
 from db import elastic, make_engine, store
-from db import lifecycle as state
+from db import run_state as state
 from db.folders import named_run_folder, run_folder, run_folder_name
-from db.settings import database_url
+from contract.environment import database_url
 
-from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.devices import cuda_indices
+from contract.config import ConfigError, RunConfig
+from contract.devices import cuda_indices
 from trainer_backend.telemetry.job_energy import EnergyPart
 from trainer_backend.worker.liveness import Heartbeat, RunCancelled, install_cancel_handler
 from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
@@ -56,7 +56,7 @@ from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.telemetry.recorder import run_started_at_s
-from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
+from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
 class Member(NamedTuple):
     """What each process of the world tells the others when it joins."""

@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2025-01-01
 
-Written out by hand, not imported from db.models: a migration must keep creating the
+Written out by hand, not imported from db.tables: a migration must keep creating the
 schema as it was at this revision, whatever the models look like later.
 """
 

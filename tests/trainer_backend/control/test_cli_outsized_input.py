@@ -15,7 +15,7 @@ import pytest
 
 from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left
 from trainer_backend.control.cli import main
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 LONGEST_LINE = 800  # characters: one line (the allowed values included), whatever was given
 
@@ -106,7 +106,7 @@ def test_the_model_check_bounds_the_name_before_the_closest_name_search():
 
 @pytest.mark.parametrize("value", ["a" * 10_000, ["a"] * 10_000, 10**4000, "x\n\x1b[31m" * 100])
 def test_a_refused_value_is_echoed_short_and_escaped(value):
-    from trainer_backend.contract.config import shown
+    from contract.config import shown
 
     text = shown(value)
     assert len(text) <= 60 and "\n" not in text and "\x1b" not in text, text

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
-from db import lifecycle as state
+from db import run_state as state
 from db import make_engine, store
 from trainer_backend.control.lifecycle import group_members
 from trainer_backend.worker.liveness import can_start
@@ -154,7 +154,7 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     """A dashboard restart must not take its runs with it: kill the launcher, the run goes on."""
     launcher = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from trainer_backend.contract.config import RunConfig; from trainer_backend.control.lifecycle import launch;"
+         "import time; from contract.config import RunConfig; from trainer_backend.control.lifecycle import launch;"
          "print(launch(RunConfig(model='parallax_sleeps_each_step', image_size=16, epochs=5)), flush=True);"
          "time.sleep(600)"],
         cwd=ROOT, env={**os.environ, "PARALLAX_HOME": str(parallax_home), **SLEEPER_ENV}, stdout=subprocess.PIPE,
@@ -234,8 +234,8 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
 
 TWO_RUNS_IN_ONE_PROCESS = r"""
 import os, sys
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.plugins import load_plugins
+from contract.config import RunConfig
+from contract.plugins import load_plugins
 from trainer_backend.worker.runner import execute_run
 load_plugins()  # PARALLAX_PLUGINS: the sleeping model
 for home in sys.argv[1:]:

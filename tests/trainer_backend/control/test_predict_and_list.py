@@ -52,7 +52,7 @@ def engine_view(home: Path, run_id: int):
     pixels, normalised, centre-cropped), in the folder's order."""
     import torch
 
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
     from trainer_backend.engine.augment import centre_crop
     from trainer_backend.engine.trainer import load_data
 

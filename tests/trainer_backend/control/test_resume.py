@@ -17,7 +17,7 @@ import torch
 from tests.support import SLEEPER, SLEEPER_ENV, run_cli, run_dir
 from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 from db import make_engine, store
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control.lifecycle import resume
 from trainer_backend.engine import resume as points
 from trainer_backend.engine.strategies import Strategy

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control.slurm_job import read_job_log, render_script, sbatch_options
 from trainer_backend.control.slurm_status import JobState, describe_end, parse_squeue_json
 
@@ -95,7 +95,7 @@ def test_a_sqlite_home_is_refused_where_a_node_is_another_machine(monkeypatch, t
     """A node elsewhere cannot exist on the test machine: its address is given at the edge (scontrol's answer)."""
     import pytest
 
-    from trainer_backend.contract.config import ConfigError
+    from contract.config import ConfigError
     from trainer_backend.control import slurm_job
 
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
@@ -115,7 +115,7 @@ def test_a_sqlite_home_is_refused_where_a_node_is_another_machine(monkeypatch, t
 def test_the_world_a_job_trains_is_its_nodes_times_their_processes_and_a_bad_one_is_refused_before_submitting():
     import pytest
 
-    from trainer_backend.contract.config import ConfigError
+    from contract.config import ConfigError
     from trainer_backend.control.slurm_job import check_world
 
     gpus = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4)

@@ -20,7 +20,7 @@ import pytest
 from db import store
 from db.folders import run_folder
 from tests.support import SLEEPER, run_cli
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.control import slurm_status
 from trainer_backend.control.slurm_job import LOG_FILE, SCRIPT_FILE, slurm_info, submit_array
 from trainer_backend.control.slurm_status import queue, watch_slurm_runs

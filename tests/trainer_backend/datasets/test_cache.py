@@ -14,7 +14,7 @@ import torch
 
 from trainer_backend.datasets import DatasetError, prepare_data
 from trainer_backend.datasets import cache as cache_module
-from trainer_backend.datasets.base import make_pool
+from trainer_backend.datasets.decoded import make_pool
 
 pytestmark = pytest.mark.usefixtures("own_data_dir")
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.trainer_backend.control.test_cli_bad_input import assert_nothing_left
-from trainer_backend.contract.printable import one_line, shown_name
+from contract.printable import one_line, shown_name
 from trainer_backend.control.cli import main
 from trainer_backend.datasets import DatasetError, prepare_data
 from trainer_backend.datasets.folder import list_image_folder

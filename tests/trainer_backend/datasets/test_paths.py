@@ -26,7 +26,7 @@ from PIL import Image
 import db
 from tests.support import ROOT, run_cli
 from db import store
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.datasets import DatasetError, inspect_dataset, prepare_data
 from trainer_backend.datasets.builtin import load_cifar_pickle
 from trainer_backend.datasets.cache import ImageWriter

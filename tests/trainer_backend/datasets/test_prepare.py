@@ -29,7 +29,7 @@ from trainer_backend.datasets import (
 )
 from trainer_backend.datasets import cache as cache_module
 from trainer_backend.datasets import folder as folder_module
-from trainer_backend.datasets.base import make_pool
+from trainer_backend.datasets.decoded import make_pool
 
 # Downloading, decoding and caching are what these tests check: datasets under each test's own home.
 pytestmark = pytest.mark.usefixtures("own_data_dir")

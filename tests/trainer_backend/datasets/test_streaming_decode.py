@@ -57,7 +57,7 @@ def test_a_cpu_runs_workers_hand_over_the_batch_normalised_to_the_same_bits(para
 
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_jpeg_far_larger_than_its_stored_size_is_decoded_at_a_libjpeg_scale(parallax_home, tmp_path):
-    from trainer_backend.datasets.base import resize_unit_images, to_uint8
+    from trainer_backend.datasets.decoded import resize_unit_images, to_uint8
     from trainer_backend.datasets.image_files import decode_image_file, read_with_size
 
     make_jpeg_folder(tmp_path / "big", 1, 400)

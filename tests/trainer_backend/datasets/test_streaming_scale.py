@@ -19,7 +19,7 @@ import torch
 from tests.support import ROOT
 
 from trainer_backend.engine.augment import centre_crop, random_resized_crop
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.engine.inputs import DeviceInputs
 
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from tests.plugins.user_net import NET_SOURCE
-from trainer_backend.contract.config import ConfigError, RunConfig
-from trainer_backend.contract.model_source import ModelError, model_source, with_model_source
+from contract.config import ConfigError, RunConfig
+from contract.model_source import ModelError, model_source, with_model_source
 from trainer_backend.engine.custom_model import build_custom_model, check_custom_model, sized_by
 from trainer_backend.engine.models import create_model, split_into_stages
 

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.nvml_machines import TWO_GPUS, fake_nvml, pin_cuda_count  # noqa: F401
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.datasets.tensor_dataset import DEVICE_DATA_SHARE, ImageTensorDataset
 from trainer_backend.engine.trainer import keep_on_device, load_data
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.db.test_notify import SECRET, Receiver
 from tests.support import DDP_ON_CPU, run_cli
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.engine.divergence import NonfiniteGuard, TrainingDiverged
 from trainer_backend.engine.strategies import Strategy
 

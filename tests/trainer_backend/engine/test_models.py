@@ -90,7 +90,7 @@ def test_pretrained_weights_in_the_local_cache_load_offline(monkeypatch, tmp_pat
 
 
 def test_an_unknown_strategy_name_fails_naming_the_strategies_there_are():
-    from trainer_backend.contract.config import STRATEGIES
+    from contract.config import STRATEGIES
     from trainer_backend.engine.strategies.registry import strategy_class
 
     assert {name: strategy_class(name).name for name in STRATEGIES} == {name: name for name in STRATEGIES}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.support import leave_as_a_rank, run_world, train_and_export
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.engine.loop import evaluate, train_one_epoch
 from trainer_backend.engine.schedule import attach_schedule
 from trainer_backend.engine.strategies import DistributedStrategy, Strategy

@@ -16,7 +16,7 @@ from torch import nn
 
 from trainer_backend.engine.augment import random_flip, random_resized_crop
 from trainer_backend.control.cli import main
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.engine.confusion import add_confusion, confusion_record, val_totals
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.engine.speed import compile_model, compile_warmup, to_memory_format
@@ -241,7 +241,7 @@ def test_config_files_are_checked_like_flags():
 
 
 def test_confusion_figure_caps_the_classes_it_draws_and_says_so():
-    from ui.confusion import confusion_figure, per_class_frame
+    from reports.confusion_charts import confusion_figure, per_class_frame
 
     names = [f"c{i}" for i in range(40)]
     matrix = [[(10 + i if i == j else 1) for j in range(40)] for i in range(40)]

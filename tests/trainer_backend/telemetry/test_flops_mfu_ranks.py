@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from tests.support import leave_with_results, world_results
 from trainer_backend.telemetry import flops
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.telemetry.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
 from trainer_backend.telemetry.memory_breakdown import MB
 from trainer_backend.engine.models import create_model

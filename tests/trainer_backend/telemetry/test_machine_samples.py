@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 import db
 from db import elastic, series, store
-from reports import run_csv, sweep as sweep_report
+from reports import run_csv, sweep_report
 from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
 from trainer_backend.telemetry.sampler import SystemSampler
-from ui import series_charts
+from reports import series_charts
 
 CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "ddp", "devices": ["cpu", "cpu"], "batch_size": 64,
           "image_size": 16, "amp": "auto", "epochs": 1, "tags": []}

@@ -13,10 +13,10 @@ import db
 from db import store
 from trainer_backend.telemetry import memory_breakdown
 from trainer_backend.engine import trainer
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.engine.strategies import Strategy
 from reports import scaling
-from ui import charts
+from reports import charts
 
 MB = 2**20
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from db import make_engine, profiles, store
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import Recorder
 

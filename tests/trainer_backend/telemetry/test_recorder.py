@@ -17,10 +17,10 @@ import torch
 from sqlalchemy import select
 
 from db import make_engine, series, store
-from db.engine import DatabaseLockedError
-from db.models import StepMetric
+from db.connection import DatabaseLockedError
+from db.tables import StepMetric
 from db.recorded_by import parallax_version
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.engine import trainer
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 

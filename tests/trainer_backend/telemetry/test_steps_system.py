@@ -30,9 +30,9 @@ from tests.support import ROOT, leave_as_a_rank, run_cli, run_world
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 
 from db import make_engine, store
-from db.engine import LockBackoff
-from db.models import StepMetric, SystemSample
-from trainer_backend.contract.config import RunConfig
+from db.connection import LockBackoff
+from db.tables import StepMetric, SystemSample
+from contract.config import RunConfig
 from trainer_backend.telemetry.energy import EnergyMeter, RaplPackages
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy, combine
 from trainer_backend.telemetry.sampler import SystemSampler

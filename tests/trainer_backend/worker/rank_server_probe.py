@@ -35,14 +35,14 @@ def cmdline(pid: int) -> str:
 def main(out: str, flags: list[str]) -> None:
     from multiprocessing import forkserver
 
-    from trainer_backend.contract.startup import engine_imports
+    from contract.startup import engine_imports
 
     with engine_imports():
         from trainer_backend.worker import runner
     import torch
 
     from db import make_engine, store
-    from trainer_backend.contract.config import RunConfig
+    from contract.config import RunConfig
 
     database = os.path.join(out, "parallax.db")
     store.list_runs(make_engine(f"sqlite:///{database}"))  # an open, pooled connection, as the worker has

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import run_cli
-from db import lifecycle, make_engine, store
+from db import run_state, make_engine, store
 from trainer_backend.control.lifecycle import group_members
 from trainer_backend.worker.liveness import claim_if_free, wait_for_turn
 
@@ -39,9 +39,9 @@ def test_a_run_whose_devices_are_busy_is_not_claimed_early(engine):
     waiting = store.create_run(engine, CONFIG, status="queued")
     assert not claim_if_free(engine, waiting)  # one CPU run at a time
     assert store.get_run(engine, waiting).status == "queued"
-    lifecycle.finish(engine, running, "cancelled")
+    run_state.finish(engine, running, "cancelled")
     cancelled = store.create_run(engine, CONFIG, status="queued")
-    lifecycle.finish(engine, cancelled, "cancelled")
+    run_state.finish(engine, cancelled, "cancelled")
     assert not claim_if_free(engine, cancelled)
 
 

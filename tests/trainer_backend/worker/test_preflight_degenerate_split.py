@@ -13,7 +13,7 @@ import pytest
 
 from tests.trainer_backend.control.test_cli_bad_input import BASE, assert_nothing_left, write_images
 from trainer_backend.control.cli import main
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.worker.preflight import train_steps
 from trainer_backend.engine.trainer import build_loaders, make_strategy
 

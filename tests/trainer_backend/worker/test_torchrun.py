@@ -19,12 +19,12 @@ import pytest
 
 from tests.support import ROOT, evaluate_checkpoint, run_cli
 from db import series, store
-from trainer_backend.contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer_backend.telemetry import sampler as sampler_module
 from trainer_backend.telemetry.energy import RaplPackages
 from trainer_backend.worker import torchrun as torchrun_worker
 from trainer_backend.worker.liveness import install_cancel_handler
-from trainer_backend.contract.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
+from contract.world import TorchrunWorld, check_joinable, joined_config, torchrun_world, values_for_world
 
 TINY = ("--dataset", "digits", "--model", "test_resnet", "--image-size", "16", "--epochs", "2")
 DIGITS_TRAIN, DIGITS_VAL = 1437, 360
@@ -313,8 +313,8 @@ def test_which_strategies_join_and_what_the_world_trains():
 def test_a_new_job_under_a_used_job_id_starts_its_own_run_unless_asked_to_resume(parallax_home):
     """torchrun's default --rdzv-id is "none": every job started without one shares it."""
     from db import make_engine
-    from db.engine import session_scope
-    from db.models import Run
+    from db.connection import session_scope
+    from db.tables import Run
 
     from PIL import Image
 

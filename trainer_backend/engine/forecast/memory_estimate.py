@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import spec
+from contract.config import RunConfig
+from contract.strategy_specs import spec
 from trainer_backend.datasets.tensor_dataset import DEVICE_DATA_SHARE, kept_on_device
 from trainer_backend.engine.forecast.memory_trace import EstimateError, FakeModel, StepTrace, fake_model
 from trainer_backend.engine.inputs import crops_on_device
@@ -429,7 +429,7 @@ def stored_data(config: RunConfig) -> StoredData:
     passes the result on."""
     if not config.uses_cuda:
         return StoredData()
-    from trainer_backend.contract.devices import gpu_statuses
+    from contract.devices import gpu_statuses
 
     gpus = gpu_statuses()
     free = {f"cuda:{g.index}": int(max(0.0, g.memory_total_mb - g.memory_used_mb) * MB) for g in gpus}
@@ -467,7 +467,7 @@ LOOK_TTL_S = 60  # a folder's size is looked at again after this long, as the La
 def _looked_at() -> tuple:
     """Part of ``_split_size``'s key: where datasets are, and the minute, so a folder that changes
     or a dataset that is downloaded is looked at again."""
-    from db.settings import data_dir
+    from contract.environment import data_dir
 
     return str(data_dir()), os.getcwd(), int(time.monotonic() // LOOK_TTL_S)
 

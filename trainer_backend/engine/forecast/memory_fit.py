@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import memory_saver, spec
+from contract.config import RunConfig
+from contract.strategy_specs import memory_saver, spec
 from trainer_backend.engine.forecast.memory_estimate import MB, MemoryEstimate, StoredData, estimate_memory, stored_data
 
 
@@ -23,7 +23,7 @@ def available_memory_mb(config: RunConfig) -> dict[str, float]:
     if not config.uses_cuda:
         available = host_available_mb()
         return {} if available is None else {"cpu": available}
-    from trainer_backend.contract.devices import gpu_statuses
+    from contract.devices import gpu_statuses
 
     return {f"cuda:{g.index}": g.memory_total_mb - g.memory_used_mb for g in gpu_statuses()}
 

@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 
 
 class EstimateError(ValueError):

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import Sampler
 
-from db.settings import seconds_from_env
-from trainer_backend.contract.config import RunConfig
+from contract.environment import seconds_from_env
+from contract.config import RunConfig
 from trainer_backend.engine.batchnorm import reestimate
 from trainer_backend.telemetry.rank_times import RankClock, synchronize  # noqa: F401 (every strategy syncs before a clock)
 

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, Sampler
 
-from trainer_backend.contract.config import RunConfig, threads_per_process
+from contract.config import RunConfig, threads_per_process
 from trainer_backend.engine.strategies.base import RENDEZVOUS_TIMEOUT, Strategy, collective_timeout
 
 

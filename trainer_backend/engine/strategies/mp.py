@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.engine.models import StagedModel, split_into_stages
 from trainer_backend.engine.strategies.base import Strategy
 

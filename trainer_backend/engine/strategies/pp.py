@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.datasets.labels_only import LabelsOnly
 from trainer_backend.datasets.prepare import PreparedData
 from trainer_backend.engine.batchnorm import reestimate

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-from trainer_backend.contract.config import RunConfig
-from trainer_backend.contract.strategy_specs import spec
+from contract.config import RunConfig
+from contract.strategy_specs import spec
 from trainer_backend.engine.strategies.base import Strategy
 
 

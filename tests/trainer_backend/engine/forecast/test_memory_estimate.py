@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from tests.nvml_machines import TWO_GPUS, fake_nvml, two_gpu_machine  # noqa: F401
 from tests.support import leave_with_results, world_results
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
 from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
 from trainer_backend.engine.forecast.memory_fit import fits, format_table, suggestions, verdict
@@ -483,7 +483,7 @@ def test_a_datasets_stored_size_is_read_from_a_look_as_preparing_it_stores_it(pa
 def test_a_search_of_changes_looks_at_the_dataset_and_the_gpus_once(two_gpu_machine, monkeypatch):
     """The batch search and the other changes estimate one config many times; none of them changes
     the dataset, so NVML is read once, and the kept dataset is on every candidate's first GPU."""
-    from trainer_backend.contract import devices
+    from contract import devices
 
     reads = []
     real = devices.gpu_statuses

@@ -28,7 +28,7 @@ def test_one_device_trains_as_a_world_of_one(parallax_home, strategy):
 
 
 def test_a_rank_without_a_store_fails_at_once():
-    code = ("from trainer_backend.contract.config import RunConfig\n"
+    code = ("from contract.config import RunConfig\n"
             "from trainer_backend.engine.strategies import DistributedStrategy\n"
             "DistributedStrategy(RunConfig(strategy='ddp', devices='cpu,cpu'), 1).setup()\n")
     result = run_python(["-c", code], env=dict(os.environ), timeout=120)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.support import leave_with_results, world_results
-from trainer_backend.contract.config import RunConfig
+from contract.config import RunConfig
 
 STAGES = 3
 CONFIG = dict(model="test_resnet", image_size=16, strategy="pp", devices=("cpu",) * STAGES, batch_size=128,

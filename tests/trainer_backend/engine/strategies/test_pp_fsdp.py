@@ -75,7 +75,7 @@ def test_pipeline_last_stage_records_step_points(runs, home, name):
     from sqlalchemy import select
 
     from db import make_engine
-    from db.models import StepMetric
+    from db.tables import StepMetric
 
     run = runs[name]
     with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:

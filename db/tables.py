@@ -1,0 +1,307 @@
+"""The database schema: one row per training run, one row per finished epoch of a run.
+
+These classes are the source of truth for the schema; ``db/migrations/versions`` must
+create exactly the same tables (a test compares the two). Changing a model means adding
+a migration: ``alembic -c db/alembic.ini revision --autogenerate --rev-id NNNN -m "..."`` (the next number: a
+script is named after its revision, which is how ``db.connection.schema_head`` finds the newest).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    LargeBinary,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+RUN_STATUSES: tuple[str, ...] = ("queued", "running", "completed", "failed", "cancelled", "lost")
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "lost"})
+
+# Named constraints let later migrations drop or alter them by name, which SQLite's
+# batch mode needs (it cannot address an unnamed constraint).
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime."""
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A datetime that is always UTC and always timezone-aware in Python.
+
+    SQLite has no timezone type and hands back naive datetimes; storing UTC and
+    re-attaching the zone on the way out gives callers the same value on every backend.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware (UTC) datetime")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class DatabaseIdentity(Base):
+    """One row: the name this database gives its run folders (``runs/<folder_key>/run-N``), made once
+    when the database is created, so two databases under one PARALLAX_HOME (or a database deleted and
+    created again there) never share a run's log, checkpoint or deletion."""
+
+    __tablename__ = "database_identity"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    folder_key: Mapped[str] = mapped_column(String(64))
+    # Runs up to this id existed before folders were keyed by database and keep runs/run-N.
+    unkeyed_runs_up_to: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+
+class Sweep(Base):
+    """A group of runs of one config, one per strategy, launched together to compare strategies."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    strategies: Mapped[list[str]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Run(Base):
+    """One training run: its configuration, lifecycle and the process that executes it."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{status}'" for status in RUN_STATUSES) + ")",
+            name="status",
+        ),
+        # Without AUTOINCREMENT SQLite reuses the id of a deleted last row, and a new run
+        # would land in the folder (runs/<database>/run-<id>) of the deleted one.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+
+    # Copied out of ``config`` so the run list can filter and sort without parsing JSON.
+    strategy: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(128), index=True)
+    # Any path the OS allows (config.MAX_PATH_LENGTH); no index: PostgreSQL indexes at most ~2.7 kB a row.
+    dataset: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    error: Mapped[str | None] = mapped_column(Text)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    host: Mapped[str | None] = mapped_column(String(255))
+    world_size: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    # A run started by torchrun spans machines: how many, each one's host name (by node rank),
+    # and torchrun's job id (--rdzv-id), by which a restarted job finds its run again.
+    nodes: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    hosts: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    elastic_run_id: Mapped[str | None] = mapped_column(String(255), index=True)
+
+    notes: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    # What was measured once per run rather than per epoch, e.g. {"flops_per_image": 1.1e9,
+    # "compile_time_s": 41.2, "confusion": {...}}.
+    measurements: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    user_note: Mapped[str] = mapped_column(Text, default="", server_default=text("''"))
+
+    progress_epoch: Mapped[int | None] = mapped_column(Integer)
+    progress_step: Mapped[int | None] = mapped_column(Integer)
+    progress_total_steps: Mapped[int | None] = mapped_column(Integer)
+    # Runs launched together to compare strategies on one config.
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
+    # Who trains it: "engine" (launched through Parallax) or "script" (a user's own script logging through
+    # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
+    kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
+
+    epochs: Mapped[list[EpochMetric]] = relationship(
+        back_populates="run",
+        order_by="EpochMetric.epoch",
+        cascade="all, delete-orphan",
+        # The database deletes the metric rows (ON DELETE CASCADE); no need to load them first.
+        passive_deletes=True,
+    )
+
+    def __repr__(self) -> str:
+        return f"Run(id={self.id!r}, status={self.status!r}, model={self.model!r})"
+
+
+class EpochMetric(Base):
+    """The summary of one epoch of one run; ``epoch`` counts from 1."""
+
+    __tablename__ = "epoch_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    train_acc: Mapped[float | None] = mapped_column(Float)
+    val_loss: Mapped[float | None] = mapped_column(Float)
+    val_acc: Mapped[float | None] = mapped_column(Float)
+    epoch_time_s: Mapped[float | None] = mapped_column(Float)
+    train_time_s: Mapped[float | None] = mapped_column(Float)
+    images_per_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
+    # {device label: peak allocated MB}, e.g. {"cuda:0": 1834.5, "cuda:1": 1790.2}.
+    peak_memory_mb: Mapped[dict[str, float]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
+    # Strategy-specific numbers, e.g. {"stage_busy_fraction": {"stage0": 0.61, ...}} for pipelines.
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="epochs")
+
+    def __repr__(self) -> str:
+        return f"EpochMetric(run_id={self.run_id!r}, epoch={self.epoch!r})"
+
+
+class ProfileOp(Base):
+    """One row of a rank's torch.profiler op table (``key_averages``) for a profiled run."""
+
+    __tablename__ = "profile_ops"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(Text)
+    calls: Mapped[int] = mapped_column(Integer)
+    self_cpu_us: Mapped[float] = mapped_column(Float)
+    cpu_total_us: Mapped[float] = mapped_column(Float)
+    self_device_us: Mapped[float] = mapped_column(Float)
+    device_total_us: Mapped[float] = mapped_column(Float)
+    self_cpu_memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    self_device_memory_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class ProfileStep(Base):
+    """Where one profiled training step of one rank spent its time, in milliseconds."""
+
+    __tablename__ = "profile_steps"
+    __table_args__ = (UniqueConstraint("run_id", "rank", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    data_loading_ms: Mapped[float] = mapped_column(Float)
+    forward_ms: Mapped[float] = mapped_column(Float)
+    backward_ms: Mapped[float] = mapped_column(Float)
+    optimizer_step_ms: Mapped[float] = mapped_column(Float)
+    communication_ms: Mapped[float] = mapped_column(Float)
+    other_ms: Mapped[float] = mapped_column(Float)
+    total_ms: Mapped[float] = mapped_column(Float)
+
+
+class ProfileTrace(Base):
+    """A rank's Chrome trace, gzip-compressed. Its own table, so listing runs or reading the op
+    table never loads megabytes of trace."""
+
+    __tablename__ = "profile_traces"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    trace_gz: Mapped[bytes] = mapped_column(LargeBinary)
+    trace_bytes: Mapped[int] = mapped_column(BigInteger)  # uncompressed size, for the size warning
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class StepMetric(Base):
+    """One training step of one run as rank 0 saw it (at most one point per half second)."""
+
+    __tablename__ = "step_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)  # counts across epochs, from 1
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    images_per_s: Mapped[float | None] = mapped_column(Float)
+    lr: Mapped[float | None] = mapped_column(Float)
+
+
+class SystemSample(Base):
+    """What the machine, the run's processes and its GPUs did at one moment of a run."""
+
+    __tablename__ = "system_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    # The machine sampled: its node rank in a torchrun job (the run's hosts[node]); 0 for a spawned run.
+    node: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    host_cpu_pct: Mapped[float | None] = mapped_column(Float)
+    host_memory_mb: Mapped[float | None] = mapped_column(Float)
+    # [{"rank": 0, "cpu_pct": 97.1, "rss_mb": 812.4}, ...], DataLoader workers summed under their rank.
+    processes: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSON, default=list, server_default=text("'[]'")
+    )
+    # [{"index": 0, "util_pct": 98, "memory_used_mb": 20311, "power_w": 402.1, "temperature_c": 61,
+    #   "sm_clock_mhz": 1980}, ...]; empty where the run uses no GPU.
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+
+
+class ScriptMetric(Base):
+    """One value a script logged (``parallax.log``): any name, any step, rank 0's."""
+
+    __tablename__ = "script_metrics"
+    # Charts read one metric of one run by step; the run's deletion cascades through the same index.
+    __table_args__ = (Index("ix_script_metrics_run_name_step", "run_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(255))
+    step: Mapped[int] = mapped_column(BigInteger)
+    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started
+    value: Mapped[float | None] = mapped_column(Float)  # None for NaN (not every backend stores it)

@@ -1,0 +1,54 @@
+"""The Slurm fields: refused in one line naming the value and what is allowed, kept in the config as given."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.config import ConfigError, RunConfig
+from contract.fields import FIELDS, SECTIONS, SLURM_SECTION
+from contract.slurm_options import processes_per_node
+from trainer_backend.control.cli import build_parser, config_from_args
+
+ON_SLURM = {"where": "slurm", "strategy": "ddp"}
+
+
+def test_the_slurm_fields_are_a_section_of_the_catalogue_and_kept_in_the_config():
+    assert SECTIONS[SLURM_SECTION][0] == "where" and "max_requeues" in SECTIONS[SLURM_SECTION]
+    assert set(SECTIONS[SLURM_SECTION]) <= set(FIELDS)
+    config = RunConfig(**ON_SLURM, slurm_partition="gpu", slurm_nodes=2, slurm_time="1-02:00:00", slurm_mem="64G",
+                       slurm_extra=["--constraint=a100", "--exclusive"])
+    again = RunConfig.from_dict(config.to_dict())
+    assert again == config and again.to_dict()["slurm_extra"] == ["--constraint=a100", "--exclusive"]
+
+
+@pytest.mark.parametrize("changes, field, words", [
+    ({"where": "mars"}, "where", "where 'mars' is not allowed: choose one of local, slurm"),
+    ({"where": "slurm"}, "where", "where slurm is not allowed with strategy single"),
+    ({**ON_SLURM, "slurm_time": "2 hours"}, "slurm_time", "slurm_time '2 hours' is not allowed: give minutes, MM:SS"),
+    ({**ON_SLURM, "slurm_mem": "lots"}, "slurm_mem", "slurm_mem 'lots' is not allowed: give a whole number"),
+    ({**ON_SLURM, "slurm_partition": "gpu;rm -rf"}, "slurm_partition", "slurm_partition 'gpu;rm -rf' is not allowed"),
+    ({**ON_SLURM, "slurm_extra": ["exclusive"]}, "slurm_extra",
+     "slurm_extra line 'exclusive' is not allowed: each line is one sbatch option starting with --"),
+    ({**ON_SLURM, "slurm_extra": ["--comment=a\nb"]}, "slurm_extra", "slurm_extra line '--comment=a\\nb'"),
+    ({**ON_SLURM, "slurm_extra": ["--output=/tmp/x"]}, "slurm_extra", "Parallax sets --output itself"),
+    ({**ON_SLURM, "devices": "cuda"}, "slurm_gpus_per_node", "slurm_gpus_per_node 0 is not allowed with GPU devices"),
+    ({**ON_SLURM, "max_requeues": 101}, "max_requeues", "max_requeues 101 is not allowed: use a whole number from 0 "
+     "to 100"),
+])
+def test_a_bad_slurm_value_is_refused_in_one_line_naming_it(changes, field, words):
+    with pytest.raises(ConfigError) as refused:
+        RunConfig(**changes)
+    assert refused.value.field == field and words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_command_line_takes_the_extra_options_as_one_text():
+    args = build_parser().parse_args(["launch", "--where", "slurm", "--strategy", "ddp", "--slurm-nodes", "2",
+                                      "--slurm-extra", "--constraint=a100 --exclusive"])
+    config = config_from_args(args)
+    assert config.slurm_extra == ("--constraint=a100", "--exclusive") and config.slurm_nodes == 2
+
+
+def test_processes_per_node_are_the_gpus_asked_for_or_the_cpu_devices_over_the_nodes():
+    assert processes_per_node(RunConfig(**ON_SLURM, devices="cpu,cpu,cpu,cpu", slurm_nodes=2)) == 2
+    assert processes_per_node(RunConfig(**ON_SLURM, devices="cpu", slurm_nodes=2)) == 1
+    assert processes_per_node(RunConfig(**ON_SLURM, devices="cuda", slurm_gpus_per_node=8)) == 8
