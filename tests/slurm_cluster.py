@@ -9,6 +9,10 @@ the munge socket), on ports picked free here, so two test sessions never share o
 (slurmctld, slurmd, slurm-client, munge: ``scripts/system-deps`` installs them) run it as root without
 systemd or cgroups: ``proctrack/linuxproc``, ``task/none``, no accounting. The scheduler settings make a job
 start within a second of ``sbatch`` and a requeued one within seconds (``cred_expire=10``).
+
+Each node declares more CPUs and memory than the machine has (``SlurmdParameters=config_overrides`` lets slurmd
+take the declaration): the tests' jobs sleep through most of their steps, so a dozen of them run at once on
+two cores, and the tests submit their jobs together instead of one after another.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODES = ("n1", "n2")
-CPUS_PER_NODE = 2
-MEMORY_PER_NODE_MB = 4000
+CPUS_PER_NODE = 16  # declared, not the machine's: every test job can run at once (see above)
+MEMORY_PER_NODE_MB = 16000  # DefMemPerCPU=1000 for each of them
 READY_WITHIN_S = 30.0
 
 

@@ -75,16 +75,22 @@ def run_python(argv: list[str], *, env: dict[str, str], timeout: float, fresh: b
 # Parallax's own variables, pytest's bookkeeping, the terminal's size (argparse's help), and what libraries
 # loaded in a test worker set there (torch.compile's cache folder and its private ones; matplotlib's backend,
 # as Streamlit sets it; scikit-learn's two for Intel's OpenMP, which torch does not load; the CUDA device
-# order, read as CUDA initialises, which the server has not done); and PYTHONUNBUFFERED (the fork's output
-# is unbuffered anyway).
+# order, read as CUDA initialises, which the server has not done); PYTHONUNBUFFERED (the fork's output
+# is unbuffered anyway); and SLURM_CONF, read only by Slurm's commands the process runs.
 FORKABLE = ("PARALLAX_", "PYTEST_", "COLUMNS", "LINES", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_", "MPLBACKEND",
-            "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")
+            "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED", "SLURM_CONF")
 _SESSION_ENVIRONMENT: dict[str, str] = {}
 
 
 def keep_session_environment() -> None:
     """Remember the environment the engine's server is to start with (conftest, before any test runs)."""
     _SESSION_ENVIRONMENT.update(os.environ)
+
+
+def start_engine_server() -> None:
+    """Start the engine's server now, if it is not running. ``run_cli`` starts it on first use, swapping
+    ``os.environ`` for the moment it takes: call this first where threads will run ``run_cli`` at once."""
+    _engine_server()
 
 
 def _engine_server():
