@@ -76,9 +76,11 @@ def test_a_two_node_ddp_run_launched_from_the_form_runs_on_slurm_and_completes(d
             epochs.press("Enter")
             wait_idle(page)
 
-            page.get_by_test_id("stExpander").filter(has=page.get_by_text("Slurm", exact=True)).get_by_text(
-                "Slurm", exact=True).click()
-            page.get_by_test_id("stSelectbox").filter(has_text="Where the run goes").click()
+            page.get_by_test_id("stExpander").get_by_text("Slurm", exact=True).click()
+            where = page.get_by_test_id("stSelectbox").filter(has_text="Where the run goes")
+            expect(where).to_be_visible()
+            wait_idle(page)
+            where.click()
             page.get_by_role("option", name="a Slurm cluster (sbatch)").click()
             wait_idle(page)
             # sinfo's partition of the test cluster, both nodes idle
