@@ -325,7 +325,8 @@ info, own, model_problem, sweep_strategies = page.info, page.own, page.model_pro
 verdict_slot, counts_text, memory_slot, user_note = page.verdict_slot, page.counts_text, page.memory_slot, page.user_note
 count_slot = ends["Model"]  # filled once the button is there: a large model takes a while to count
 batch_hint, recipe_hint = ends["Training"], ends["Training recipe"]
-slurm_views.show_partitions(ends[SLURM_SECTION])
+if values.get("where") == "slurm":  # sinfo only for a run going there: never a wait on a dead controller
+    slurm_views.show_partitions(ends[SLURM_SECTION])
 
 config, errors = validate_form(values)
 device_counts = None

@@ -1,11 +1,17 @@
 """How a script's run learns that the script ended: an uncaught exception (``sys.excepthook``), SIGINT or
-SIGTERM (signal handlers), or the interpreter exiting (``atexit``). Installed once per process, the first
-time ``init`` runs (signal handlers only from the main thread, where Python allows them); each hands on to
-what was there before, so the script's own handlers and torchrun's behave as without Parallax."""
+SIGTERM (signal handlers), ``sys.exit(code)`` / ``exit(code)`` / ``quit(code)`` (wrapped, to note the code),
+or the interpreter exiting (``atexit``). Installed once per process, the first time ``init`` runs (signal
+handlers only from the main thread, where Python allows them); each hands on to what was there before, so
+the script's own handlers and torchrun's behave as without Parallax.
+
+``atexit`` cannot see the exit status, and Python calls no hook for ``SystemExit``: the code is noted where
+the script asks to exit. A ``raise SystemExit(code)`` written out by hand outside a ``with parallax.init(...)``
+block is not seen, and the run ends completed (docs/OWN_SCRIPT.md)."""
 
 from __future__ import annotations
 
 import atexit
+import builtins
 import os
 import signal
 import sys
@@ -18,12 +24,25 @@ _previous_hook = None
 _previous_handlers: dict[int, object] = {}
 SIGNALS = ("SIGINT", "SIGTERM")
 SIGNAL_FLUSH_S = 5.0  # a cancelled script writes what it can this long, inside cancel's grace period
+_NO_EXIT = object()
+_exit_code = [_NO_EXIT]  # what the main thread last asked sys.exit/exit/quit to exit with
 
 
 def failure_text(exc_type, exc, tb) -> str:
     """The exception's last line first (the Run page's headline), then the traceback."""
     last = traceback.format_exception_only(exc_type, exc)[-1].strip()
     return f"{last}\n{''.join(traceback.format_exception(exc_type, exc, tb))}"
+
+
+def exit_reason(code) -> str | None:
+    """Why a run whose script exited with ``code`` (``SystemExit.code``) failed, or None where it did not:
+    as Python decides the process's status, None and 0 are success, an int is the status, anything else
+    (a message) is printed and the status is 1."""
+    if code is None or (isinstance(code, int) and code == 0):
+        return None
+    if isinstance(code, int):
+        return f"the script exited with code {int(code)}"
+    return f"the script exited with code 1: {code}"
 
 
 def track(run, *, hooks: bool = True) -> None:
@@ -47,6 +66,7 @@ def _forget_in_child() -> None:
     # A forked child (a DataLoader worker) is not the script: a SIGTERM its parent's DataLoader sends it at
     # shutdown, or its own exit, must not end the run.
     _active.clear()
+    _exit_code[0] = _NO_EXIT
 
 
 if hasattr(os, "register_at_fork"):
@@ -60,6 +80,10 @@ def _install() -> None:
     _installed = True
     _previous_hook = sys.excepthook
     sys.excepthook = _on_uncaught
+    sys.exit = _NotingExit(sys.exit)
+    for name in ("exit", "quit"):  # site's; absent under `python -S`
+        if callable(getattr(builtins, name, None)):
+            setattr(builtins, name, _NotingExit(getattr(builtins, name)))
     atexit.register(_on_exit)
     if threading.current_thread() is threading.main_thread():
         for name in SIGNALS:
@@ -78,10 +102,33 @@ def _on_uncaught(exc_type, exc, tb) -> None:
     (_previous_hook or sys.__excepthook__)(exc_type, exc, tb)
 
 
+class _NotingExit:
+    """``sys.exit`` (or site's ``exit``/``quit``) as before, noting the code first where the main thread
+    calls it (elsewhere it only ends that thread). A script that catches the SystemExit and ends otherwise
+    has its later end recorded instead (finish, an exception, a signal), or else the noted code."""
+
+    def __init__(self, original) -> None:
+        self._original = original
+
+    def __call__(self, code=None):
+        if threading.current_thread() is threading.main_thread():
+            _exit_code[0] = code
+        return self._original(code)
+
+    def __repr__(self) -> str:
+        return repr(self._original)
+
+
 def _on_exit() -> None:
     run = current()
-    if run is not None:  # the script ended without finish(): as W&B, the run is complete
+    if run is None:
+        return
+    code = _exit_code[0]
+    reason = None if code is _NO_EXIT else exit_reason(code)
+    if reason is None:  # the script ended without finish(), or exited with 0: as W&B, the run is complete
         run.finish()
+    else:
+        run.end("failed", reason)
 
 
 def _on_signal(number: int, frame) -> None:

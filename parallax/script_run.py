@@ -131,6 +131,12 @@ class Run:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
             self.finish()
+        elif issubclass(exc_type, SystemExit):  # sys.exit(0) inside the block is a success, as for the process
+            reason = endings.exit_reason(exc.code if exc is not None else None)
+            if reason is None:
+                self.finish()
+            else:
+                self.end("failed", reason)
         elif issubclass(exc_type, KeyboardInterrupt):
             self.end("cancelled", "cancelled by KeyboardInterrupt (Ctrl-C)")
         else:

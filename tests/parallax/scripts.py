@@ -85,6 +85,44 @@ RAISES = """
     train()
 """
 
+# Ends the way argv[1] names, after logging a point; argv[2] is "with" for a `with parallax.init(...)` block.
+EXITS = """
+    import os, sys, threading
+    import parallax
+    how = sys.argv[1]
+
+    def end():
+        parallax.log({"train/loss": 1.0})
+        if how == "sys.exit(3)":
+            sys.exit(3)
+        elif how == "sys.exit(message)":
+            sys.exit("no data in /nowhere")
+        elif how == "exit(2)":
+            exit(2)
+        elif how == "raise SystemExit(3)":
+            raise SystemExit(3)
+        elif how == "sys.exit(0)":
+            sys.exit(0)
+        elif how == "sys.exit()":
+            sys.exit()
+        elif how == "sys.exit(None)":
+            sys.exit(None)
+        elif how == "sys.exit(4) in a thread":
+            thread = threading.Thread(target=sys.exit, args=(4,))
+            thread.start()
+            thread.join()
+        elif how == "os._exit(4)":
+            print("ready", flush=True)
+            os._exit(4)
+
+    if sys.argv[2] == "with":
+        with parallax.init(project="tests", name="exits"):
+            end()
+    else:
+        parallax.init(project="tests", name="exits")
+        end()
+"""
+
 # Logs until stopped; prints "ready" once its run exists and some points are written.
 LOGS_UNTIL_STOPPED = """
     import sys, time

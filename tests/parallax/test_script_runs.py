@@ -81,6 +81,37 @@ def test_an_uncaught_exception_fails_the_run_with_its_last_line(engine, tmp_path
     assert script_metrics.metric_names(engine, [run.id]) == {run.id: ["train/loss"]}
 
 
+@pytest.mark.parametrize(("how", "block", "code", "error"), [
+    ("sys.exit(3)", "plain", 3, "the script exited with code 3"),
+    ("sys.exit(message)", "plain", 1, "the script exited with code 1: no data in /nowhere"),
+    ("exit(2)", "plain", 2, "the script exited with code 2"),
+    ("raise SystemExit(3)", "with", 3, "the script exited with code 3"),
+    ("sys.exit(3)", "with", 3, "the script exited with code 3"),
+    ("sys.exit(0)", "plain", 0, None),
+    ("sys.exit()", "plain", 0, None),
+    ("sys.exit(None)", "plain", 0, None),
+    ("sys.exit(0)", "with", 0, None),
+    ("sys.exit(4) in a thread", "plain", 0, None),  # ends only that thread, as without Parallax
+])
+def test_the_scripts_exit_code_decides_how_the_run_ends(engine, tmp_path, how, block, code, error):
+    script = write_script(tmp_path, "train.py", scripts.EXITS)
+    returncode, _, err = run_script([str(script), how, block], cwd=tmp_path)
+    assert returncode == code, err  # the script's own exit status is kept
+    run = only_run(engine)
+    assert (run.status, run.error) == ("failed" if error else "completed", error)
+    assert len(script_metrics.read_points(engine, [run.id], max_points=None)) == 1
+
+
+def test_a_script_ended_by_os_exit_is_lost_once_its_pid_is_gone(engine, tmp_path):
+    # os._exit runs no atexit handler: nothing in the script can record the end, the heartbeat's pid does.
+    script = write_script(tmp_path, "train.py", scripts.EXITS)
+    returncode, out, err = run_script([str(script), "os._exit(4)", "plain"], cwd=tmp_path)
+    assert (returncode, out.split()) == (4, ["ready"]), err
+    assert only_run(engine).status == "running"
+    assert run_state.mark_lost_runs(engine) == [only_run(engine).id]
+    assert only_run(engine).status == "lost"
+
+
 def test_sigterm_cancels_the_run_and_the_script_still_dies_by_it(engine, tmp_path):
     script = write_script(tmp_path, "train.py", scripts.LOGS_UNTIL_STOPPED)
     process = start_script([str(script)], cwd=tmp_path)
