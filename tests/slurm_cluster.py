@@ -18,6 +18,7 @@ two cores, and the tests submit their jobs together instead of one after another
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -69,6 +70,9 @@ class SlurmCluster:
         self.conf = self.folder / "slurm.conf"
         self.processes: list[subprocess.Popen] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        # Each test cluster numbers its jobs from its own start: a job's rendezvous port follows its id
+        # (control/slurm_job.py), and two xdist workers' clusters may run jobs on this machine at once.
+        self.first_job_id = 1000 + 100 * random.randrange(180)
 
     def _write_conf(self) -> None:
         host = socket.gethostname().split(".")[0]
@@ -96,6 +100,7 @@ JobCompType=jobcomp/none
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2
 SlurmdParameters=config_overrides
 MinJobAge=60
+FirstJobId={self.first_job_id}
 ReturnToService=2
 StateSaveLocation={state}
 SlurmdSpoolDir={spool}/%n
