@@ -160,10 +160,9 @@ def resumed_note(start_epoch: int) -> str:
             f"epochs 1 to {start_epoch - 1} are the ones recorded before.")
 
 
-def step_note(resumed: Resumed, restarts: int) -> str:
-    return (f"Resumed at step {resumed.first_step} of epoch {resumed.start_epoch} after restart {restarts} of the job, "
-            f"from the point saved when the previous attempt was told to stop; epoch {resumed.start_epoch} is "
-            "recorded once, over all its steps.")
+def step_note(resumed: Resumed) -> str:
+    return (f"Resumed at step {resumed.first_step} of epoch {resumed.start_epoch}, from the point saved when the "
+            f"job was told to stop; epoch {resumed.start_epoch} is recorded once, over all its steps.")
 
 
 def resume_note(start_epoch: int, restarts: int) -> str:

@@ -537,7 +537,7 @@ def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> resum
         # The steps trained before the stop keep their points; those recorded after it are trained again.
         recorder.forget_steps_from(start_epoch, after_step=(start_epoch - 1) * len(built.loaders[0])
                                    + resumed.first_step - 1)
-        recorder.notes([resume.step_note(resumed, resume.restart_count())])
+        recorder.notes([resume.step_note(resumed)])
         return resumed
     if resume.restart_count() > 0 or start_epoch > 1:
         recorder.forget_steps_from(start_epoch)  # what the stopped attempt recorded of the epochs trained again

@@ -346,8 +346,8 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         except KeyboardInterrupt:
             state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
         except StoppedAtStep as stopped:  # told to stop (engine/stopping.py): the next attempt continues there
-            store.add_notes(engine, run_id, [f"Attempt {world.restart_count + 1} of the job stopped on request after "
-                                             f"step {stopped.step} of epoch {stopped.epoch}, its resume point saved."])
+            store.add_notes(engine, run_id, [f"The job was told to stop and stopped after step {stopped.step} of "
+                                             f"epoch {stopped.epoch}, its resume point saved there."])
         except RunCancelled:
             # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
             # stopping the job, which it does when another of its processes has failed.

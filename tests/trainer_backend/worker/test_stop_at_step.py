@@ -19,14 +19,18 @@ from trainer_backend.engine.stopping import STOP_CHECK_STEPS, STOP_FILE
 pytestmark = pytest.mark.processes
 
 DIGITS_TRAIN = 1437
+ASK_AT = 7
 
 
-def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_epoch_once(parallax_home):
-    batch = 32  # 16 a rank: 45 steps an epoch, several checks of the stop request each
-    steps_per_epoch = -(-DIGITS_TRAIN // 2 // 16)
-    flags = ["--dataset", "digits", "--model", "parallax_asks_stop_in_epoch2", "--image-size", "16", "--epochs", "3",
-             "--strategy", "ddp", "--batch-size", str(batch)]
-    env = {"PARALLAX_PLUGINS": "tests.plugins.stop_asking_model", "PARALLAX_STEP_POINT_S": "1e-6"}  # a point every step
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "pp"])
+def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_epoch_once(parallax_home, strategy):
+    batch = 32  # 16 a rank under ddp and fsdp: 45 steps an epoch, several checks of the stop request each
+    # pp: every stage takes the whole batch, in 4 microbatches, and drops a short last one.
+    steps_per_epoch, forwards = (-(-DIGITS_TRAIN // 2 // 16), 1) if strategy != "pp" else (DIGITS_TRAIN // batch, 4)
+    flags = ["--dataset", "digits", "--model", "parallax_asks_to_stop", "--image-size", "16", "--epochs", "3",
+             "--strategy", strategy, "--batch-size", str(batch)]
+    env = {"PARALLAX_PLUGINS": "tests.plugins.stop_asking_model", "PARALLAX_STEP_POINT_S": "1e-6",  # a point a step
+           "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards)}  # in step ASK_AT of epoch 2
     agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
                         [*flags, "--devices", "cpu"], env_extra=env)
     ((code, out, err),) = finish([agent])
@@ -37,13 +41,16 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
     assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
     for epoch in (1, 2, 3):
         assert out.count(f"epoch {epoch}/3 ") == 1, out
-    stopped = [re.fullmatch(r"Attempt 1 of the job stopped on request after step (\d+) of epoch 2, its resume point "
-                            r"saved\.", note) for note in run["notes"]]
+    stopped = [re.fullmatch(r"The job was told to stop and stopped after step (\d+) of epoch 2, its resume point "
+                            r"saved there\.", note) for note in run["notes"]]
     (step,) = [int(m.group(1)) for m in stopped if m] or pytest.fail(f"{run['notes']}\n{err[-3000:]}")
-    # Asked at rank 1's 7th step of epoch 2: stopped at the first check after it, on both ranks at once.
-    first_check = steps_per_epoch + 7 + (-(steps_per_epoch + 7)) % STOP_CHECK_STEPS - steps_per_epoch
-    assert step == first_check, (step, run["notes"])
-    assert any(note.startswith(f"Resumed at step {step + 1} of epoch 2 after restart 1 of the job")
+    # Asked in step ASK_AT of epoch 2: stopped at the first check after it, on both ranks at once.
+    first_check = steps_per_epoch + ASK_AT + (-(steps_per_epoch + ASK_AT)) % STOP_CHECK_STEPS - steps_per_epoch
+    if strategy == "pp":  # its first stage also runs forwards outside the steps (the stages' shape inference)
+        assert (steps_per_epoch + step) % STOP_CHECK_STEPS == 0 and first_check - STOP_CHECK_STEPS <= step < first_check
+    else:
+        assert step == first_check, (step, run["notes"])
+    assert any(note.startswith(f"Resumed at step {step + 1} of epoch 2, from the point saved when the job was told")
                for note in run["notes"]), run["notes"]
     assert not any((parallax_home / "runs").rglob(STOP_FILE))  # taken: a later attempt does not stop
     # Every step recorded once: those before the stop by the first attempt, the rest by the second.
