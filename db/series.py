@@ -37,11 +37,12 @@ def add_system_samples(engine: Engine, run_id: int, rows: Iterable[Mapping[str, 
     _add(engine, run_id, SystemSample, SYSTEM_FIELDS, rows)
 
 
-def forget_steps_from(engine: Engine, run_id: int, epoch: int) -> None:
-    """Remove the run's step points of ``epoch`` and later: a resumed run trains them again, and records
-    each step once."""
+def forget_steps_from(engine: Engine, run_id: int, epoch: int, after_step: int = 0) -> None:
+    """Remove the run's step points of ``epoch`` and later (past global step ``after_step``): a resumed run
+    trains them again, and records each step once."""
     with session_scope(engine) as session:
-        session.execute(delete(StepMetric).where(StepMetric.run_id == run_id, StepMetric.epoch >= epoch))
+        session.execute(delete(StepMetric).where(StepMetric.run_id == run_id, StepMetric.epoch >= epoch,
+                                                 StepMetric.step > after_step))
 
 
 def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows: Iterable[Mapping[str, Any]]) -> None:

@@ -45,8 +45,9 @@ SLURM_KEY = "slurm"  # Run.measurements["slurm"]: {"job_id", "script", "log", "a
 SHARED_HOME_ENV = "PARALLAX_SHARED_HOME"
 COMMAND_TIMEOUT_S = 30.0
 SIGNAL_LEAD_S = 120  # USR1 this long before the time limit (Slurm may send it up to ~15 s late)
-EPOCH_WAIT_S = 90  # after USR1, how long the epoch in progress may take to leave its resume point
-RESUME_EPOCH = "resume.json"  # engine/resume.py's RESUME_EPOCH_FILE, written after each epoch's resume point
+EPOCH_WAIT_S = 90  # after USR1, how long the ranks may take to leave a resume point (at a step or an epoch's end)
+RESUME_EPOCH = "resume.json"  # engine/resume.py's RESUME_EPOCH_FILE, written after each resume point
+STOP_REQUEST = "stop-requested"  # engine/stopping.py's STOP_FILE: the ranks stop at the next agreed step
 RDZV_PORT_BASE = 29500
 
 
@@ -159,9 +160,10 @@ export PYTHONPATH={q(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONUNBUFFERED=1
 echo "parallax: run $PARALLAX_RUN_ID, job $SLURM_JOB_ID, attempt $((${{SLURM_RESTART_COUNT:-0}} + 1)), on $SLURM_JOB_NODELIST at $(date -u +%FT%TZ)"
 
-# Slurm's warning before the time limit or a preemption (USR1): the epoch in progress may end and leave its resume
-# point (resume.json names its epoch) for up to EPOCH_WAIT_S, then the job requeues itself and the requeued job
-# resumes from the last finished epoch, at most MAX_REQUEUES times. A cancel from Parallax is never requeued.
+# Slurm's warning before the time limit or a preemption (USR1): the ranks are asked to stop (STOP_REQUEST in the
+# run's folder); within a few steps they agree on one, leave a resume point there (resume.json names its epoch
+# and step) and exit. Once it is there (or after EPOCH_WAIT_S) the job requeues itself, at most MAX_REQUEUES
+# times, and the requeued job continues at that step. A cancel from Parallax is never requeued.
 # SIGTERM is not trapped: scancel sends it too, and a job preempted with PreemptMode=REQUEUE is requeued by Slurm.
 EPOCH_WAIT_S={EPOCH_WAIT_S}
 resume_epoch() {{ cat "$RUN_FOLDER/{RESUME_EPOCH}" 2>/dev/null || echo none; }}
@@ -173,14 +175,16 @@ requeue() {{
         echo "parallax: signal received; requeued $MAX_REQUEUES time(s) already (max_requeues), so the job is not requeued"
         return
     fi
-    echo "parallax: signal received; waiting up to $EPOCH_WAIT_S s for the epoch in progress to leave its resume point"
+    echo "parallax: signal received; the ranks stop at the next step they agree on (up to $EPOCH_WAIT_S s)"
     local before waited=0
     before=$(resume_epoch)
+    touch "$RUN_FOLDER/{STOP_REQUEST}"
     while [[ $(resume_epoch) == "$before" ]] && (( waited < EPOCH_WAIT_S )) && kill -0 "$srun_pid" 2>/dev/null; do
         sleep 1
         waited=$((waited + 1))
     done
-    if ! kill -0 "$srun_pid" 2>/dev/null; then
+    # The ranks exit once their point at a step is saved: that one is requeued even when srun has ended.
+    if ! kill -0 "$srun_pid" 2>/dev/null && [[ $(resume_epoch) == "$before" || $(resume_epoch) != *'"step"'* ]]; then
         echo "parallax: the run ended meanwhile; not requeued"
         return
     fi
@@ -188,6 +192,7 @@ requeue() {{
     scontrol requeue "$SLURM_JOB_ID"
 }}
 trap requeue USR1
+rm -f "$RUN_FOLDER/{STOP_REQUEST}"  # an earlier attempt's request that no step took
 
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from trainer_backend.engine.confusion import add_confusion, val_totals
 from trainer_backend.engine.divergence import NonfiniteGuard
+from trainer_backend.engine.stopping import StopAtStep
 from trainer_backend.telemetry.profiling import StepProfiler, phase_ranges
 from trainer_backend.engine.strategies import Strategy, autocast, synchronize
 
@@ -157,16 +158,22 @@ def train_one_epoch(
     on_loss: LossCallback | None = None,
     on_start: StartCallback | None = None,
     guard: NonfiniteGuard | None = None,
+    first_step: int = 1,
+    stop: Callable[[int, int], bool] | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """One pass over this process's shard. Returns ([loss_sum, correct, count], seconds). Each step is
+    """One pass over this process's shard (from ``first_step``, resuming an epoch stopped after the step
+    before it: the batches before it are read, in the epoch's order, and not trained). Returns ([loss_sum, correct, count], seconds). Each step is
     the forward and backward below, or the strategy's own (``train_step``) where it runs them itself.
     ``guard`` watches the losses for NaN and infinity (divergence.py): it may drop an optimizer step
-    (skip) or end the epoch on every rank at once (stop)."""
+    (skip) or end the epoch on every rank at once (stop). ``stop`` (engine/stopping.py), asked after each
+    optimizer step, may end the epoch there on every rank: ``StopAtStep`` is raised."""
     model.train()
     phase = phase_ranges(profiler)
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
     total_steps = len(loader)
     batches = iter(loader)
+    for _ in range(first_step - 1):
+        next(batches)
     clock = strategy.rank_clock
     clock.reset()
     strategy.barrier()  # ranks start the clock together: a late starter's wait is not its peers' work
@@ -175,7 +182,7 @@ def train_one_epoch(
     if on_start is not None:
         on_start()
     accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
-    for step in range(1, total_steps + 1):
+    for step in range(first_step, total_steps + 1):
         # Batches group into optimizer steps; the epoch's last group may be shorter.
         group_start = (step - 1) // accumulate_steps * accumulate_steps
         group_size = min(accumulate_steps, total_steps - group_start)
@@ -216,6 +223,9 @@ def train_one_epoch(
             on_loss(loss)
         if on_step is not None:
             on_step(step, total_steps)
+        if stop is not None and steps_optimizer and stop(step, total_steps):
+            synchronize(strategy.devices)
+            raise StopAtStep(step, totals, time.perf_counter() - start)
     synchronize(strategy.devices)
     return totals, time.perf_counter() - start
 

@@ -12,6 +12,10 @@ rank 0 may sit on another machine: every rank says which epoch its own machine's
 and the newest is sent from there to all. Both functions are collectives (in a world of one process they
 read and write the folder alone).
 
+A job told to stop (engine/stopping.py) saves a point mid-epoch: ``step`` optimizer steps of epoch ``epoch`` + 1
+trained, with the loader's shuffle state at that epoch's start and the epoch's totals so far (``partial``), so
+that the next attempt continues the epoch at the next step and records it once, over all its steps.
+
 ``keep`` (``--keep-checkpoints``) bounds the disk: the newest point is ``resume.pt``; with ``keep`` above 1 the
 points of earlier epochs stay beside it as ``resume-epoch<N>.pt`` until ``keep`` are kept
 (``control.housekeeping.checkpoint_files`` says what they all cost the disk). ``best.pt`` (the best
@@ -21,6 +25,7 @@ epoch's weights) is written apart by the recorder and always kept.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,13 +45,29 @@ def restart_count() -> int:
     return world.restart_count if world is not None else 0
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """Where training continues: ``start_epoch`` from ``first_step`` (1 unless a stopped epoch continues),
+    ``partial``: that epoch's totals before the stop ({"totals": [loss_sum, correct, count], "train_time_s"})."""
+
+    start_epoch: int = 1
+    best_acc: float = -1.0
+    first_step: int = 1
+    partial: dict | None = None
+
+
 def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-                      *, epoch: int, best_acc: float, schedule=None, scaler=None, keep: int = 1) -> None:
+                      *, epoch: int, best_acc: float, schedule=None, scaler=None, keep: int = 1, step: int = 0,
+                      partial: dict | None = None, loader_rng: torch.Tensor | None = None) -> None:
+    """After finished epoch ``epoch``; with ``step``, mid-way through the next one (``loader_rng``: the loader's
+    generator state at that epoch's start)."""
     state = strategy.resume_state(model, optimizer)
     if not strategy.is_main:
         return
     device = strategy.input_device
     generator = getattr(train_loader, "generator", None)  # the seeded shuffle of loaders without a sampler
+    if loader_rng is None and generator is not None:
+        loader_rng = generator.get_state()
     point = {
         "epoch": epoch,
         "best_acc": best_acc,
@@ -54,18 +75,20 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
         "state": state,
         "rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "loader_rng": generator.get_state() if generator is not None else None,
+        "loader_rng": loader_rng,
+        "step": step,
+        "partial": partial,
         "schedule": schedule.state_dict() if schedule is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
     }
-    if keep > 1:
+    if keep > 1 and not step:
         _keep_older_point(folder, keep)
     # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
     with writing(folder / RESUME_FILE, "resume point") as handle:
         torch.save(point, handle)
     # Written after the checkpoint: it may lag behind it, never run ahead of it.
     with writing(folder / RESUME_EPOCH_FILE, "resume point") as handle:
-        handle.write(json.dumps({"epoch": epoch}).encode())
+        handle.write(json.dumps({"epoch": epoch, **({"step": step} if step else {})}).encode())
 
 
 def _keep_older_point(folder: Path, keep: int) -> None:
@@ -79,25 +102,38 @@ def _keep_older_point(folder: Path, keep: int) -> None:
 
 
 def _local_epoch(folder: Path) -> int:
+    return _local_point(folder)[0]
+
+
+def _local_point(folder: Path) -> tuple[int, int]:
+    """(finished epoch, steps trained of the next) of this machine's point; (0, 0) when there is none."""
     try:
-        epoch = int(json.loads((folder / RESUME_EPOCH_FILE).read_text())["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return epoch if (folder / RESUME_FILE).exists() else 0
+        named = json.loads((folder / RESUME_EPOCH_FILE).read_text())
+        point = int(named["epoch"]), int(named.get("step", 0))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, 0
+    return point if (folder / RESUME_FILE).exists() else (0, 0)
 
 
 def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
             schedule=None, scaler=None) -> tuple[int, float]:
     """Load the newest resume point any rank's machine holds: (first epoch to train, best accuracy).
     (1, -1.0) when there is none."""
+    resumed = restore_at(folder, strategy, model, optimizer, train_loader, schedule, scaler)
+    return resumed.start_epoch, resumed.best_acc
+
+
+def restore_at(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
+               schedule=None, scaler=None) -> Resumed:
+    """``restore``, with the step a stopped epoch continues from."""
     collective = dist.is_available() and dist.is_initialized()
-    epochs: list[int | None] = [_local_epoch(folder)] * strategy.world_size
+    points: list[tuple[int, int] | None] = [_local_point(folder)] * strategy.world_size
     if collective:
-        dist.all_gather_object(epochs, _local_epoch(folder))
-    newest = max(epochs)
-    if newest == 0:
-        return 1, -1.0
-    source = epochs.index(newest)
+        dist.all_gather_object(points, _local_point(folder))
+    newest = max(points)
+    if newest == (0, 0):
+        return Resumed()
+    source = points.index(newest)
     # Onto the CPU: the point travels to every rank, and each rank's load_state_dict puts it on
     # that rank's own device (without map_location it would come back on the saving rank's GPU).
     holder = [torch.load(folder / RESUME_FILE, weights_only=True, map_location="cpu")
@@ -116,12 +152,17 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
         schedule.load_state_dict(point["schedule"])  # after the optimizer's: its saved lr is replaced by the schedule's
     if scaler is not None and point.get("scaler") is not None:
         scaler.load_state_dict(point["scaler"])
-    return point["epoch"] + 1, point["best_acc"]
+    return Resumed(point["epoch"] + 1, point["best_acc"], point.get("step", 0) + 1, point.get("partial"))
 
 
 def resumed_note(start_epoch: int) -> str:
     return (f"Resumed at epoch {start_epoch} from the checkpoint of epoch {start_epoch - 1} (parallax resume); "
             f"epochs 1 to {start_epoch - 1} are the ones recorded before.")
+
+
+def step_note(resumed: Resumed) -> str:
+    return (f"Resumed at step {resumed.first_step} of epoch {resumed.start_epoch}, from the point saved when the "
+            f"job was told to stop; epoch {resumed.start_epoch} is recorded once, over all its steps.")
 
 
 def resume_note(start_epoch: int, restarts: int) -> str:

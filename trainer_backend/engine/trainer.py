@@ -34,6 +34,7 @@ from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statist
 from contract.config import ConfigError, RunConfig, data_refusal
 from trainer_backend.engine.confusion import confusion_record
 from trainer_backend.engine.divergence import NonfiniteGuard
+from trainer_backend.engine.stopping import StopAtStep, StoppedAtStep, StopRequest, stop_request
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
                                      kept_on_device, prepare_data)
 from trainer_backend.datasets.streaming import place_decoding
@@ -178,7 +179,10 @@ def _gather_memory(strategy: Strategy, local: dict[str, float]) -> dict[str, flo
 def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strategy, amp_dtype, scaler,
               on_step=None, profiler: StepProfiler | None = None, precision: PrecisionRecord | None = None,
               bn_loader: DataLoader | None = None, on_loss=None, measures: RunMeasures | None = None,
-              on_start=None, guard: NonfiniteGuard | None = None) -> EpochMetrics:
+              on_start=None, guard: NonfiniteGuard | None = None, first_step: int = 1, stop=None,
+              partial: dict | None = None) -> EpochMetrics:
+    """``first_step``, ``partial``: an epoch stopped before (resume.Resumed) continues there, its totals and
+    training time carried in; ``stop``: engine/stopping.py (raises StopAtStep out of the epoch)."""
     train_loader, val_loader = loaders
     if isinstance(train_loader.sampler, DistributedSampler):
         train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on all ranks
@@ -188,8 +192,11 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     epoch_start = time.perf_counter()
     train_totals, train_time_s = train_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
-        on_loss=on_loss, on_start=on_start, guard=guard,
+        on_loss=on_loss, on_start=on_start, guard=guard, first_step=first_step, stop=stop,
     )
+    if partial is not None and strategy.is_main:  # summed across ranks below: carried in once
+        train_totals = train_totals + torch.tensor(partial["totals"], dtype=train_totals.dtype,
+                                                   device=train_totals.device)
     nonfinite = guard.end_epoch() if guard is not None else {}
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
@@ -205,6 +212,8 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     totals = strategy.all_reduce(torch.cat([train_totals, val_totals]))
     # The epoch lasts as long as its slowest rank.
     train_time = strategy.all_reduce(torch.tensor([train_time_s], dtype=torch.float64, device=totals.device), "max")
+    if partial is not None:
+        train_time += partial["train_time_s"]
     memory = _gather_memory(strategy, peak_memory_mb(strategy.devices))
     reserved = _gather_memory(strategy, peak_memory_reserved_mb(strategy.devices))
     measured = measures.epoch_extra(epoch, train_time_s, totals[2].item(), train_time.item()) if measures else {}
@@ -455,10 +464,13 @@ def record_run_start(built: Built, recorder: Recorder | NoRecorder) -> None:
 
 def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks) -> None:
     spec, strategy = built.spec, built.strategy
-    start_epoch, best_acc = restore_resume_point(built, recorder)
+    resumed = restore_resume_point(built, recorder)
+    best_acc = resumed.best_acc
+    stop = stop_request(built.folder, strategy) if spec.resumable else None
     lag_noted = False
-    for epoch in range(start_epoch, spec.config.epochs + 1):
-        metrics = train_and_validate(built, recorder, hooks, epoch)
+    for epoch in range(resumed.start_epoch, spec.config.epochs + 1):
+        metrics = train_and_validate(built, recorder, hooks, epoch, stop=stop,
+                                     resumed=resumed if epoch == resumed.start_epoch else None, best_acc=best_acc)
         keep_run_folder(built, recorder, epoch)
         # Every rank reaches the same verdict (the metrics are reduced, or rank 0's: run_epoch), and
         # assembling a sharded or pipelined state dict needs every rank.
@@ -470,6 +482,23 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
                                      epoch=epoch, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
                                      keep=spec.config.keep_checkpoints)
+
+
+def save_step_point(built: Built, epoch: int, stopped: StopAtStep, partial: dict | None, loader_rng,
+                    best_acc: float) -> None:
+    """Every rank: the point after step ``stopped.step`` of ``epoch``, with the epoch's totals so far over all
+    ranks (and attempts) and its slowest rank's training time."""
+    strategy = built.strategy
+    totals = strategy.all_reduce(stopped.totals.to(torch.float64))
+    train_time = strategy.all_reduce(torch.tensor([stopped.train_time_s], dtype=torch.float64,
+                                                  device=totals.device), "max").item()
+    carried = {"totals": [float(v) for v in totals.tolist()], "train_time_s": train_time}
+    if partial is not None:
+        carried = {"totals": [a + b for a, b in zip(carried["totals"], partial["totals"])],
+                   "train_time_s": train_time + partial["train_time_s"]}
+    resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
+                             epoch=epoch - 1, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
+                             step=stopped.step, partial=carried, loader_rng=loader_rng)
 
 
 def keep_run_folder(built: Built, recorder: Recorder | NoRecorder, epoch: int) -> None:
@@ -497,31 +526,51 @@ def folder_gone_note(folder: Path, epoch: int) -> str:
             "system samples and the notes.")
 
 
-def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> tuple[int, float]:
-    """(first epoch to train, best accuracy so far): from the run's last resume point when the run
-    is resumable, else (1, -1.0)."""
+def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> resume.Resumed:
+    """Where training starts: from the run's last resume point when the run is resumable, else epoch 1."""
     if not built.spec.resumable:
-        return 1, -1.0
-    start_epoch, best_acc = resume.restore(built.folder, built.strategy, built.model, built.optimizer,
-                                           built.loaders[0], schedule=built.schedule, scaler=built.scaler)
+        return resume.Resumed()
+    resumed = resume.restore_at(built.folder, built.strategy, built.model, built.optimizer, built.loaders[0],
+                                schedule=built.schedule, scaler=built.scaler)
+    start_epoch = resumed.start_epoch
+    if resumed.first_step > 1:
+        # The steps trained before the stop keep their points; those recorded after it are trained again.
+        recorder.forget_steps_from(start_epoch, after_step=(start_epoch - 1) * len(built.loaders[0])
+                                   + resumed.first_step - 1)
+        recorder.notes([resume.step_note(resumed)])
+        return resumed
     if resume.restart_count() > 0 or start_epoch > 1:
         recorder.forget_steps_from(start_epoch)  # what the stopped attempt recorded of the epochs trained again
     if resume.restart_count() > 0:
         recorder.notes([resume.resume_note(start_epoch, resume.restart_count())])
     elif start_epoch > 1:
         recorder.notes([resume.resumed_note(start_epoch)])
-    return start_epoch, best_acc
+    return resumed
 
 
-def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks, epoch: int) -> EpochMetrics:
-    """One epoch of training and validation (profiled when the run asks, in epoch 1)."""
+def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks, epoch: int, *,
+                       stop: StopRequest | None = None, resumed: resume.Resumed | None = None,
+                       best_acc: float = -1.0) -> EpochMetrics:
+    """One epoch of training and validation (profiled when the run asks, in epoch 1); ``resumed``: the epoch
+    continues where a stopped attempt left it. Told to stop (``stop``), every rank saves a point at the step
+    and raises StoppedAtStep."""
     config, strategy = built.spec.config, built.strategy
-    profiler = _start_profiler(config, strategy, built.folder) if config.profile and epoch == 1 else None
-    hooks.start_epoch(epoch, built.loaders[0], built.optimizer)
-    metrics = run_epoch(epoch, built.model, built.loaders, built.optimizer, strategy, built.amp_dtype, built.scaler,
-                        on_step=hooks, profiler=profiler, precision=built.precision, bn_loader=built.bn_loader,
-                        on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training,
-                        guard=built.guard)
+    first_step = resumed.first_step if resumed is not None else 1
+    partial = resumed.partial if resumed is not None else None
+    profiler = (_start_profiler(config, strategy, built.folder)
+                if config.profile and epoch == 1 and first_step == 1 else None)
+    generator = getattr(built.loaders[0], "generator", None)
+    loader_rng = generator.get_state() if generator is not None else None  # the epoch's shuffle, before it is drawn
+    hooks.start_epoch(epoch, built.loaders[0], built.optimizer, first_step=first_step)
+    try:
+        metrics = run_epoch(epoch, built.model, built.loaders, built.optimizer, strategy, built.amp_dtype, built.scaler,
+                            on_step=hooks, profiler=profiler, precision=built.precision, bn_loader=built.bn_loader,
+                            on_loss=hooks.loss, measures=built.measures, on_start=hooks.begin_training,
+                            guard=built.guard, first_step=first_step, stop=stop, partial=partial)
+    except StopAtStep as stopped:
+        hooks.cut()
+        save_step_point(built, epoch, stopped, partial, loader_rng, best_acc)
+        raise StoppedAtStep(epoch, stopped.step) from None
     metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile

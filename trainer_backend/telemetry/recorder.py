@@ -152,9 +152,10 @@ class Recorder:
         with writing(path, "checkpoint") as handle:
             torch.save(payload, handle)
 
-    def forget_steps_from(self, epoch: int) -> None:
-        """A resumed run trains ``epoch`` and later again: their step points from before go first."""
-        retry_when_locked(lambda: series.forget_steps_from(self.engine, self.run_id, epoch),
+    def forget_steps_from(self, epoch: int, after_step: int = 0) -> None:
+        """A resumed run trains ``epoch`` and later again (after global step ``after_step``, when an epoch
+        continues where it stopped): their step points from before go first."""
+        retry_when_locked(lambda: series.forget_steps_from(self.engine, self.run_id, epoch, after_step),
                           what=f"clear the step points from epoch {epoch}")
 
     def notify(self, event: str, reason: str) -> None:
@@ -189,7 +190,7 @@ class NoRecorder:
     def notify(self, event: str, reason: str) -> None:
         pass
 
-    def forget_steps_from(self, epoch: int) -> None:
+    def forget_steps_from(self, epoch: int, after_step: int = 0) -> None:
         pass
 
     def epoch(self, epoch: int, row: dict, line: str | None = None) -> None:

@@ -65,13 +65,14 @@ class StepRecorder:
         self._unwritten: list[dict] = []  # rows a locked database refused, written with the next ones
         self._pending = None  # (host copy of losses, its CUDA event, the points it resolves)
 
-    def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer) -> None:
+    def start_epoch(self, epoch: int, loader, optimizer: torch.optim.Optimizer, first_step: int = 1) -> None:
+        """``first_step``: an epoch continued after a stop; its earlier steps' points are recorded already."""
         self.epoch, self.optimizer = epoch, optimizer
         self.images = step_images(loader)
         self.step_offset = (epoch - 1) * len(self.images)  # steps count across epochs, also after a resume
         self._losses: torch.Tensor | None = None
         self._points: list[dict] = []
-        self._read_upto = 0  # steps whose losses have been copied to the host
+        self._read_upto = first_step - 1  # steps whose losses have been copied to the host
         self._window_images = 0
         self._window_start = self._last_flush = time.perf_counter()
         self._window_event = None
@@ -241,16 +242,21 @@ class StepHooks:
         self._t_end_s: float | None = None
         self._joules: dict[str, float] | None = None
 
-    def start_epoch(self, epoch: int, loader, optimizer) -> None:
+    def start_epoch(self, epoch: int, loader, optimizer, first_step: int = 1) -> None:
         self.epoch = epoch
         if self.progress is not None:
-            self.progress(epoch, 0, len(loader))  # the epoch is under way: its steps are watched from here
+            self.progress(epoch, first_step - 1, len(loader))  # the epoch is under way: its steps are watched from here
         if self.recorder is not None:
-            self.recorder.start_epoch(epoch, loader, optimizer)
+            self.recorder.start_epoch(epoch, loader, optimizer, first_step)
         self._t_end_s, self._joules = None, None
         if self.energy is not None:
             self.energy.start()
             self._energy_tick = time.monotonic()
+
+    def cut(self) -> None:
+        """The epoch stops here (engine/stopping.py): write the step points it has."""
+        if self.recorder is not None:
+            self.recorder.end_epoch()
 
     def begin_training(self) -> None:
         """Called by the training loop when the epoch's first step is about to run."""

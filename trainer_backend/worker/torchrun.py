@@ -55,8 +55,12 @@ from trainer_backend.engine.strategies import collective_timeout
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
+from trainer_backend.engine.stopping import StoppedAtStep
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
+
+STOPPED_EXIT = 1  # a process told to stop (engine/stopping.py): not 0, so that torchrun may restart the job
+
 
 class Member(NamedTuple):
     """What each process of the world tells the others when it joins."""
@@ -184,8 +188,11 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
     samples = remote_sampler(run_id, joined, sampling, decision.attempt) if world.local_rank == 0 and sampling.remote \
         else None
     with samples or contextlib.nullcontext():
-        train_rank(_rank_spec(joined, world, run_id, url, echo=False, folder_name=decision.folder_name,
-                              resume_job=resume_job, sampling=sampling))
+        try:
+            train_rank(_rank_spec(joined, world, run_id, url, echo=False, folder_name=decision.folder_name,
+                                  resume_job=resume_job, sampling=sampling))
+        except StoppedAtStep:
+            return STOPPED_EXIT
     return 0
 
 
@@ -338,6 +345,9 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
             state.finish(engine, run_id, "completed")
         except KeyboardInterrupt:
             state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
+        except StoppedAtStep as stopped:  # told to stop (engine/stopping.py): the next attempt continues there
+            store.add_notes(engine, run_id, [f"The job was told to stop and stopped after step {stopped.step} of "
+                                             f"epoch {stopped.epoch}, its resume point saved there."])
         except RunCancelled:
             # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
             # stopping the job, which it does when another of its processes has failed.

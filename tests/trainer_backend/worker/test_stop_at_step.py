@@ -1,0 +1,70 @@
+"""A torchrun job told to stop (the file the Slurm batch script touches on USR1: engine/stopping.py) stops
+every rank at the same step boundary mid-epoch, saves a resume point there, and its next attempt continues at
+the next step: each epoch recorded once, each step point once, and the same numbers as a run never stopped.
+Real torchrun agents in real subprocesses, gloo on CPU, one SQLite file.
+
+    .venv/bin/python -m pytest tests/trainer_backend/worker/test_stop_at_step.py -q
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support import run_cli
+from tests.trainer_backend.worker.test_torchrun import finish, runs_of, start_agent
+from trainer_backend.engine.stopping import STOP_CHECK_STEPS, STOP_FILE
+
+pytestmark = pytest.mark.processes
+
+DIGITS_TRAIN = 1437
+ASK_AT = 7
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "pp"])
+def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_epoch_once(parallax_home, strategy):
+    batch = 32  # 16 a rank under ddp and fsdp: 45 steps an epoch, several checks of the stop request each
+    # pp: every stage takes the whole batch, in 4 microbatches, and drops a short last one.
+    steps_per_epoch, forwards = (-(-DIGITS_TRAIN // 2 // 16), 1) if strategy != "pp" else (DIGITS_TRAIN // batch, 4)
+    flags = ["--dataset", "digits", "--model", "parallax_asks_to_stop", "--image-size", "16", "--epochs", "3",
+             "--strategy", strategy, "--batch-size", str(batch)]
+    env = {"PARALLAX_PLUGINS": "tests.plugins.stop_asking_model", "PARALLAX_STEP_POINT_S": "1e-6",  # a point a step
+           "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards)}  # in step ASK_AT of epoch 2
+    agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
+                        [*flags, "--devices", "cpu"], env_extra=env)
+    ((code, out, err),) = finish([agent])
+    assert code == 0, out + err
+
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed" and run["error"] is None, run["error"]
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
+    for epoch in (1, 2, 3):
+        assert out.count(f"epoch {epoch}/3 ") == 1, out
+    stopped = [re.fullmatch(r"The job was told to stop and stopped after step (\d+) of epoch 2, its resume point "
+                            r"saved there\.", note) for note in run["notes"]]
+    (step,) = [int(m.group(1)) for m in stopped if m] or pytest.fail(f"{run['notes']}\n{err[-3000:]}")
+    # Asked in step ASK_AT of epoch 2: stopped at the first check after it, on both ranks at once.
+    first_check = steps_per_epoch + ASK_AT + (-(steps_per_epoch + ASK_AT)) % STOP_CHECK_STEPS - steps_per_epoch
+    if strategy == "pp":  # its first stage also runs forwards outside the steps (the stages' shape inference)
+        assert (steps_per_epoch + step) % STOP_CHECK_STEPS == 0 and first_check - STOP_CHECK_STEPS <= step < first_check
+    else:
+        assert step == first_check, (step, run["notes"])
+    assert any(note.startswith(f"Resumed at step {step + 1} of epoch 2, from the point saved when the job was told")
+               for note in run["notes"]), run["notes"]
+    assert not any((parallax_home / "runs").rglob(STOP_FILE))  # taken: a later attempt does not stop
+    # Every step recorded once: those before the stop by the first attempt, the rest by the second.
+    assert [s["step"] for s in run["steps"]] == list(range(1, 3 * steps_per_epoch + 1))
+    assert [s["epoch"] for s in run["steps"]] == [e for e in (1, 2, 3) for _ in range(steps_per_epoch)]
+
+    # The same training spawned in one go (nothing asks it to stop): the resumed epoch covers all its steps,
+    # with the weights, the optimizer and the shuffle restored at the step, so every epoch matches.
+    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=parallax_home, env_extra=env)
+    assert spawned.returncode == 0, spawned.stderr
+    twin = next(r for r in runs_of(parallax_home) if r["run_id"] != run["run_id"])
+    for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
+        for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
+            assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
+    # Images per second over the epoch's training time in both attempts, not the second attempt's alone.
+    second = run["epochs"][1]
+    assert second["images_per_s"] * second["train_time_s"] == pytest.approx(DIGITS_TRAIN, rel=0.05)
