@@ -36,16 +36,21 @@ def values(step: int) -> dict[str, float]:
     return {"train/loss": 1.0 / (step + 1), "lr": 0.01, "train/acc": 0.5, "epoch": float(step // 100)}
 
 
+def per_call_us(log, calls: int) -> float:
+    """Microseconds per ``log(values, step=step)`` call over ``calls`` calls in a tight loop."""
+    started = time.perf_counter()
+    for step in range(calls):
+        log(values(step), step=step)
+    return 1e6 * (time.perf_counter() - started) / calls
+
+
 def parallax_us(calls: int) -> float:
     import parallax
 
     run = parallax.init(project="bench", name="sdk-log", config={"calls": calls})
-    started = time.perf_counter()
-    for step in range(calls):
-        run.log(values(step), step=step)
-    spent = time.perf_counter() - started
+    spent = per_call_us(run.log, calls)
     run.finish()
-    return 1e6 * spent / calls
+    return spent
 
 
 def wandb_us(calls: int) -> float:
@@ -53,12 +58,9 @@ def wandb_us(calls: int) -> float:
 
     with tempfile.TemporaryDirectory() as folder:
         run = wandb.init(project="bench", mode="offline", dir=folder)
-        started = time.perf_counter()
-        for step in range(calls):
-            run.log(values(step), step=step)
-        spent = time.perf_counter() - started
+        spent = per_call_us(run.log, calls)
         run.finish()
-    return 1e6 * spent / calls
+    return spent
 
 
 def mlflow_us(calls: int) -> float:
@@ -67,11 +69,7 @@ def mlflow_us(calls: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
         mlflow.set_tracking_uri(f"sqlite:///{Path(folder) / 'mlflow.db'}")  # SQLite, as Parallax's
         with mlflow.start_run():
-            started = time.perf_counter()
-            for step in range(calls):
-                mlflow.log_metrics(values(step), step=step)
-            spent = time.perf_counter() - started
-    return 1e6 * spent / calls
+            return per_call_us(mlflow.log_metrics, calls)
 
 
 def installed(module: str) -> bool:

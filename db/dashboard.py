@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select, update
 
+from contract.strategy_specs import baseline
 from db.connection import session_scope
 from db.tables import EpochMetric, Run
 from db.run_figures import run_figures
@@ -132,9 +133,9 @@ def like_key(config: dict[str, Any]) -> tuple:
     return tuple(config.get(name) for name in LIKE_FOR_LIKE_FIELDS)
 
 
-def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]], baseline: str) -> dict[tuple, int]:
-    """For each config's ``like_key``, the newest completed run of strategy ``baseline`` (the one-device strategy
-    the caller reads from the specs, which sit above the database) doing the same work.
+def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]]) -> dict[tuple, int]:
+    """For each config's ``like_key``, the newest completed run of the baseline strategy (the one-device
+    strategy of the specs) doing the same work.
 
     Keys without such a run are left out. Reads four config fields by JSON path, not the blobs.
     """
@@ -148,7 +149,7 @@ def single_device_baselines(engine: Engine, configs: Iterable[dict[str, Any]], b
             Run.config["image_size"].as_integer().label("image_size"),
             Run.config["amp"].as_string().label("amp"),
         )
-        .where(Run.strategy == baseline, Run.status == "completed",
+        .where(Run.strategy == baseline().name, Run.status == "completed",
                Run.dataset.in_({key[0] for key in wanted}), Run.model.in_({key[1] for key in wanted}))
         .order_by(Run.id.desc())
     )

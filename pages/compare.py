@@ -13,7 +13,7 @@ from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
 from reports.sweep_report import strategy_advice, waiting_for
 from db.recorded_by import unknown_strategy_note
-from contract.strategy_specs import baseline, find, names_where
+from contract.strategy_specs import find, names_where
 from reports import charts, series_charts
 from ui import efficiency_views, script_views, state, widgets
 from ui.text import escape_markdown
@@ -194,7 +194,7 @@ if problems:
                                + "; ".join(problems) + "."), icon=":material/warning:")
 
 baselines = scaling.pick_baselines(
-    runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs], baseline().name))
+    runs, dashboard.single_device_baselines(engine, [r["config"] for r in runs]))
 wanted_ids = list(dict.fromkeys([*picked_ids, *baselines.values()]))
 epochs = scaling.epochs_frame(store.read_epoch_metrics(engine, wanted_ids))
 labels = {run["id"]: scaling.label_for(run) for run in runs}

@@ -76,11 +76,9 @@ def test_single_device_baselines_match_all_like_for_like_fields(engine):
     add_run(engine, batch_size=64)                    # other batch
     add_run(engine, amp="off")                        # other AMP
     add_run(engine, status="failed")                  # not completed
-    other = add_run(engine, strategy="ddp", devices=["cpu", "cpu"])
+    add_run(engine, strategy="ddp", devices=["cpu", "cpu"])  # not the baseline strategy
     wanted = [config(strategy="ddp"), config(model="resnet50")]
-    assert dashboard.single_device_baselines(engine, wanted, "single") == {("digits", "resnet18", 128, 32, "auto"): newest}
-    # The baseline's name is the caller's (from the specs): another name finds that strategy's runs.
-    assert dashboard.single_device_baselines(engine, wanted, "ddp") == {("digits", "resnet18", 128, 32, "auto"): other}
+    assert dashboard.single_device_baselines(engine, wanted) == {("digits", "resnet18", 128, 32, "auto"): newest}
 
 
 def test_tags_and_note_are_replaced_and_cleaned(engine):
