@@ -377,9 +377,12 @@ def test_a_sweep_is_one_job_array_running_two_at_a_time(scenarios):
 
 @scenario
 def a_job_at_its_time_limit(s: Scenario):
-    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu", "--epochs", "1000", "--slurm-time", "1",
+    # Two minutes: the job must record an epoch before its limit while every other scenario's ranks start
+    # on the same two cores (one minute, Slurm's floor, was missed there once); the scenarios run at once,
+    # so the longer limit adds nothing to the module's time.
+    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu", "--epochs", "1000", "--slurm-time", "2",
                               "--max-requeues", "0")
-    run = s.wait_for(run_id, ended, within_s=RUN_WITHIN_S + 120)
+    run = s.wait_for(run_id, ended, within_s=RUN_WITHIN_S + 180)
     assert run.status == "failed" and "TIMEOUT" in run.error and f"parallax resume {run_id}" in run.error
     assert s.epochs(run_id)
     assert (run_folder(s.engine, run_id) / "resume.pt").is_file()
