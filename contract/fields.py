@@ -339,7 +339,7 @@ _SLURM_FIELDS = (
           "starting with --, e.g. --constraint=a100 --exclusive.", check="_validate_slurm",
           parse=split_sbatch_options),
     _number("max_requeues", int, 3, "Requeues at most", "How often a job that Slurm preempts or warns of its time "
-            "limit (USR1) requeues itself to resume from its last finished epoch before it is left to end.", 0,
+            "limit (USR1) requeues itself to resume at the step where it stopped before it is left to end.", 0,
             MAX_REQUEUES, step=1),
     _number("slurm_array_limit", int, 0, "Sweep runs at once on Slurm (0: no limit)", "A sweep onto Slurm is one "
             "job array, one task per run: at most this many of them run at once (sbatch --array=0-K%M).", 0, 10_000,

@@ -164,7 +164,8 @@ echo "parallax: run $PARALLAX_RUN_ID, job $SLURM_JOB_ID, attempt $((${{SLURM_RES
 # run's folder); within a few steps they agree on one, leave a resume point there (resume.json names its epoch
 # and step) and exit. Once it is there (or after EPOCH_WAIT_S) the job requeues itself, at most MAX_REQUEUES
 # times, and the requeued job continues at that step. A cancel from Parallax is never requeued.
-# SIGTERM is not trapped: scancel sends it too, and a job preempted with PreemptMode=REQUEUE is requeued by Slurm.
+# SIGTERM is not trapped here (scancel sends it too): the ranks take a preemption's or requeue's SIGTERM as a
+# request to stop at a step, and Slurm requeues such a job itself.
 EPOCH_WAIT_S={EPOCH_WAIT_S}
 resume_epoch() {{ cat "$RUN_FOLDER/{RESUME_EPOCH}" 2>/dev/null || echo none; }}
 requeue() {{

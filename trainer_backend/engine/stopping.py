@@ -9,10 +9,17 @@ after every ``STOP_CHECK_STEPS``-th optimizer step and the ranks agree through o
 (so between checks a step costs nothing); the first rank that saw it is enough. The loop then raises
 ``StopAtStep``; the trainer saves a mid-epoch resume point (engine/resume.py) and raises ``StoppedAtStep``,
 which the torchrun worker turns into an attempt that leaves its run running for the next attempt to resume.
+
+In a job Slurm started, SIGTERM asks the same (``stop_on_sigterm``): Slurm sends it to every process of a job it
+preempts or requeues (``scontrol requeue``, ``PreemptMode=REQUEUE``) and kills them ``KillWait`` (30 s by default)
+or the partition's ``GraceTime`` later. A rank that does not reach a check within ``TERM_GRACE_S`` ends as SIGTERM
+ended it before (``escalate``): a rank stuck in a collective with a dead peer is not kept waiting for a step.
 """
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,6 +28,8 @@ from contract.world import torchrun_world
 
 STOP_FILE = "stop-requested"
 STOP_CHECK_STEPS = 10  # optimizer steps between two looks; Slurm's warning comes 120 s before the limit
+TERM_GRACE_S = 20.0  # SIGTERM to a step stop, inside torchrun's and Slurm's 30 s before SIGKILL
+_signalled: list[str] = []  # the signal that asked this process to stop, once it has
 
 
 class StopAtStep(Exception):
@@ -41,6 +50,25 @@ class StoppedAtStep(BaseException):
         self.epoch, self.step = epoch, step
 
 
+def stop_on_sigterm(escalate: Callable[[int, object], None], grace_s: float = TERM_GRACE_S) -> None:
+    """From now on SIGTERM asks this process to stop at the next step its ranks agree on (``StopRequest``);
+    ``escalate(signum, frame)``, SIGTERM's handling until now, runs if no stop is taken within ``grace_s``.
+    A second SIGTERM (Slurm signals every process and torchrun its workers again) changes nothing."""
+
+    def asked(signum, frame) -> None:
+        if not _signalled:
+            _signalled.append(signal.Signals(signum).name)
+            signal.signal(signal.SIGALRM, lambda _, later_frame: escalate(signum, later_frame))
+            signal.setitimer(signal.ITIMER_REAL, grace_s)
+
+    signal.signal(signal.SIGTERM, asked)
+
+
+def signalled() -> str | None:
+    """The signal that asked this process to stop ("SIGTERM"), or None."""
+    return _signalled[0] if _signalled else None
+
+
 def stop_request(folder: Path, strategy) -> StopRequest | None:
     """The request a torchrun job (the one a Slurm job runs) looks for; None for a run started otherwise."""
     return StopRequest(folder, strategy) if torchrun_world() is not None else None
@@ -56,10 +84,12 @@ class StopRequest:
         self._calls += 1
         if self._calls % self.every or step == total_steps:
             return False
-        asked = torch.tensor([1.0 if self.path.exists() else 0.0], dtype=torch.float64,
+        asked = torch.tensor([1.0 if _signalled or self.path.exists() else 0.0], dtype=torch.float64,
                              device=self.strategy.output_device)
         if self.strategy.all_reduce(asked, "max").item() == 0:
             return False
+        if _signalled:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # taken: no escalation while the point is saved
         if self.strategy.is_main:  # taken: the next attempt must not stop again at once
             self.path.unlink(missing_ok=True)
         return True

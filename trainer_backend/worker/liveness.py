@@ -152,10 +152,16 @@ class Heartbeat:
         self._thread.join(timeout=self._interval + 1)
 
 
-def _raise_cancelled(signum, frame) -> None:
+def raise_cancelled(signum, frame) -> None:
     signal.signal(signum, signal.SIG_IGN)  # a second signal must not interrupt the clean-up
     raise RunCancelled(f"cancelled (signal {signal.Signals(signum).name})")
 
 
 def install_cancel_handler() -> None:
-    signal.signal(signal.SIGTERM, _raise_cancelled)
+    signal.signal(signal.SIGTERM, raise_cancelled)
+
+
+def end_as_signalled(signum, frame) -> None:
+    """End this process as ``signum``'s default action would have."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

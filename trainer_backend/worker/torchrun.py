@@ -47,7 +47,8 @@ from contract.environment import database_url
 from contract.config import ConfigError, RunConfig
 from contract.devices import cuda_indices
 from trainer_backend.telemetry.job_energy import EnergyPart
-from trainer_backend.worker.liveness import Heartbeat, RunCancelled, install_cancel_handler
+from trainer_backend.worker.liveness import (Heartbeat, RunCancelled, end_as_signalled, install_cancel_handler,
+                                             raise_cancelled)
 from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
@@ -55,7 +56,7 @@ from trainer_backend.engine.strategies import collective_timeout
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
-from trainer_backend.engine.stopping import StoppedAtStep
+from trainer_backend.engine.stopping import StoppedAtStep, signalled, stop_on_sigterm
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
@@ -81,7 +82,11 @@ def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None 
         device = local_device(config, world)
     except ConfigError as exc:
         return refuse(world, exc)
-    if world.rank == 0:
+    if submitted_run_id() is not None:
+        # Slurm's SIGTERM (a preemption or a requeue) reaches every process: each asks for a stop at a step
+        # (engine/stopping.py), and ends as before where none comes in time.
+        stop_on_sigterm(raise_cancelled if world.rank == 0 else end_as_signalled)
+    elif world.rank == 0:
         install_cancel_handler()  # a cancel from the dashboard or `cancel` reaches rank 0
     try:
         return _join(config, world, device, db_url, echo, resume_job)
@@ -311,7 +316,8 @@ def _take_submitted_run(engine, run_id: int, joined: RunConfig, world: TorchrunW
     elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts), hosts=hosts)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     store.add_notes(engine, run_id, notes + ([f"Slurm requeued job {world.job_id} {restarts} time(s); it resumes from "
-                                              "its last finished epoch."] if restarts else []))
+                                              "its last resume point (the step where its ranks stopped, or else its "
+                                              "last finished epoch)."] if restarts else []))
     _forget_failures(engine, run_id)
     return run_id, "running"
 
@@ -346,8 +352,14 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
         except KeyboardInterrupt:
             state.finish(engine, run_id, "cancelled", error="cancelled by the user (Ctrl-C)")
         except StoppedAtStep as stopped:  # told to stop (engine/stopping.py): the next attempt continues there
-            store.add_notes(engine, run_id, [f"The job was told to stop and stopped after step {stopped.step} of "
-                                             f"epoch {stopped.epoch}, its resume point saved there."])
+            where = f"after step {stopped.step} of epoch {stopped.epoch}, its resume point saved there."
+            if store.get_run(engine, run_id).status == "cancelled":  # the heartbeat's SIGTERM: a cancel
+                note = f"Cancelled: the ranks stopped {where}"
+            elif signalled():
+                note = f"The job was told to stop ({signalled()}: a preemption or a requeue) and stopped {where}"
+            else:
+                note = f"The job was told to stop and stopped {where}"
+            store.add_notes(engine, run_id, [note])
         except RunCancelled:
             # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
             # stopping the job, which it does when another of its processes has failed.

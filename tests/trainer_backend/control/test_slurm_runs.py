@@ -20,6 +20,7 @@ of the cluster when the module ends, whether its tests passed or not.
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 import threading
 import time
@@ -320,6 +321,14 @@ def a_requeued_job(s: Scenario):
     assert s.epochs(run_id) == [1, 2, 3, 4, 5, 6]
     assert any("requeued" in note and job_id in note for note in run.notes), run.notes
     assert "attempt 2" in (run_folder(s.engine, run_id) / LOG_FILE).read_text()
+    # The requeue's SIGTERM (as a preemption's) stopped the ranks at a step; the requeued job went on from the next.
+    (stopped,) = [re.fullmatch(r"The job was told to stop \(SIGTERM: a preemption or a requeue\) and stopped after "
+                               r"step (\d+) of epoch (\d+), its resume point saved there\.", note)
+                  for note in run.notes if note.startswith("The job was told to stop")] or [None]
+    assert stopped is not None, run.notes
+    step, epoch = int(stopped.group(1)), int(stopped.group(2))
+    assert epoch >= 3 and any(note.startswith(f"Resumed at step {step + 1} of epoch {epoch}") for note in run.notes), \
+        run.notes
 
 
 def test_a_requeued_job_resumes_and_records_each_epoch_once(scenarios):
