@@ -12,8 +12,9 @@ which the torchrun worker turns into an attempt that leaves its run running for 
 
 In a job Slurm started, SIGTERM asks the same (``stop_on_sigterm``): Slurm sends it to every process of a job it
 preempts or requeues (``scontrol requeue``, ``PreemptMode=REQUEUE``) and kills them ``KillWait`` (30 s by default)
-or the partition's ``GraceTime`` later. A rank that does not reach a check within ``TERM_GRACE_S`` ends as SIGTERM
-ended it before (``escalate``): a rank stuck in a collective with a dead peer is not kept waiting for a step.
+or the partition's ``GraceTime`` later. Where no stop is taken within ``TERM_GRACE_S`` (a collective stuck on a
+dead peer), rank 0 ends as its SIGTERM handler ended it before (it records how the attempt ended) and every other
+rank by SIGALRM's default action, which a process blocked in a collective cannot delay.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ STOP_FILE = "stop-requested"
 STOP_CHECK_STEPS = 10  # optimizer steps between two looks; Slurm's warning comes 120 s before the limit
 TERM_GRACE_S = 20.0  # SIGTERM to a step stop, inside torchrun's and Slurm's 30 s before SIGKILL
 _signalled: list[str] = []  # the signal that asked this process to stop, once it has
+_taken: list[str] = []  # why the ranks stopped at a step, once they have (stop_taken)
+ASKED_BY_FILE, ASKED_BY_SIGNAL = 1.0, 2.0  # all-reduced with max: a signal anywhere names the stop
 
 
 class StopAtStep(Exception):
@@ -50,23 +53,30 @@ class StoppedAtStep(BaseException):
         self.epoch, self.step = epoch, step
 
 
-def stop_on_sigterm(escalate: Callable[[int, object], None], grace_s: float = TERM_GRACE_S) -> None:
-    """From now on SIGTERM asks this process to stop at the next step its ranks agree on (``StopRequest``);
-    ``escalate(signum, frame)``, SIGTERM's handling until now, runs if no stop is taken within ``grace_s``.
-    A second SIGTERM (Slurm signals every process and torchrun its workers again) changes nothing."""
+def stop_on_sigterm(escalate: Callable[[int, object], None] | None, grace_s: float = TERM_GRACE_S) -> None:
+    """From now on SIGTERM asks this process to stop at the next step its ranks agree on (``StopRequest``).
+    If no stop is taken within ``grace_s``: ``escalate(signum, frame)`` runs (the process's SIGTERM handling
+    until now), or, with None, SIGALRM's default action ends the process: the kernel's doing, which a rank
+    blocked in a collective cannot delay. Another SIGTERM (Slurm signals every process, torchrun its workers
+    again), or one after a stop was taken, changes nothing."""
 
     def asked(signum, frame) -> None:
-        if not _signalled:
-            _signalled.append(signal.Signals(signum).name)
+        if _signalled or _taken:
+            return
+        _signalled.append(signal.Signals(signum).name)
+        if escalate is None:
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        else:
             signal.signal(signal.SIGALRM, lambda _, later_frame: escalate(signum, later_frame))
-            signal.setitimer(signal.ITIMER_REAL, grace_s)
+        signal.setitimer(signal.ITIMER_REAL, grace_s)
 
     signal.signal(signal.SIGTERM, asked)
 
 
-def signalled() -> str | None:
-    """The signal that asked this process to stop ("SIGTERM"), or None."""
-    return _signalled[0] if _signalled else None
+def stop_taken() -> str | None:
+    """Why this process's ranks stopped at a step: "SIGTERM" where a rank was signalled, "stop file" where
+    only Slurm's warning asked; None before a stop was taken."""
+    return _taken[0] if _taken else None
 
 
 def stop_request(folder: Path, strategy) -> StopRequest | None:
@@ -84,12 +94,13 @@ class StopRequest:
         self._calls += 1
         if self._calls % self.every or step == total_steps:
             return False
-        asked = torch.tensor([1.0 if _signalled or self.path.exists() else 0.0], dtype=torch.float64,
-                             device=self.strategy.output_device)
-        if self.strategy.all_reduce(asked, "max").item() == 0:
+        mine = ASKED_BY_SIGNAL if _signalled else ASKED_BY_FILE if self.path.exists() else 0.0
+        asked = self.strategy.all_reduce(torch.tensor([mine], dtype=torch.float64,
+                                                      device=self.strategy.output_device), "max").item()
+        if asked == 0:
             return False
-        if _signalled:
-            signal.setitimer(signal.ITIMER_REAL, 0)  # taken: no escalation while the point is saved
+        _taken.append("SIGTERM" if asked == ASKED_BY_SIGNAL else "stop file")
+        signal.setitimer(signal.ITIMER_REAL, 0)  # taken: no escalation while the point is saved, nor after
         if self.strategy.is_main:  # taken: the next attempt must not stop again at once
             self.path.unlink(missing_ok=True)
         return True

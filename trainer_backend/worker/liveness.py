@@ -160,8 +160,3 @@ def raise_cancelled(signum, frame) -> None:
 def install_cancel_handler() -> None:
     signal.signal(signal.SIGTERM, raise_cancelled)
 
-
-def end_as_signalled(signum, frame) -> None:
-    """End this process as ``signum``'s default action would have."""
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)

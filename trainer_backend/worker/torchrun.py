@@ -47,8 +47,7 @@ from contract.environment import database_url
 from contract.config import ConfigError, RunConfig
 from contract.devices import cuda_indices
 from trainer_backend.telemetry.job_energy import EnergyPart
-from trainer_backend.worker.liveness import (Heartbeat, RunCancelled, end_as_signalled, install_cancel_handler,
-                                             raise_cancelled)
+from trainer_backend.worker.liveness import Heartbeat, RunCancelled, install_cancel_handler, raise_cancelled
 from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
@@ -56,7 +55,7 @@ from trainer_backend.engine.strategies import collective_timeout
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
-from trainer_backend.engine.stopping import StoppedAtStep, signalled, stop_on_sigterm
+from trainer_backend.engine.stopping import StoppedAtStep, stop_on_sigterm, stop_taken
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
@@ -85,7 +84,7 @@ def run_in_world(config: RunConfig, world: TorchrunWorld, *, db_url: str | None 
     if submitted_run_id() is not None:
         # Slurm's SIGTERM (a preemption or a requeue) reaches every process: each asks for a stop at a step
         # (engine/stopping.py), and ends as before where none comes in time.
-        stop_on_sigterm(raise_cancelled if world.rank == 0 else end_as_signalled)
+        stop_on_sigterm(raise_cancelled if world.rank == 0 else None)
     elif world.rank == 0:
         install_cancel_handler()  # a cancel from the dashboard or `cancel` reaches rank 0
     try:
@@ -355,8 +354,9 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
             where = f"after step {stopped.step} of epoch {stopped.epoch}, its resume point saved there."
             if store.get_run(engine, run_id).status == "cancelled":  # the heartbeat's SIGTERM: a cancel
                 note = f"Cancelled: the ranks stopped {where}"
-            elif signalled():
-                note = f"The job was told to stop ({signalled()}: a preemption or a requeue) and stopped {where}"
+            elif stop_taken() == "SIGTERM":
+                note = (f"The job was told to stop (SIGTERM from Slurm: a preemption, a requeue, the time limit or "
+                        f"scancel) and stopped {where}")
             else:
                 note = f"The job was told to stop and stopped {where}"
             store.add_notes(engine, run_id, [note])

@@ -322,8 +322,9 @@ def a_requeued_job(s: Scenario):
     assert any("requeued" in note and job_id in note for note in run.notes), run.notes
     assert "attempt 2" in (run_folder(s.engine, run_id) / LOG_FILE).read_text()
     # The requeue's SIGTERM (as a preemption's) stopped the ranks at a step; the requeued job went on from the next.
-    (stopped,) = [re.fullmatch(r"The job was told to stop \(SIGTERM: a preemption or a requeue\) and stopped after "
-                               r"step (\d+) of epoch (\d+), its resume point saved there\.", note)
+    (stopped,) = [re.fullmatch(r"The job was told to stop \(SIGTERM from Slurm: a preemption, a requeue, the time "
+                               r"limit or scancel\) and stopped after step (\d+) of epoch (\d+), its resume point "
+                               r"saved there\.", note)
                   for note in run.notes if note.startswith("The job was told to stop")] or [None]
     assert stopped is not None, run.notes
     step, epoch = int(stopped.group(1)), int(stopped.group(2))

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,6 +45,7 @@ def signals():
     if timer[0]:
         signal.setitimer(signal.ITIMER_REAL, *timer)
     stopping._signalled.clear()
+    stopping._taken.clear()
 
 
 def steps_until_stop(stop: StopRequest, total_steps: int = 100) -> int | None:
@@ -57,10 +61,13 @@ def test_sigterm_stops_at_the_next_check_and_nothing_ends_the_process(tmp_path, 
 
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)  # torchrun passes Slurm's signal on: the second changes nothing
-    assert stopping.signalled() == "SIGTERM"
+    assert stopping.stop_taken() is None
     assert steps_until_stop(stop) == STOP_CHECK_STEPS  # the next look, after 10 more optimizer steps
     assert strategy.reductions == 2  # one all-reduce a look, none between
+    assert stopping.stop_taken() == "SIGTERM"  # the note names it
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # taken: no escalation while the point is saved
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's, or scontrol requeue's after the point: arms nothing
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
     time.sleep(0.7)
     assert escalated == []
     assert not (tmp_path / STOP_FILE).exists()
@@ -82,3 +89,16 @@ def test_without_a_signal_only_the_stop_file_stops(tmp_path, signals):
     (tmp_path / STOP_FILE).touch()
     assert steps_until_stop(stop, 30) == STOP_CHECK_STEPS
     assert not (tmp_path / STOP_FILE).exists()  # taken by the main process
+    assert stopping.stop_taken() == "stop file"
+
+
+@pytest.mark.processes
+def test_a_rank_other_than_0_past_the_grace_is_ended_by_sigalrms_default_action():
+    """Ranks other than 0 escalate by SIGALRM's default action, the kernel's, not a Python handler (which a rank
+    blocked in a collective's C++ wait would not run until the wait ends): the process ends by SIGALRM."""
+    code = ("import os, signal, ctypes; from trainer_backend.engine.stopping import stop_on_sigterm; "
+            "stop_on_sigterm(None, grace_s=0.3); os.kill(os.getpid(), signal.SIGTERM); "
+            "ctypes.CDLL(None).pause()")  # waiting in C
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], timeout=60,
+                          capture_output=True)
+    assert done.returncode == -signal.SIGALRM, done
