@@ -29,6 +29,7 @@ whatever that python imports (``make gpu-check PY=python3``; wheels installed wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -248,7 +249,11 @@ def run_tests(timeout_s: float) -> dict:
     child = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     lines: list[str] = []
-    timer = threading.Timer(timeout_s, os.killpg, (child.pid, signal.SIGKILL))
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):  # it may end just as the budget runs out
+            os.killpg(child.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout_s, kill)
     timer.start()
     try:
         for line in child.stdout:

@@ -218,7 +218,8 @@ def test_resume_point_is_read_onto_the_cpu(parallax_home, monkeypatch):
         monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("map_location")) or real_load(*a, **k))
         fresh = strategy.wrap(nn.Linear(4, 2))
         fresh_optimizer = torch.optim.Adam(fresh.parameters())
-        assert resume.restore(folder, strategy, fresh, fresh_optimizer, loader) == (3, 0.5)
+        resumed = resume.restore(folder, strategy, fresh, fresh_optimizer, loader)
+        assert (resumed.start_epoch, resumed.best_acc) == (3, 0.5)
         assert seen == ["cpu"]
         assert torch.equal(fresh.module.weight, model.module.weight)
         assert fresh_optimizer.state_dict()["state"][0]["step"] == 1

@@ -93,16 +93,12 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
 
 def _keep_older_point(folder: Path, keep: int) -> None:
     """Move the newest point aside under its epoch's name, then remove the oldest beyond ``keep`` - 1 of them."""
-    previous = _local_epoch(folder)
+    previous = _local_point(folder)[0]
     if previous:
         (folder / RESUME_FILE).replace(folder / OLDER_RESUME_FILE.format(epoch=previous))
     older = sorted(folder.glob(OLDER_RESUME_FILE.format(epoch="*")), key=lambda p: int(p.stem.rsplit("epoch", 1)[1]))
     for path in older[:max(0, len(older) - (keep - 1))]:
         path.unlink(missing_ok=True)
-
-
-def _local_epoch(folder: Path) -> int:
-    return _local_point(folder)[0]
 
 
 def _local_point(folder: Path) -> tuple[int, int]:
@@ -116,16 +112,9 @@ def _local_point(folder: Path) -> tuple[int, int]:
 
 
 def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-            schedule=None, scaler=None) -> tuple[int, float]:
-    """Load the newest resume point any rank's machine holds: (first epoch to train, best accuracy).
-    (1, -1.0) when there is none."""
-    resumed = restore_at(folder, strategy, model, optimizer, train_loader, schedule, scaler)
-    return resumed.start_epoch, resumed.best_acc
-
-
-def restore_at(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train_loader,
-               schedule=None, scaler=None) -> Resumed:
-    """``restore``, with the step a stopped epoch continues from."""
+            schedule=None, scaler=None) -> Resumed:
+    """Load the newest resume point any rank's machine holds: where training continues (the first epoch to
+    train, the best accuracy so far, the step a stopped epoch continues from); ``Resumed()`` when there is none."""
     collective = dist.is_available() and dist.is_initialized()
     points: list[tuple[int, int] | None] = [_local_point(folder)] * strategy.world_size
     if collective:

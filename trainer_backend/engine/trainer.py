@@ -530,8 +530,8 @@ def restore_resume_point(built: Built, recorder: Recorder | NoRecorder) -> resum
     """Where training starts: from the run's last resume point when the run is resumable, else epoch 1."""
     if not built.spec.resumable:
         return resume.Resumed()
-    resumed = resume.restore_at(built.folder, built.strategy, built.model, built.optimizer, built.loaders[0],
-                                schedule=built.schedule, scaler=built.scaler)
+    resumed = resume.restore(built.folder, built.strategy, built.model, built.optimizer, built.loaders[0],
+                             schedule=built.schedule, scaler=built.scaler)
     start_epoch = resumed.start_epoch
     if resumed.first_step > 1:
         # The steps trained before the stop keep their points; those recorded after it are trained again.

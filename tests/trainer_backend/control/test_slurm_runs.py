@@ -306,13 +306,19 @@ def test_a_running_job_is_cancelled_within_its_bound_and_resumed_by_a_new_job(sc
     outcome(scenarios, "a_running_job_cancelled_then_resumed")
 
 
+def signalled_after(s: Scenario, epochs: int, recorded: int, *command: str) -> tuple[int, str]:
+    """A 2-node DDP run of ``epochs`` epochs, and ``command`` with its job id once ``recorded`` epochs are
+    recorded: (run id, job id)."""
+    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", str(epochs))
+    s.wait_for(run_id, lambda r: len(s.epochs(run_id)) >= recorded or ended(r), what=f"{recorded} epoch(s)")
+    done = subprocess.run([*command, job_id], env=s.cluster.env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return run_id, job_id
+
+
 @scenario
 def a_requeued_job(s: Scenario):
-    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", "6")
-    s.wait_for(run_id, lambda r: len(s.epochs(run_id)) >= 2 or ended(r), what="two epochs")
-    requeued = subprocess.run(["scontrol", "requeue", job_id], env=s.cluster.env, capture_output=True, text=True,
-                              timeout=30)
-    assert requeued.returncode == 0, requeued.stderr
+    run_id, job_id = signalled_after(s, 6, 2, "scontrol", "requeue")
     # Slurm holds a requeued job back (BeginTime) for a while; a user in a hurry releases it as here.
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=s.cluster.env,
                    capture_output=True, timeout=30)
@@ -339,11 +345,7 @@ def test_a_requeued_job_resumes_and_records_each_epoch_once(scenarios):
 @scenario
 def a_job_warned_with_usr1(s: Scenario):
     """Slurm's warning before the time limit or a preemption, sent as Slurm sends it (to the batch script)."""
-    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", "8")
-    s.wait_for(run_id, lambda r: len(s.epochs(run_id)) >= 1 or ended(r), what="an epoch")
-    warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=s.cluster.env, capture_output=True,
-                            text=True, timeout=30)
-    assert warned.returncode == 0, warned.stderr
+    run_id, job_id = signalled_after(s, 8, 1, "scancel", "--signal=USR1", "--batch")
     run = s.wait_for(run_id, ended)
     assert run.status == "completed", run.error
     assert s.epochs(run_id) == list(range(1, 9))
@@ -351,7 +353,7 @@ def a_job_warned_with_usr1(s: Scenario):
     assert f"requeueing job {job_id}" in log and "attempt 2" in log, log[-2000:]
 
 
-def test_usr1_lets_the_epoch_end_then_requeues_and_the_run_resumes(scenarios):
+def test_usr1_stops_the_ranks_then_the_job_requeues_itself_and_the_run_resumes(scenarios):
     outcome(scenarios, "a_job_warned_with_usr1")
 
 

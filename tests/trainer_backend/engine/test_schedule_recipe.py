@@ -112,7 +112,8 @@ def test_the_schedule_resumes_where_it_stopped(tmp_path):
                                  schedule=schedule)
         fresh_optimizer = build_optimizer(config, model.parameters())
         fresh = attach_schedule(fresh_optimizer, config, batches_per_epoch=5)
-        assert resume.restore(tmp_path, strategy, model, fresh_optimizer, loader, schedule=fresh) == (2, 0.5)
+        resumed = resume.restore(tmp_path, strategy, model, fresh_optimizer, loader, schedule=fresh)
+        assert (resumed.start_epoch, resumed.best_acc) == (2, 0.5)
         assert fresh.steps_taken == 5
         assert fresh_optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr("cosine", 5, 10, 0, 0.1))
     finally:

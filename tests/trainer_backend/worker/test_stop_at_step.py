@@ -12,8 +12,7 @@ import re
 
 import pytest
 
-from tests.support import run_cli
-from tests.trainer_backend.worker.test_torchrun import finish, runs_of, start_agent
+from tests.trainer_backend.worker.test_torchrun import assert_matches_a_run_spawned_in_one_go, finish, runs_of, start_agent
 from trainer_backend.engine.stopping import STOP_CHECK_STEPS, STOP_FILE
 
 pytestmark = pytest.mark.processes
@@ -59,12 +58,7 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
 
     # The same training spawned in one go (nothing asks it to stop): the resumed epoch covers all its steps,
     # with the weights, the optimizer and the shuffle restored at the step, so every epoch matches.
-    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=parallax_home, env_extra=env)
-    assert spawned.returncode == 0, spawned.stderr
-    twin = next(r for r in runs_of(parallax_home) if r["run_id"] != run["run_id"])
-    for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
-        for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
-            assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
+    assert_matches_a_run_spawned_in_one_go(parallax_home, run, flags, env)
     # Images per second over the epoch's training time in both attempts, not the second attempt's alone.
     second = run["epochs"][1]
     assert second["images_per_s"] * second["train_time_s"] == pytest.approx(DIGITS_TRAIN, rel=0.05)

@@ -175,9 +175,14 @@ def test_a_restarted_job_resumes_its_run_from_the_last_finished_epoch(parallax_h
 
     # The same training spawned in one go (the model fails only under torchrun's first attempt):
     # resuming restored the weights, the optimizer and the shuffle, so every epoch matches.
-    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=parallax_home, env_extra=plugin)
+    assert_matches_a_run_spawned_in_one_go(parallax_home, run, flags, plugin)
+
+
+def assert_matches_a_run_spawned_in_one_go(home, run: dict, flags: list[str], env: dict[str, str]) -> None:
+    """``flags`` spawned on two CPU processes in one go train epochs with ``run``'s losses and accuracies."""
+    spawned = run_cli("run", *flags, "--devices", "cpu,cpu", home=home, env_extra=env)
     assert spawned.returncode == 0, spawned.stderr
-    twin = next(r for r in runs_of(parallax_home) if r["run_id"] != run["run_id"])
+    twin = next(r for r in runs_of(home) if r["run_id"] != run["run_id"])
     for resumed, straight in zip(run["epochs"], twin["epochs"], strict=True):
         for field in ("train_loss", "train_acc", "val_loss", "val_acc"):
             assert resumed[field] == pytest.approx(straight[field], rel=1e-5), (resumed["epoch"], field)
