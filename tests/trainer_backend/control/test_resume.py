@@ -53,8 +53,8 @@ def test_a_world_of_one_restores_its_last_point_without_a_process_group(tmp_path
     save_points(tmp_path, epochs=3, keep=1)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    start_epoch, best = points.restore(tmp_path, Strategy(RunConfig(), rank=0), model, optimizer, None)
-    assert (start_epoch, best) == (4, 0.3)
+    resumed = points.restore(tmp_path, Strategy(RunConfig(), rank=0), model, optimizer, None)
+    assert (resumed.start_epoch, resumed.best_acc, resumed.first_step) == (4, 0.3, 1)
     assert torch.all(model.weight == 3)
 
 
