@@ -883,8 +883,11 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
     validation, with CUDA's sync debug mode at "error" from the first training step to the last and
     through validation: any blocking copy or read of the device raises. (The epoch's own synchronising
     reads of the clock, before the first step and after the last, are outside it.)"""
+    from unittest import mock
+
+    from trainer_backend.engine import loop
     from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import evaluate, train_one_epoch
+    from trainer_backend.engine.loop import evaluate, synchronize, train_one_epoch
     from trainer_backend.engine.models import create_model
     from trainer_backend.engine.schedule import build_optimizer
     from trainer_backend.engine.strategies import Strategy
@@ -898,14 +901,15 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
     optimizer = build_optimizer(config, model.parameters())
     steps: list[int] = []
 
-    def on_step(step: int, total: int) -> None:
-        steps.append(step)
-        if step == total:
-            torch.cuda.set_sync_debug_mode(0)
+    def clock_read(devices) -> None:  # the epoch's own: the mode goes back to default for it
+        torch.cuda.set_sync_debug_mode(0)
+        synchronize(devices)
 
     try:
-        totals, _ = train_one_epoch(model, train_loader, optimizer, strategy, on_step=on_step,
-                                    on_start=lambda: torch.cuda.set_sync_debug_mode("error"))
+        with mock.patch.object(loop, "synchronize", clock_read):
+            totals, _ = train_one_epoch(model, train_loader, optimizer, strategy,
+                                        on_step=lambda step, _: steps.append(step),
+                                        on_start=lambda: torch.cuda.set_sync_debug_mode("error"))
         torch.cuda.set_sync_debug_mode("error")
         val_totals = evaluate(model, val_loader, strategy)
     finally:

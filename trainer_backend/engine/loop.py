@@ -166,7 +166,8 @@ def train_one_epoch(
     the forward and backward below, or the strategy's own (``train_step``) where it runs them itself.
     ``guard`` watches the losses for NaN and infinity (divergence.py): it may drop an optimizer step
     (skip) or end the epoch on every rank at once (stop). ``stop`` (engine/stopping.py), asked after each
-    optimizer step, may end the epoch there on every rank: ``StopAtStep`` is raised."""
+    optimizer step, may end the epoch there on every rank: ``StopAtStep`` is raised. ``on_step`` follows each
+    step; the epoch's last is followed once its clock has stopped."""
     model.train()
     phase = phase_ranges(profiler)
     totals = torch.zeros(3, dtype=torch.float64, device=strategy.output_device)
@@ -182,6 +183,16 @@ def train_one_epoch(
     if on_start is not None:
         on_start()
     accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
+
+    def stop_clock(step: int) -> float:
+        """The epoch's training seconds, once its queued work is done; then the last step's ``on_step``,
+        whose writes (the epoch's progress, step points and energy) are not training time."""
+        synchronize(strategy.devices)
+        seconds = time.perf_counter() - start
+        if on_step is not None and step == total_steps >= first_step:
+            on_step(step, total_steps)
+        return seconds
+
     for step in range(first_step, total_steps + 1):
         # Batches group into optimizer steps; the epoch's last group may be shorter.
         group_start = (step - 1) // accumulate_steps * accumulate_steps
@@ -221,13 +232,11 @@ def train_one_epoch(
             profiler.step()
         if on_loss is not None and outcome is not None:
             on_loss(loss)
-        if on_step is not None:
+        if on_step is not None and step < total_steps:
             on_step(step, total_steps)
         if stop is not None and steps_optimizer and stop(step, total_steps):
-            synchronize(strategy.devices)
-            raise StopAtStep(step, totals, time.perf_counter() - start)
-    synchronize(strategy.devices)
-    return totals, time.perf_counter() - start
+            raise StopAtStep(step, totals, stop_clock(step))
+    return totals, stop_clock(total_steps)
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
