@@ -264,10 +264,11 @@ class StepHooks:
             self.recorder.begin_training()
 
     def __call__(self, step: int, total_steps: int) -> None:
-        if self.progress is not None:
-            self.progress(self.epoch, step, total_steps)
+        # The step point first: its window ends (its CUDA event, its host clock) before the progress write.
         if self.recorder is not None:
             self.recorder.step(step, total_steps)
+        if self.progress is not None:
+            self.progress(self.epoch, step, total_steps)
         if self.energy is not None and time.monotonic() - self._energy_tick >= ENERGY_TICK_S:
             self.energy.tick()
             self._energy_tick = time.monotonic()

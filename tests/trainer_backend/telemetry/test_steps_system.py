@@ -524,3 +524,38 @@ def test_the_last_steps_hooks_write_after_the_epochs_clock_has_stopped(stopped):
     assert hooked == [1, 2, 3]
     assert time.perf_counter() - started >= write_s  # the write ran, within the call
     assert train_time_s < write_s / 2, train_time_s
+
+
+def test_the_last_step_points_window_ends_before_the_epochs_progress_write():
+    """The epoch's last step writes its progress; the last step point's window must end before that write,
+    else a slow one (a locked database, waited out for a second) drags the series' last point down."""
+    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.telemetry.steps import StepHooks
+
+    class Rows:
+        def __init__(self):
+            self.rows: list[dict] = []
+
+        def step_points(self, rows, *, window_s):
+            self.rows += rows
+            return True
+
+    write_s = 0.5
+
+    def progress(epoch: int, step: int, total_steps: int) -> None:
+        if step == total_steps:
+            time.sleep(write_s)
+
+    writer = Rows()
+    hooks = StepHooks(progress=progress, recorder=StepRecorder(writer, time.time(), min_interval_s=60.0))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    loader = DataLoader(TensorDataset(torch.randn(12, 1, 4, 4), torch.randint(0, 3, (12,))), batch_size=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hooks.start_epoch(1, loader, optimizer)
+    _, train_time_s = train_one_epoch(model, loader, optimizer, Strategy(RunConfig(strategy="single", devices="cpu")),
+                                      on_start=hooks.begin_training, on_step=hooks, on_loss=hooks.loss)
+    hooks.end_epoch(images=12)
+    (point,) = writer.rows  # one window: the whole epoch
+    assert point["step"] == 3 and train_time_s < write_s / 2
+    assert point["images_per_s"] > 12 / (write_s / 2), (point, train_time_s)
