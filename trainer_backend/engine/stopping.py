@@ -73,6 +73,13 @@ def stop_on_sigterm(escalate: Callable[[int, object], None] | None, grace_s: flo
     signal.signal(signal.SIGTERM, asked)
 
 
+def stop_escalating() -> None:
+    """This process has stopped training for a reason of its own (an error it now records): a SIGTERM that asked
+    for a stop before it no longer ends the process when its grace runs out, which could cut that record short."""
+    if _signalled and not _taken:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def stop_taken() -> str | None:
     """Why this process's ranks stopped at a step: "SIGTERM" where a rank was signalled, "stop file" where
     only Slurm's warning asked; None before a stop was taken."""

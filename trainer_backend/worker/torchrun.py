@@ -55,7 +55,7 @@ from trainer_backend.engine.strategies import collective_timeout
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
-from trainer_backend.engine.stopping import StoppedAtStep, stop_on_sigterm, stop_taken
+from trainer_backend.engine.stopping import StoppedAtStep, stop_escalating, stop_on_sigterm, stop_taken
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
@@ -377,6 +377,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                     "torchrun's output names it"))
         except Exception as exc:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above, where the sampler itself failed to start
+            stop_escalating()
             own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
             _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
         status = store.get_run(engine, run_id).status
@@ -397,6 +398,7 @@ def _sigterm_ignored_once_training_raises():
         yield
     except Exception:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_escalating()  # a SIGTERM come as training failed asked for a stop: the record comes first
         raise
 
 

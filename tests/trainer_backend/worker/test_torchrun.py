@@ -259,6 +259,52 @@ def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(
     assert len(samples) >= 3 and all(p["rank"] in (0, 1) for s in samples for p in s["processes"]), samples
 
 
+def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_failure(engine, monkeypatch):
+    """In a Slurm job a SIGTERM asks for a stop at a step and, where none comes within a grace, ends rank 0 as a
+    cancel would (engine/stopping.py). One that comes as a peer's failure reaches rank 0 through a collective
+    (srun stops the job's other tasks) asked for a stop no step will take: had it gone on to end rank 0 while
+    rank 0 recorded the failure, the run would be left to Slurm's exit code, without the peer's reason."""
+    from trainer_backend.engine import stopping
+    from trainer_backend.worker.liveness import raise_cancelled
+
+    config = RunConfig.from_dict({"dataset": "digits", "model": "test_resnet", "strategy": "ddp",
+                                  "devices": ["cpu", "cpu"], "epochs": 2})
+    run_id = store.create_run(engine, config.to_dict(), status="running")
+    grace_s = 0.3
+
+    def train_as_srun_stops_the_job(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # srun --kill-on-bad-exit, passed on by torchrun
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    def slow_failure_cause(folder_name, since):  # a loaded machine: the record outlasts the grace
+        time.sleep(3 * grace_s)
+        return "rank 1 raised an exception:\nRuntimeError: deliberate failure in rank 1"
+
+    monkeypatch.setattr(torchrun_worker, "train_rank", train_as_srun_stops_the_job)
+    monkeypatch.setattr(torchrun_worker, "_failure_cause", slow_failure_cause)
+    world = TorchrunWorld(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, job_id="job",
+                          restart_count=0, max_restarts=0)
+    members = [torchrun_worker.Member(socket.gethostname(), 0, "cpu", 0, os.getpid()) for _ in range(2)]
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
+    timer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's alarm
+    stopping.stop_on_sigterm(raise_cancelled, grace_s=grace_s)
+    try:
+        status = torchrun_worker._train_and_record(
+            engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
+            uuid.uuid4().hex)
+        time.sleep(2 * grace_s)  # no escalation left armed either
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if timer[0]:
+            signal.setitimer(signal.ITIMER_REAL, *timer)
+        stopping._signalled.clear()
+    run = store.get_run(engine, run_id)
+    assert status == "failed" and run.status == "failed"
+    assert "deliberate failure in rank 1" in run.error, run.error
+
+
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):
     agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"],
                         [*TINY, "--strategy", "single", "--devices", "cpu"])
