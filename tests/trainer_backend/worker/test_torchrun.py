@@ -277,6 +277,7 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
         raise RuntimeError("[gloo] Connection closed by peer")
 
     def slow_failure_cause(folder_name, since):  # a loaded machine: the record outlasts the grace
+        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0, "the escalation is still armed as the failure is recorded"
         time.sleep(3 * grace_s)
         return "rank 1 raised an exception:\nRuntimeError: deliberate failure in rank 1"
 
@@ -287,6 +288,8 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
     members = [torchrun_worker.Member(socket.gethostname(), 0, "cpu", 0, os.getpid()) for _ in range(2)]
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
     timer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's alarm
+    stopping._signalled.clear()
+    stopping._taken.clear()
     stopping.stop_on_sigterm(raise_cancelled, grace_s=grace_s)
     try:
         status = torchrun_worker._train_and_record(
@@ -300,6 +303,7 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
         if timer[0]:
             signal.setitimer(signal.ITIMER_REAL, *timer)
         stopping._signalled.clear()
+        stopping._taken.clear()
     run = store.get_run(engine, run_id)
     assert status == "failed" and run.status == "failed"
     assert "deliberate failure in rank 1" in run.error, run.error
