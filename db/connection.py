@@ -346,11 +346,8 @@ def try_write(engine: Engine, statement) -> bool:
     """Execute one write that may be skipped (a heartbeat, a progress update: a newer one follows
     within seconds): it waits at most about a second for a lock. False if it was skipped, or if it
     matched no row (the run it stamps has ended)."""
-    with engine.connect() as connection:
-        sqlite = connection.dialect.name == "sqlite"
+    with engine.connect() as connection, lock_wait_at_most(connection, SKIPPABLE_WRITE_WAIT_S):
         try:
-            if sqlite:
-                connection.exec_driver_sql(f"PRAGMA busy_timeout={min(int(SKIPPABLE_WRITE_WAIT_S * 1000), busy_timeout_ms())}")
             matched = connection.execute(statement).rowcount
             connection.commit()
             return matched != 0
@@ -360,12 +357,24 @@ def try_write(engine: Engine, statement) -> bool:
                 raise
             connection.rollback()
             return False
-        finally:
-            if sqlite:
-                try:
-                    connection.exec_driver_sql(f"PRAGMA busy_timeout={busy_timeout_ms()}")
-                except Exception:
-                    connection.invalidate()  # never pool a connection that gives up after a second
+
+
+@contextlib.contextmanager
+def lock_wait_at_most(connection: Connection, seconds: float | None) -> Iterator[Connection]:
+    """Inside the block, each SQLite statement on ``connection`` waits at most ``seconds`` for a lock another
+    process holds (a write the training thread may skip must not wait SQLite's own 30 s first), and the
+    connection's wait is put back after it. None, or another database, changes nothing."""
+    shorten = seconds is not None and connection.dialect.name == "sqlite"
+    if shorten:
+        connection.exec_driver_sql(f"PRAGMA busy_timeout={min(int(seconds * 1000), busy_timeout_ms())}")
+    try:
+        yield connection
+    finally:
+        if shorten:
+            try:
+                connection.exec_driver_sql(f"PRAGMA busy_timeout={busy_timeout_ms()}")
+            except Exception:
+                connection.invalidate()  # never pool a connection that gives up after a second
 
 
 class LockBackoff:

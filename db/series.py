@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Engine, cast, delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from db.connection import session_scope
+from db.connection import lock_wait_at_most, session_scope
 from db.tables import Run, StepMetric, SystemSample
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
@@ -27,9 +27,11 @@ PROCESS_FIELDS: tuple[str, ...] = ("rank", "cpu_pct", "rss_mb")
 GPU_FIELDS: tuple[str, ...] = ("index", "util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz")
 
 
-def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Append step points (``STEP_FIELDS``) to the run in one statement."""
-    _add(engine, run_id, StepMetric, STEP_FIELDS, rows)
+def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]], *, lock_wait_s: float | None = None
+              ) -> None:
+    """Append step points (``STEP_FIELDS``) to the run in one statement; ``lock_wait_s``: how long that statement
+    may wait for another process's lock (a write the training thread may skip), else the connection's own wait."""
+    _add(engine, run_id, StepMetric, STEP_FIELDS, rows, lock_wait_s=lock_wait_s)
 
 
 def add_system_samples(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -45,7 +47,8 @@ def forget_steps_from(engine: Engine, run_id: int, epoch: int, after_step: int =
                                                  StepMetric.step > after_step))
 
 
-def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows: Iterable[Mapping[str, Any]]) -> None:
+def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows: Iterable[Mapping[str, Any]], *,
+         lock_wait_s: float | None = None) -> None:
     values = []
     for row in rows:
         unknown = sorted(set(row) - set(names))
@@ -54,10 +57,15 @@ def _add(engine: Engine, run_id: int, model: type, names: tuple[str, ...], rows:
         values.append({"run_id": run_id, **{name: row.get(name) for name in names if name in row}})
     if not values:
         return
-    with session_scope(engine) as session:
-        if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
-            raise LookupError(f"no run with id {run_id}")
-        session.execute(insert(model), values)
+    with engine.connect() as connection, lock_wait_at_most(connection, lock_wait_s):
+        try:
+            if connection.scalar(select(Run.id).where(Run.id == run_id)) is None:
+                raise LookupError(f"no run with id {run_id}")
+            connection.execute(insert(model), values)
+            connection.commit()
+        except BaseException:
+            connection.rollback()  # before the connection's own lock wait is put back
+            raise
 
 
 # --- reads ---------------------------------------------------------------------------------

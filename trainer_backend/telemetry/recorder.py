@@ -107,8 +107,8 @@ class Recorder:
         if window_s is not None and not self._steps_backoff.due(time.monotonic()):
             return False
         try:
-            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows), what="record step points",
-                              window_s=window_s)
+            retry_when_locked(lambda: series.add_steps(self.engine, self.run_id, rows, lock_wait_s=window_s),
+                              what="record step points", window_s=window_s)
         except DatabaseLockedError:
             self._steps_backoff.tried(False, time.monotonic())
             raise

@@ -486,6 +486,33 @@ def test_a_locked_database_costs_training_a_few_tries_not_a_wait_per_step(run_ro
     assert sorted(steps) == list(range(1, step + 1)) and recorder.dropped == 0
 
 
+def test_a_step_point_write_waits_its_window_for_a_lock_not_sqlites_whole_busy_timeout(run_row, monkeypatch):
+    """While training, step points wait about a second for a lock another process holds, then stay for the
+    next write (``Recorder.step_points``). SQLite's own per-statement wait is 30 s by default: unless the
+    write lowers it, one locked statement blocked the training thread for 30 s before its window was looked at."""
+    from db.connection import SKIPPABLE_WRITE_WAIT_S, DatabaseLockedError, busy_timeout_ms
+
+    monkeypatch.delenv("PARALLAX_DB_LOCK_WAIT_S", raising=False)
+    assert busy_timeout_ms() == 30_000
+    engine, run_id = run_row
+    writer = Recorder(engine, run_id)
+    row = {"epoch": 1, "step": 1, "t_s": 0.1, "train_loss": 1.0, "images_per_s": 100.0, "lr": 0.1}
+    holder = sqlite3.connect(engine.url.database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    before = time.monotonic()
+    try:
+        with pytest.raises(DatabaseLockedError):
+            writer.step_points([row], window_s=SKIPPABLE_WRITE_WAIT_S)
+        waited_s = time.monotonic() - before
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert waited_s < 3 * SKIPPABLE_WRITE_WAIT_S, waited_s
+    assert writer.step_points([row], window_s=None)  # the same pooled connection waits its whole time again
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+
+
 def test_a_bad_sample_interval_is_refused_in_one_line(cli):
     result = cli("run", "--dataset", "digits", "--epochs", "1", env_extra={"PARALLAX_SAMPLE_S": "often"}, timeout=120)
     assert result.returncode != 0
