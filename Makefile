@@ -82,8 +82,9 @@ $(VENV)/.installed-bench: $(VENV)/.installed requirements-bench.txt
 bench: $(VENV)/.installed-bench
 	$(PY) bench/run_all.py
 
-# make gpu-check - on a machine with CUDA: a short series of real runs on cuda:0 and tests/system/test_gpu.py
-# (about 10 minutes on one H100), written to docs/BENCHMARKS.md; without CUDA one line says so.
+# make gpu-check - on a machine with CUDA: the engine against a hand-written GPU loop on both data paths, a
+# short series of real runs on cuda:0 and tests/system/test_gpu.py (about 10 minutes on one H200), written to
+# docs/BENCHMARKS.md; without CUDA one line says so.
 # Installs nothing: it runs under $(PY) where that exists, else python3 (make gpu-check PY=python3).
 .PHONY: gpu-check
 GPU_CHECK_PY = $(if $(wildcard $(PY)),$(PY),python3)
