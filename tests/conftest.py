@@ -147,6 +147,28 @@ def shared_data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def signals():
+    """SIGTERM's and SIGALRM's handlers and the real-time timer (pytest-timeout's alarm) put back after the test,
+    and the SIGTERM stop's state (engine/stopping.py) cleared before and after it."""
+    import signal
+
+    from trainer_backend.engine import stopping
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
+    timer = signal.getitimer(signal.ITIMER_REAL)
+    stopping._signalled.clear()
+    stopping._taken.clear()
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    if timer[0]:
+        signal.setitimer(signal.ITIMER_REAL, *timer)
+    stopping._signalled.clear()
+    stopping._taken.clear()
+
+
+@pytest.fixture
 def own_data_dir(monkeypatch) -> None:
     """For tests of downloading, decoding and caching: datasets under the test's own home."""
     monkeypatch.delenv("PARALLAX_DATA_DIR", raising=False)

@@ -376,8 +376,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                     "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
                     "torchrun's output names it"))
         except Exception as exc:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as above, where the sampler itself failed to start
-            stop_escalating()
+            _record_first()  # as above, where the sampler itself failed to start
             own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
             _attempt_failed(engine, run_id, world, _failure_cause(folder_name, started) or own)
         status = store.get_run(engine, run_id).status
@@ -397,9 +396,15 @@ def _sigterm_ignored_once_training_raises():
     try:
         yield
     except Exception:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_escalating()  # a SIGTERM come as training failed asked for a stop: the record comes first
+        _record_first()
         raise
+
+
+def _record_first() -> None:
+    """Training has raised: how the attempt ended is recorded before any SIGTERM may end rank 0 (torchrun's is
+    ignored from here, and one from Slurm that asked for a stop at a step no longer escalates)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_escalating()
 
 
 class Sampling:

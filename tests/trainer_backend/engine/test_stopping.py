@@ -33,21 +33,6 @@ class WorldOfOne:
         return tensor
 
 
-@pytest.fixture
-def signals():
-    """This process's SIGTERM and SIGALRM as they were (pytest-timeout's alarm included), after the test."""
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
-    timer = signal.getitimer(signal.ITIMER_REAL)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    for signum, handler in before.items():
-        signal.signal(signum, handler)
-    if timer[0]:
-        signal.setitimer(signal.ITIMER_REAL, *timer)
-    stopping._signalled.clear()
-    stopping._taken.clear()
-
-
 def steps_until_stop(stop: StopRequest, total_steps: int = 100) -> int | None:
     return next((step for step in range(1, total_steps + 1) if stop(step, total_steps)), None)
 

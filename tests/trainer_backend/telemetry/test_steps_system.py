@@ -520,15 +520,30 @@ def test_a_bad_sample_interval_is_refused_in_one_line(cli):
     assert "Traceback" not in result.stderr
 
 
+def three_tiny_steps(hooks=None, **kwargs) -> float:
+    """An epoch of three steps of a linear model on the CPU, through the engine's loop; its training seconds.
+    ``hooks`` (StepHooks) are started and given every hook the trainer gives them; ``kwargs`` go to the loop."""
+    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.engine.strategies import Strategy
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    loader = DataLoader(TensorDataset(torch.randn(12, 1, 4, 4), torch.randint(0, 3, (12,))), batch_size=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if hooks is not None:
+        hooks.start_epoch(1, loader, optimizer)
+        kwargs.update(on_start=hooks.begin_training, on_step=hooks, on_loss=hooks.loss)
+    _, train_time_s = train_one_epoch(model, loader, optimizer, Strategy(RunConfig(strategy="single", devices="cpu")),
+                                      **kwargs)
+    return train_time_s
+
+
 @pytest.mark.parametrize("stopped", [False, True], ids=["epoch-end", "stopped-at-the-last-step"])
 def test_the_last_steps_hooks_write_after_the_epochs_clock_has_stopped(stopped):
     """An epoch's last step writes its progress, its step points and its energy: training time stops before
     them, so a slow write (a busy database) lowers no epoch's images/s, and a short epoch is not
     charged a fixed cost the hand-written loop it is compared with does not pay. Every step's hook still
     runs, the last one after the clock, also where a stop asked at that step ends the epoch."""
-    from trainer_backend.engine.loop import train_one_epoch
     from trainer_backend.engine.stopping import StopAtStep
-    from trainer_backend.engine.strategies import Strategy
 
     write_s, hooked = 0.5, []
 
@@ -537,14 +552,10 @@ def test_the_last_steps_hooks_write_after_the_epochs_clock_has_stopped(stopped):
         if step == total_steps:
             time.sleep(write_s)
 
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
-    loader = DataLoader(TensorDataset(torch.randn(12, 1, 4, 4), torch.randint(0, 3, (12,))), batch_size=4)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = Strategy(RunConfig(strategy="single", devices="cpu"))
     stop = (lambda step, total_steps: step == total_steps) if stopped else None
     started = time.perf_counter()
     try:
-        _, train_time_s = train_one_epoch(model, loader, optimizer, strategy, on_step=on_step, stop=stop)
+        train_time_s = three_tiny_steps(on_step=on_step, stop=stop)
     except StopAtStep as at:
         assert stopped and at.step == 3
         train_time_s = at.train_time_s
@@ -556,8 +567,6 @@ def test_the_last_steps_hooks_write_after_the_epochs_clock_has_stopped(stopped):
 def test_the_last_step_points_window_ends_before_the_epochs_progress_write():
     """The epoch's last step writes its progress; the last step point's window must end before that write,
     else a slow one (a locked database, waited out for a second) drags the series' last point down."""
-    from trainer_backend.engine.loop import train_one_epoch
-    from trainer_backend.engine.strategies import Strategy
     from trainer_backend.telemetry.steps import StepHooks
 
     class Rows:
@@ -576,12 +585,7 @@ def test_the_last_step_points_window_ends_before_the_epochs_progress_write():
 
     writer = Rows()
     hooks = StepHooks(progress=progress, recorder=StepRecorder(writer, time.time(), min_interval_s=60.0))
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
-    loader = DataLoader(TensorDataset(torch.randn(12, 1, 4, 4), torch.randint(0, 3, (12,))), batch_size=4)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    hooks.start_epoch(1, loader, optimizer)
-    _, train_time_s = train_one_epoch(model, loader, optimizer, Strategy(RunConfig(strategy="single", devices="cpu")),
-                                      on_start=hooks.begin_training, on_step=hooks, on_loss=hooks.loss)
+    train_time_s = three_tiny_steps(hooks)
     hooks.end_epoch(images=12)
     (point,) = writer.rows  # one window: the whole epoch
     assert point["step"] == 3 and train_time_s < write_s / 2

@@ -221,6 +221,7 @@ def test_a_dataset_cache_that_takes_longer_than_the_collective_timeout_is_waited
     assert [e["epoch"] for e in run["epochs"]] == [1, 2]
 
 
+@pytest.mark.usefixtures("signals")
 def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(engine, monkeypatch):
     """A rank's failure often reaches rank 0 first as an error in a collective, and torchrun's
     SIGTERM follows while rank 0 writes what it sampled: the write finishes, and the attempt's
@@ -244,14 +245,10 @@ def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(
     world = TorchrunWorld(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, job_id="job",
                           restart_count=0, max_restarts=1)
     members = [torchrun_worker.Member(socket.gethostname(), 0, "cpu", 0, os.getpid()) for _ in range(2)]
-    previous = signal.getsignal(signal.SIGTERM)
     install_cancel_handler()
-    try:
-        status = torchrun_worker._train_and_record(
-            engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
-            uuid.uuid4().hex)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    status = torchrun_worker._train_and_record(
+        engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
+        uuid.uuid4().hex)
     assert status == "running"  # a restart is left: the run waits for it
     (note,) = [n for n in store.get_run(engine, run_id).notes if n.startswith("Attempt 1")]
     assert "Connection closed by peer" in note, note
@@ -259,6 +256,7 @@ def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(
     assert len(samples) >= 3 and all(p["rank"] in (0, 1) for s in samples for p in s["processes"]), samples
 
 
+@pytest.mark.usefixtures("signals")
 def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_failure(engine, monkeypatch):
     """In a Slurm job a SIGTERM asks for a stop at a step and, where none comes within a grace, ends rank 0 as a
     cancel would (engine/stopping.py). One that comes as a peer's failure reaches rank 0 through a collective
@@ -286,24 +284,11 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
     world = TorchrunWorld(rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0, job_id="job",
                           restart_count=0, max_restarts=0)
     members = [torchrun_worker.Member(socket.gethostname(), 0, "cpu", 0, os.getpid()) for _ in range(2)]
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
-    timer = signal.getitimer(signal.ITIMER_REAL)  # pytest-timeout's alarm
-    stopping._signalled.clear()
-    stopping._taken.clear()
     stopping.stop_on_sigterm(raise_cancelled, grace_s=grace_s)
-    try:
-        status = torchrun_worker._train_and_record(
-            engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
-            uuid.uuid4().hex)
-        time.sleep(2 * grace_s)  # no escalation left armed either
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if timer[0]:
-            signal.setitimer(signal.ITIMER_REAL, *timer)
-        stopping._signalled.clear()
-        stopping._taken.clear()
+    status = torchrun_worker._train_and_record(
+        engine, run_id, "", config, world, False, f"run-{run_id}", False, torchrun_worker.Sampling(0, members),
+        uuid.uuid4().hex)
+    time.sleep(2 * grace_s)  # no escalation left armed either
     run = store.get_run(engine, run_id)
     assert status == "failed" and run.status == "failed"
     assert "deliberate failure in rank 1" in run.error, run.error
