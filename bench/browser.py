@@ -35,6 +35,24 @@ EPOCH_CHART_KEYS = ("loss", "accuracy", "throughput", "epoch_time", "memory")
 EPOCH_CHARTS = ", ".join(f".st-key-{key} .stPlotlyChart" for key in EPOCH_CHART_KEYS)
 
 
+# Streamlit's frontend draws its "Running…" widget 500 ms after a rerun is asked for (a click) or
+# begins, not at once (StatusWidget's timer): a page is idle once that widget has stayed away longer.
+IDLE_QUIET_MS = 800
+
+
+def wait_idle(page, *, timeout_ms: float) -> None:
+    """Until the page's Streamlit run has finished: its "Running…" widget absent for IDLE_QUIET_MS on
+    end. A glance just after a click would find it not yet drawn and call a busy page idle."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < IDLE_QUIET_MS / 1000:
+        running = page.get_by_test_id("stStatusWidget")
+        if running.count():
+            running.wait_for(state="detached", timeout=max(1.0, (deadline - time.monotonic()) * 1000))
+            quiet_since = time.monotonic()
+        page.wait_for_timeout(100)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.browser import CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, start_dashboard
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, start_dashboard, wait_idle
 from tests.support import ROOT, run_dir
 from tests.nvml_machines import subprocess_env
 from db import dispose_engines, make_engine, store
@@ -75,9 +75,8 @@ class Visitor:
         print(f"{time.monotonic() - self.started:6.1f} s  {name}.png")
 
     def wait_idle(self) -> None:
-        """Until Streamlit has finished the current rerun (its 'Running…' widget is gone)."""
-        self.page.wait_for_timeout(300)
-        self.page.get_by_test_id("stStatusWidget").wait_for(state="detached", timeout=UI_MS)
+        """Until Streamlit has finished the current rerun (its 'Running…' widget stays away)."""
+        wait_idle(self.page, timeout_ms=UI_MS)
 
     def choose(self, label: str, option: str) -> None:
         """Pick ``option`` in the selectbox labelled ``label`` by typing, as a user searches."""
@@ -108,7 +107,8 @@ class Visitor:
         self.set_number("Epochs", epochs)
         per_device = {"single": "One device takes all 128 images per step.",
                       "ddp": "Global batch: each of the 2 processes takes 64 images per step."}[strategy]
-        expect(page.get_by_text(per_device)).to_be_visible()  # the form has settled on these values
+        # The form has settled on these values: on the server's first page that waits for torch and timm.
+        expect(page.get_by_text(per_device)).to_be_visible(timeout=UI_MS)
         self.shoot(shot)
         launch_button.click()
         page.wait_for_url(re.compile(r"/run\?run=\d+"), timeout=UI_MS)

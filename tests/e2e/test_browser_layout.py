@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard, wait_idle
 from db import dispose_engines, make_engine, store
 from tests.e2e.test_browser import ARTIFACTS, UI_MS
 from tests.nvml_machines import subprocess_env
@@ -107,8 +107,7 @@ def dashboard_with_runs(tmp_path_factory):
 
 
 def settle(page) -> None:
-    page.wait_for_timeout(500)
-    page.get_by_test_id("stStatusWidget").wait_for(state="detached", timeout=UI_MS)
+    wait_idle(page, timeout_ms=UI_MS)
     page.wait_for_timeout(1500)  # the grids and charts lay themselves out after the rerun
 
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard
+from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard, wait_idle
 from db import dispose_engines, make_engine, store
 from tests.nvml_machines import subprocess_env
 from trainer_backend.control.slurm_job import slurm_info
@@ -44,12 +44,6 @@ def dashboard(slurm_cluster, tmp_path):
         dispose_engines()
 
 
-def wait_idle(page) -> None:
-    """Until Streamlit has finished the current rerun (its 'Running…' widget is gone)."""
-    page.wait_for_timeout(300)
-    page.get_by_test_id("stStatusWidget").wait_for(state="detached", timeout=UI_MS)
-
-
 def test_a_two_node_ddp_run_launched_from_the_form_runs_on_slurm_and_completes(dashboard, slurm_cluster):
     from playwright.sync_api import expect, sync_playwright
 
@@ -61,35 +55,35 @@ def test_a_two_node_ddp_run_launched_from_the_form_runs_on_slurm_and_completes(d
             page.goto(url)
             launch_button = page.get_by_test_id("stBaseButton-primary").filter(has_text="Launch")
             launch_button.wait_for(timeout=UI_MS)
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
 
             page.get_by_test_id("stRadio").get_by_text("Your own", exact=True).click()
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             own = page.get_by_label("Your model", exact=True)
             own.fill(SLEEPER)
             own.press("Enter")
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             page.get_by_test_id("stRadio").get_by_text("ddp", exact=True).click()
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             epochs = page.get_by_label("Epochs", exact=True)
             epochs.fill("2")
             epochs.press("Enter")
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
 
             page.get_by_test_id("stExpander").get_by_text("Slurm", exact=True).click()
             where = page.get_by_test_id("stSelectbox").filter(has_text="Where the run goes")
             expect(where).to_be_visible()
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             where.click()
             page.get_by_role("option", name="a Slurm cluster (sbatch)").click()
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             # sinfo's partition of the test cluster, both nodes idle
             expect(page.get_by_text(re.compile(r"Slurm partitions: \S+ \(default\) 2 of 2 nodes free"))).to_be_visible(
                 timeout=UI_MS)
             nodes = page.get_by_label("Nodes", exact=True)
             nodes.fill("2")
             nodes.press("Enter")
-            wait_idle(page)
+            wait_idle(page, timeout_ms=UI_MS)
             expect(page.get_by_text("Fix the values marked in red to launch.")).to_have_count(0)
             expect(launch_button).to_be_enabled(timeout=UI_MS)
             launch_button.click()
