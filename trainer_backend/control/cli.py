@@ -28,6 +28,7 @@ from contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, s
 from contract.fields import FIELDS, Field
 from contract.plugins import load_plugins
 from contract.printable import one_line, printable_lines, shown_name
+from contract.python_process import leave_without_shutdown
 from contract.startup import engine_imports
 from contract.storage import DiskFullError, check_export_dir
 from contract.strategy_specs import spec as strategy_spec
@@ -301,7 +302,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with engine_imports():
             from trainer_backend.worker.torchrun import run_in_world
 
-        return run_in_world(config, world, db_url=args.db, echo=not args.quiet, resume_job=args.resume_job)
+        # Done, stopped or refused, this process of the job has recorded what it had to: it leaves
+        # without interpreter shutdown, which can abort a process of a gloo world (see that function).
+        leave_without_shutdown(run_in_world(config, world, db_url=args.db, echo=not args.quiet,
+                                            resume_job=args.resume_job))
     if config.where == "slurm":
         raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
                           "at once; 'run' trains in the foreground on this machine")

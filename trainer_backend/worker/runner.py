@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import datetime
 import gc
-import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -40,6 +39,7 @@ from contract.environment import database_url
 
 from contract.config import ConfigError, RunConfig
 from contract.model_source import with_model_source
+from contract.python_process import leave_without_shutdown
 from trainer_backend.datasets.roots import check_under_roots
 from contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
@@ -272,12 +272,9 @@ def _rank_main(rank: int, environ: dict, spec: RankSpec) -> None:
     to exit. ``environ`` is the runner's environment when it started the ranks: a forked CPU rank
     would otherwise see the environment its server started with (the first run of the process).
 
-    A rank that trained to the end has recorded all it has to. Shutting its interpreter down would
-    garbage-collect torch's objects one by one (see __main__.py), and then run the C++ destructors
-    of collective state left for exit; on gloo with FSDP one of those can abort the process
-    ("terminate called without an active exception", about one run in six on 2 CPU ranks), which
-    the runner must read as a crashed rank. A rank that failed raises as before, so spawn reports
-    its traceback."""
+    A rank that trained to the end has recorded all it has to, and leaves without interpreter
+    shutdown (python_process.leave_without_shutdown says why). A rank that failed raises as before,
+    so spawn reports its traceback."""
     if environ != os.environ:
         os.environ.clear()
         os.environ.update(environ)
@@ -286,10 +283,7 @@ def _rank_main(rank: int, environ: dict, spec: RankSpec) -> None:
     except BaseException:
         gc.freeze()
         raise
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(0)
+    leave_without_shutdown(0)
 
 
 def _first_failed_rank(processes) -> int | None:
