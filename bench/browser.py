@@ -35,21 +35,30 @@ EPOCH_CHART_KEYS = ("loss", "accuracy", "throughput", "epoch_time", "memory")
 EPOCH_CHARTS = ", ".join(f".st-key-{key} .stPlotlyChart" for key in EPOCH_CHART_KEYS)
 
 
-# Streamlit's frontend draws its "Running…" widget 500 ms after a rerun is asked for (a click) or
-# begins, not at once (StatusWidget's timer): a page is idle once that widget has stayed away longer.
+# A click's rerun reaches a busy server late: a page is idle once Streamlit's script state has read
+# "not running" this long on end.
 IDLE_QUIET_MS = 800
 
 
 def wait_idle(page, *, timeout_ms: float) -> None:
-    """Until the page's Streamlit run has finished: its "Running…" widget absent for IDLE_QUIET_MS on
-    end. A glance just after a click would find it not yet drawn and call a busy page idle."""
+    """Until the page's Streamlit run has finished: the app's script state (stApp's
+    data-test-script-state, which follows the server's messages) "notRunning" for IDLE_QUIET_MS on
+    end. The "Running…" widget is no guide: the frontend draws it only once a run has lasted 500 ms,
+    so a glance just after a click finds a busy page without it."""
+    app = page.get_by_test_id("stApp")
     deadline = time.monotonic() + timeout_ms / 1000
-    quiet_since = time.monotonic()
-    while time.monotonic() - quiet_since < IDLE_QUIET_MS / 1000:
-        running = page.get_by_test_id("stStatusWidget")
-        if running.count():
-            running.wait_for(state="detached", timeout=max(1.0, (deadline - time.monotonic()) * 1000))
-            quiet_since = time.monotonic()
+    quiet_since = None
+    while True:
+        state = app.get_attribute("data-test-script-state", timeout=max(1.0, (deadline - time.monotonic()) * 1000))
+        now = time.monotonic()
+        if state != "notRunning":
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= IDLE_QUIET_MS / 1000:
+            return
+        if now > deadline:
+            raise TimeoutError(f"the page's Streamlit run was still {state!r} after {timeout_ms / 1000:g} s")
         page.wait_for_timeout(100)
 
 

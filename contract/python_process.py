@@ -14,6 +14,7 @@ is run through ``runpy`` after dropping the folder ``-c`` put first. The command
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -47,7 +48,8 @@ def leave_without_shutdown(code: int) -> NoReturn:
     process ("terminate called without an active exception", about one run in six on 2 CPU ranks),
     which the runner, or torchrun, must read as a crashed rank. Output is flushed first; atexit
     handlers do not run."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream cannot change the exit code
+            stream.flush()
     logging.shutdown()
     os._exit(code)

@@ -18,3 +18,4 @@ def patient_expect():
         return
     expect.set_options(timeout=EXPECT_MS)
     yield
+    expect.set_options(timeout=None)  # Playwright's default again, for the tests elsewhere in this process

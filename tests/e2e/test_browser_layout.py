@@ -194,6 +194,7 @@ def test_the_run_page_of_a_cpu_run_leads_with_its_numbers(dashboard_with_runs):
             notes.get_by_text("Notes (").click()
             listed = notes.get_by_test_id("stMarkdownContainer")
             expect(listed.filter(has_text="DDP on CPU: 2 processes on gloo")).to_have_count(1, timeout=UI_MS)
+            wait_idle(page, timeout_ms=UI_MS)  # every note drawn, not those the run has sent so far
             lines = [line for line in listed.all_text_contents() if not line.startswith("Notes (")]  # not its label
             energy = [line for line in lines if "energy" in line.lower()]
             assert len(energy) <= 1, energy  # said once
