@@ -18,6 +18,8 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+import time
 from typing import NoReturn
 
 SAFE_PATH = sys.version_info >= (3, 11)
@@ -40,14 +42,22 @@ def safe_path_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONSAFEPATH": "1"}
 
 
+THREADS_WAIT_S = 60.0  # a webhook's three tries take about 20 s; two messages behind one another, twice that
+
+
 def leave_without_shutdown(code: int) -> NoReturn:
     """End a rank process that has recorded all it has to, with ``code``, skipping interpreter shutdown.
 
     Shutting the interpreter down would garbage-collect torch's objects one by one, then run the C++
     destructors of collective state left for exit: on gloo with FSDP one of those can abort the
     process ("terminate called without an active exception", about one run in six on 2 CPU ranks),
-    which the runner, or torchrun, must read as a crashed rank. Output is flushed first; atexit
-    handlers do not run."""
+    which the runner, or torchrun, must read as a crashed rank. As shutdown would, it first waits for
+    the process's other non-daemon threads (a webhook still being delivered), up to
+    ``THREADS_WAIT_S``; output is flushed; atexit handlers do not run."""
+    deadline = time.monotonic() + THREADS_WAIT_S
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream cannot change the exit code
             stream.flush()

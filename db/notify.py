@@ -14,7 +14,8 @@ Discord's ``content`` (the same one line). ``event`` is ``run.completed``, ``run
 ``run.cancelled``, ``run.lost``, ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
 warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``.
 
-Delivery never holds up the caller: each URL gets a thread of its own, which tries up to
+Delivery never holds up the caller: each message gets a thread for each URL, which waits for the
+process's previous message to that URL (so a run's messages arrive in order) and tries up to
 ``ATTEMPTS`` times, ``TIMEOUT_S`` each, waiting ``BACKOFF_S`` between tries; the process waits for
 those threads at exit, so it ends at most about half a minute later when a receiver is down.
 ``lifecycle.finish`` sends the end of every run, from whichever process records it.
@@ -131,10 +132,25 @@ def notify(engine: Engine, run_id: int, event: str, reason: str | None = None) -
     except Exception as exc:  # the run's end is recorded; a message it cannot build is said, not raised
         print(f"parallax: no notification for run {run_id} ({event}): {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
-    threads = [threading.Thread(target=deliver, args=(url, message), name="parallax-webhook") for url in urls]
-    for thread in threads:
-        thread.start()
+    threads = []
+    with _ORDER:  # each URL takes this process's messages in the order they were sent (a run's last one last)
+        for url in urls:
+            thread = threading.Thread(target=_deliver_after, args=(_LAST_DELIVERY.get(url), url, message),
+                                      name="parallax-webhook")
+            _LAST_DELIVERY[url] = thread
+            thread.start()
+            threads.append(thread)
     return threads
+
+
+_ORDER = threading.Lock()
+_LAST_DELIVERY: dict[str, threading.Thread] = {}  # per URL, the delivery a new message waits for
+
+
+def _deliver_after(previous: threading.Thread | None, url: str, message: dict) -> None:
+    if previous is not None:
+        previous.join()
+    deliver(url, message)
 
 
 def deliver(url: str, message: dict, *, attempts: int = ATTEMPTS, timeout_s: float = TIMEOUT_S,

@@ -115,6 +115,20 @@ def test_the_webhook_url_stays_out_of_the_database(engine, parallax_home, receiv
     assert b"SECRET" not in open(database, "rb").read()
 
 
+def test_a_runs_messages_reach_a_webhook_in_the_order_sent_even_when_the_first_is_retried(
+        engine, parallax_home, receiver, monkeypatch):
+    # A run that trained on through a NaN loss and then ended: "diverged" first, though its first try fails and
+    # its second waits a second (BACKOFF_S), long after "completed" was sent.
+    monkeypatch.setenv(notify.WEBHOOKS_ENV, receiver.url)
+    receiver.statuses = [500]
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "single"}, status="running")
+    threads = notify.notify(engine, run_id, "run.diverged", "the training loss was NaN")
+    threads += notify.notify(engine, run_id, "run.completed", "")
+    for thread in threads:
+        thread.join(timeout=30)
+    assert [p["body"]["event"] for p in receiver.posts] == ["run.diverged", "run.diverged", "run.completed"]
+
+
 def test_delivery_retries_a_receiver_that_fails_then_takes_it(receiver):
     receiver.statuses = [500, 503]
     assert notify.deliver(receiver.url, {"event": "run.completed"}, backoff_s=0.01)
