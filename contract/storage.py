@@ -14,7 +14,7 @@ import errno
 import os
 import resource
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -107,6 +107,23 @@ def check_export_dir(directory: Path, flag: str) -> None:
             raise ValueError(f"{flag} {directory} {what}, not a folder: give a folder (it is created if missing)")
         if path.exists():
             return
+
+
+def write_remaking_folder(path: Path, what: str, write: Callable[[BinaryIO], None]) -> None:
+    """``write`` into ``path`` through ``writing``; should its folder be deleted before or during the
+    write (the run's folder, removed while the run trains), make the folder again and write once more.
+    For the files a run rewrites as it goes (its best checkpoint, its resume point): the run notes
+    the folder's loss itself, once an epoch (engine/trainer.keep_run_folder)."""
+    try:
+        with writing(path, what) as handle:
+            write(handle)
+    except FolderGoneError:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_problem(exc, what, path) from None
+        with writing(path, what) as handle:
+            write(handle)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import SLEEPER, SLEEPER_ENV, run_dir
 from tests.trainer_backend.control.test_lifecycle import launch, wait_for
-from contract.storage import FolderGoneError, writing
+from contract.storage import FolderGoneError, write_remaking_folder, writing
 
 pytestmark = pytest.mark.processes
 
@@ -47,3 +47,26 @@ def test_a_file_written_into_a_deleted_folder_is_one_line_naming_the_folder(tmp_
             handle.write(b"never")
     assert str(raised.value) == (f"cannot write checkpoint {folder / 'best.pt'}: its folder {folder} was deleted "
                                  "while it was in use; what was recorded in the database is kept")
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_checkpoint_whose_folder_goes_before_or_during_its_write_makes_it_again(tmp_path, when):
+    # As a run's best.pt or resume point is written just after its epoch is recorded, the moment a
+    # clean-up that waited for that record may pick.
+    folder = tmp_path / "run-7"
+    folder.mkdir()
+    (folder / "rank0.pid").write_text("1")
+    if when == "before":
+        shutil.rmtree(folder)
+    tries = []
+
+    def write(handle):
+        tries.append(handle.name)
+        if when == "during" and len(tries) == 1:
+            shutil.rmtree(folder)
+        handle.write(b"weights")
+
+    write_remaking_folder(folder / "best.pt", "checkpoint", write)
+    assert (folder / "best.pt").read_bytes() == b"weights"
+    assert len(tries) == (1 if when == "before" else 2)
+    assert not (folder / "rank0.pid").exists()  # what tells the run, at its epoch's end, that the folder went

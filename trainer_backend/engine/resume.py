@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from contract.storage import OLDER_RESUME_FILE, RESUME_FILE, writing
+from contract.storage import OLDER_RESUME_FILE, RESUME_FILE, write_remaking_folder
 from trainer_backend.engine.strategies import Strategy
 from contract.world import torchrun_world
 
@@ -84,11 +84,10 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
     if keep > 1 and not step:
         _keep_older_point(folder, keep)
     # Through part files: a crash or a full disk mid-save leaves the previous epoch's point whole.
-    with writing(folder / RESUME_FILE, "resume point") as handle:
-        torch.save(point, handle)
+    write_remaking_folder(folder / RESUME_FILE, "resume point", lambda handle: torch.save(point, handle))
     # Written after the checkpoint: it may lag behind it, never run ahead of it.
-    with writing(folder / RESUME_EPOCH_FILE, "resume point") as handle:
-        handle.write(json.dumps({"epoch": epoch, **({"step": step} if step else {})}).encode())
+    mark = json.dumps({"epoch": epoch, **({"step": step} if step else {})}).encode()
+    write_remaking_folder(folder / RESUME_EPOCH_FILE, "resume point", lambda handle: handle.write(mark))
 
 
 def _keep_older_point(folder: Path, keep: int) -> None:

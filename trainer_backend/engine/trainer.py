@@ -58,7 +58,7 @@ from trainer_backend.engine.schedule import attach_schedule, build_optimizer
 from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 from trainer_backend.engine.speed import compile_model, compile_note, compile_warmup, to_memory_format
 from trainer_backend.engine.strategies.registry import make_strategy
-from contract.storage import write_problem, writing
+from contract.storage import UnwritableError, write_problem, writing
 from contract.strategy_specs import spec as strategy_spec
 from trainer_backend.engine.strategies import Strategy, synchronize
 
@@ -349,7 +349,8 @@ def leave_failure_note(folder: Path, rank: int, exc: Exception) -> None:
     failure came first, i.e. which one to report."""
     failure = {"rank": rank, "time": time.time(), "traceback": traceback.format_exc(),
                "type": type(exc).__name__, "message": str(exc)}
-    with contextlib.suppress(OSError):  # on a full disk this note cannot be written; the error itself must win
+    # On a full disk, or with the run's folder deleted, this note cannot be written; the error itself must win.
+    with contextlib.suppress(OSError, UnwritableError):
         with writing(folder / f"rank{rank}.failure.json", "failure note") as handle:
             handle.write(json.dumps(failure).encode())
 
@@ -369,15 +370,20 @@ def setup(spec: RankSpec, folder: Path) -> None:
         _die_with_parent()
         # A spawned rank writes to the run's log too; only the recording rank notes in the run that it failed.
         guard_output(on_failure=lambda exc: open_recorder(spec).log_incomplete(exc))
-    # Lets an operator (or a test) find and signal one rank of a run.
-    try:
-        with writing(folder / f"rank{spec.rank}.pid", "the rank's pid file") as handle:
-            handle.write(str(os.getpid()).encode())
-    except OSError as exc:
-        raise write_problem(exc, "the rank's pid file", folder / f"rank{spec.rank}.pid") from None
-    register_stack_dump(folder, spec.rank)  # for a run that stalls (worker/stall.py)
+    leave_pid(folder, spec.rank)
     load_plugins()
     torch.manual_seed(spec.config.seed)  # identical initial weights on every rank
+
+
+def leave_pid(folder: Path, rank: int) -> None:
+    """The rank's pid file, which lets an operator (or a test) find and signal one rank of a run, and its
+    stacks file, for a run that stalls (worker/stall.py)."""
+    try:
+        with writing(folder / f"rank{rank}.pid", "the rank's pid file") as handle:
+            handle.write(str(os.getpid()).encode())
+    except OSError as exc:
+        raise write_problem(exc, "the rank's pid file", folder / f"rank{rank}.pid") from None
+    register_stack_dump(folder, rank)
 
 
 def build(spec: RankSpec, folder: Path) -> Built:
@@ -482,6 +488,8 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],
                                      epoch=epoch, best_acc=best_acc, schedule=built.schedule, scaler=built.scaler,
                                      keep=spec.config.keep_checkpoints)
+    # Deleted as the last epoch's files were written, the folder was made again by those writes: said here.
+    keep_run_folder(built, recorder, spec.config.epochs)
 
 
 def save_step_point(built: Built, epoch: int, stopped: StopAtStep, partial: dict | None, loader_rng,
@@ -506,15 +514,19 @@ def keep_run_folder(built: Built, recorder: Recorder | NoRecorder, epoch: int) -
 
     The run goes on: what it records that matters (every epoch's metrics, step points, notes) is in the
     database, and ending it would lose the epochs still to come. Every process looks (a collective, once
-    an epoch) before any makes it again, so that the run notes it whichever process saw it go."""
-    strategy = built.strategy
-    gone = torch.tensor([0.0 if built.folder.is_dir() else 1.0], dtype=torch.float64, device=strategy.output_device)
+    an epoch) before any makes it again, so that the run notes it whichever process saw it go. It looks
+    for its pid file, not the folder alone: a checkpoint or resume point written as the folder went
+    makes the folder again (storage.write_remaking_folder), and the pid files went all the same."""
+    strategy, rank = built.strategy, built.spec.rank
+    gone = torch.tensor([0.0 if (built.folder / f"rank{rank}.pid").is_file() else 1.0], dtype=torch.float64,
+                        device=strategy.output_device)
     if strategy.all_reduce(gone, "max").item() == 0:
         return
     try:
         built.folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise write_problem(exc, "the run's folder", built.folder) from None
+    leave_pid(built.folder, rank)
     reattach_deleted_log(built.folder / "run.log")
     recorder.notes([folder_gone_note(built.folder, epoch)])
 

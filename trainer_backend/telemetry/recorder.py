@@ -28,7 +28,7 @@ from db.connection import DatabaseLockedError, LockBackoff, retry_when_locked
 
 from contract.config import RunConfig
 from contract.logguard import LOG_INCOMPLETE_NOTE, describe
-from contract.storage import writing
+from contract.storage import write_remaking_folder
 from trainer_backend.telemetry.profiling import LARGE_TRACE_BYTES, read_rank_outputs
 
 PROGRESS_INTERVAL_S = 1.0
@@ -149,8 +149,7 @@ class Recorder:
         """Save the best model so far. Through a part file: a crash or a full disk mid-save never
         leaves a truncated best.pt, and a file object (not a path) keeps the errno that says the
         disk is full."""
-        with writing(path, "checkpoint") as handle:
-            torch.save(payload, handle)
+        write_remaking_folder(path, "checkpoint", lambda handle: torch.save(payload, handle))
 
     def forget_steps_from(self, epoch: int, after_step: int = 0) -> None:
         """A resumed run trains ``epoch`` and later again (after global step ``after_step``, when an epoch
