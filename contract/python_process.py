@@ -42,7 +42,8 @@ def safe_path_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PYTHONSAFEPATH": "1"}
 
 
-THREADS_WAIT_S = 60.0  # a webhook's three tries take about 20 s; two messages behind one another, twice that
+WEBHOOK_THREAD_NAME = "parallax-webhook"  # each delivery of a message to a webhook (db/notify.py)
+THREADS_WAIT_S = 60.0  # a webhook's three tries take about 20 s; a run's messages behind one another, a few of those
 
 
 def leave_without_shutdown(code: int) -> NoReturn:
@@ -52,11 +53,12 @@ def leave_without_shutdown(code: int) -> NoReturn:
     destructors of collective state left for exit: on gloo with FSDP one of those can abort the
     process ("terminate called without an active exception", about one run in six on 2 CPU ranks),
     which the runner, or torchrun, must read as a crashed rank. As shutdown would, it first waits for
-    the process's other non-daemon threads (a webhook still being delivered), up to
-    ``THREADS_WAIT_S``; output is flushed; atexit handlers do not run."""
+    the webhook messages still being delivered (db/notify.py's threads), up to ``THREADS_WAIT_S``; not
+    for other threads, such as the idle workers of torch.compile's pool, which only shutdown ends.
+    Output is flushed; atexit handlers do not run."""
     deadline = time.monotonic() + THREADS_WAIT_S
     for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
+        if thread.name == WEBHOOK_THREAD_NAME:
             thread.join(max(0.0, deadline - time.monotonic()))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream cannot change the exit code

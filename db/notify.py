@@ -15,7 +15,7 @@ Discord's ``content`` (the same one line). ``event`` is ``run.completed``, ``run
 warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``.
 
 Delivery never holds up the caller: each message gets a thread for each URL, which waits for the
-process's previous message to that URL (so a run's messages arrive in order) and tries up to
+process's previous message of the same run to that URL (so a run's messages arrive in order) and tries up to
 ``ATTEMPTS`` times, ``TIMEOUT_S`` each, waiting ``BACKOFF_S`` between tries; the process waits for
 those threads at exit, so it ends at most about half a minute later when a receiver is down.
 ``lifecycle.finish`` sends the end of every run, from whichever process records it.
@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Engine, func, select
 
+from contract.python_process import WEBHOOK_THREAD_NAME
 from db.connection import session_scope
 from db.tables import EpochMetric, Run
 
@@ -133,18 +134,26 @@ def notify(engine: Engine, run_id: int, event: str, reason: str | None = None) -
         print(f"parallax: no notification for run {run_id} ({event}): {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
     threads = []
-    with _ORDER:  # each URL takes this process's messages in the order they were sent (a run's last one last)
+    with _ORDER:  # each URL takes a run's messages in the order they were sent (its end last)
         for url in urls:
-            thread = threading.Thread(target=_deliver_after, args=(_LAST_DELIVERY.get(url), url, message),
-                                      name="parallax-webhook")
-            _LAST_DELIVERY[url] = thread
-            thread.start()
+            previous = _LAST_DELIVERY.get((url, run_id))
+            thread = threading.Thread(target=_deliver_after, args=(previous, url, message), name=WEBHOOK_THREAD_NAME)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no thread to be had: said, and the run goes on
+                print(f"parallax: no notification for run {run_id} ({event}): {exc}", file=sys.stderr)
+                continue
+            _LAST_DELIVERY[(url, run_id)] = thread
             threads.append(thread)
+        for key in [key for key, thread in _LAST_DELIVERY.items() if not thread.is_alive()]:
+            del _LAST_DELIVERY[key]  # delivered: nothing left to wait for
     return threads
 
 
 _ORDER = threading.Lock()
-_LAST_DELIVERY: dict[str, threading.Thread] = {}  # per URL, the delivery a new message waits for
+# Per webhook and run, the delivery that run's next message waits for. Runs apart are not ordered,
+# so a receiver that is down holds up one run's few messages, not every run's.
+_LAST_DELIVERY: dict[tuple[str, int], threading.Thread] = {}
 
 
 def _deliver_after(previous: threading.Thread | None, url: str, message: dict) -> None:

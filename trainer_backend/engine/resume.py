@@ -24,6 +24,7 @@ epoch's weights) is written apart by the recorder and always kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,8 @@ def _keep_older_point(folder: Path, keep: int) -> None:
     """Move the newest point aside under its epoch's name, then remove the oldest beyond ``keep`` - 1 of them."""
     previous = _local_point(folder)[0]
     if previous:
-        (folder / RESUME_FILE).replace(folder / OLDER_RESUME_FILE.format(epoch=previous))
+        with contextlib.suppress(FileNotFoundError):  # gone with the run's folder: the next write makes it again
+            (folder / RESUME_FILE).replace(folder / OLDER_RESUME_FILE.format(epoch=previous))
     older = sorted(folder.glob(OLDER_RESUME_FILE.format(epoch="*")), key=lambda p: int(p.stem.rsplit("epoch", 1)[1]))
     for path in older[:max(0, len(older) - (keep - 1))]:
         path.unlink(missing_ok=True)
