@@ -11,12 +11,15 @@ can import. This module imports neither torch nor timm: the child does.
 
 The verdict travels apart from whatever the model's code prints: the child writes it to a file of its own, and
 its standard output and error (the user's prints) only give the last line of a child that ended without one.
-The child leads a process group of its own; once it has a verdict, ends, or reaches the limit, the whole group
-is killed, so a helper process the model's import started does not outlive its check.
+The child leads a process group of its own and adopts the orphans among its descendants (Linux's child
+subreaper), so that a helper that left the group, even one that made a session of its own, still descends from
+it; once it has a verdict, ends, or reaches the limit, every descendant and the whole group are killed, so no
+helper process the model's import started outlives its check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -73,12 +76,59 @@ def _wait_then_end_group(child: subprocess.Popen, verdict_file: Path, timeout_s:
         if ended or verdict_file.exists() or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
+    _kill_descendants(child.pid)  # while the child (their reaper) still holds them, each helper in any session
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:  # the group has no process left
         pass
     child.wait()
     return ended or verdict_file.exists()
+
+
+def _live_descendants(root: int) -> list[int]:
+    """The processes below ``root`` that have not ended (their parents read from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):  # ended meanwhile
+            continue
+        if fields[0] != b"Z":
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, pending = [], [root]
+    while pending:
+        below = parents.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
+
+
+def _kill_descendants(root: int) -> None:
+    """SIGKILL every live process below ``root`` until none is left (a helper may start another meanwhile)."""
+    for _ in range(100):
+        alive = _live_descendants(root)
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if root == os.getpid():  # this process adopted them: reap them, so that they leave the process table
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+        time.sleep(POLL_S / 5)
+
+
+def _adopt_orphans() -> None:
+    """Be the reaper of this process's orphaned descendants (PR_SET_CHILD_SUBREAPER), so that a helper whose
+    parent left it, or that made a session of its own, is still found below this process and ended with it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36: PR_SET_CHILD_SUBREAPER (Linux 3.4)
 
 
 def _read_verdict(verdict_file: Path) -> dict | None:
@@ -131,13 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the run's config, as JSON")
     parser.add_argument("--verdict", required=True, help="where the verdict goes, as JSON")
     args = parser.parse_args(argv)
+    _adopt_orphans()  # before the model's code runs
     try:
-        verdict = _verdict(RunConfig.from_dict(json.loads(Path(args.config).read_text(encoding="utf-8"))))
-    except (ValueError, LookupError, OSError) as exc:  # ModelError, EstimateError, a dataset that is not there
-        verdict = {"error": one_line(exc)}
-    written = Path(args.verdict).with_suffix(".part")
-    written.write_text(json.dumps(verdict), encoding="utf-8")
-    os.replace(written, args.verdict)  # whole or not at all: the parent reads it as soon as it is there
+        try:
+            verdict = _verdict(RunConfig.from_dict(json.loads(Path(args.config).read_text(encoding="utf-8"))))
+        except (ValueError, LookupError, OSError) as exc:  # ModelError, EstimateError, a dataset that is not there
+            verdict = {"error": one_line(exc)}
+        written = Path(args.verdict).with_suffix(".part")
+        written.write_text(json.dumps(verdict), encoding="utf-8")
+        os.replace(written, args.verdict)  # whole or not at all: the parent reads it as soon as it is there
+    finally:
+        _kill_descendants(os.getpid())  # the model's helpers end with the check, however it ends
     sys.stdout.flush()
     sys.stderr.flush()
     # The verdict is given: threads or exit handlers the model's code left must not keep the check going.

@@ -45,8 +45,14 @@ HELPER = '''
 import subprocess
 import sys
 
-helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open({pid_file!r}, "w").write(str(helper.pid))
+if {away}:  # a daemon's double fork into a session of its own: its parent ends, it is nobody's child
+    starter = subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(600)'], start_new_session=True, "
+                              "stdout=subprocess.DEVNULL).pid)"], stdout=subprocess.PIPE, text=True)
+    pid = starter.stdout.strip()
+else:
+    pid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+open({pid_file!r}, "w").write(str(pid))
 ''' + NET
 
 HANGS = HELPER + '''
@@ -75,10 +81,11 @@ def test_what_the_model_prints_does_not_change_its_verdict(tmp_path):
     assert check_model_before_launch(config_for(path)) == f"model {path}:Net takes num_classes and in_chans"
 
 
-def test_a_helper_process_the_import_starts_ends_with_the_check(tmp_path):
+@pytest.mark.parametrize("away", [False, True], ids=["in-its-group", "in-a-session-of-its-own"])
+def test_a_helper_process_the_import_starts_ends_with_the_check(tmp_path, away):
     pid_file = tmp_path / "helper.pid"
     path = tmp_path / "helper.py"
-    path.write_text(HELPER.format(pid_file=str(pid_file)))
+    path.write_text(HELPER.format(pid_file=str(pid_file), away=away))
     started = time.monotonic()
     assert "takes num_classes and in_chans" in check_model_before_launch(config_for(path), timeout_s=90)
     assert time.monotonic() - started < 80  # the helper holding the child's output does not hold the check
@@ -88,7 +95,7 @@ def test_a_helper_process_the_import_starts_ends_with_the_check(tmp_path):
 def test_a_check_that_hangs_ends_at_its_limit_with_every_process_it_started(tmp_path):
     pid_file = tmp_path / "helper.pid"
     path = tmp_path / "hangs.py"
-    path.write_text(HANGS.format(pid_file=str(pid_file)))
+    path.write_text(HANGS.format(pid_file=str(pid_file), away=True))
     with pytest.raises(ModelError, match="its check did not finish within 30 s"):
         check_model_before_launch(config_for(path), timeout_s=30)
     assert pid_file.exists(), "the import never started its helper: the limit is too short for this machine"
