@@ -44,6 +44,7 @@ SET_BY_PARALLAX = {
     "version": "sbatch would submit nothing",
     "export": "the job needs the environment Parallax submits it with (its database's address)",
     "export-file": "the job needs the environment Parallax submits it with (its database's address)",
+    "get-user-env": "the job needs the environment Parallax submits it with (its database's address)",
     "uid": "the job runs as the user whose home holds the run's files",
     "gid": "the job runs as the user whose home holds the run's files",
     "clusters": "Parallax follows the job on this machine's cluster",

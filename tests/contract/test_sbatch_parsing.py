@@ -34,7 +34,8 @@ def refusal(lines: list[str]) -> str:
     ("--req", "requeue"), ("--no-req", "no-requeue"), ("--job=stolen", "job-name"), ("--arr=0-3", "array"),
     ("--open=truncate", "open-mode"), ("--part=gpu", "partition"), ("--acco=x", "account"), ("--wra=ls", "wrap"),
     ("--tasks-per-node=4", "ntasks-per-node"), ("--ntasks 4", "ntasks"), ("--cpus-per-t=4", "cpus-per-task"),
-    ("--export=NONE", "export"), ("--cluster=other", "clusters"), ("--test", "test-only"),
+    ("--export=NONE", "export"), ("--get-user-env", "get-user-env"), ("--cluster=other", "clusters"),
+    ("--test", "test-only"), ("--uid=0", "uid"),
     # short letters, alone, with the value in the word or the next word, and combined
     ("-o /tmp/x", "output"), ("-o/tmp/x", "output"), ("-e /tmp/e", "error"), ("-J stolen", "job-name"),
     ("-a 0-3", "array"), ("-p gpu", "partition"), ("-t 5", "time"), ("-N 3", "nodes"), ("-n 4", "ntasks"),
