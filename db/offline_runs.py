@@ -194,8 +194,10 @@ def _points(where: str, record: dict, started_s: float) -> list[tuple]:
         raise OfflineFileError(f"{where}: values must be an object of {{name: number}}, not a {_kind(values)}")
     points = []
     for name, value in values.items():
-        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+        if value is not None and type(value) not in (int, float):
             raise OfflineFileError(f"{where}: {_shown(name)} is {_shown(value)}, not a number")
+        # NaN and infinities (a hand-written NaN; the SDK writes null) are a gap in the chart, as when logged online
+        value = value if value is None or math.isfinite(value) else None
         points.append((storable_text(name), step, round(at - started_s, 3), value))
     return points
 
@@ -222,7 +224,10 @@ def _object(where: str, record: dict, name: str) -> dict:
         return {}
     if not isinstance(value, dict):
         raise OfflineFileError(f"{where}: {name} must be a JSON object, not a {_kind(value)}")
-    return _storable(value)
+    try:
+        return _storable(value)
+    except RecursionError:
+        raise OfflineFileError(f"{where}: {name} nests its values too deeply to store") from None
 
 
 def _storable(value):

@@ -143,9 +143,21 @@ def test_a_last_line_cut_short_is_left_out_and_a_file_without_an_end_is_lost(eng
 
 def test_escaped_odd_bytes_and_non_numbers_in_the_file_are_stored_as_the_database_holds_them(engine, tmp_path):
     header = {**HEADER, "name": "caf\udce9", "config": {"x": float("nan"), "caf\udce9": "a\x00b"}}
-    run = db.get_run(engine, sync_offline_file(write(tmp_path / "run.jsonl", [header, value_line(0), END]), engine))
+    records = [header, value_line(0), value_line(1, float("nan")), value_line(2, float("inf")), END]
+    run = db.get_run(engine, sync_offline_file(write(tmp_path / "run.jsonl", records), engine))
     assert run.measurements["script"]["name"] == "caf\\xe9"
     assert run.config == {"x": "nan", "caf\\xe9": "a\\x00b"}
+    points = script_metrics.read_points(engine, [run.id], max_points=None)
+    assert [(p["step"], p["value"]) for p in points] == [(0, 1.0), (1, None), (2, None)]  # gaps, as online
+
+
+def test_a_config_nested_too_deeply_is_one_line(sqlite_engine, tmp_path):
+    deep = "1"
+    for _ in range(990):
+        deep = '{"a": ' + deep + "}"
+    path = write(tmp_path / "run.jsonl", [HEADER, '{"config": ' + deep + "}", END])
+    with pytest.raises(OfflineFileError, match=r"run.jsonl:2(: config nests its values too deeply| is not a JSON line)"):
+        sync_offline_file(path, sqlite_engine)
 
 
 def test_a_file_synced_before_is_refused_naming_its_run(engine, tmp_path):
