@@ -111,9 +111,9 @@ class Run:
             step = self._next_step
         if type(step) is not int or not 0 <= step <= MAX_STEP:  # refused here: a queued step must be one the database holds
             step = as_step(step)
+        values = as_values(data)  # a refused value leaves the step count as it was
         if step >= self._next_step:
             self._next_step = step + 1
-        values = as_values(data)
         self.summary.update(values)
         if self._writer is not None:
             self._writer.put((step, time.time(), values))

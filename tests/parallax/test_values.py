@@ -96,3 +96,19 @@ def test_text_from_a_non_utf8_argument_is_stored_with_its_odd_bytes_escaped(text
     assert storable_text(text).encode("utf-8")
     assert as_values({text: 1.0}) == {stored: 1.0}
     assert as_config({text: text}) == {stored: stored}
+
+
+def test_a_refused_call_leaves_the_step_count_as_it_was(parallax_home):
+    import parallax
+
+    with parallax.init(project="p", mode="disabled") as run:
+        parallax.log({"a": 1.0})
+        with pytest.raises(TypeError, match="'a' is str"):
+            parallax.log({"a": "x"}, step=50)
+        with pytest.raises(ValueError, match="larger than the database holds"):
+            parallax.log({"a": 1.0}, step=2**63)
+        parallax.log({"a": 2.0})
+        assert run._next_step == 2
+        parallax.log({"a": 3.0}, step=MAX_STEP)
+        with pytest.raises(ValueError, match="step=9223372036854775808 is larger"):
+            parallax.log({"a": 4.0})  # counted on past the last step the database holds
