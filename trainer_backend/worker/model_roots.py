@@ -26,10 +26,8 @@ MODEL_ROOTS_ENV = "PARALLAX_MODEL_ROOTS"
 
 
 def model_roots() -> list[Path]:
-    configured = os.environ.get(MODEL_ROOTS_ENV)
-    if configured:
-        return [Path(p).expanduser() for p in configured.split(os.pathsep) if p.strip()]
-    return [parallax_home() / "models"]
+    configured = [Path(p).expanduser() for p in os.environ.get(MODEL_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return configured or [parallax_home() / "models"]
 
 
 def check_model_allowed(name: str, roots: list[Path] | None = None) -> None:

@@ -131,8 +131,10 @@ def test_the_file_is_read_and_never_imported(models):
 
 
 def test_the_folders_default_to_the_home_s_models_and_may_be_several(parallax_home, monkeypatch, tmp_path):
-    monkeypatch.delenv("PARALLAX_MODEL_ROOTS", raising=False)
-    assert model_roots() == [parallax_home / "models"]
+    for unset in (None, "", ":"):
+        monkeypatch.setenv("PARALLAX_MODEL_ROOTS", unset) if unset is not None else \
+            monkeypatch.delenv("PARALLAX_MODEL_ROOTS", raising=False)
+        assert model_roots() == [parallax_home / "models"]
     (parallax_home / "models").mkdir()
     (parallax_home / "models" / "a.py").write_text("def net():\n    pass\n")
     check_model_allowed(f"{parallax_home}/models/a.py:net")
