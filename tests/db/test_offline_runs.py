@@ -26,7 +26,7 @@ HEADER = {"parallax_offline": 1, "key": "6f8091bb517a4b828ba8d3c153beaf59", "pro
 END = {"end": "completed", "error": None, "finished_at": "2026-12-07T11:00:00+00:00", "summary": {"loss": 0.5}}
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _close_engines():
     yield
     db.dispose_engines()
@@ -38,13 +38,16 @@ def db_url(backend_db_url):
 
 
 @pytest.fixture
-def engine(db_url):
+def engine(db_url, _close_engines):
     return db.make_engine(db_url)
 
 
-@pytest.fixture
-def sqlite_engine(parallax_home):
-    return db.make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
+@pytest.fixture(scope="module")
+def sqlite_engine(tmp_path_factory):
+    """One database for the files refused before it is asked (each case checks it stays empty)."""
+    engine = db.make_engine(f"sqlite:///{tmp_path_factory.mktemp('refused') / 'parallax.db'}")
+    yield engine
+    db.dispose_engines()
 
 
 def test_a_value_that_fails_in_the_database_leaves_no_run_and_the_fixed_file_syncs(engine, tmp_path):
@@ -109,8 +112,7 @@ def test_a_good_file_is_one_completed_run_with_every_value_and_its_own_end_time(
     (lambda r: r.__setitem__(-1, {**END, "summary": [1]}), 8, "summary must be a JSON object"),
     (lambda r: r.insert(-2, END), 8, "comes after the line that says how the run ended (line 7)"),
 ])
-def test_a_bad_file_is_refused_naming_its_line_and_leaves_nothing_so_the_fixed_file_syncs(sqlite_engine, tmp_path,
-                                                                                          change, line, words):
+def test_a_bad_file_is_refused_naming_its_line_and_writes_nothing(sqlite_engine, tmp_path, change, line, words):
     engine = sqlite_engine  # the file is checked before the database is asked: one backend shows it
     records = good_records()
     change(records)
@@ -120,9 +122,7 @@ def test_a_bad_file_is_refused_naming_its_line_and_leaves_nothing_so_the_fixed_f
     text = str(refused.value)
     assert words in text and "\n" not in text, text
     assert text.startswith(f"{path}:{line}" if line else f"{path} is not a Parallax offline run file"), text
-    assert db.list_runs(engine) == []
-    write(path, good_records())  # corrected: it syncs, as the first attempt left nothing behind
-    assert db.get_run(engine, sync_offline_file(path, engine)).status == "completed"
+    assert db.list_runs(engine) == []  # (the corrected file then syncs: test_a_value_that_fails_in_the_database_…)
 
 
 def test_a_file_that_is_not_utf8_names_its_line(sqlite_engine, tmp_path):
