@@ -63,7 +63,7 @@ def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIM
                                  f"({_exit_status(child.returncode)}): {_last_line(output)}")
     if verdict.get("error"):
         raise ModelError(verdict["error"])
-    return verdict["note"]
+    return verdict.get("note", "")
 
 
 def _wait_then_end_group(child: subprocess.Popen, verdict_file: Path, timeout_s: float) -> bool:
