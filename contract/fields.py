@@ -335,8 +335,9 @@ _SLURM_FIELDS = (
           check="_validate_slurm", parse=str),
     Field("slurm_qos", str, None, "QoS (optional)", "The quality of service the job asks for (sbatch --qos).",
           check="_validate_slurm", parse=str),
-    Field("slurm_extra", str, (), "Extra #SBATCH options", "More sbatch options, one #SBATCH line each, every one "
-          "starting with --, e.g. --constraint=a100 --exclusive.", check="_validate_slurm",
+    Field("slurm_extra", str, (), "Extra #SBATCH options", "More sbatch options, one #SBATCH line each, read as "
+          "sbatch reads them, e.g. --constraint=a100 --exclusive; a line that sets what Parallax sets (output, job "
+          "name, signal, requeue, array, ...) is refused.", check="_validate_slurm",
           parse=split_sbatch_options),
     _number("max_requeues", int, 3, "Requeues at most", "How often a job that Slurm preempts or warns of its time "
             "limit (USR1) requeues itself to resume at the step where it stopped before it is left to end.", 0,

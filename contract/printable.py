@@ -41,6 +41,20 @@ def utf8_name(name: str) -> str:
     return name if is_utf8(name) else "".join(_escaped(c) if _is_undecoded_byte(c) else c for c in name)
 
 
+def storable_text(text: str) -> str:
+    """``text`` as a database column and a JSON file can hold it: each byte that was not UTF-8 (a lone
+    surrogate, as ``sys.argv`` and ``os.fsdecode`` give it) written as ``utf8_name`` writes it, any other
+    lone surrogate and each NUL (which PostgreSQL refuses) as its escape; other text unchanged."""
+    text = utf8_name(text)
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte (U+D800): its escape
+        text = "".join(c if not "\ud800" <= c <= "\udfff" else f"\\u{ord(c):04x}" for c in text)
+    return text
+
+
 def one_line(text: object) -> str:
     """``text`` on one line: every character that is not printable (newline, tab and ESC included)
     written as its escape; ordinary text is unchanged."""

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from contract.fields import WHERE, split_sbatch_options
+from contract.sbatch_parsing import SbatchLineError, read_sbatch_lines
 from contract.strategy_specs import find
 
 # What sbatch accepts for a partition, account or QoS name (Slurm's own names are letters, digits, _ - .).
@@ -20,12 +21,34 @@ NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 MEMORY = re.compile(r"[0-9]{1,9}[KMGT]?")
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 TIME = re.compile(r"[0-9]{1,7}(:[0-9]{1,2}){0,2}|[0-9]{1,4}-[0-9]{1,2}(:[0-9]{1,2}){0,2}")
-EXTRA = re.compile(r"--[A-Za-z][A-Za-z0-9\-]*(=[\x21-\x7e][\x20-\x7e]*)?")
+PRINTABLE = re.compile(r"[\x20-\x7e]*")
 MAX_EXTRA_LINES = 64
-# Options the rendered script sets itself (control/slurm_job.py): a line that changed one would break the job.
-SET_BY_PARALLAX = ("job-name", "output", "error", "open-mode", "requeue", "no-requeue", "signal", "nodes",
-                   "ntasks", "ntasks-per-node", "array", "parsable", "gpus-per-node", "cpus-per-task", "partition",
-                   "time", "mem", "account", "qos", "wrap", "chdir")
+MAX_EXTRA_LINE_LENGTH = 1000
+# What Parallax sets for a job, and why a line may not set it again: the rendered script's own lines
+# (control/slurm_job.py's sbatch_options), sbatch's command line (--parsable, --array), and what would take the
+# job away from Parallax (another script, another user, another cluster, an environment without its database).
+_OWN_LINE = "Parallax sets it itself (use the Slurm fields, or leave it out)"
+SET_BY_PARALLAX = {
+    **dict.fromkeys(("job-name", "output", "open-mode", "requeue", "signal", "nodes", "ntasks-per-node",
+                     "cpus-per-task", "gpus-per-node", "partition", "time", "mem", "account", "qos", "array",
+                     "parsable"), _OWN_LINE),
+    "error": "the job's standard error goes to its log (--output), which the Run page shows",
+    "no-requeue": "Parallax sets --requeue itself, so that a preempted job resumes",
+    "ntasks": "Parallax sets one task per node (--ntasks-per-node=1), each a torchrun agent",
+    "wrap": "Parallax submits its own batch script",
+    "chdir": "the job runs where Parallax submits it",
+    "wait": "sbatch would not answer with the job's id until the job had ended",
+    "test-only": "sbatch would submit nothing",
+    "help": "sbatch would submit nothing",
+    "usage": "sbatch would submit nothing",
+    "version": "sbatch would submit nothing",
+    "export": "the job needs the environment Parallax submits it with (its database's address)",
+    "export-file": "the job needs the environment Parallax submits it with (its database's address)",
+    "get-user-env": "the job needs the environment Parallax submits it with (its database's address)",
+    "uid": "the job runs as the user whose home holds the run's files",
+    "gid": "the job runs as the user whose home holds the run's files",
+    "clusters": "Parallax follows the job on this machine's cluster",
+}
 
 
 class SlurmOptionError(ValueError):
@@ -79,13 +102,20 @@ def check_slurm_options(cfg: Any) -> None:
     if len(extra) > MAX_EXTRA_LINES:
         raise _refuse("slurm_extra", f"slurm_extra has {len(extra)} lines: at most {MAX_EXTRA_LINES} are allowed")
     for line in extra:
-        if not EXTRA.fullmatch(line) or len(line) > 1000:
-            raise _refuse("slurm_extra", f"slurm_extra line {shown(line)} is not allowed: each line is one sbatch "
-                          "option starting with --, e.g. --constraint=a100, on one line of printable text")
-        option = line[2:].split("=", 1)[0]
-        if option in SET_BY_PARALLAX:
-            raise _refuse("slurm_extra", f"slurm_extra line {shown(line)} is not allowed: Parallax sets --{option} "
-                          "itself (use the Slurm fields, or leave it out)")
+        if not PRINTABLE.fullmatch(line) or len(line) > MAX_EXTRA_LINE_LENGTH:
+            raise _refuse("slurm_extra", f"slurm_extra line {shown(line)} is not allowed: each line holds sbatch "
+                          "options, each starting with - or --, e.g. --constraint=a100, on one line of printable "
+                          f"text (at most {MAX_EXTRA_LINE_LENGTH} characters)")
+    try:
+        options = read_sbatch_lines(extra)
+    except SbatchLineError as exc:
+        raise _refuse("slurm_extra", f"slurm_extra line {shown(extra[exc.line])} is not allowed: {exc}") from None
+    for option in options:
+        if option.sets in SET_BY_PARALLAX:
+            what = option.written.split("=", 1)[0]
+            named = "" if what == f"--{option.sets}" else f" ({what} is sbatch's --{option.sets})"
+            raise _refuse("slurm_extra", f"slurm_extra line {shown(extra[option.line])} is not allowed: it sets "
+                          f"--{option.sets}{named}, and {SET_BY_PARALLAX[option.sets]}")
     if cfg.where != "slurm":
         return
     known = find(cfg.strategy)

@@ -22,6 +22,7 @@ from typing import BinaryIO
 RESUME_FILE = "resume.pt"
 OLDER_RESUME_FILE = "resume-epoch{epoch}.pt"  # an earlier epoch's point, kept under --keep-checkpoints N > 1
 OFFLINE_FORMAT_VERSION = 1  # an offline script run's file: parallax/offline.py writes it, ``parallax sync`` reads it
+MAX_LOGGED_STEP = 2**63 - 1  # the highest step a script may log: the step column is a signed 64-bit integer
 
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # Writers in C++ (torch.save to a path, the profiler's trace export) drop the errno; after their

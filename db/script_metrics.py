@@ -36,8 +36,20 @@ def create_script_run(engine: Engine, *, name: str, project: str, config: Mappin
                       status: str = "running", created_at: datetime | None = None) -> int:
     """Insert a script run and return its id; ``script`` (its file, project, name ...) goes to
     ``measurements["script"]``. ``created_at``: when it started, where that was not now (an offline run)."""
+    run = script_run_row(name=name, project=project, config=config, key=key, tags=tags, world_size=world_size,
+                         script=script, status=status, created_at=created_at)
+    with session_scope(engine) as session:
+        session.add(run)
+        session.flush()
+        return run.id
+
+
+def script_run_row(*, name: str, project: str, config: Mapping[str, Any], key: str, tags: Sequence[str] = (),
+                   world_size: int = 1, script: Mapping[str, Any] | None = None, status: str = "running",
+                   created_at: datetime | None = None) -> Run:
+    """The row ``create_script_run`` inserts, for a caller that inserts it in a transaction of its own."""
     now = created_at or utcnow()
-    run = Run(
+    return Run(
         created_at=now, started_at=now, heartbeat_at=now, status=status, kind=SCRIPT_KIND,
         strategy=str(config.get("strategy") or SCRIPT_STRATEGY)[:64],
         model=str(config.get("model") or name or project)[:128],
@@ -46,10 +58,6 @@ def create_script_run(engine: Engine, *, name: str, project: str, config: Mappin
         world_size=world_size, elastic_run_id=key,
         measurements={VERSION_KEY: parallax_version(), "script": {"project": project, "name": name, **(script or {})}},
     )
-    with session_scope(engine) as session:
-        session.add(run)
-        session.flush()
-        return run.id
 
 
 def find_script_run(engine: Engine, key: str) -> dict[str, Any] | None:
@@ -95,13 +103,18 @@ def update_script_config(engine: Engine, run_id: int, config: Mapping[str, Any])
 def add_points(engine: Engine, run_id: int, points: Iterable[Sequence[Any]]) -> int:
     """Append (name, step, t_s, value) points in one statement; returns how many. NaN and infinities are
     stored as NULL (PostgreSQL's float takes them, SQLite's JSON and some drivers do not): a gap in the chart."""
-    values = [{"run_id": run_id, "name": str(name)[:MAX_NAME_LENGTH], "step": int(step), "t_s": float(t_s),
-               "value": float(value) if value is not None and math.isfinite(value) else None}
-              for name, step, t_s, value in points]
+    values = point_rows(run_id, points)
     if values:
         with session_scope(engine) as session:
             session.execute(insert(ScriptMetric), values)
     return len(values)
+
+
+def point_rows(run_id: int, points: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The rows ``add_points`` inserts, for a caller that inserts them in a transaction of its own."""
+    return [{"run_id": run_id, "name": str(name)[:MAX_NAME_LENGTH], "step": int(step), "t_s": float(t_s),
+             "value": float(value) if value is not None and math.isfinite(value) else None}
+            for name, step, t_s, value in points]
 
 
 def last_logged_step(engine: Engine, run_id: int) -> int | None:

@@ -239,9 +239,9 @@ def draw_model(spec, start):
         return st.text_input(
             "Your model", key="own_model", value=start if started_own else "",
             placeholder="~/nets/mynet.py:Net", max_chars=MAX_PATH_LENGTH,
-            help="An nn.Module class or a function returning one, in a .py file or an importable module. It is "
-            "checked in a separate process (imported, built on the meta device, one fake forward at the image "
-            "size); the dashboard never imports it.").strip()
+            help="An nn.Module class or a function returning one, defined in a .py file or module inside "
+            f"{own_model.allowed_folders()}. It is checked in a separate process (imported, built on the meta "
+            "device, one fake forward at the image size); the dashboard never imports it.").strip()
     models = options.model_choices() if full else list(options.DEFAULT_MODELS)
     chosen = st.selectbox(spec.label, models, key=spec.name, help=spec.help,
                           index=launch_memory.index_of(models, start))

@@ -29,6 +29,7 @@ from parallax import endings
 from parallax.profile_window import profile
 from parallax.ranks import rank_info
 from parallax.script_run import MODE_ENV, MODES, RESUME_CHOICES, Config, Run
+from parallax.values import storable_text
 
 __all__ = ["Config", "Run", "finish", "init", "log", "profile", "run"]
 
@@ -100,8 +101,10 @@ def init(project: str | None = None, name: str | None = None, config: Mapping[st
     if (previous := endings.current()) is not None:
         previous.finish()
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "script"
-    new = Run(project=project or script, name=name or script, config=dict(config or {}), tags=list(tags or ()),
-              run_key=None if id is None else str(id), resume=resume, mode=mode, info=rank_info())
+    # Texts from a non-UTF-8 argument (sys.argv's surrogates) are stored with the odd bytes escaped.
+    new = Run(project=storable_text(str(project or script)), name=storable_text(str(name or script)),
+              config=dict(config or {}), tags=[storable_text(tag) for tag in tags or ()],
+              run_key=None if id is None else storable_text(str(id)), resume=resume, mode=mode, info=rank_info())
     endings.track(new, hooks=mode != "disabled")
     return new
 

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from contract.storage import OFFLINE_FORMAT_VERSION as FORMAT_VERSION
+from parallax.values import as_config, storable_text
 
 
 class FileSink:
@@ -32,10 +33,10 @@ class FileSink:
     def __init__(self, path: Path, run):
         self.path, self.run = path, run
         header = {"parallax_offline": FORMAT_VERSION, "key": uuid.uuid4().hex, "project": run.project,
-                  "name": run.name, "config": _jsonable(dict(run.config)), "tags": run.tags,
+                  "name": run.name, "config": as_config(run.config), "tags": run.tags,
                   "created_at": datetime.now(timezone.utc).isoformat(), "host": socket.gethostname(),
                   "pid": os.getpid(), "world_size": run.info.world_size,
-                  "file": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""}
+                  "file": storable_text(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else ""}
         run.config.take_change()
         with open(path, "x", encoding="utf-8") as out:
             out.write(json.dumps(header) + "\n")
@@ -55,13 +56,13 @@ class FileSink:
 
     def tick(self) -> None:
         if (config := self.run.config.take_change()) is not None:
-            self._append(json.dumps({"config": _jsonable(config)}) + "\n")
+            self._append(json.dumps({"config": config}) + "\n")  # take_change gives it as JSON holds it
 
     def finish(self, status: str, error: str | None) -> None:
         """The last lines: a changed config, and how the run ended."""
         self.tick()
-        summary = {k: v for k, v in self.run.summary.items() if isinstance(v, (str, int, bool)) or
-                   (isinstance(v, float) and math.isfinite(v))}
+        summary = as_config({k: v for k, v in self.run.summary.items() if isinstance(v, (str, int, bool)) or
+                             (isinstance(v, float) and math.isfinite(v))})
         self._append(json.dumps({"end": status, "error": error, "finished_at": datetime.now(timezone.utc).isoformat(),
                                  "summary": summary}) + "\n")
 
@@ -72,7 +73,3 @@ class FileSink:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def _jsonable(config: dict) -> dict:
-    return json.loads(json.dumps(config, default=str))

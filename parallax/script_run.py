@@ -24,7 +24,7 @@ from typing import Any
 from parallax import endings
 from parallax.endings import failure_text
 from parallax.ranks import RankInfo, group_key
-from parallax.values import as_step, as_values
+from parallax.values import MAX_STEP, as_config, as_step, as_values, storable_text
 from parallax.writer import BackgroundWriter
 
 RESUME_CHOICES = ("never", "allow", "must")
@@ -64,10 +64,11 @@ class Config(dict):
         self[name] = value
 
     def take_change(self) -> dict | None:
+        """The whole config as JSON holds it (values.as_config) where it changed since the last take, else None."""
         if not self.__dict__["changed"]:
             return None
         self.__dict__["changed"] = False
-        return dict(self)
+        return as_config(self)
 
 
 class Run:
@@ -108,11 +109,11 @@ class Run:
             raise RuntimeError("parallax.log after the run ended (finish was called); start another with parallax.init")
         if step is None:
             step = self._next_step
-        elif type(step) is not int or step < 0:
+        if type(step) is not int or not 0 <= step <= MAX_STEP:  # refused here: a queued step must be one the database holds
             step = as_step(step)
+        values = as_values(data)  # a refused value leaves the step count as it was
         if step >= self._next_step:
             self._next_step = step + 1
-        values = as_values(data)
         self.summary.update(values)
         if self._writer is not None:
             self._writer.put((step, time.time(), values))
@@ -182,9 +183,9 @@ class Run:
         if found is None and resume == "must":
             raise ValueError(f"parallax.init: no run with id {self._key!r} to resume (resume='must'); "
                              "resume='allow' starts it when it does not exist")
-        script = {"file": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "", "group": group}
+        script = {"file": storable_text(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else "", "group": group}
         if found is None:
-            self.run_id = metrics.create_script_run(engine, name=self.name, project=self.project, config=self.config,
+            self.run_id = metrics.create_script_run(engine, name=self.name, project=self.project, config=as_config(self.config),
                                                     key=key, tags=self.tags, world_size=self.info.world_size,
                                                     script=script)
             self.config.take_change()
@@ -196,7 +197,7 @@ class Run:
             metrics.set_script_key(engine, self.run_id, key=key, group=group, world_size=self.info.world_size)
             if self.config:  # what the script gives now joins what the run had
                 stored = store.get_run(engine, self.run_id).config
-                metrics.update_script_config(engine, self.run_id, {**stored, **self.config})
+                metrics.update_script_config(engine, self.run_id, {**stored, **as_config(self.config)})
             self.config.take_change()
         return store.get_run(engine, self.run_id).started_at.timestamp()
 
@@ -271,7 +272,12 @@ class Run:
         engine, run_id = self._engine, self.run_id
         try:
             if self.info.is_main:
-                summary = {name: value for name, value in self.summary.items() if _is_json(value)}
+                if (config := self.config.take_change()) is not None:  # changed since the writer's last turn
+                    from db import script_metrics
+
+                    retry_when_locked(lambda: script_metrics.update_script_config(engine, run_id, config),
+                                      what="record the run's config", window_s=wait_s)
+                summary = as_config({name: value for name, value in self.summary.items() if _is_json(value)})
                 retry_when_locked(lambda: store.set_measurements(engine, run_id, {"summary": summary}),
                                   what="record the run's summary", window_s=wait_s)
                 retry_when_locked(lambda: run_state.finish(engine, run_id, status, error), what="record how the run ended",

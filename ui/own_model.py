@@ -1,6 +1,7 @@
 """The Launch form's "your own model": its verdict comes from the same child process the command line
 uses (trainer_backend/worker/model_check.py), so that a broken import, a hang or a crash in the user's
-code never runs in the dashboard's process. The dashboard itself only finds the file and hashes it.
+code never runs in the dashboard's process. The dashboard itself only finds the file and hashes it, and
+starts no check for a model outside the model folders the machine's owner set (worker/model_roots.py).
 
     verdict = model_verdict(config)   # Verdict(ok=True, line="model /abs/mynet.py:Net takes num_classes ...")
 
@@ -29,7 +30,10 @@ class Verdict(NamedTuple):
 
 def model_verdict(config: RunConfig) -> Verdict:
     """The child's verdict on ``config``'s own model, cached (see the module's docstring)."""
+    from trainer_backend.worker.model_roots import check_model_allowed
+
     try:
+        check_model_allowed(config.model)  # a form runs only what the owner put in the model folders
         config = with_model_source(config)  # absolute path and '<file> sha256=<hex>'; finds, never imports
     except ModelError as exc:
         return Verdict(False, str(exc), 0.0)
@@ -48,6 +52,13 @@ def _checked(model: str, model_args: str, source: str, dataset: str, bands, imag
     except ModelError as exc:
         return Verdict(False, str(exc), time.perf_counter() - started)
     return Verdict(True, line, time.perf_counter() - started)
+
+
+def allowed_folders() -> str:
+    """Where the dashboard takes your own models from, and how to change it, for the field's help."""
+    from trainer_backend.worker.model_roots import MODEL_ROOTS_ENV, model_roots
+
+    return f"the model folders ({', '.join(str(root) for root in model_roots())}; {MODEL_ROOTS_ENV} sets others)"
 
 
 def config_to_check(config: RunConfig, sweep_strategies: list[str] | None) -> RunConfig:

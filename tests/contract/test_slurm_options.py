@@ -28,9 +28,9 @@ def test_the_slurm_fields_are_a_section_of_the_catalogue_and_kept_in_the_config(
     ({**ON_SLURM, "slurm_mem": "lots"}, "slurm_mem", "slurm_mem 'lots' is not allowed: give a whole number"),
     ({**ON_SLURM, "slurm_partition": "gpu;rm -rf"}, "slurm_partition", "slurm_partition 'gpu;rm -rf' is not allowed"),
     ({**ON_SLURM, "slurm_extra": ["exclusive"]}, "slurm_extra",
-     "slurm_extra line 'exclusive' is not allowed: each line is one sbatch option starting with --"),
+     "slurm_extra line 'exclusive' is not allowed: 'exclusive' is not an sbatch option"),
     ({**ON_SLURM, "slurm_extra": ["--comment=a\nb"]}, "slurm_extra", "slurm_extra line '--comment=a\\nb'"),
-    ({**ON_SLURM, "slurm_extra": ["--output=/tmp/x"]}, "slurm_extra", "Parallax sets --output itself"),
+    ({**ON_SLURM, "slurm_extra": ["--output=/tmp/x"]}, "slurm_extra", "it sets --output, and Parallax sets it itself"),
     ({**ON_SLURM, "devices": "cuda"}, "slurm_gpus_per_node", "slurm_gpus_per_node 0 is not allowed with GPU devices"),
     ({**ON_SLURM, "max_requeues": 101}, "max_requeues", "max_requeues 101 is not allowed: use a whole number from 0 "
      "to 100"),

@@ -1,4 +1,4 @@
-"""The Launch form's "your own model" in a real browser: typing a model file's path (outside the checkout)
+"""The Launch form's "your own model" in a real browser: typing the path of a model file in the model folder
 shows the child process's verdict under the fields and leaves Launch enabled; a file whose forward raises
 shows its one line and disables Launch. Prints how long each verdict took to appear after Enter.
 
@@ -24,11 +24,13 @@ VERDICT_MS = 120_000  # the child imports torch: seconds on a busy two-core mach
 @pytest.fixture(scope="module")
 def cpu_dashboard(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
+    (home / "models").mkdir()  # the model folder the dashboard takes your own models from by default
     env = subprocess_env(None, {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"})
     env.pop("PARALLAX_DB_URL", None)
+    env.pop("PARALLAX_MODEL_ROOTS", None)
     server = start_dashboard(env, log=home / "streamlit.log", timeout_s=SERVER_START_S)
     try:
-        yield server.url
+        yield server.url, home / "models"
     finally:
         server.stop(grace_s=15)
 
@@ -43,10 +45,11 @@ def type_into(visitor: Visitor, label: str, text: str) -> float:
     return time.monotonic()
 
 
-def test_typing_a_model_path_shows_the_checks_verdict(cpu_dashboard, tmp_path):
+def test_typing_a_model_path_shows_the_checks_verdict(cpu_dashboard):
     from playwright.sync_api import expect, sync_playwright
 
-    good, broken = tmp_path / "mynet.py", tmp_path / "broken.py"
+    url, models = cpu_dashboard
+    good, broken = models / "mynet.py", models / "broken.py"
     good.write_text(GOOD)
     broken.write_text(BROKEN)
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
@@ -54,8 +57,8 @@ def test_typing_a_model_path_shows_the_checks_verdict(cpu_dashboard, tmp_path):
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport=VIEWPORT)
-            visitor = Visitor(page, cpu_dashboard)
-            page.goto(cpu_dashboard)
+            visitor = Visitor(page, url)
+            page.goto(url)
             launch = page.get_by_test_id("stBaseButton-primary").filter(has_text="Launch")
             launch.wait_for(timeout=UI_MS)
             page.get_by_test_id("stRadio").get_by_text("Your own", exact=True).click()

@@ -16,6 +16,7 @@ import pytest
 from bench.browser import CHROMIUM, CHROMIUM_ARGS, start_dashboard, wait_idle
 from db import dispose_engines, make_engine, store
 from tests.nvml_machines import subprocess_env
+from tests.support import ROOT
 from trainer_backend.control.slurm_job import slurm_info
 
 pytestmark = [pytest.mark.processes, pytest.mark.browser]
@@ -33,7 +34,7 @@ def dashboard(slurm_cluster, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = subprocess_env(None, {**os.environ, **slurm_cluster.env, "PARALLAX_HOME": str(home),
-                                "PYTHONUNBUFFERED": "1"})
+                                "PYTHONUNBUFFERED": "1", "PARALLAX_MODEL_ROOTS": str(ROOT / "tests" / "plugins")})
     env.pop("PARALLAX_DB_URL", None)
     server = start_dashboard(env, log=home / "streamlit.log")
     try:

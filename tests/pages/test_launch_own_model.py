@@ -1,6 +1,8 @@
-"""The Launch form's "your own model": a model file outside the checkout is checked in a child process, its
-one-line verdict shown under the fields; a good one launches with its path and arguments in the run's config,
-a broken one shows its line and disables Launch, and the dashboard's process never imports it.
+"""The Launch form's "your own model": a model file in the model folders (outside the checkout) is checked in a
+child process, its one-line verdict shown under the fields; a good one launches with its path and arguments in
+the run's config, a broken one shows its line and disables Launch, and the dashboard's process never imports it.
+A model outside the model folders (a file elsewhere, any installed module's function) is refused with the line
+that says how to allow it, and no process is started for it.
 
     .venv/bin/python -m pytest tests/pages/test_launch_own_model.py -q
 """
@@ -58,6 +60,14 @@ def launch_page(parallax_home, cpu_machine) -> AppTest:  # noqa: F811
 
 
 @pytest.fixture
+def models(parallax_home):
+    """The model folder a dashboard takes models from by default: $PARALLAX_HOME/models."""
+    folder = parallax_home / "models"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
 def cancel_at_the_end(engine, db_url):
     yield
     for listed in store.list_runs(engine):
@@ -82,9 +92,9 @@ def choose_own_model(at: AppTest, model: str, model_args: str) -> AppTest:
     return at
 
 
-def test_a_good_model_file_is_checked_and_launches_with_its_arguments(launch_page, tmp_path, engine,
+def test_a_good_model_file_is_checked_and_launches_with_its_arguments(launch_page, models, engine,
                                                                       cancel_at_the_end):
-    path = tmp_path / "mynet.py"
+    path = models / "mynet.py"
     path.write_text(GOOD)
     at = choose_own_model(launch_page, f"{path}:Net", '{"width": 4}')
     assert not at.error, [e.value for e in at.error]
@@ -101,8 +111,8 @@ def test_a_good_model_file_is_checked_and_launches_with_its_arguments(launch_pag
     assert run.config["model_source"].startswith(f"{path} sha256=")
 
 
-def test_a_broken_model_file_shows_its_line_and_disables_launch(launch_page, tmp_path):
-    path = tmp_path / "broken.py"
+def test_a_broken_model_file_shows_its_line_and_disables_launch(launch_page, models):
+    path = models / "broken.py"
     path.write_text(BROKEN)
     at = choose_own_model(launch_page, f"{path}:Net", "")
     shown = [plain(e.value) for e in at.error]
@@ -112,16 +122,16 @@ def test_a_broken_model_file_shows_its_line_and_disables_launch(launch_page, tmp
     assert "broken" not in sys.modules
 
 
-def test_a_missing_file_is_refused_without_a_child(launch_page, tmp_path):
-    at = choose_own_model(launch_page, f"{tmp_path}/nowhere.py:Net", "{}")
+def test_a_missing_file_is_refused_without_a_child(launch_page, models):
+    at = choose_own_model(launch_page, f"{models}/nowhere.py:Net", "{}")
     shown = [plain(e.value) for e in at.error]
-    assert any(f"{tmp_path}/nowhere.py is not a file" in text for text in shown), shown
+    assert any(f"{models}/nowhere.py is not a file" in text for text in shown), shown
     assert launch_button(at).disabled
 
 
-def test_a_rerun_reuses_the_verdict_and_an_edit_of_the_file_checks_again(launch_page, tmp_path):
-    log = tmp_path / "imports.log"
-    path = tmp_path / "counted.py"
+def test_a_rerun_reuses_the_verdict_and_an_edit_of_the_file_checks_again(launch_page, models):
+    log = models / "imports.log"
+    path = models / "counted.py"
     path.write_text(f"open({str(log)!r}, 'a').write('imported\\n')\n" + GOOD)
     at = choose_own_model(launch_page, f"{path}:Net", '{"width": 4}')
     assert not at.error, [e.value for e in at.error]
@@ -148,8 +158,8 @@ class Net(nn.Module):
 '''
 
 
-def test_a_sweep_checks_the_model_under_a_strategy_that_cuts_it_only_where_it_holds_one(launch_page, tmp_path):
-    path = tmp_path / "flat.py"
+def test_a_sweep_checks_the_model_under_a_strategy_that_cuts_it_only_where_it_holds_one(launch_page, models):
+    path = models / "flat.py"
     path.write_text(FLAT)  # one layer: nothing to cut into stages
     at = launch_page
     at.radio(key="launch_mode").set_value("Compare strategies").run()
@@ -160,3 +170,25 @@ def test_a_sweep_checks_the_model_under_a_strategy_that_cuts_it_only_where_it_ho
     at.multiselect(key="sweep_strategies").set_value(["single", "ddp"]).run()
     assert not at.error, [e.value for e in at.error]
     assert any("takes num_classes and in_chans" in plain(s.value) for s in at.success)
+
+
+@pytest.mark.parametrize("model, model_args", [
+    ("os:system", '{{"command": "touch {marker}"}}'),
+    ("subprocess:run", '{{"args": ["touch", "{marker}"]}}'),
+    ("{outside}/mynet.py:Net", '{{"width": 4}}'),
+    ("{models}/mynet.py:system", '{{"command": "touch {marker}"}}'),
+])
+def test_a_model_outside_the_model_folders_runs_nothing_and_says_how_to_allow_it(launch_page, models, tmp_path, model,
+                                                                                  model_args):
+    marker, outside = tmp_path / "ran", tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "mynet.py").write_text(f"open({str(marker)!r}, 'w').close()\n" + GOOD)
+    (models / "mynet.py").write_text("from os import system\n" + GOOD)
+    at = choose_own_model(launch_page, model.format(outside=outside, models=models),
+                          model_args.format(marker=marker))
+    shown = " ".join(plain(e.value) for e in at.error)
+    assert "is not allowed from the dashboard" in shown, shown
+    assert ("add its folder to PARALLAX_MODEL_ROOTS" in shown) or ("mynet.py defines itself" in shown), shown
+    assert launch_button(at).disabled
+    assert not marker.exists()  # neither the form's check nor anything else ran it
+    assert not any(s.value for s in at.success)  # no verdict: no child was started

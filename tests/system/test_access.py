@@ -268,6 +268,70 @@ def test_worker_launched_from_the_dashboard_checks_the_roots_again(roots, parall
     db.dispose_engines()
 
 
+# --- your own model: only from the model folders ------------------------------------------------
+
+OUTSIDE_MODEL = """
+open({marker!r}, "w").close()
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes=10, in_chans=3):
+        super().__init__()
+        self.head = nn.Linear(in_chans, num_classes)
+
+    def forward(self, x):
+        return self.head(x.mean((2, 3)))
+"""
+
+
+@pytest.fixture
+def outside_model(tmp_path, parallax_home) -> tuple[str, Path]:
+    """A model file outside $PARALLAX_HOME/models that leaves a marker when imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "mynet.py").write_text(OUTSIDE_MODEL.format(marker=str(marker)))
+    return f"{tmp_path / 'elsewhere' / 'mynet.py'}:Net", marker
+
+
+def test_the_dashboard_launches_sweeps_and_resumes_no_model_outside_the_model_folders(roots, outside_model, db_url):
+    from contract.model_source import ModelError
+    from contract.storage import RESUME_FILE
+    from trainer_backend.control.lifecycle import launch, launch_sweep, resume
+
+    root, _ = roots
+    model, marker = outside_model
+    config = RunConfig(dataset="digits", model=model, image_size=16, epochs=1)
+    for attempt in (lambda: launch(config, db_url=db_url, data_roots=[root]),
+                    lambda: launch_sweep(config, ["single", "ddp"], db_url=db_url, data_roots=[root])):
+        with pytest.raises(ModelError, match="is not allowed from the dashboard: .* add its folder to PARALLAX_MODEL_ROOTS"):
+            attempt()
+    engine = db.make_engine(db_url)
+    assert store.list_runs(engine) == []
+    launched_by_hand = store.create_run(engine, config.to_dict(), status="failed")  # the command line's run
+    run_folder(engine, launched_by_hand, create=True).joinpath(RESUME_FILE).write_bytes(b"point")
+    with pytest.raises(ModelError, match="is not allowed from the dashboard"):
+        resume(launched_by_hand, db_url=db_url, data_roots=[root])
+    assert store.get_run(engine, launched_by_hand).status == "failed" and not marker.exists()
+    db.dispose_engines()
+
+
+def test_a_worker_launched_from_the_dashboard_checks_the_model_again(roots, outside_model, db_url):
+    """A queued row whose model lies outside the model folders (changed after launch) fails with the reason,
+    without importing it."""
+    from trainer_backend.worker.runner import work
+
+    root, _ = roots
+    model, marker = outside_model
+    engine = db.make_engine(db_url)
+    run_id = store.create_run(engine, RunConfig(dataset="digits", model=model, image_size=16, epochs=1).to_dict(),
+                              status="queued")
+    assert work(run_id, db_url=db_url, data_roots=[root]) == "failed"
+    assert "is not allowed from the dashboard" in store.get_run(engine, run_id).error
+    assert not marker.exists()
+    db.dispose_engines()
+
+
 # --- no shell -----------------------------------------------------------------------------------
 
 

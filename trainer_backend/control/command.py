@@ -98,6 +98,7 @@ def sync_offline_runs(argv: list[str]) -> int:
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     args = parser.parse_args(argv)
     from db.access import DatabaseUnavailable, open_database
+    from db.connection import DatabaseLockedError
     from db.offline_runs import sync_offline_file as sync
 
     try:
@@ -109,7 +110,7 @@ def sync_offline_runs(argv: list[str]) -> int:
     for name in args.files:
         try:
             print(f"{name}: run_id={sync(name, engine)}")
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, DatabaseLockedError) as exc:  # the message names the file's line at fault
             print(f"error: {name}: {exc}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0

@@ -35,6 +35,7 @@ from trainer_backend.datasets.roots import check_under_roots
 from contract.python_process import python_command
 from contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
+from trainer_backend.worker.model_roots import check_model_allowed
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainer_backend
 CANCEL_GRACE_S = 6.0
@@ -68,8 +69,9 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
            data_roots: list[Path] | None = None) -> int:
     """Record the run as queued and start its detached worker; returns the run id at once.
 
-    With ``data_roots`` (the dashboard passes them) a dataset folder outside them is refused
-    here, and the worker checks again before it reads any data. The worker's command line is
+    With ``data_roots`` (the dashboard passes them) a dataset folder outside them, or a model of your own
+    outside the model folders (worker/model_roots.py), is refused here, and the worker checks again before
+    it reads any data or imports any model. The worker's command line is
     an argv list holding only the run id and these paths: no config value ever reaches a shell.
 
     The worker runs in the project's folder: a relative SQLite file, data root or dataset folder
@@ -77,7 +79,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     check_environment()
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
-        check_under_roots(config.dataset, data_roots)
+        check_dashboard_bounds(config.dataset, config.model, data_roots)
     if config.where == "slurm":
         from trainer_backend.control.slurm_job import submit
 
@@ -89,6 +91,13 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
                               sweep_id=sweep_id)
     start_worker(engine, url, run_id, data_roots)
     return run_id
+
+
+def check_dashboard_bounds(dataset: str, model: str, data_roots: list[Path]) -> None:
+    """What the dashboard may train: a dataset inside the data roots, and a timm model or one of your own
+    inside the model folders; ConfigError or ModelError in one line saying how to allow it otherwise."""
+    check_under_roots(dataset, data_roots)
+    check_model_allowed(model)
 
 
 def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = None) -> None:
@@ -137,6 +146,9 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
         raise LookupError(f"no run with id {run_id}")
     if run.status not in state.RESUMABLE_ENDS:
         raise ValueError(f"run {run_id} is {run.status}: only a {', '.join(state.RESUMABLE_ENDS)} run can be resumed")
+    if data_roots is not None:  # from the dashboard: the run may have been launched on the command line
+        check_dashboard_bounds(str((run.config or {}).get("dataset", "")), str((run.config or {}).get("model", "")),
+                               data_roots)
     point = run_folder(engine, run_id) / RESUME_FILE
     if not point.is_file():
         raise ValueError(f"run {run_id} has no resume point ({point} is missing): it ended before its first epoch "
@@ -240,7 +252,7 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
     """Launch one run per strategy (and device count) of ``config`` as a sweep; they queue one after another."""
     configs = sweep_configs(config, strategies, device_counts)
     if data_roots is not None:
-        check_under_roots(config.dataset, data_roots)
+        check_dashboard_bounds(config.dataset, config.model, data_roots)
     engine = make_engine(db_url)
     if config.where == "slurm":  # one job array, a task per run
         from trainer_backend.control.slurm_job import check_database_reachable, check_world, submit_array

@@ -33,6 +33,7 @@ from contract.environment import database_url, parallax_home
 
 from contract.config import ConfigError, RunConfig
 from contract.model_source import with_model_source
+from contract.sbatch_parsing import sbatch_word
 from contract.slurm_options import processes_per_node
 from contract.strategy_specs import find
 
@@ -128,7 +129,8 @@ def check_world(config: RunConfig) -> RunConfig:
 
 def sbatch_options(config: RunConfig, *, job_name: str, output: Path) -> list[str]:
     """The #SBATCH lines of a run's job, in the order the script shows them."""
-    lines = [f"--job-name={job_name}", f"--output={output}", "--open-mode=append", "--requeue",
+    # The log's path is written as sbatch reads it back: a home with blanks or a # stays one path.
+    lines = [f"--job-name={job_name}", f"--output={sbatch_word(str(output))}", "--open-mode=append", "--requeue",
              f"--signal=B:USR1@{SIGNAL_LEAD_S}", f"--nodes={config.slurm_nodes}", "--ntasks-per-node=1",
              f"--cpus-per-task={config.slurm_cpus_per_task}"]
     if config.slurm_gpus_per_node:

@@ -38,11 +38,12 @@ from db.reserve import SpaceReserve
 from contract.environment import database_url
 
 from contract.config import ConfigError, RunConfig
-from contract.model_source import with_model_source
+from contract.model_source import ModelError, with_model_source
 from contract.python_process import leave_without_shutdown
 from trainer_backend.datasets.roots import check_under_roots
 from contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
+from trainer_backend.worker.model_roots import check_model_allowed
 from contract.logguard import guard_output, reattach_deleted_log
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
@@ -84,7 +85,8 @@ def execute_run(config: RunConfig, *, db_url: str | None = None, echo: bool = Tr
 
 def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = None) -> str:
     """The body of a launched worker process: the run row exists and is queued. ``data_roots``
-    (a run launched from the dashboard) confines its dataset to folders inside them."""
+    (a run launched from the dashboard) confines its dataset to folders inside them, and its model to a timm
+    name or one inside the model folders (model_roots.py)."""
     url = database_url(db_url)
     engine = make_engine(url)
     run = store.get_run(engine, run_id)
@@ -94,10 +96,11 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
     _fork_rank_server(config)  # before stdout is guarded: each rank guards its own
     # stdout and stderr are the run's log: a full disk there must not end the run.
     guard_output(on_failure=Recorder(engine, run_id).log_incomplete)
-    if data_roots is not None:
+    if data_roots is not None:  # launched from the dashboard: its data and its model as the dashboard allows
         try:
             check_under_roots(config.dataset, data_roots)
-        except ConfigError as exc:
+            check_model_allowed(config.model)
+        except (ConfigError, ModelError) as exc:
             state.finish(engine, run_id, "failed", error=str(exc))
             return store.get_run(engine, run_id).status
     return _run_to_end(engine, run_id, url, config, echo=True, needs_preflight=True, data_roots=data_roots,

@@ -1,0 +1,112 @@
+"""Which of your own models the dashboard may check and train: a form runs no code but what the machine's owner
+put in the model folders.
+
+    roots = model_roots()                          # PARALLAX_MODEL_ROOTS (colon-separated), default $PARALLAX_HOME/models
+    check_model_allowed("~/nets/mynet.py:Net")     # ModelError naming the file, the folders and how to allow it
+
+From the dashboard a model is a timm name, or ``path/to/file.py:Attr`` / ``pkg.module:Attr`` whose file resolves
+(``..`` and links followed) inside a model folder, and whose ``Attr`` is a class or function that file itself
+defines (``class Attr`` or ``def Attr`` at its top level, never bound otherwise): so a form cannot reach through
+an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here. The
+dashboard checks before its model check starts a process and before it launches, resumes or queues a sweep, and
+the run's worker checks again; the command line, run by the machine's own user, takes any model.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+from contract.environment import parallax_home
+from contract.model_source import ModelError, is_custom_model, is_file_path, source_file, split_model_spec
+from trainer_backend.datasets.roots import is_under_roots
+
+MODEL_ROOTS_ENV = "PARALLAX_MODEL_ROOTS"
+
+
+def model_roots() -> list[Path]:
+    configured = [Path(p).expanduser() for p in os.environ.get(MODEL_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return configured or [parallax_home() / "models"]
+
+
+def check_model_allowed(name: str, roots: list[Path] | None = None) -> None:
+    """A timm name passes; your own model must lie inside ``roots`` (default: ``model_roots()``) and name a
+    class or function its file defines. ModelError, in one line that says how to allow it, otherwise."""
+    if not is_custom_model(name):
+        return
+    roots = model_roots() if roots is None else roots
+    shown_roots = ", ".join(str(root) for root in roots)
+    how = (f"put the file in {roots[0]}, or add its folder to {MODEL_ROOTS_ENV} where the dashboard starts (the "
+           "command line runs any model)")
+    location = split_model_spec(name)[0]
+    try:
+        path = source_file(name)  # found, never imported
+    except ModelError:
+        if is_file_path(location):
+            raise  # "… is not a file": the path the user typed, named
+        raise ModelError(f"model {name!r} is not allowed from the dashboard: {location!r} is not a module file inside "
+                         f"the model folders ({shown_roots}); {how}") from None
+    if not is_under_roots(path, roots):
+        real = os.path.realpath(path)
+        resolved = f" (it resolves to {real})" if real != path else ""
+        raise ModelError(f"model {name!r} is not allowed from the dashboard: {path}{resolved} is outside the model "
+                         f"folders ({shown_roots}); {how}")
+    _check_defined_in_file(name, path)
+
+
+def _check_defined_in_file(name: str, path: str) -> None:
+    attr = split_model_spec(name)[1]
+    refused = (f"model {name!r} is not allowed from the dashboard: {attr} must be a class or function that "
+               f"{os.path.basename(path)} defines itself (class {attr.split('.')[0]}: or def "
+               f"{attr.split('.')[0]}(...) at its top level)")
+    if "." in attr:
+        raise ModelError(refused + ", not an attribute reached through it")
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), path)
+    except SyntaxError:
+        return  # a file Python cannot parse runs nothing: its import fails, and the check says where
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model {name!r}: {path} cannot be read: {exc}") from None
+    definitions, other_bindings = _top_level_bindings(tree)
+    if attr not in definitions or attr in other_bindings:
+        raise ModelError(refused + (f"; the file also binds {attr} otherwise" if attr in definitions else ""))
+
+
+def _top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """({names a top-level class or def statement binds}, {names anything else binds at module level:
+    assignments, imports, loops, ``global`` inside a function})."""
+    definitions: set[str] = set()
+    others: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            definitions.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            others.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            continue
+        for child in ast.iter_child_nodes(node):  # if/try/with/for blocks at the top level bind at the top level
+            if isinstance(child, ast.stmt):
+                pending.append(child)
+            else:
+                others.update(_bound_in(child))
+    for node in ast.walk(tree):  # a function may rebind a module name with ``global``
+        if isinstance(node, ast.Global):
+            others.update(node.names)
+    return definitions, others
+
+
+def _bound_in(node: ast.AST) -> set[str]:
+    """Every name ``node`` binds: assigned or loop names, ``except … as``, ``with … as``, match captures."""
+    bound = set()
+    for each in ast.walk(node):
+        if isinstance(each, ast.Name) and isinstance(each.ctx, ast.Store):
+            bound.add(each.id)
+        elif isinstance(each, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and each.name:
+            bound.add(each.name)
+        elif isinstance(each, ast.MatchMapping) and each.rest:
+            bound.add(each.rest)
+    return bound
