@@ -194,8 +194,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           "pkg.module:Attr or path/to/file.py:Attr, an nn.Module class or a function returning one.",
           registry="models", check="_check_model_name", parse=str, section="Model"),
     Field("model_args", str, "{}", "Model arguments (a JSON object)", "The model's keyword arguments as a JSON "
-          'object, e.g. {"depth": 34}; num_classes and in_chans come from the dataset.', check="_check_model_args",
-          parse=str, section="Model"),
+          'object, e.g. {"depth": 34}; num_classes and in_chans come from the dataset (given here, they must match '
+          "it).", check="_check_model_args", parse=str, section="Model"),
     _switch("pretrained", "Start from pretrained weights (from the local cache when offline)",
             "Start from the model's pretrained weights, from the local cache when offline.", section=MORE),
     Field("strategy", str, baseline().name, "Strategy", "How the run spreads over its devices.", registry="strategies",
