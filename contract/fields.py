@@ -43,6 +43,9 @@ MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
 MAX_TAGS, MAX_TAG_LENGTH = 64, 200
 MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
+# The datasets a name stands for (trainer_backend/datasets/builtin.py, which imports torch to say so); any other
+# dataset is a path (contract/user_paths.py).
+BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 SET_BY_TORCHRUN = ("nodes",)  # RunConfig fields no user sets: torchrun's world gives them
 SET_BY_LAUNCH = ("model_source",)  # RunConfig fields no user sets: the launch records them
 

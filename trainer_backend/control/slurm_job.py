@@ -35,6 +35,7 @@ from contract.config import ConfigError, RunConfig
 from contract.model_source import with_model_source
 from contract.slurm_options import processes_per_node
 from contract.strategy_specs import find
+from contract.user_paths import with_absolute_paths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_FILE = "slurm.sbatch"
@@ -218,7 +219,7 @@ def _prepare(config: RunConfig) -> RunConfig:
     if config.where != "slurm":
         raise ConfigError("where", f"where {config.where} is not slurm: launch it on this machine instead")
     check_world(config)
-    return with_model_source(config)
+    return with_model_source(with_absolute_paths(config))
 
 
 def submit(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:
