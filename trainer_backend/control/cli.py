@@ -589,6 +589,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
             print(f"accuracy={accuracy:.4f} images={images}")
             for name, value in per_class.items():
                 print(f"  {shown_name(name)}: {value:.4f}")
+        print(predictor.changes(), file=sys.stderr)  # what was done to the images, apart from what programs read
         return 0
     predictions = predictor.predict(args.images)
     if args.json:
@@ -597,4 +598,5 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     else:
         for p in predictions:
             print(f"{shown_name(str(p.path))} {shown_name(p.class_name)} {p.probability:.4f}")
+    print(predictor.changes(), file=sys.stderr)
     return 0
