@@ -316,6 +316,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         leave_without_shutdown(run_in_world(config, world, db_url=args.db, echo=not args.quiet,
                                             resume_job=args.resume_job))
     if config.where == "slurm":
+        from trainer_backend.control.slurm_job import check_world, in_one_task_job, one_task
+
+        if world is None and one_task(config) and in_one_task_job():
+            # The one task of a job of single, dp or mp (its script runs this without torchrun).
+            with engine_imports():
+                from trainer_backend.worker.torchrun import run_one_task_job
+
+            return run_one_task_job(check_world(config), db_url=args.db, echo=not args.quiet)
         raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
                           "at once; 'run' trains in the foreground on this machine")
     if args.resume_job:
