@@ -285,6 +285,10 @@ def test_a_grey_dataset_is_given_to_a_three_channel_model_as_three_equal_channel
     assert list(model.state_dict()) == list(build_custom_model(TORCHVISION_RESNET, None, num_classes=10,
                                                                in_chans=3)[0].state_dict())  # torchvision's names
     assert check(TORCHVISION_RESNET) == ("num_classes",)  # 1 channel, 10 classes
+    # A **kwargs that takes in_chans and drops it (torchvision's MobileNetV3) did not take it: its stem is fitted too.
+    mobilenet, given = build_custom_model("torchvision.models:mobilenet_v3_small", None, num_classes=10, in_chans=1)
+    assert given == ("num_classes",) and input_channels(mobilenet, 1) == 3
+    assert mobilenet.eval()(grey).shape == (2, 10)
     with pytest.raises(ModelError, match="given the dataset's grey images as 3 equal channels, which mp and pp cannot"):
         split_into_stages(model, 2, in_chans=1, image_size=16, name=TORCHVISION_RESNET)
     with pytest.raises(ModelError) as caught:
