@@ -136,7 +136,7 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
             del args["in_chans"]  # taken by a **kwargs that drops it (torchvision's MobileNetV3): not given
     given = tuple(n for n in SIZED_BY if n in args)
     if "in_chans" not in given:
-        fit_input_channels(model, name, in_chans)
+        fit_input_channels(model, in_chans)
     return model, given
 
 
@@ -156,17 +156,14 @@ def repeat_channels(channels: int, module: nn.Module, args: tuple) -> tuple:
     return (args[0].expand(-1, channels, -1, -1), *args[1:])
 
 
-def fit_input_channels(model: nn.Module, name: str, in_chans: int) -> None:
-    """Make ``model``, not given in_chans, take the dataset's images: a first convolution of the dataset's
-    channels needs nothing; one of C channels, on a 1-channel (grey) dataset, is given each image as C equal
-    channels (what torchvision's Grayscale(num_output_channels=C) does); any other mismatch is one ModelError."""
+def fit_input_channels(model: nn.Module, in_chans: int) -> None:
+    """Make ``model``, not given in_chans, take a grey dataset's images: where its first convolution takes C
+    channels and the dataset has 1, each image is given as C equal channels (what torchvision's
+    Grayscale(num_output_channels=C) does). Any other difference is left to the forward check, which names it
+    (``check_output``): the first convolution made is not always the first one run."""
     conv = first_convolution(model)
-    if conv is None or conv.in_channels == in_chans:
+    if conv is None or conv.in_channels == in_chans or in_chans != 1:
         return
-    if in_chans != 1:
-        raise ModelError(f"model {name!r}: its first convolution takes {conv.in_channels} channel(s) and the dataset "
-                         f"has {in_chans}: choose {conv.in_channels} bands with --bands (multi-band files), a dataset "
-                         "of that many channels, or a model that takes in_chans")
     model.register_forward_pre_hook(functools.partial(repeat_channels, conv.in_channels))
     setattr(model, REPEATED_TO, conv.in_channels)
 
@@ -200,8 +197,13 @@ def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int
     try:
         out = model(probe)
     except Exception as exc:
+        conv = first_convolution(model)
+        hint = (f"; its first convolution takes {conv.in_channels} channel(s) and the dataset has {in_chans}: choose "
+                f"{conv.in_channels} bands with --bands (multi-band files), a dataset of that many channels, or a "
+                "model that takes in_chans" if conv is not None and conv.in_channels != in_chans
+                and input_channels(model, in_chans) == in_chans else "")
         raise ModelError(f"model {name!r}: raises in forward on a {PROBE_BATCH}x{in_chans}x{image_size}x"
-                           f"{image_size} batch: {_why(exc, path)}") from None
+                           f"{image_size} batch: {_why(exc, path)}{hint}") from None
     finally:
         model.train(was_training)
     expected = (PROBE_BATCH, num_classes)

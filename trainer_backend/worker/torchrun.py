@@ -469,7 +469,7 @@ class Sampling:
 
     def cuda_indices(self, joined: RunConfig) -> list[int]:
         """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``); all of a one-process run's."""
-        if joined.world_size == 1:
+        if len(self.neighbours) == 1 and len(self.machines) == 1:  # a world of one process: all its devices
             return cuda_indices(joined.devices)
         return cuda_indices([joined.devices[rank] for rank in sorted(self.neighbours)])
 
