@@ -444,10 +444,12 @@ def parse_model_args(model_args: Any) -> str:
         value = model_args
     if not isinstance(value, dict):
         raise ConfigError("model_args", f"model_args {_shown(model_args)} is not allowed: {allowed}")
-    taken = sorted(set(value) & {"num_classes", "in_chans"})
-    if taken:
-        raise ConfigError("model_args", f"model_args gives {', '.join(taken)}, which the dataset decides: leave "
-                          "them out (they are passed where the model takes them)")
+    for size in ("num_classes", "in_chans"):  # the dataset decides them; given, they are checked against it
+        given = value.get(size)
+        if size in value and (isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= 1_000_000):
+            raise ConfigError("model_args", f"model_args gives {size} {_shown(given)}, which is not allowed: give the "
+                              f"dataset's {'class count' if size == 'num_classes' else 'channels'} as a whole number, "
+                              "or leave it out (the dataset's is passed where the model takes it)")
     try:
         return json.dumps(value, sort_keys=True, allow_nan=False)
     except (ValueError, TypeError, RecursionError) as exc:

@@ -43,6 +43,9 @@ MAX_BATCH_SIZE = 65_536
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 8, 1024
 MAX_TAGS, MAX_TAG_LENGTH = 64, 200
 MAX_CHOICE_LENGTH = 200  # a choice (strategy, optimizer, ...) or the augment list; the allowed ones are short
+# The datasets a name stands for (trainer_backend/datasets/builtin.py, which imports torch to say so); any other
+# dataset is a path (contract/user_paths.py).
+BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 SET_BY_TORCHRUN = ("nodes",)  # RunConfig fields no user sets: torchrun's world gives them
 SET_BY_LAUNCH = ("model_source",)  # RunConfig fields no user sets: the launch records them
 
@@ -194,8 +197,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           "pkg.module:Attr or path/to/file.py:Attr, an nn.Module class or a function returning one.",
           registry="models", check="_check_model_name", parse=str, section="Model"),
     Field("model_args", str, "{}", "Model arguments (a JSON object)", "The model's keyword arguments as a JSON "
-          'object, e.g. {"depth": 34}; num_classes and in_chans come from the dataset.', check="_check_model_args",
-          parse=str, section="Model"),
+          'object, e.g. {"depth": 34}; num_classes and in_chans come from the dataset (given here, they must match '
+          "it).", check="_check_model_args", parse=str, section="Model"),
     _switch("pretrained", "Start from pretrained weights (from the local cache when offline)",
             "Start from the model's pretrained weights, from the local cache when offline.", section=MORE),
     Field("strategy", str, baseline().name, "Strategy", "How the run spreads over its devices.", registry="strategies",

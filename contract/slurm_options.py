@@ -4,7 +4,8 @@ its time and memory formats, extra #SBATCH lines, and what a run on Slurm can be
     check_slurm_options(RunConfig(where="slurm", strategy="ddp", slurm_nodes=2, slurm_time="1:00:00"))
 
 Each refusal is one line naming the value and what is allowed, raised as the config is built, before anything
-is submitted. Imports nothing heavy: the Launch form checks with it on every change.
+is submitted. Every strategy runs on Slurm: ddp, fsdp and pp as torchrun's processes on every node, single, dp
+and mp as a job of one task on one node (control/slurm_job.py). Imports nothing heavy: the Launch form checks with it on every change.
 """
 
 from __future__ import annotations
@@ -119,9 +120,11 @@ def check_slurm_options(cfg: Any) -> None:
     if cfg.where != "slurm":
         return
     known = find(cfg.strategy)
-    if known is None or not known.distributed:
-        raise _refuse("where", f"where slurm is not allowed with strategy {cfg.strategy}: a Slurm job runs torchrun, "
-                      "which ddp, fsdp and pp join; choose one of those")
+    if known is None:
+        return  # RunConfig names the strategies there are
+    if not known.distributed and cfg.slurm_nodes > 1:
+        raise _refuse("slurm_nodes", f"slurm_nodes {cfg.slurm_nodes} is not allowed with strategy {cfg.strategy}: it "
+                      "runs in one process, a one-task job on one node; use 1 node, or ddp, fsdp or pp to span nodes")
     if cfg.uses_cuda and cfg.slurm_gpus_per_node < 1:
         raise _refuse("slurm_gpus_per_node", "slurm_gpus_per_node 0 is not allowed with GPU devices: ask for 1 or "
                       "more GPUs per node, or train on cpu")
@@ -134,8 +137,9 @@ def check_slurm_options(cfg: Any) -> None:
 
 
 def processes_per_node(cfg: Any) -> int:
-    """Training processes torchrun starts on each node: one per GPU asked for, or on CPUs the run's devices
-    spread over its nodes (at least one each)."""
+    """The devices a job trains on on each node: one per GPU asked for, or on CPUs the run's devices spread over
+    its nodes (at least one each). Under ddp, fsdp and pp, torchrun starts a process for each; single, dp and mp
+    use them from their one process (single takes the first)."""
     if cfg.slurm_gpus_per_node > 0:
         return cfg.slurm_gpus_per_node
     return max(1, len(cfg.devices) // max(1, cfg.slurm_nodes))

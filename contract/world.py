@@ -22,6 +22,9 @@ from contract.config import ConfigError, RunConfig, cuda_device_count, parse_dev
 from contract.strategy_specs import find, spec
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The run a Slurm job trains: recorded (queued) when it was submitted (control/slurm_job.py), named by the job's
+# script to every process of the job, torchrun's or, for single, dp and mp, the one task's.
+SUBMITTED_RUN_ENV = "PARALLAX_RUN_ID"
 
 
 @dataclass(frozen=True)

@@ -350,3 +350,14 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     _, val_loader = build_loaders(data, config, strategy)
     loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()[:3]
     return checkpoint, correct / count, loss_sum / count, int(count)
+
+
+def run_installed(*args: str, cwd: Path, home: Path, timeout: float = 600,
+                  env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed ``parallax`` command (the one beside this interpreter, in the venv) run as a user runs it:
+    from ``cwd``, a folder of theirs that is not the checkout, with its own PARALLAX_HOME."""
+    env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("PARALLAX_DB_URL", None)
+    env.update(env_extra or {})
+    return subprocess.run([str(Path(sys.executable).parent / "parallax"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -19,13 +19,12 @@ from typing import Any
 import streamlit as st
 
 from contract.config import RunConfig
+from contract.fields import BUILTIN_DATASETS  # the torch-free names; a test keeps them equal
 from trainer_backend.datasets.roots import data_roots, is_under_roots, offered_lists
 
 # The default run's model first, so the form opens on it.
 DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
                   "test_resnet")
-# trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
-BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
 # Imported by the full form; the last two import torch.
 TRAINING_STACK = ("timm", "trainer_backend.datasets.prepare", "trainer_backend.engine.models")
 

@@ -23,7 +23,10 @@ def test_the_slurm_fields_are_a_section_of_the_catalogue_and_kept_in_the_config(
 
 @pytest.mark.parametrize("changes, field, words", [
     ({"where": "mars"}, "where", "where 'mars' is not allowed: choose one of local, slurm"),
-    ({"where": "slurm"}, "where", "where slurm is not allowed with strategy single"),
+    ({"where": "slurm", "slurm_nodes": 2}, "slurm_nodes", "slurm_nodes 2 is not allowed with strategy single: it "
+     "runs in one process, a one-task job on one node; use 1 node, or ddp, fsdp or pp to span nodes"),
+    ({"where": "slurm", "strategy": "mp", "devices": "cpu,cpu", "slurm_nodes": 3}, "slurm_nodes",
+     "slurm_nodes 3 is not allowed with strategy mp"),
     ({**ON_SLURM, "slurm_time": "2 hours"}, "slurm_time", "slurm_time '2 hours' is not allowed: give minutes, MM:SS"),
     ({**ON_SLURM, "slurm_mem": "lots"}, "slurm_mem", "slurm_mem 'lots' is not allowed: give a whole number"),
     ({**ON_SLURM, "slurm_partition": "gpu;rm -rf"}, "slurm_partition", "slurm_partition 'gpu;rm -rf' is not allowed"),
@@ -39,6 +42,18 @@ def test_a_bad_slurm_value_is_refused_in_one_line_naming_it(changes, field, word
     with pytest.raises(ConfigError) as refused:
         RunConfig(**changes)
     assert refused.value.field == field and words in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("strategy, devices, gpus, trains_on", [
+    ("single", "cpu", 0, ("cpu",)), ("single", "cuda", 1, ("cuda:0",)), ("single", "cuda", 2, ("cuda:0",)),
+    ("dp", "cuda", 2, ("cuda:0", "cuda:1")), ("mp", "cpu,cpu", 0, ("cpu", "cpu")), ("mp", "0,1", 2, ("cuda:0", "cuda:1"))])
+def test_every_strategy_runs_on_slurm_one_process_as_a_one_task_job(strategy, devices, gpus, trains_on):
+    from trainer_backend.control.slurm_job import check_world, one_task
+
+    config = RunConfig(where="slurm", strategy=strategy, devices=devices, slurm_gpus_per_node=gpus)
+    job = check_world(config)  # what the job's one process trains on: the node's GPUs (single, the first)
+    assert one_task(config) and job.devices == trains_on and job.world_size == 1 and job.nodes == 1
+    assert not one_task(RunConfig(where="slurm", strategy="ddp"))
 
 
 def test_the_command_line_takes_the_extra_options_as_one_text():

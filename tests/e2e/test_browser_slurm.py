@@ -1,7 +1,8 @@
 """A run sent to Slurm from the Launch form, in a real browser, onto the real test cluster (two slurmd on this
-machine, tests/slurm_cluster.py): the form's Slurm section lists the cluster's partitions; DDP over two nodes,
-one CPU process each, trains the sleeping test model; the Run page shows the job's line from squeue and the
-sbatch script kept with the run, and the run completes with every epoch.
+machine, tests/slurm_cluster.py): the form's Slurm section lists the cluster's partitions and takes the default
+strategy, single, as it takes ddp; DDP over two nodes, one CPU process each, trains the sleeping test model; the
+Run page shows the job's line from squeue and the sbatch script kept with the run, and the run completes with
+every epoch.
 
     .venv/bin/python -m pytest tests/e2e/test_browser_slurm.py -q
 """
@@ -64,8 +65,6 @@ def test_a_two_node_ddp_run_launched_from_the_form_runs_on_slurm_and_completes(d
             own.fill(SLEEPER)
             own.press("Enter")
             wait_idle(page, timeout_ms=UI_MS)
-            page.get_by_test_id("stRadio").get_by_text("ddp", exact=True).click()
-            wait_idle(page, timeout_ms=UI_MS)
             epochs = page.get_by_label("Epochs", exact=True)
             epochs.fill("2")
             epochs.press("Enter")
@@ -81,6 +80,12 @@ def test_a_two_node_ddp_run_launched_from_the_form_runs_on_slurm_and_completes(d
             # sinfo's partition of the test cluster, both nodes idle
             expect(page.get_by_text(re.compile(r"Slurm partitions: \S+ \(default\) 2 of 2 nodes free"))).to_be_visible(
                 timeout=UI_MS)
+            # single, the form's strategy so far, goes to Slurm too: a one-task job (was refused here)
+            expect(page.get_by_text("Fix the values marked in red to launch.")).to_have_count(0)
+            expect(page.get_by_text(re.compile("where slurm is not allowed"))).to_have_count(0)
+            expect(launch_button).to_be_enabled(timeout=UI_MS)
+            page.get_by_test_id("stRadio").get_by_text("ddp", exact=True).click()
+            wait_idle(page, timeout_ms=UI_MS)
             nodes = page.get_by_label("Nodes", exact=True)
             nodes.fill("2")
             nodes.press("Enter")

@@ -1,16 +1,18 @@
 """Your own model end to end on CPU: a network from a file outside the checkout trains under single, ddp and
-mp through the real CLI (real processes, gloo), one from an importable module path too, and a broken one is
-refused before anything is queued."""
+mp through the real CLI (real processes, gloo), one from an importable module path too, a torchvision model on a
+10-class folder, and a broken one is refused before anything is queued."""
 
 from __future__ import annotations
 
 import hashlib
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 
 from tests.plugins.user_net import NET_SOURCE
-from tests.support import DDP_ON_CPU, run_cli, train_and_export
+from tests.support import DDP_ON_CPU, run_cli, run_dir, train_and_export
 
 pytestmark = pytest.mark.processes
 
@@ -65,3 +67,25 @@ def test_a_broken_model_is_refused_before_it_is_queued_in_one_line(home, mynet):
     assert mp.returncode == 2 and "wrong output shape" in mp.stderr and len(mp.stderr.strip().splitlines()) == 1
     listed = run_cli("list", home=home)
     assert not any(f"{mynet}:Bare" in line for line in listed.stdout.splitlines())
+
+
+def test_a_torchvision_model_trains_on_a_ten_class_folder(home, tmp_path):
+    """A model from another library: torchvision's factory takes **kwargs, and is given the folder's 10 classes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in range(10):  # 10 classes of 5 small RGB images, each class its own brightness
+        (tmp_path / "ten" / f"c{label}").mkdir(parents=True)
+        for i in range(5):
+            pixels = rng.integers(0, 60, (16, 16, 3), dtype=np.uint8) + np.uint8(19 * label)
+            Image.fromarray(pixels).save(tmp_path / "ten" / f"c{label}" / f"{i}.png")
+    result = run_cli("run", "--dataset", str(tmp_path / "ten"), "--model", "torchvision.models:resnet18",
+                     "--image-size", "16", "--epochs", "1", "--batch-size", "8", "--bn-stats-images", "0",
+                     home=home, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip().endswith("status=completed"), result.stdout + result.stderr
+    assert "note: model torchvision.models:resnet18 takes num_classes=10 from the dataset" in result.stdout
+    run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
+    checkpoint = torch.load(run_dir(home, int(run_id)) / "best.pt", weights_only=True)
+    assert checkpoint["model_kwargs"] == {"num_classes": 10} and checkpoint["model"]["fc.weight"].shape == (10, 512)
+    predicted = run_cli("predict", run_id, str(tmp_path / "ten" / "c3" / "0.png"), home=home, timeout=120)
+    assert predicted.returncode == 0 and predicted.stdout.split()[1].startswith("c"), predicted.stderr

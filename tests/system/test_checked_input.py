@@ -101,7 +101,7 @@ def test_config_file_environment_and_device_values_are_one_clear_line(case, conf
 @pytest.mark.parametrize("flags, words", [
     (["--target-acc", "nan"], "--target-acc nan is not allowed: give a validation accuracy in (0, 1]"),
     (["--target-acc", "5"], "--target-acc 5.0 is not allowed"),
-    (["--report", "."], "--report . is a folder: give the path of the HTML file to write"),
+    (["--report", "."], f"--report {os.getcwd()} is a folder: give the path of the HTML file to write"),  # made absolute
 ])
 def test_sweep_flags_are_checked_before_any_run(flags, words, parallax_home, capsys):
     assert main(["sweep", "--strategies", "single,ddp", "--model", "test_resnet", *flags]) == 2

@@ -33,6 +33,7 @@ from contract.startup import engine_imports
 from contract.storage import DiskFullError, check_export_dir
 from contract.strategy_specs import spec as strategy_spec
 from contract.strategy_specs import distributed_base, sweep_base_for
+from contract.user_paths import user_path, with_absolute_paths
 from trainer_backend.worker.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
@@ -62,10 +63,16 @@ def run_id_arg(text: str) -> int:
     return value
 
 
+def path_arg(text: str) -> Path:
+    """argparse type for a path a user gives: absolute against the folder the command runs in (user_paths)."""
+    return Path(user_path(text))
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of the catalogue, with its help, bounds and default; default=None everywhere, so
     that only flags the user typed override --config."""
-    parser.add_argument("--config", type=Path, help="JSON file with config fields; flags given here override it")
+    parser.add_argument("--config", type=path_arg, help="JSON file with config fields; flags given here override "
+                        "it; its relative paths, as the flags', are from the folder the command runs in")
     for spec in FIELDS.values():
         if spec.parse is None:
             parser.add_argument(spec.flag, action=argparse.BooleanOptionalAction, default=None, help=flag_help(spec))
@@ -118,7 +125,8 @@ def config_from_args(args: argparse.Namespace, *, sweep: bool = False, world=Non
         from contract.world import values_for_world
 
         values = values_for_world(values, world)
-    return RunConfig.from_dict(values)
+    # Before any check reads them, and as the run will store them: the processes that train run elsewhere.
+    return with_absolute_paths(RunConfig.from_dict(values))
 
 
 def read_config_file(path: Path) -> dict:
@@ -184,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "runs once per count (on CPU the devices are that many cpu processes; on GPUs the first N of "
                        "--devices); single runs once, on one device")
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
-    sweep.add_argument("--report", type=Path, help="also write the report as a self-contained HTML file")
+    sweep.add_argument("--report", type=path_arg, help="also write the report as a self-contained HTML file")
     estimate = sub.add_parser("estimate", help="peak memory per device of a run's flags, before launching: "
                               "parameters, gradients, optimizer state, activations, communication buffers; "
                               "no GPU touched, no weights read")
@@ -202,9 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="print a run as JSON: config, status, error, per-epoch "
                             "metrics, per-step points and system samples")
     export.add_argument("run_id", type=run_id_arg)
-    export.add_argument("--profile-dir", type=Path, help="also write the run's profile here: "
+    export.add_argument("--profile-dir", type=path_arg, help="also write the run's profile here: "
                         "trace-rank<R>.json.gz (Perfetto, chrome://tracing), ops.csv and report.html")
-    export.add_argument("--csv", type=Path, metavar="DIR", help="write the run as CSV files for spreadsheets "
+    export.add_argument("--csv", type=path_arg, metavar="DIR", help="write the run as CSV files for spreadsheets "
                         "instead of printing JSON: epochs.csv, steps.csv (per-step points) and system.csv "
                         "(a row per system sample, a column per process and GPU figure)")
     listing = sub.add_parser("list", help="one line per run, newest first, with its best validation accuracy and "
@@ -216,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="classify image files with a run's best checkpoint and the run's own "
                              "preprocessing; with --folder, the accuracy on a folder of class sub-folders")
     predict.add_argument("run_id", type=run_id_arg)
-    predict.add_argument("images", nargs="*", type=Path, help="image files: one line each, 'PATH CLASS PROBABILITY'")
-    predict.add_argument("--folder", help="a folder with one sub-folder per class (the run's class names): prints "
-                         "the accuracy over its images, and per class")
+    predict.add_argument("images", nargs="*", type=path_arg, help="image files: one line each, 'PATH CLASS "
+                         "PROBABILITY'")
+    predict.add_argument("--folder", type=path_arg, help="a folder with one sub-folder per class (the run's class "
+                         "names): prints the accuracy over its images, and per class")
     predict.add_argument("--json", action="store_true", help="print the predictions (or the accuracy) as JSON")
     worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
     worker.add_argument("run_id", type=run_id_arg)
@@ -307,6 +316,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         leave_without_shutdown(run_in_world(config, world, db_url=args.db, echo=not args.quiet,
                                             resume_job=args.resume_job))
     if config.where == "slurm":
+        from trainer_backend.control.slurm_job import check_world, in_one_task_job, one_task
+
+        if world is None and one_task(config) and in_one_task_job():
+            # The one task of a job of single, dp or mp (its script runs this without torchrun).
+            with engine_imports():
+                from trainer_backend.worker.torchrun import run_one_task_job
+
+            return run_one_task_job(check_world(config), db_url=args.db, echo=not args.quiet)
         raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
                           "at once; 'run' trains in the foreground on this machine")
     if args.resume_job:
@@ -572,14 +589,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     predictor = Predictor(checkpoint, args.run_id)
     if args.folder is not None:
-        accuracy, images, per_class = predictor.folder_accuracy(args.folder)
+        accuracy, images, per_class = predictor.folder_accuracy(str(args.folder))
         if args.json:
-            print(json.dumps({"run_id": args.run_id, "folder": args.folder, "images": images, "accuracy": accuracy,
-                              "per_class_accuracy": per_class}, indent=2))
+            print(json.dumps({"run_id": args.run_id, "folder": str(args.folder), "images": images,
+                              "accuracy": accuracy, "per_class_accuracy": per_class}, indent=2))
         else:
             print(f"accuracy={accuracy:.4f} images={images}")
             for name, value in per_class.items():
                 print(f"  {shown_name(name)}: {value:.4f}")
+        print(predictor.changes(), file=sys.stderr)  # what was done to the images, apart from what programs read
         return 0
     predictions = predictor.predict(args.images)
     if args.json:
@@ -588,4 +606,5 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     else:
         for p in predictions:
             print(f"{shown_name(str(p.path))} {shown_name(p.class_name)} {p.probability:.4f}")
+    print(predictor.changes(), file=sys.stderr)
     return 0

@@ -31,6 +31,7 @@ from contract.environment import database_url, parallax_home
 from contract.config import STRATEGIES, ConfigError, RunConfig, max_cpu_processes
 from contract.model_source import with_model_source
 from contract.strategy_specs import find
+from contract.user_paths import with_absolute_paths
 from trainer_backend.datasets.roots import check_under_roots
 from contract.python_process import python_command
 from contract.storage import RESUME_FILE, write_problem
@@ -74,17 +75,18 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     it reads any data or imports any model. The worker's command line is
     an argv list holding only the run id and these paths: no config value ever reaches a shell.
 
-    The worker runs in the project's folder: a relative SQLite file, data root or dataset folder
-    is made absolute here, where the caller meant it."""
+    The worker runs in the project's folder: a relative SQLite file, data root, dataset folder or model
+    file is made absolute here, where the caller meant it, before anything checks it."""
     check_environment()
+    config = with_absolute_paths(config)
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
         check_dashboard_bounds(config.dataset, config.model, data_roots)
     if config.where == "slurm":
         from trainer_backend.control.slurm_job import submit
 
-        return submit(with_absolute_dataset(config), db_url=db_url, sweep_id=sweep_id)
-    config = with_model_source(with_absolute_dataset(config))
+        return submit(config, db_url=db_url, sweep_id=sweep_id)
+    config = with_model_source(config)
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
@@ -180,16 +182,6 @@ def _moved(run_id: int, config: dict, devices: str) -> RunConfig:
     return after
 
 
-def with_absolute_dataset(config: RunConfig) -> RunConfig:
-    """``config`` with a dataset folder given relative to this process's directory made absolute."""
-    path = os.path.expanduser(config.dataset)
-    if os.path.isabs(path) or not os.path.exists(path):
-        return config  # a built-in name, or a folder the worker will report missing
-    from trainer_backend.datasets.builtin import BUILTIN_DATASETS  # imports torch: only for a relative folder
-
-    return config if config.dataset in BUILTIN_DATASETS else config.replace(dataset=os.path.abspath(path))
-
-
 def parse_device_counts(text: str | None) -> tuple[int, ...] | None:
     """'1,2,4' -> (1, 2, 4), refusing in one line anything but whole numbers from 1 up."""
     if text is None:
@@ -250,6 +242,7 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
                  data_roots: list[Path] | None = None,
                  device_counts: tuple[int, ...] | None = None) -> tuple[int, list[int]]:
     """Launch one run per strategy (and device count) of ``config`` as a sweep; they queue one after another."""
+    config = with_absolute_paths(config)
     configs = sweep_configs(config, strategies, device_counts)
     if data_roots is not None:
         check_dashboard_bounds(config.dataset, config.model, data_roots)
@@ -261,7 +254,7 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
             check_world(each)
         check_database_reachable(absolute_database_url(database_url(db_url)))
         sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
-        return sweep_id, submit_array([with_absolute_dataset(c) for c in configs], db_url=db_url, sweep_id=sweep_id,
+        return sweep_id, submit_array(configs, db_url=db_url, sweep_id=sweep_id,
                                       array_limit=config.slurm_array_limit)
     sweep_id = store.create_sweep(engine, config.to_dict(), [c.strategy for c in configs])
     return sweep_id, [launch(c, db_url=db_url, sweep_id=sweep_id, data_roots=data_roots) for c in configs]

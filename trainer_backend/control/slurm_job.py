@@ -36,6 +36,8 @@ from contract.model_source import with_model_source
 from contract.sbatch_parsing import sbatch_word
 from contract.slurm_options import processes_per_node
 from contract.strategy_specs import find
+from contract.user_paths import with_absolute_paths
+from contract.world import SUBMITTED_RUN_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_FILE = "slurm.sbatch"
@@ -120,11 +122,29 @@ def check_world(config: RunConfig) -> RunConfig:
     # GPUs as torchrun gives them (cuda:LOCAL_RANK on every node); CPU processes share one kind of device.
     devices = tuple(f"cuda:{i}" for _ in range(config.slurm_nodes) for i in range(per_node)) if config.uses_cuda \
         else ("cpu",) * (config.slurm_nodes * per_node)
+    if not find(config.strategy).distributed:
+        # One process on one node, over the GPUs Slurm gives the job (cuda:0 …); single takes the first of them.
+        devices = devices[:1] if find(config.strategy).one_device else devices
+        try:
+            return config.replace(devices=devices, nodes=1)
+        except ConfigError as exc:
+            raise ConfigError(exc.field, f"on Slurm (one {config.strategy} process on {len(devices)} "
+                              f"{'GPU' if config.uses_cuda else 'CPU device'}(s)): {exc}") from None
     try:
         return config.replace(devices=devices, nodes=config.slurm_nodes if config.uses_cuda else 1)
     except ConfigError as exc:
         raise ConfigError(exc.field, f"on Slurm ({config.slurm_nodes} node(s) × {processes_per_node(config)} "
                           f"process(es)): {exc}") from None
+
+
+def one_task(config: RunConfig) -> bool:
+    """Whether the job runs the run as one task without torchrun: single, dp and mp (one process)."""
+    return not find(config.strategy).distributed
+
+
+def in_one_task_job() -> bool:
+    """Whether this process is the one task of a job this module submitted (its script exports the run's id)."""
+    return bool(os.environ.get(SUBMITTED_RUN_ENV) and os.environ.get("SLURM_JOB_ID"))
 
 
 def sbatch_options(config: RunConfig, *, job_name: str, output: Path) -> list[str]:
@@ -148,10 +168,12 @@ def render_script(config: RunConfig, run_ids: list[int], folders: list[Path], *,
     q = shlex.quote
     header = "\n".join(f"#SBATCH {line}" for line in sbatch_options(config, job_name=job_name, output=output))
     task = '"${SLURM_ARRAY_TASK_ID:-0}"'
-    return f"""#!/bin/bash
+    how = (f"One task: {config.strategy} trains in one process, without torchrun." if one_task(config) else
+           "One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous).")
+    script = f"""#!/bin/bash
 {header}
 # Rendered by Parallax (trainer_backend/control/slurm_job.py); docs/SLURM.md explains each line.
-# One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous).
+# {how}
 set -u
 RUN_IDS=({' '.join(str(i) for i in run_ids)})
 RUN_FOLDERS=({' '.join(q(str(f)) for f in folders)})
@@ -196,7 +218,14 @@ requeue() {{
 }}
 trap requeue USR1
 rm -f "$RUN_FOLDER/{STOP_REQUEST}"  # an earlier attempt's request that no step took
-
+"""
+    if one_task(config):
+        # single, dp and mp: one process over the node's devices, as `parallax run` trains it, without torchrun.
+        launch = f"""
+srun --kill-on-bad-exit=1 --ntasks=1 {q(python)} -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
+"""
+    else:
+        launch = f"""
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
 rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))
@@ -204,7 +233,8 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 {q(python)} -m torch.distributed.r
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={processes_per_node(config)} \\
     --rdzv-backend=c10d --rdzv-endpoint="$head_address:$rdzv_port" --rdzv-id="$SLURM_JOB_ID" \\
     -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
-srun_pid=$!
+"""
+    return script + launch + """srun_pid=$!
 # A trapped signal ends `wait` early: wait again until srun itself has ended, and exit with its status.
 wait "$srun_pid"
 status=$?
@@ -220,7 +250,7 @@ def _prepare(config: RunConfig) -> RunConfig:
     if config.where != "slurm":
         raise ConfigError("where", f"where {config.where} is not slurm: launch it on this machine instead")
     check_world(config)
-    return with_model_source(config)
+    return with_model_source(with_absolute_paths(config))
 
 
 def submit(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:

@@ -5,13 +5,16 @@ function returning one), sized for the dataset the way timm models are, and chec
     check_custom_model("mynet.py:Net", {"width": 16}, num_classes=10, in_chans=1, image_size=16)  # or ModelError
 
 The dataset's class count and channels go in as ``num_classes`` and ``in_chans`` where the callable takes
-those names (timm's); a callable that takes neither has its output's width checked against the classes.
+those names, or ``**kwargs`` (timm's and torchvision's factories: ``torchvision.models:resnet18``); a callable
+that takes neither has its output's width checked against the classes. A model that is not given in_chans and
+whose first convolution takes 3 channels is given a grey dataset's images as 3 equal channels.
 Every failure is one ``ModelError`` line naming the path, what went wrong and the last line of the user's
 file the traceback passed through.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -26,6 +29,8 @@ from torch import nn
 from contract.model_source import ModelError, is_file_path, source_file, split_model_spec
 
 SIZED_BY = ("num_classes", "in_chans")  # timm's names for what the dataset decides
+# Set on a model whose grey input is repeated to its first convolution's channels (fit_input_channels).
+REPEATED_TO = "parallax_channels_repeated_to"
 PROBE_BATCH = 2
 
 
@@ -56,23 +61,51 @@ def load_callable(name: str):
 
 
 def sized_by(factory) -> tuple[str, ...]:
-    """Which of num_classes and in_chans ``factory`` takes by name."""
+    """Which of num_classes and in_chans ``factory`` may be given: those it names as parameters, or both where
+    it takes ``**kwargs`` (timm's and torchvision's factories pass those on to the model's class)."""
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin without a signature: give it nothing
         return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return SIZED_BY
     return tuple(n for n in SIZED_BY if n in parameters
                  and parameters[n].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
 
 
+def named_parameters(factory) -> tuple[str, ...]:
+    """The names of SIZED_BY that ``factory`` declares itself (not only through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(n for n in SIZED_BY if n in parameters and parameters[n].kind is not inspect.Parameter.VAR_KEYWORD)
+
+
+def check_sizes_against_dataset(name: str, model_args: dict, *, num_classes: int, in_chans: int) -> None:
+    """num_classes or in_chans given in the model's arguments must be the dataset's: ModelError in one line."""
+    for key, wanted, what in (("num_classes", num_classes, "classes"), ("in_chans", in_chans, "channels")):
+        if key in model_args and model_args[key] != wanted:
+            raise ModelError(f"model {name!r}: model_args gives {key} {model_args[key]!r}, but the dataset has "
+                             f"{wanted} {what}: give {wanted}, or leave {key} out (the dataset's is passed where the "
+                             "model takes it)")
+
+
 def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                        in_chans: int) -> tuple[nn.Module, tuple[str, ...]]:
-    """(the network, the names of SIZED_BY it was given)."""
+    """(the network, the names of SIZED_BY it was given). Where the callable takes ``**kwargs`` it is offered
+    both sizes, and built again without one its model's class refuses (torchvision's take num_classes, not
+    in_chans); sizes given in ``model_args`` are the user's and always passed, once checked against the dataset.
+    A model not given in_chans whose first convolution takes more channels than a 1-channel dataset has sees
+    each grey image as that many equal channels (``fit_input_channels``)."""
     factory = load_callable(name)
     path = source_file(name)
     args = dict(model_args or {})
-    given = sized_by(factory)
-    args.update({n: v for n, v in (("num_classes", num_classes), ("in_chans", in_chans)) if n in given})
+    check_sizes_against_dataset(name, args, num_classes=num_classes, in_chans=in_chans)
+    insisted = set(SIZED_BY) & set(args)
+    declared = named_parameters(factory)
+    args.update({n: v for n, v in (("num_classes", num_classes), ("in_chans", in_chans))
+                 if n in sized_by(factory) and n not in insisted})
     try:
         inspect.signature(factory).bind(**args)
     except TypeError as exc:
@@ -81,14 +114,58 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                          'object, e.g. {"depth": 34} (num_classes and in_chans come from the dataset)') from None
     except ValueError:
         pass  # no signature to check against
-    try:
-        model = factory(**args)
-    except Exception as exc:
-        raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
+    while True:
+        try:
+            model = factory(**args)
+            break
+        except TypeError as exc:
+            # Offered through **kwargs and refused by the class they reach: built again without it.
+            refused = [n for n in SIZED_BY if n in args and n not in declared and n not in insisted
+                       and f"unexpected keyword argument '{n}'" in str(exc)]
+            if not refused:
+                raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
+            del args[refused[0]]
+        except Exception as exc:
+            raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {name!r}: not a module: calling it gave a {type(model).__name__}, not an "
                            "nn.Module")
+    if "in_chans" in args and "in_chans" not in declared and "in_chans" not in insisted:
+        conv = first_convolution(model)
+        if conv is not None and conv.in_channels != in_chans:
+            del args["in_chans"]  # taken by a **kwargs that drops it (torchvision's MobileNetV3): not given
+    given = tuple(n for n in SIZED_BY if n in args)
+    if "in_chans" not in given:
+        fit_input_channels(model, in_chans)
     return model, given
+
+
+def first_convolution(model: nn.Module) -> nn.Conv2d | None:
+    """The model's first 2-D convolution in the order its modules were made: its stem in every torchvision
+    and timm CNN (and ViT's patch projection)."""
+    return next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.in_channels > 0), None)
+
+
+def input_channels(model: nn.Module, in_chans: int) -> int:
+    """The channels ``model`` takes: ``in_chans`` (the dataset's), or more where grey images are repeated."""
+    return getattr(model, REPEATED_TO, in_chans)
+
+
+def repeat_channels(channels: int, module: nn.Module, args: tuple) -> tuple:
+    """A forward pre-hook: (N, 1, H, W) -> (N, channels, H, W), the one channel seen ``channels`` times (no copy)."""
+    return (args[0].expand(-1, channels, -1, -1), *args[1:])
+
+
+def fit_input_channels(model: nn.Module, in_chans: int) -> None:
+    """Make ``model``, not given in_chans, take a grey dataset's images: where its first convolution takes C
+    channels and the dataset has 1, each image is given as C equal channels (what torchvision's
+    Grayscale(num_output_channels=C) does). Any other difference is left to the forward check, which names it
+    (``check_output``): the first convolution made is not always the first one run."""
+    conv = first_convolution(model)
+    if conv is None or conv.in_channels == in_chans or in_chans != 1:
+        return
+    model.register_forward_pre_hook(functools.partial(repeat_channels, conv.in_channels))
+    setattr(model, REPEATED_TO, conv.in_channels)
 
 
 def check_custom_model(name: str, model_args: dict | None, *, num_classes: int, in_chans: int,
@@ -120,8 +197,13 @@ def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int
     try:
         out = model(probe)
     except Exception as exc:
+        conv = first_convolution(model)
+        hint = (f"; its first convolution takes {conv.in_channels} channel(s) and the dataset has {in_chans}: choose "
+                f"{conv.in_channels} bands with --bands (multi-band files), a dataset of that many channels, or a "
+                "model that takes in_chans" if conv is not None and conv.in_channels != in_chans
+                and input_channels(model, in_chans) == in_chans else "")
         raise ModelError(f"model {name!r}: raises in forward on a {PROBE_BATCH}x{in_chans}x{image_size}x"
-                           f"{image_size} batch: {_why(exc, path)}") from None
+                           f"{image_size} batch: {_why(exc, path)}{hint}") from None
     finally:
         model.train(was_training)
     expected = (PROBE_BATCH, num_classes)

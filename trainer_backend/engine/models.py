@@ -20,6 +20,7 @@ from torch import nn
 
 from contract.config import MAX_MODEL_NAME_LENGTH, shown, shown_length
 from contract.model_source import ModelError, is_custom_model
+from trainer_backend.engine.custom_model import REPEATED_TO
 
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -51,12 +52,27 @@ def create_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool
     """Build a timm model (or your own, ``pkg.module:Attr``) sized for the dataset, with ``model_args``
     as its keyword arguments. Pretrained weights come from the local cache first; the hub is only
     asked when it answers, so an offline machine fails in seconds, not after timm's ~46 s of retries."""
+    return build_model(name, num_classes=num_classes, in_chans=in_chans, pretrained=pretrained,
+                       model_args=model_args)[0]
+
+
+def build_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool = False,
+                model_args: dict | None = None) -> tuple[nn.Module, dict]:
+    """(the model, the keyword arguments its factory was called with): ``model_args`` and the sizes it was
+    given, which is what a checkpoint needs to build it again (``timm.create_model(name, **kwargs)``)."""
     if is_custom_model(name):
         from trainer_backend.engine.custom_model import build_custom_model
 
-        return build_custom_model(name, model_args, num_classes=num_classes, in_chans=in_chans)[0]
+        model, given = build_custom_model(name, model_args, num_classes=num_classes, in_chans=in_chans)
+        sizes = {"num_classes": num_classes, "in_chans": in_chans}
+        return model, {**(model_args or {}), **{n: sizes[n] for n in given}}
     check_model_name(name)
-    kwargs: dict = {**(model_args or {}), "num_classes": num_classes, "in_chans": in_chans}
+    for key, wanted, what in (("num_classes", num_classes, "classes"), ("in_chans", in_chans, "channels")):
+        if key in (model_args or {}) and model_args[key] != wanted:
+            raise ModelError(f"model {name!r}: model_args gives {key} {model_args[key]!r}, but the dataset has "
+                             f"{wanted} {what}: give {wanted}, or leave {key} out (the dataset's is passed)")
+    built_with: dict = {**(model_args or {}), "num_classes": num_classes, "in_chans": in_chans}
+    kwargs = dict(built_with)
     if pretrained:
         local = _cached_weights(name)
         if local is not None:
@@ -68,7 +84,7 @@ def create_model(name: str, *, num_classes: int, in_chans: int, pretrained: bool
                 "run once with network access, copy the weights into the cache, or train without --pretrained"
             )
     try:
-        return timm.create_model(name, pretrained=pretrained, **kwargs)
+        return timm.create_model(name, pretrained=pretrained, **kwargs), built_with
     except RuntimeError as exc:
         if pretrained and "pretrained" in str(exc).lower():
             raise ModelError(f"model {name!r} has no pretrained weights: {exc}") from None
@@ -160,6 +176,11 @@ def split_into_stages(model: nn.Module, n_stages: int, *, in_chans: int, image_s
     fails the check and gets a clear error instead of a silently different network.
     """
     label = name or type(model).__name__
+    repeated = getattr(model, REPEATED_TO, None)
+    if repeated is not None:
+        raise ModelError(f"model {label!r} takes {repeated} channels and is given the dataset's grey images as "
+                         f"{repeated} equal channels, which mp and pp cannot cut into stages: use single, dp, ddp or "
+                         "fsdp, or a model that takes in_chans")
     layers = stage_layers(model, label)
     if len(layers) < n_stages:
         raise ModelError(f"model {label!r} has {len(layers)} layers in sequence, too few for {n_stages} stages"

@@ -19,13 +19,14 @@ rank by SIGALRM's default action, which a process blocked in a collective cannot
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from contract.world import torchrun_world
+from contract.world import SUBMITTED_RUN_ENV, torchrun_world
 
 STOP_FILE = "stop-requested"
 STOP_CHECK_STEPS = 10  # optimizer steps between two looks; Slurm's warning comes 120 s before the limit
@@ -87,8 +88,10 @@ def stop_taken() -> str | None:
 
 
 def stop_request(folder: Path, strategy) -> StopRequest | None:
-    """The request a torchrun job (the one a Slurm job runs) looks for; None for a run started otherwise."""
-    return StopRequest(folder, strategy) if torchrun_world() is not None else None
+    """The request a torchrun job, or a Slurm job's one task (single, dp, mp), looks for; None for a run started
+    otherwise."""
+    in_job = torchrun_world() is not None or bool(os.environ.get(SUBMITTED_RUN_ENV))
+    return StopRequest(folder, strategy) if in_job else None
 
 
 class StopRequest:

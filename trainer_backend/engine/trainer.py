@@ -49,7 +49,8 @@ from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
 from trainer_backend.engine.forecast.memory_estimate import run_stored_data, stored_estimate
-from trainer_backend.engine.models import create_model
+from trainer_backend.engine.custom_model import input_channels
+from trainer_backend.engine.models import build_model
 from contract.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
@@ -240,15 +241,16 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     )
 
 
-def checkpoint_payload(state: dict, config: RunConfig, data: PreparedData, metrics: EpochMetrics) -> dict:
+def checkpoint_payload(state: dict, config: RunConfig, built: Built, metrics: EpochMetrics) -> dict:
     """What best.pt holds: the weights and what is needed to use them without Parallax's database: the
-    model's timm name and arguments, the class names in label order, and the preprocessing (``predict``
-    and docs/PREDICT.md). Plain types only, so that ``torch.load(weights_only=True)`` reads it."""
-    return {"model": state, "config": config.to_dict(), "class_names": list(data.info.class_names),
+    model's name and every keyword argument it was built with, the class names in label order, and the
+    preprocessing (``predict`` and docs/USING_A_RUN.md). Plain types only, so that
+    ``torch.load(weights_only=True)`` reads it."""
+    return {"model": state, "config": config.to_dict(), "class_names": list(built.data.info.class_names),
             "epoch": metrics.epoch, "val_acc": metrics.val_acc,
             "model_name": config.model,
-            "model_kwargs": {"num_classes": data.info.num_classes, "in_chans": data.info.in_chans},
-            "preprocessing": preprocessing(config, data)}
+            "model_kwargs": dict(built.model_kwargs),
+            "preprocessing": {**preprocessing(config, built.data), "model_channels": built.model_channels}}
 
 
 def preprocessing(config: RunConfig, data: PreparedData) -> dict:
@@ -303,6 +305,8 @@ class Built:
     on_device: bool  # the splits were copied onto the device (keep_on_device)
     decode_note: str | None  # where decoding runs, when the run should be told (place_decoding)
     model: nn.Module
+    model_kwargs: dict  # what the model's factory was called with (models.build_model), for the checkpoint
+    model_channels: int  # the channels its first layer takes: the dataset's, or more where grey images are repeated
     optimizer: torch.optim.Optimizer
     schedule: object
     loaders: tuple[DataLoader, DataLoader]
@@ -404,8 +408,9 @@ def build(spec: RankSpec, folder: Path) -> Built:
 def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
     config = spec.config
     data = strategy.feed(data)  # a pipeline stage that takes no images reads none
-    model = create_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans,
-                         pretrained=config.pretrained, model_args=config.model_kwargs)
+    model, model_kwargs = build_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans,
+                                      pretrained=config.pretrained, model_args=config.model_kwargs)
+    model_channels = input_channels(model, data.info.in_chans)
     flops = (count_flops_per_image(model, in_chans=data.info.in_chans, image_size=config.image_size)
              if strategy.is_main else None)  # counted on the whole model, before it is split or sharded
     model = strategy.wrap(to_memory_format(model, config))
@@ -428,7 +433,8 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
                                   full_batches=strategy.drop_last_train) if config.bn_stats_images else None
     return Built(spec=spec, folder=folder, strategy=strategy, data=data, on_device=resident is not None,
-                 decode_note=decode_note, model=model,
+                 decode_note=decode_note, model=model, model_kwargs=model_kwargs,
+                 model_channels=model_channels,
                  optimizer=optimizer, schedule=schedule, loaders=loaders, bn_loader=bn_loader, amp_dtype=amp_dtype,
                  scaler=scaler, precision=precision, measures=measures,
                  has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))),
@@ -610,7 +616,7 @@ def record_epoch(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
         reestimated=built.bn_loader is not None, has_batchnorm=built.has_batchnorm)
     recorder.notes([note])
     if state is not None:
-        recorder.checkpoint(built.folder / "best.pt", checkpoint_payload(state, config, built.data, metrics))
+        recorder.checkpoint(built.folder / "best.pt", checkpoint_payload(state, config, built, metrics))
     return lag_noted or note is not None
 
 

@@ -16,7 +16,7 @@ from contract.config import ConfigError, RunConfig, data_on_device_problem, stra
 from contract.strategy_specs import spec
 from trainer_backend.datasets import DatasetInfo
 from contract.model_source import is_custom_model, model_source
-from trainer_backend.engine.custom_model import check_output, load_callable, sized_by
+from trainer_backend.engine.custom_model import build_custom_model, check_output, input_channels
 from trainer_backend.engine.models import ModelError, create_model, split_into_stages
 from contract.printable import one_line, shown_name
 from contract.storage import DiskFullError
@@ -159,12 +159,17 @@ def run_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
 def custom_model_notes(config: RunConfig, info: DatasetInfo) -> list[str]:
     if not is_custom_model(config.model):
         return []
-    given = sized_by(load_callable(config.model))
+    with torch.device("meta"):  # what it was given, as the ranks will build it, for no memory
+        model, given = build_custom_model(config.model, config.model_kwargs, num_classes=info.num_classes,
+                                          in_chans=info.in_chans)
     sizes = {"num_classes": f"num_classes={info.num_classes}", "in_chans": f"in_chans={info.in_chans}"}
     if given:
         how = f"takes {' and '.join(sizes[n] for n in given)} from the dataset"
     else:
         how = f"takes neither num_classes nor in_chans: its output was checked to be {info.num_classes} wide"
+    channels = input_channels(model, info.in_chans)
+    if channels != info.in_chans:
+        how += f"; its first convolution takes {channels} channels: each grey image is given as {channels} equal ones"
     args = f" with {config.model_args}" if config.model_kwargs else ""
     return [f"model {config.model}{args} {how}; source {config.model_source or model_source(config.model)}"]
 

@@ -19,6 +19,9 @@ rank 0 samples each machine; the other machines' samples reach rank 0, which wri
 torchrun's store (``machine_samples``). It meters each machine's energy too, and rank 0 sums the
 machines' joules once per epoch (``job_energy``).
 
+A Slurm job of single, dp or mp has one task and no torchrun (control/slurm_job.py): its process is rank 0 of a
+world of one (``run_one_task_job``), and takes over, trains and records its run as a ddp job's rank 0 does.
+
 Reading torchrun's environment (``world``) imports nothing heavy; this module, which trains, is
 imported only once a process is known to join.
 """
@@ -57,7 +60,8 @@ from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failur
 from trainer_backend.engine.trainer import main as train_rank
 from trainer_backend.engine.stopping import StoppedAtStep, stop_escalating, stop_on_sigterm, stop_taken
 from trainer_backend.telemetry.recorder import run_started_at_s
-from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
+from contract.world import (SUBMITTED_RUN_ENV, TorchrunWorld, check_joinable, joined_config, local_device, refuse,
+                            world_note)
 
 STOPPED_EXIT = 1  # a process told to stop (engine/stopping.py): not 0, so that torchrun may restart the job
 
@@ -288,11 +292,51 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
     return run_id, "running"
 
 
-# The run a Slurm job trains: recorded (queued) when it was submitted (control/slurm_job.py), named by the job's script.
-SUBMITTED_RUN_ENV = "PARALLAX_RUN_ID"
 # Statuses a submitted run is taken over from: queued (the job's first start), running or lost (a job that Slurm
 # requeued, its earlier attempt stopped by a signal). Slurm runs one attempt of a job at a time.
 SUBMITTED_STATUSES = ("queued", "running", "lost")
+
+
+def run_one_task_job(config: RunConfig, *, db_url: str | None = None, echo: bool = True) -> int:
+    """The one task of a Slurm job of single, dp or mp (``config`` on the job's devices, control/slurm_job.py's
+    ``check_world``): takes over the run recorded at submission and trains it in this process, without
+    torchrun, as rank 0 of a world of one. So it is what a ddp job's rank 0 is: its SIGTERM (a preemption, a
+    requeue) and USR1's stop request stop it at a step with a resume point, a requeued job resumes there, a
+    cancel stops it, and how each attempt ended is recorded alike. Returns the exit code."""
+    world = TorchrunWorld(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                          job_id=os.environ.get("SLURM_JOB_ID") or "none", restart_count=0, max_restarts=0)
+    stop_on_sigterm(raise_cancelled)
+    try:
+        return _lead_alone(config, world, database_url(db_url), echo)
+    except (RunCancelled, KeyboardInterrupt):
+        return 1  # Slurm (or the user) stopped the job before this run existed
+
+
+def _lead_alone(config: RunConfig, world: TorchrunWorld, url: str, echo: bool) -> int:
+    host = socket.gethostname()
+    sampling = Sampling(0, [Member(host, 0, config.devices[0], 0, os.getpid())])
+    try:
+        config = with_resolved_amp(config)  # --amp auto from the job's GPUs
+        info = preflight(config)
+        notes = [f"Slurm job {world.job_id} runs {config.strategy} as one task on {host}, in one process on "
+                 f"{','.join(config.devices)} (no torchrun).", *run_notes(config, info)]
+        engine = make_engine(url)
+        run_id, status = _take_submitted_run(engine, submitted_run_id(), config, world, [host], notes)
+        folder_name = run_folder_name(engine, run_id)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if status != "running":  # a requeued job whose run has ended meanwhile (a cancel)
+        print(f"run_id={run_id} status={status}", flush=True)
+        return 0 if status in ("completed", "cancelled") else 1
+    if echo:
+        announce(run_id, config, info, notes)
+    status = _train_and_record(engine, run_id, url, config, world, echo, folder_name, False, sampling,
+                               uuid.uuid4().hex)
+    if status not in ("completed", "running"):
+        print(f"error: {store.get_run(engine, run_id).error or ''}", file=sys.stderr, flush=True)
+    print(f"run_id={run_id} status={status}", flush=True)
+    return 0 if status == "completed" else 1
 
 
 def submitted_run_id() -> int | None:
@@ -424,7 +468,9 @@ class Sampling:
         return self.machines[self.node] if len(self.machines) > 1 else None
 
     def cuda_indices(self, joined: RunConfig) -> list[int]:
-        """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``)."""
+        """The GPUs the ranks of this machine train on (``cuda:LOCAL_RANK``); all of a one-process run's."""
+        if len(self.neighbours) == 1 and len(self.machines) == 1:  # a world of one process: all its devices
+            return cuda_indices(joined.devices)
         return cuda_indices([joined.devices[rank] for rank in sorted(self.neighbours)])
 
     def energy_part(self, joined: RunConfig, *, meters: bool) -> EnergyPart | None:

@@ -86,7 +86,9 @@ CASES = [
     ("unknown-strategy", ["--strategy", "zero3"], ["--strategy", "'zero3'", "single", "fsdp"], {}),
     ("unknown-optimizer", ["--optimizer", "lion"], ["--optimizer", "'lion'", "adamw"], {}),
     ("unknown-model", ["--model", "resnet_nope"], ["unknown model 'resnet_nope'", "did you mean"], {}),
-    ("unknown-dataset", ["--dataset", "imagenet"], ["'imagenet'", "digits", "existing folder"], {}),
+    # a path, made absolute where the command runs: named so
+    ("unknown-dataset", ["--dataset", "imagenet"], ["/imagenet' is neither a built-in", "digits", "existing folder"],
+     {}),
     ("single-on-two-devices", ["--devices", "cpu,cpu"], ["strategy single", "got 2 (cpu,cpu)"], {}),
     ("mp-on-one-device", ["--strategy", "mp"], ["strategy mp", "at least 2 devices"], {}),
     ("pp-on-one-device", ["--strategy", "pp"], ["strategy pp", "at least 2 devices"], {}),

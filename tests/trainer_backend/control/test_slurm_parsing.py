@@ -1,11 +1,16 @@
 """What Parallax reads from Slurm and writes for it, without a cluster: squeue's JSON of two Slurm versions,
-the end a run is given for each final state, the rendered script and the job log's tail by byte offset."""
+the end a run is given for each final state, the rendered script (torchrun on every node, or one task for a
+one-process strategy) and the job log's tail by byte offset."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from contract.config import RunConfig
 from trainer_backend.control.slurm_job import read_job_log, render_script, sbatch_options
@@ -75,6 +80,28 @@ def test_the_script_asks_for_what_the_config_says_and_meets_at_the_first_nodes_a
         assert line in script, line
     assert sbatch_options(RunConfig(where="slurm", strategy="ddp"), job_name="j", output=Path("o"))[-1] == \
         "--cpus-per-task=1"
+
+
+@pytest.mark.parametrize("strategy, devices", [("single", "cuda"), ("dp", "cuda"), ("mp", "0,1")])
+def test_a_one_process_strategy_is_a_one_task_job_without_torchrun(tmp_path, strategy, devices):
+    config = RunConfig(where="slurm", strategy=strategy, devices=devices, slurm_gpus_per_node=2, max_requeues=2)
+    script = render_script(config, [17], [tmp_path / "run-17"], job_name="parallax-17", output=tmp_path / "slurm.log")
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert srun == (f"srun --kill-on-bad-exit=1 --ntasks=1 {shlex.quote(sys.executable)} -m trainer_backend run "
+                    '--config "$RUN_FOLDER/slurm-config.json" --quiet &')
+    assert "torch.distributed.run" not in script and "rdzv" not in script and "head_address" not in script
+    # What the views and the requeue rely on is the same script as ddp's: the job's lines, its log, its trap.
+    for line in ("#SBATCH --job-name=parallax-17", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
+                 "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=2", "MAX_REQUEUES=2",
+                 "trap requeue USR1", "srun_pid=$!", 'exit "$status"', "export PARALLAX_RUN_ID="):
+        assert line in script, line
+    ddp = render_script(config.replace(strategy="ddp", devices="cuda"), [17], [tmp_path / "run-17"],
+                        job_name="parallax-17", output=tmp_path / "slurm.log")
+    assert "torch.distributed.run" in ddp and "--ntasks=1 " not in ddp
+    assert script.split("\nsrun ")[0] == ddp.split("\nhead_node=")[0].replace(
+        "One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous).",
+        f"One task: {strategy} trains in one process, without torchrun.")
+    assert script.split(" --quiet &\n")[1] == ddp.split(" --quiet &\n")[1]
 
 
 def test_the_log_is_tailed_from_a_byte_offset(tmp_path):

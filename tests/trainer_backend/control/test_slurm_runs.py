@@ -1,5 +1,6 @@
 """Runs on a real Slurm cluster (two slurmd on this machine, tests/slurm_cluster.py), submitted from the command
-line: a 1-node and a 2-node DDP run (one rank per node, gloo on CPU) complete with every epoch; a failing job
+line: a 1-node and a 2-node DDP run (one rank per node, gloo on CPU) complete with every epoch; single and mp
+runs, one process each, are one-task jobs without torchrun that requeue, cancel and resume alike; a failing job
 fails with its reason and Slurm's exit code; cancels while pending and while running; a requeued job resumes
 and records each epoch once; a sweep is one job array, two tasks at a time; any number of readers cost one
 squeue per interval; a job stopped by its time limit ends TIMEOUT with its resume point kept.
@@ -355,6 +356,62 @@ def a_job_warned_with_usr1(s: Scenario):
 
 def test_usr1_stops_the_ranks_then_the_job_requeues_itself_and_the_run_resumes(scenarios):
     outcome(scenarios, "a_job_warned_with_usr1")
+
+
+@scenario
+def a_single_run_warned_with_usr1(s: Scenario):
+    """The most common cluster job, one process: a one-task job without torchrun, which Slurm's warning stops at a
+    step and requeues, and which resumes there, as a ddp job does."""
+    run_id, job_id = s.launch(*SLEEPER, "--strategy", "single", "--devices", "cpu", "--epochs", "8")
+    folder = run_folder(s.engine, run_id)
+    script = (folder / SCRIPT_FILE).read_text()
+    assert "--ntasks=1 " in script and "torch.distributed.run" not in script, script
+    assert store.get_run(s.engine, run_id).world_size == 1
+    s.wait_for(run_id, lambda r: s.epochs(run_id) or ended(r), what="a first epoch")
+    with POLLS:
+        job = watch_slurm_runs(s.engine, interval_s=0)[run_id]  # what the Run page shows of the job
+    assert job.state == "RUNNING", job
+    warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=s.cluster.env, capture_output=True,
+                            text=True, timeout=30)
+    assert warned.returncode == 0, warned.stderr
+    run = s.wait_for(run_id, ended)
+    assert run.status == "completed", run.error
+    assert s.epochs(run_id) == list(range(1, 9))  # each once
+    assert run.elastic_run_id == job_id and run.world_size == 1 and run.config["strategy"] == "single"
+    log = (folder / LOG_FILE).read_text()
+    assert f"requeueing job {job_id}" in log and "attempt 2" in log, log[-3000:]
+    assert any(note.startswith(f"Slurm job {job_id} runs single as one task") for note in run.notes), run.notes
+    assert any(re.fullmatch(r"The job was told to stop and stopped after step \d+ of epoch \d+, its resume point "
+                            r"saved there\.", note) for note in run.notes), run.notes
+
+
+def test_a_single_run_is_a_one_task_job_that_slurms_warning_requeues_and_resumes(scenarios):
+    outcome(scenarios, "a_single_run_warned_with_usr1")
+
+
+@scenario
+def an_mp_run_cancelled_then_resumed(s: Scenario):
+    run_id, job_id = s.launch(*SLEEPER, "--strategy", "mp", "--devices", "cpu,cpu", "--epochs", "30")
+    s.wait_for(run_id, lambda r: s.epochs(run_id) or ended(r), what="a first epoch")
+    cancelled = s.cli("cancel", str(run_id))
+    assert cancelled.returncode == 0 and "status=cancelled" in cancelled.stdout, cancelled.stderr
+    deadline = time.monotonic() + 60
+    while s.squeue_state(job_id) not in ("", "CANCELLED", "FAILED", "COMPLETED") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert s.squeue_state(job_id) in ("", "CANCELLED", "FAILED", "COMPLETED")
+    run = store.get_run(s.engine, run_id)
+    assert run.status == "cancelled" and 1 <= len(s.epochs(run_id)) < 30
+    assert "not requeued" in (run_folder(s.engine, run_id) / LOG_FILE).read_text()
+    resumed = s.cli("resume", str(run_id), "--devices", "cpu,cpu")
+    assert resumed.returncode == 0 and "status=queued" in resumed.stdout, resumed.stderr
+    assert slurm_info(store.get_run(s.engine, run_id))["job_id"] != job_id
+    run = s.wait_for(run_id, ended)
+    assert run.status == "completed", run.error
+    assert s.epochs(run_id) == list(range(1, 31)) and run.world_size == 1
+
+
+def test_an_mp_run_on_slurm_is_cancelled_and_resumed_by_a_new_job(scenarios):
+    outcome(scenarios, "an_mp_run_cancelled_then_resumed")
 
 
 @scenario

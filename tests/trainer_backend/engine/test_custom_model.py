@@ -177,12 +177,15 @@ def test_mp_cuts_a_model_where_parallax_stages_says_and_refuses_one_it_cannot_cu
     assert len(split_into_stages(net, 2, in_chans=1, image_size=16, name=f"{nets}:Net")) == 2
 
 
-def test_model_args_must_be_a_json_object_without_the_sizes():
+def test_model_args_must_be_a_json_object_whose_sizes_are_whole_numbers():
     assert RunConfig(model="a.py:Net", model_args='{ "depth": 34, "b": [1] }').model_args == '{"b": [1], "depth": 34}'
     assert RunConfig(model="a.py:Net", model_args={"depth": 34}).model_kwargs == {"depth": 34}
+    assert RunConfig(model="a.py:Net", model_args={"num_classes": 10, "in_chans": 1}).model_kwargs["num_classes"] == 10
     for bad, says in [("[34]", "is not allowed: give the model's keyword arguments as a JSON object"),
                       ("{depth: 34}", "is not JSON"),
-                      ('{"num_classes": 3}', "gives num_classes, which the dataset decides")]:
+                      ('{"num_classes": "ten"}', "model_args gives num_classes 'ten', which is not allowed: give the "
+                                                 "dataset's class count as a whole number, or leave it out"),
+                      ('{"in_chans": 0}', "model_args gives in_chans 0, which is not allowed")]:
         with pytest.raises(ConfigError) as caught:
             RunConfig(model="a.py:Net", model_args=bad)
         assert caught.value.field == "model_args" and says in str(caught.value) and "\n" not in str(caught.value)
@@ -256,3 +259,57 @@ def test_compare_shows_which_code_each_run_trained(nets):
     table = config_differences([{"id": 1, "config": first.to_dict()}, {"id": 2, "config": second.to_dict()}])
     assert list(table.index) == ["model_args", "model_source"]
     assert table.loc["model_source", "#1"] == first.model_source != table.loc["model_source", "#2"]
+
+
+# A model from another library: torchvision's factories take **kwargs (passed on to the model's class), which
+# takes num_classes but not in_chans.
+TORCHVISION_RESNET = "torchvision.models:resnet18"
+
+
+def test_a_factory_taking_kwargs_is_given_the_classes_and_built_again_without_what_its_class_refuses():
+    model, given = build_custom_model(TORCHVISION_RESNET, None, num_classes=10, in_chans=3)
+    assert given == ("num_classes",) and model.fc.out_features == 10 and model.conv1.in_channels == 3
+    assert check(TORCHVISION_RESNET, in_chans=3) == ("num_classes",)  # the check before launch: meta, 16 px
+    timm_style, given = build_custom_model("timm.models:resnet18", None, num_classes=7, in_chans=1)  # takes both
+    assert given == ("num_classes", "in_chans") and timm_style.conv1.in_channels == 1
+
+
+def test_a_grey_dataset_is_given_to_a_three_channel_model_as_three_equal_channels():
+    from trainer_backend.engine.custom_model import input_channels
+
+    model, given = build_custom_model(TORCHVISION_RESNET, None, num_classes=10, in_chans=1)
+    assert given == ("num_classes",) and input_channels(model, 1) == 3
+    grey = torch.rand(2, 1, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(grey), model(grey.expand(-1, 3, -1, -1)))
+    assert list(model.state_dict()) == list(build_custom_model(TORCHVISION_RESNET, None, num_classes=10,
+                                                               in_chans=3)[0].state_dict())  # torchvision's names
+    assert check(TORCHVISION_RESNET) == ("num_classes",)  # 1 channel, 10 classes
+    # A **kwargs that takes in_chans and drops it (torchvision's MobileNetV3) did not take it: its stem is fitted too.
+    mobilenet, given = build_custom_model("torchvision.models:mobilenet_v3_small", None, num_classes=10, in_chans=1)
+    assert given == ("num_classes",) and input_channels(mobilenet, 1) == 3
+    assert mobilenet.eval()(grey).shape == (2, 10)
+    with pytest.raises(ModelError, match="given the dataset's grey images as 3 equal channels, which mp and pp cannot"):
+        split_into_stages(model, 2, in_chans=1, image_size=16, name=TORCHVISION_RESNET)
+    with pytest.raises(ModelError) as caught:
+        check(TORCHVISION_RESNET, in_chans=13)
+    message = str(caught.value)
+    assert message.startswith(f"model '{TORCHVISION_RESNET}': raises in forward on a 2x13x16x16 batch: RuntimeError: ")
+    assert message.endswith("; its first convolution takes 3 channel(s) and the dataset has 13: choose 3 bands with "
+                            "--bands (multi-band files), a dataset of that many channels, or a model that takes "
+                            "in_chans") and "\n" not in message
+
+
+def test_sizes_given_in_model_args_are_passed_and_checked_against_the_dataset(nets):
+    model, given = build_custom_model(TORCHVISION_RESNET, {"num_classes": 10}, num_classes=10, in_chans=3)
+    assert given == ("num_classes",) and model.fc.out_features == 10
+    with pytest.raises(ModelError) as caught:
+        check(TORCHVISION_RESNET, {"num_classes": 1000})
+    assert str(caught.value) == (f"model '{TORCHVISION_RESNET}': model_args gives num_classes 1000, but the dataset "
+                                 "has 10 classes: give 10, or leave num_classes out (the dataset's is passed where "
+                                 "the model takes it)")
+    with pytest.raises(ModelError, match="model_args gives in_chans 3, but the dataset has 1 channels"):
+        check(f"{nets}:Net", {"width": 4, "in_chans": 3})
+    with pytest.raises(ModelError, match="model 'resnet18': model_args gives num_classes 5, but the dataset has 3"):
+        create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 5})
+    assert create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 3}).num_classes == 3
