@@ -18,7 +18,8 @@ from tests.support import leave_with_results, world_results
 from contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
 from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
-from trainer_backend.engine.forecast.memory_fit import fits, format_table, suggestions, verdict
+from trainer_backend.engine.forecast.free_memory import fits, verdict
+from trainer_backend.engine.forecast.memory_fit import format_table, suggestions
 from trainer_backend.engine.forecast.memory_trace import trace_step
 from trainer_backend.engine.models import create_model
 
