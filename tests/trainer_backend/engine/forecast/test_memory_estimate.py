@@ -253,9 +253,9 @@ def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
 # --- parameters, gradients and optimizer state against what the strategies hold ------------
 
 def _one_step(strategy, model, optimizer, loader):
-    from trainer_backend.engine.loop import train_epoch
+    from trainer_backend.engine.loop import train_one_epoch
 
-    train_epoch(model, loader, optimizer, strategy)
+    train_one_epoch(model, loader, optimizer, strategy)
 
 
 def _loader(batch: int, steps: int) -> DataLoader:
