@@ -26,10 +26,10 @@ from pathlib import Path
 
 from contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
 from contract.fields import FIELDS, Field
-from contract.plugins import load_plugins
+from trainer_backend.engine.plugins import load_plugins
 from contract.printable import one_line, printable_lines, shown_name
 from contract.python_process import leave_without_shutdown
-from contract.startup import engine_imports
+from trainer_backend.worker.startup import engine_imports
 from contract.storage import DiskFullError, check_export_dir
 from contract.strategy_specs import spec as strategy_spec
 from contract.strategy_specs import distributed_base, sweep_base_for

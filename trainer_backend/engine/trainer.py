@@ -43,14 +43,14 @@ from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
-from contract.logguard import guard_output, reattach_deleted_log
+from trainer_backend.telemetry.logguard import guard_output, reattach_deleted_log
 from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, rank_amp_dtype, train_one_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
 from trainer_backend.engine.forecast.memory_estimate import run_stored_data, stored_estimate
 from trainer_backend.engine.models import create_model
-from contract.plugins import load_plugins
+from trainer_backend.engine.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 from trainer_backend.telemetry.stacks import register_stack_dump
