@@ -41,7 +41,8 @@ from db import make_engine, store  # noqa: E402
 from contract.config import RunConfig  # noqa: E402
 from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
 from trainer_backend.worker.liveness import Heartbeat  # noqa: E402
-from trainer_backend.engine.loop import accumulate, train_one_epoch  # noqa: E402
+from trainer_backend.engine.confusion import accumulate  # noqa: E402
+from trainer_backend.engine.loop import train_one_epoch  # noqa: E402
 from trainer_backend.engine.strategies import Strategy  # noqa: E402
 from trainer_backend.engine.trainer import build_loaders, load_data  # noqa: E402
 from trainer_backend.telemetry.recorder import PROGRESS_INTERVAL_S, Recorder  # noqa: E402

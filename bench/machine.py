@@ -67,6 +67,35 @@ def process_tree_cpu_s(pid: int) -> float:
     return sum(cpu.get(p, 0.0) for p in tree)
 
 
+def memory_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory (RSS: every page it maps that is in memory, shared libraries whole) and
+    its proportional share (PSS: each shared page divided among the processes that map it), in MB (Linux)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    pss_kb = next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+    return {"rss_mb": rss_kb / 1024, "pss_mb": pss_kb / 1024}
+
+
+# What a process that has imported torch (or torchvision) maps: their compiled extensions and libraries. timm
+# is pure Python and imports torch.
+TORCH_FILES = ("/torch/", "/torchvision/")
+
+
+def torch_files_mapped(pid: int) -> list[str]:
+    """The files of torch or torchvision a process maps (none unless it imported them), from /proc/PID/maps."""
+    paths = {line.split(maxsplit=5)[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+             if len(line.split(maxsplit=5)) == 6}
+    return sorted(path for path in paths if any(part in path for part in TORCH_FILES))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (Linux)."""
+    from trainer_backend.control.lifecycle import proc_stats
+
+    return sorted(process for process, fields in proc_stats() if int(fields[1]) == pid)
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 

@@ -3,8 +3,9 @@
 Each repeat starts a new Streamlit server (a new process: nothing imported, nothing cached) on a
 new PARALLAX_HOME, waits until it answers its health check, then opens the first page in a new
 headless chromium (playwright) and times, from ``page.goto``: the Launch button visible and
-enabled (the form is usable), and the parameter count shown (the form complete: torch and timm
-imported, every model listed). Server start-up (process start to health check) is reported apart.
+enabled (the form is usable), and the parameter count shown (the form complete: the backend's inspector, a
+child process of the server, has imported torch and timm, every model listed). Server start-up (process start
+to health check) is reported apart.
 
     python bench/time_to_interactive.py            # 5 repeats
     python bench/time_to_interactive.py --quick    # one repeat

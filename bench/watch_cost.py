@@ -9,7 +9,10 @@ time is measured, i.e. cores, with the browser's (chromium and the playwright dr
 these and this process):
 
 1. no tab open; 2. one tab settled on the Launch page (3 s after its heading shows, then until a second
-   in which the server used under 0.05 of a core, at most 60 s: the first page load imports torch);
+   in which the server used under 0.05 of a core, at most 60 s: the first page load has the backend's
+   inspector, a child process, import torch); then Runs, Compare and Sweeps each opened in a tab and settled
+   alike, and the server's memory read (RSS and PSS, /proc) with the files of torch it maps (none: it never
+   imports torch) and the inspector's memory beside it;
 3. a real run trains (resnet18 on digits, 32 px, batch 128, ``python -m trainer_backend launch``);
    after its first epoch, windows alternate: unwatched (no tab) and watched (one headless chromium
    tab on the run's page, opened and settled for 3 s before the window starts); the run's training
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.browser import (CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, browser_missing,  # noqa: E402
                            dashboard_server, make_run_command)
 from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
-from bench.machine import CpuShare, process_tree_cpu_s  # noqa: E402
+from bench.machine import CpuShare, child_pids, memory_mb, process_tree_cpu_s, torch_files_mapped  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
 from ui import live, live_feed  # noqa: E402
@@ -54,6 +57,8 @@ PAGE_MS = 120_000
 
 
 KINDS = ("no tab", "Launch tab", "unwatched", "watched", "finished run tab")
+# The pages opened, in this order, before the server's memory is read: each by its path and heading.
+PAGES = (("/", "Launch a run"), ("/runs", "Runs"), ("/compare", "Compare runs"), ("/sweep", "Sweeps"))
 POLL_S = 0.1
 LATENCY_MIN_S = 12.0
 # What the watching tab has drawn: every step up to this one (ui/live_feed.py), 0 before the first.
@@ -229,6 +234,26 @@ class Watch:
         finally:
             page.close()
 
+    def open_pages(self) -> dict:
+        """Each of PAGES opened in a tab and settled as Launch's is, then the server's memory and the files of
+        torch it maps, and the memory of its children (the inspector)."""
+        from playwright.sync_api import expect
+
+        for path, heading in PAGES:
+            page = self.browser.new_page(viewport={"width": 1400, "height": 1600})
+            try:
+                page.set_default_timeout(PAGE_MS)
+                page.goto(f"{self.url}{path}")
+                expect(page.get_by_role("heading", name=heading)).to_be_visible(timeout=PAGE_MS)
+                page.wait_for_timeout(SETTLE_S * 1000)
+                self.settle(page)
+            finally:
+                page.close()
+        children = [memory_mb(pid) for pid in child_pids(self.server_pid)]
+        return {**memory_mb(self.server_pid), "torch_files": torch_files_mapped(self.server_pid),
+                "children_rss_mb": sum(child["rss_mb"] for child in children),
+                "children_pss_mb": sum(child["pss_mb"] for child in children)}
+
     def watched(self, window_s: float) -> None:
         from playwright.sync_api import expect
 
@@ -305,11 +330,17 @@ def main() -> None:
                 browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 try:
                     watch = Watch(server.pid, url, browser)
+                    memory = None
                     for repeat in range(1, args.repeats + 1):
                         watch.measure("no tab", window_s)
                         watch.print_last("no tab", f"no tab #{repeat}")
                         watch.settled_tab("Launch tab", "/", "Launch a run", window_s)
                         watch.print_last("Launch tab", f"Launch tab #{repeat}")
+                        if memory is None:
+                            memory = watch.open_pages()
+                            print(f"  after {', '.join(h for _, h in PAGES)}: server RSS {memory['rss_mb']:.0f} MB, "
+                                  f"PSS {memory['pss_mb']:.0f} MB, torch files mapped {len(memory['torch_files'])}; "
+                                  f"its children (the inspector) RSS {memory['children_rss_mb']:.0f} MB", flush=True)
                     launched_at = time.perf_counter()
                     launched = run_timed(engine_command("launch", "--dataset", "digits", "--batch-size", "128",
                                                         *run_flags(args.quick), "--tags", "bench"))
@@ -339,9 +370,25 @@ def main() -> None:
             if run_id is not None and store.get_run(engine, run_id).status in ("queued", "running"):
                 cancel(run_id, db_url=db_url)
             engine.dispose()
+    add_memory(report, memory)
     add_figures(report, watch.windows, epochs, epoch_times_s)
     add_latency(report, watch.start, watch.latencies_s)
     report.finish(args)
+
+
+def add_memory(report: Report, memory: dict) -> None:
+    pages = ", ".join(heading for _, heading in PAGES)
+    report.add(f"server memory (RSS) after {pages} were opened", [memory["rss_mb"]], unit=" MB", target=at_most(300))
+    report.add(f"server memory (PSS) after {pages} were opened", [memory["pss_mb"]], unit=" MB", headline=False)
+    report.add("files of torch or torchvision the server maps", [len(memory["torch_files"])], target=at_most(0),
+               headline=False)
+    report.add("the inspector's memory (RSS; the child that imports torch for the Launch form)",
+               [memory["children_rss_mb"]], unit=" MB", headline=False)
+    report.note("Memory: the server never imports torch, timm or torchvision; what the Launch form needs from them "
+                "(every timm model, a model's parameter count, a dataset's description, the memory estimate) comes "
+                "from one child process, the inspector, started at the first Launch page. Before, the server "
+                "imported them itself: 95 MB before the first page, 930-950 MB RSS once Launch, Runs, Compare and "
+                "Sweeps had been opened (2026-12-07, 2 cores).")
 
 
 def add_latency(report: Report, start: dict[str, float], latencies_s: list[float]) -> None:

@@ -633,7 +633,12 @@ def _validate_loader_workers(cfg: RunConfig) -> None:
 
 
 def cuda_device_count() -> int:
-    """GPUs visible to torch; imported lazily so that building a config stays cheap."""
+    """GPUs visible to CUDA: NVML's count (no CUDA context, no torch: the dashboard checks a config in its own
+    process, which never imports torch), else torch's where NVML cannot be read."""
+    from contract.devices import visible_gpu_count
+
+    if (count := visible_gpu_count()) is not None:
+        return count
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -93,6 +93,25 @@ def gpu_statuses() -> list[GpuStatus]:
         close_nvml(pynvml)
 
 
+def visible_gpu_count() -> int | None:
+    """How many GPUs CUDA numbers here (cuda:0 ... cuda:N-1), from NVML: the same order and CUDA_VISIBLE_DEVICES
+    resolution as ``gpu_statuses``, without a CUDA context or torch; None where NVML cannot be read (no package
+    or no driver)."""
+    pynvml = _init_nvml()
+    if pynvml is None:
+        return None
+    try:
+        count = 0
+        for device_id in _visible_ids(pynvml):
+            _handle_for(pynvml, device_id)  # a MIG id NVML does not know: CUDA stops there too
+            count += 1
+        return count
+    except pynvml.NVMLError:
+        return count
+    finally:
+        close_nvml(pynvml)
+
+
 def gpu_free_bytes() -> dict[str, int]:
     """Each GPU's free memory now by "cuda:N", as NVML reads it (total less every process's use); {} without NVML."""
     return {f"cuda:{g.index}": int(max(0.0, g.memory_total_mb - g.memory_used_mb) * 2**20) for g in gpu_statuses()}

@@ -327,7 +327,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
 
     from contract.config import RunConfig
     from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import evaluate
+    from trainer_backend.engine.loop import validate
     from trainer_backend.engine.models import create_model
     from trainer_backend.engine.strategies import Strategy
     from trainer_backend.engine.trainer import build_loaders, load_data
@@ -348,7 +348,7 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     strategy = Strategy(config)
     strategy.inputs = DeviceInputs.for_run(config, data.train.normalise, strategy.input_device)
     _, val_loader = build_loaders(data, config, strategy)
-    loss_sum, correct, count = evaluate(model, val_loader, strategy).tolist()[:3]
+    loss_sum, correct, count = validate(model, val_loader, strategy).tolist()[:3]
     return checkpoint, correct / count, loss_sum / count, int(count)
 
 

@@ -1,7 +1,8 @@
 """The Launch form's "your own model": its verdict comes from the same child process the command line
-uses (trainer_backend/worker/model_check.py), so that a broken import, a hang or a crash in the user's
-code never runs in the dashboard's process. The dashboard itself only finds the file and hashes it, and
-starts no check for a model outside the model folders the machine's owner set (worker/model_roots.py).
+uses (trainer_backend/worker/model_check.py, through trainer_backend/control/inspect.py), so that a broken
+import, a hang or a crash in the user's code never runs in the dashboard's process. The dashboard itself only
+finds the file and hashes it, and starts no check for a model outside the model folders the machine's owner set
+(worker/model_roots.py).
 
     verdict = model_verdict(config)   # Verdict(ok=True, line="model /abs/mynet.py:Net takes num_classes ...")
 
@@ -30,7 +31,7 @@ class Verdict(NamedTuple):
 
 def model_verdict(config: RunConfig) -> Verdict:
     """The child's verdict on ``config``'s own model, cached (see the module's docstring)."""
-    from trainer_backend.worker.model_roots import check_model_allowed
+    from trainer_backend.control.inspect import check_model_allowed
 
     try:
         check_model_allowed(config.model)  # a form runs only what the owner put in the model folders
@@ -44,7 +45,7 @@ def model_verdict(config: RunConfig) -> Verdict:
 @st.cache_data(show_spinner=False, max_entries=64)
 def _checked(model: str, model_args: str, source: str, dataset: str, bands, image_size: int, strategy: str,
              devices: int, *, _config: RunConfig) -> Verdict:
-    from trainer_backend.worker.model_check import check_model_before_launch
+    from trainer_backend.control.inspect import check_model_before_launch
 
     started = time.perf_counter()
     try:
@@ -56,7 +57,7 @@ def _checked(model: str, model_args: str, source: str, dataset: str, bands, imag
 
 def allowed_folders() -> str:
     """Where the dashboard takes your own models from, and how to change it, for the field's help."""
-    from trainer_backend.worker.model_roots import MODEL_ROOTS_ENV, model_roots
+    from trainer_backend.control.inspect import MODEL_ROOTS_ENV, model_roots
 
     return f"the model folders ({', '.join(str(root) for root in model_roots())}; {MODEL_ROOTS_ENV} sets others)"
 

@@ -98,3 +98,34 @@ def test_cli_rejects_bad_config_before_anything_starts(cli, parallax_home):
     assert "epochs 0" in result.stderr and "Traceback" not in result.stderr
     assert "run_id=" not in result.stdout
     assert not (parallax_home / "parallax.db").exists()
+
+
+GPU_CHECK = """
+import sys
+from contract.config import ConfigError, RunConfig
+RunConfig(strategy="ddp", devices=("cuda:0", "cuda:1"))
+try:
+    RunConfig(devices=("cuda:2",))
+except ConfigError as exc:
+    print(exc)
+print(sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules))
+"""
+
+
+def test_a_gpu_config_is_checked_against_nvml_without_importing_torch():
+    """The dashboard checks the form's config in its own process, which never imports torch."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.nvml_machines import TWO_GPUS, subprocess_env
+    from tests.support import ROOT
+
+    env = subprocess_env(TWO_GPUS, {**os.environ, "PYTHONPATH": str(ROOT)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run([sys.executable, "-c", GPU_CHECK], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, imported = done.stdout.strip().splitlines()
+    assert refused == "device cuda:2 does not exist: this machine has GPUs 0..1"
+    assert imported == "[]"

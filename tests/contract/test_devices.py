@@ -69,6 +69,21 @@ def test_the_picker_describes_the_gpu_cuda_numbers_the_same(fake_nvml, monkeypat
     assert names(statuses) == expected
 
 
+@pytest.mark.parametrize("visible", [None, "1,0", "2", f"{B},{A}", "GPU-aaaa3", MIG, f"MIG-{C}/3/0", "0,7,1"])
+def test_the_gpu_count_is_the_picker_s_without_torch(fake_nvml, monkeypatch, visible):  # noqa: F811
+    fake_nvml(GPUS)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert devices.visible_gpu_count() == len(devices.gpu_statuses())
+
+
+def test_without_a_driver_the_gpu_count_is_not_known(fake_nvml):  # noqa: F811
+    fake_nvml(None)
+    assert devices.visible_gpu_count() is None
+
+
 def test_each_status_carries_its_memory_utilisation_uuid_and_compute_capability(fake_nvml, monkeypatch):  # noqa: F811
     fake_nvml(GPUS)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"1,{MIG}")

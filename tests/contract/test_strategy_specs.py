@@ -16,7 +16,8 @@ from contract import config as config_module
 from contract.config import STRATEGIES, RunConfig, strategy_notes
 from contract.strategy_specs import (SPECS, STRATEGY_SPECS, baseline, find, memory_saver, spec,
                                                     sweep_base_for)
-from trainer_backend.engine.strategies import DistributedStrategy, Strategy
+from trainer_backend.engine.strategies import Strategy
+from trainer_backend.engine.strategies.process_group import ProcessGroup
 from trainer_backend.engine.strategies.registry import strategy_class
 
 from tests.support import run_python
@@ -73,23 +74,23 @@ def test_a_specs_process_and_batch_flags_agree_with_its_class(name, monkeypatch)
     started = []
     monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: started.append(kwargs["world_size"]))
     store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
-    strategy = strategy_class(name).create(config, 0, store_host="127.0.0.1", store_port=store.port)
+    strategy = strategy_class(name)(config, 0, store_host="127.0.0.1", store_port=store.port)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # a rank takes its share of the cores; not this one
     strategy.setup()
     s = spec(name)
     assert (started == [len(config.devices)]) == s.distributed, started
-    assert isinstance(strategy, DistributedStrategy) == s.distributed
+    assert isinstance(strategy.group, ProcessGroup) == s.distributed
     assert strategy.world_size == config.world_size == (len(config.devices) if s.distributed else 1)
-    assert isinstance(strategy.train_sampler(16, 0), DistributedSampler) == s.splits_batch
+    assert isinstance(strategy.shards.train_sampler(16, 0), DistributedSampler) == s.splits_batch
     # The schedule that cuts batches into microbatches runs the steps itself and computes the loss on its last stage.
-    assert strategy.runs_own_loop == s.microbatched == s.records_on_last_rank
+    assert (type(strategy).train_step is not Strategy.train_step) == s.microbatched == s.records_on_last_rank
     assert s.recording_rank(len(config.devices)) == (len(config.devices) - 1 if s.records_on_last_rank else 0)
 
     # On GPUs (named, never touched: no strategy here is set up), what one process computes on.
     monkeypatch.setattr(config_module, "cuda_device_count", lambda: 2)
-    on_gpus = strategy_class(name).create(_config(name, ("cuda:0", "cuda:1")), 0)
+    on_gpus = strategy_class(name)(_config(name, ("cuda:0", "cuda:1")), 0)
     assert (len(on_gpus.devices) > 1) == s.spans_devices, on_gpus.devices
-    assert (len(on_gpus.replica_batches(8)) > 1) == s.scatters_batch
+    assert (len(on_gpus.shards.replica_batches(8)) > 1) == s.scatters_batch
 
 
 @pytest.mark.processes

@@ -7,10 +7,15 @@ into the launched run's config.
 
 from __future__ import annotations
 
+import pytest
+
 from db import store
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.pages.test_launch_recipe import cancel_at_the_end, errors_in_column_of, launch_button, launch_page  # noqa: F401
 from contract.fields import FIELDS
+
+# The Launch page's full form asks the backend's inspector, a child process (trainer_backend/control/inspect.py).
+pytestmark = pytest.mark.processes
 
 
 def test_the_choice_starts_at_auto_and_on_is_refused_beside_it_on_a_cpu(launch_page):

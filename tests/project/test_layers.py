@@ -175,6 +175,42 @@ def test_the_backend_never_imports_the_dashboard():
     assert not offending, sorted(offending)
 
 
+def dashboard_backend_imports(sources: dict[str, str]) -> list[str]:
+    """``module:line imports name`` for each import, at any depth, by the dashboard (app.py, pages/, ui/) of a
+    backend module outside trainer_backend.control, its one door: a change inside a rank's code cannot break a
+    page, and the server never loads the training stack."""
+    found = []
+    for module, source in sources.items():
+        if module.split(".")[0] not in ("app", "pages", "ui"):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [f"{node.module}.{alias.name}" if node.module == "trainer_backend" else node.module or ""
+                         for alias in node.names]
+            else:
+                continue
+            found += [f"{module}:{node.lineno} imports {name}" for name in dict.fromkeys(names)
+                      if name.split(".")[0] == "trainer_backend" and name.split(".")[:2] != ["trainer_backend", "control"]]
+    return found
+
+
+def test_the_dashboard_asks_the_backend_through_control_only():
+    found = dashboard_backend_imports(package_sources())
+    assert not found, "the dashboard imports the backend beside trainer_backend.control: " + "; ".join(found)
+
+
+def test_the_door_check_finds_a_page_reaching_past_control_inside_a_function():
+    sources = {"ui.options": "from trainer_backend.control.inspect import data_roots\n"
+                             "def f():\n    from trainer_backend.engine.models import count_parameters\n",
+               "pages.launch": "from trainer_backend import control, datasets\nimport trainer_backend.worker.runner\n",
+               "reports.scaling": "from trainer_backend.engine.models import count_parameters\n"}
+    assert dashboard_backend_imports(sources) == [
+        "ui.options:3 imports trainer_backend.engine.models", "pages.launch:1 imports trainer_backend.datasets",
+        "pages.launch:2 imports trainer_backend.worker.runner"]
+
+
 def test_pages_and_ui_never_import_torch_distributed():
     offending = {
         f"{module} imports {name}"

@@ -449,6 +449,7 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     from tests.support import leave_as_a_rank
+    from trainer_backend.engine.loop import train_one_epoch
     from trainer_backend.engine.models import create_model
     from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
@@ -474,7 +475,7 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
         data = torch.utils.data.TensorDataset(torch.randn(16, 3, 8, 8, generator=generator),
                                               torch.randint(0, 10, (16,), generator=generator))
         loader = torch.utils.data.DataLoader(data, batch_size=8)
-        totals, _ = strategy.train_epoch(model, loader, optimizer, amp_dtype=torch.bfloat16)
+        totals, _ = train_one_epoch(model, loader, optimizer, strategy, amp_dtype=torch.bfloat16)
         val = strategy.evaluate(model, loader, amp_dtype=torch.bfloat16)
         with open(f"{out_path}.{rank}", "w") as handle:
             json.dump({**seen, "totals": totals.tolist(), "val": val[:3].tolist()}, handle)

@@ -234,7 +234,7 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(3, 4, device="cuda:0")).sum().backward()
     optimizer.step()
-    state = strategy.resume_state(model, optimizer)
+    state = strategy.checkpoints.resume_state(model, optimizer)
     tensors = [*state["model"].values(), *state["optimizer"]["state"][0].values()]
     assert any(t.numel() > 1 for t in tensors) and all(t.device.type == "cpu" for t in tensors)
 
@@ -887,7 +887,7 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
 
     from trainer_backend.engine import loop
     from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import evaluate, synchronize, train_one_epoch
+    from trainer_backend.engine.loop import synchronize, train_one_epoch, validate
     from trainer_backend.engine.models import create_model
     from trainer_backend.engine.schedule import build_optimizer
     from trainer_backend.engine.strategies import Strategy
@@ -911,7 +911,7 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
                                         on_step=lambda step, _: steps.append(step),
                                         on_start=lambda: torch.cuda.set_sync_debug_mode("error"))
         torch.cuda.set_sync_debug_mode("error")
-        val_totals = evaluate(model, val_loader, strategy)
+        val_totals = validate(model, val_loader, strategy)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     return steps, totals.cpu(), val_totals.cpu()

@@ -24,7 +24,7 @@ from trainer_backend.datasets.device_decode import DeviceJpegDecode, EncodedImag
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, collate_batch
 from trainer_backend.engine.batchnorm import statistics_loader
 from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.engine.loop import evaluate
+from trainer_backend.engine.loop import validate
 from trainer_backend.engine.strategies import Strategy
 
 DEVICE = torch.device("meta")  # stands for the GPU
@@ -295,7 +295,7 @@ def test_validation_counts_its_confusion_on_the_device_and_leaves_one_read_per_e
     loader = Batches(zip(pixels.split(4), labels.split(4)), classes)
     strategy = Strategy(RunConfig(strategy="single", devices="cpu"))
     with host_transfers:
-        totals = evaluate(Guess(classes), loader, strategy)
+        totals = validate(Guess(classes), loader, strategy)
     assert not host_transfers.reads, f"{len(loader)} batches read the device back: {host_transfers.reads}"
     predictions = (pixels[:, 0, 0, 0].long() % classes).tolist()
     hand = [[sum(1 for t, p in zip(labels.tolist(), predictions) if (t, p) == (row, col)) for col in range(classes)]

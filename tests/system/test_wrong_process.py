@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import db
 from tests.support import DDP_ON_CPU, ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_dir
 from db import run_state as state
@@ -189,6 +191,7 @@ def test_a_second_worker_that_loses_the_claim_leaves_the_run_to_the_winner(paral
     assert ("status=completed" in out) == (lost in log)
 
 
+@pytest.mark.processes  # the full form asks the backend's inspector, a child process
 def test_the_launch_form_names_too_many_loader_workers_under_their_field(parallax_home, fake_nvml, monkeypatch):  # noqa: F811
     from tests.nvml_machines import pin_cuda_count
     from tests.pages.test_every_page import column_with, launch_button, open_page, texts

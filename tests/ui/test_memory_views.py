@@ -24,6 +24,7 @@ def cpu_machine(fake_nvml, monkeypatch):  # noqa: F811
     pin_cuda_count(monkeypatch, 0)
 
 
+@pytest.mark.processes  # the estimate comes from the backend's inspector, a child process
 def test_the_default_run_fits_in_the_hosts_memory_and_says_by_how_much(parallax_home):
     at = open_page("pages/launch.py")
     assert not at.exception, at.exception
@@ -34,6 +35,7 @@ def test_the_default_run_fits_in_the_hosts_memory_and_says_by_how_much(parallax_
     assert any(text.startswith("On CPU the run measures") for text in texts(at.caption))
 
 
+@pytest.mark.processes  # the estimate comes from the backend's inspector, a child process
 def test_compare_strategies_shows_every_strategys_estimate(parallax_home):
     at = open_page("pages/launch.py")
     at.radio(key="launch_mode").set_value("Compare strategies").run()

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
 from contract.fields import FIELDS, Field
-from contract.plugins import load_plugins
+from trainer_backend.engine.plugins import load_plugins
 from contract.printable import one_line, printable_lines, shown_name
 from contract.python_process import leave_without_shutdown
-from contract.startup import engine_imports
+from trainer_backend.worker.startup import engine_imports
 from contract.storage import DiskFullError, check_export_dir
 from contract.strategy_specs import spec as strategy_spec
 from contract.strategy_specs import distributed_base, sweep_base_for
@@ -502,7 +502,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     config = config_from_args(args, sweep=bool(args.strategies))
     with engine_imports():
         from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
-        from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
+        from trainer_backend.engine.forecast.free_memory import available_memory_mb, fits
+        from trainer_backend.engine.forecast.memory_fit import format_table, table_rows
 
     if args.strategies:
         from trainer_backend.control.lifecycle import sweep_configs

@@ -21,6 +21,14 @@ def val_totals(num_classes: int, device: torch.device) -> torch.Tensor:
     return torch.zeros(VAL_TOTALS + num_classes * num_classes, dtype=torch.float64, device=device)
 
 
+def accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """Add a batch to ``totals[:VAL_TOTALS]``: its loss times its images, its correct predictions, its images."""
+    batch = labels.numel()
+    totals[0] += loss.double() * batch
+    totals[1] += (logits.argmax(dim=1) == labels).sum()
+    totals[2] += batch
+
+
 def add_confusion(totals: torch.Tensor, predictions: torch.Tensor, labels: torch.Tensor) -> None:
     """Count (label, prediction) pairs into ``totals[VAL_TOTALS:]``; nothing when it has no room."""
     cells = totals.numel() - VAL_TOTALS

@@ -1,31 +1,29 @@
 """The training and evaluation loops, the same for every strategy.
 
-    totals, train_time_s = train_epoch(model, train_loader, optimizer, strategy, amp_dtype=None)
+    totals, train_time_s = train_one_epoch(model, train_loader, optimizer, strategy, amp_dtype=None)
     val_totals = validate(model, val_loader, strategy)
 
-The loops run steps over a strategy (which knows the devices and collectives); a strategy whose
-schedule runs a step's forward and backward itself (``runs_own_loop``: the pipeline's) is asked to
-run each step (``strategy.train_step``), in this same epoch loop, and wraps the epoch to time its stages.
+The loops run steps over a strategy (which knows the devices and collectives), with no branch on which one
+it is: each step is the strategy's ``train_step`` (the default forward, backward and optimizer step, or a
+pipeline schedule's) and the evaluation its ``evaluate``.
 Per-batch numbers are summed on the device and read once per epoch: a ``.item()`` per step
 would force a host-device sync every step and slow GPU training for a progress number.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainer_backend.engine.confusion import add_confusion, val_totals
+from trainer_backend.engine.confusion import accumulate
 from trainer_backend.engine.divergence import NonfiniteGuard
 from trainer_backend.engine.stopping import StopAtStep
 from trainer_backend.telemetry.profiling import StepProfiler, phase_ranges
-from trainer_backend.engine.strategies import Strategy, autocast, synchronize
+from trainer_backend.engine.strategies import Step, Strategy, synchronize
 
 StepCallback = Callable[[int, int], None]
 StartCallback = Callable[[], None]  # the epoch's first step is about to run
@@ -127,22 +125,12 @@ class PrecisionRecord:
         return record
 
 
-def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer, strategy: Strategy,
-                **kwargs) -> tuple[torch.Tensor, float]:
-    """One epoch of training in the strategy's own loop where it has one, else ``train_one_epoch``."""
-    if strategy.runs_own_loop:
-        return strategy.train_epoch(model, loader, optimizer, **kwargs)
-    return train_one_epoch(model, loader, optimizer, strategy, **kwargs)
-
-
-def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None
-             ) -> torch.Tensor:
+def validate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None,
+             bn_loader: DataLoader | None = None) -> torch.Tensor:
     """[loss_sum, correct, count, confusion counts...] over this process's validation shard (see
-    confusion.py), in the strategy's own loop where it has one, else ``evaluate`` on the model
-    without its data-parallel wrapper."""
-    if strategy.runs_own_loop:
-        return strategy.evaluate(model, loader, amp_dtype=amp_dtype)
-    return evaluate(strategy.unwrap(model), loader, strategy, amp_dtype=amp_dtype)
+    confusion.py): the strategy's evaluation, after its BatchNorm statistics are recomputed over
+    ``bn_loader`` where one is given (batchnorm.py)."""
+    return strategy.evaluate(model, loader, amp_dtype=amp_dtype, bn_loader=bn_loader)
 
 
 def train_one_epoch(
@@ -163,7 +151,7 @@ def train_one_epoch(
 ) -> tuple[torch.Tensor, float]:
     """One pass over this process's shard (from ``first_step``, resuming an epoch stopped after the step
     before it: the batches before it are read, in the epoch's order, and not trained). Returns ([loss_sum, correct, count], seconds). Each step is
-    the forward and backward below, or the strategy's own (``train_step``) where it runs them itself.
+    the strategy's ``train_step``: the default forward, backward and optimizer step, or a pipeline schedule's.
     ``guard`` watches the losses for NaN and infinity (divergence.py): it may drop an optimizer step
     (skip) or end the epoch on every rank at once (stop). ``stop`` (engine/stopping.py), asked after each
     optimizer step, may end the epoch there on every rank: ``StopAtStep`` is raised. ``on_step`` follows each
@@ -182,7 +170,7 @@ def train_one_epoch(
     start = time.perf_counter()
     if on_start is not None:
         on_start()
-    accumulate_steps, label_smoothing = strategy.config.accumulate_steps, strategy.config.label_smoothing
+    accumulate_steps = strategy.config.accumulate_steps
 
     def stop_clock(step: int) -> float:
         """The epoch's training seconds, once its queued work is done; then the last step's ``on_step``,
@@ -200,33 +188,13 @@ def train_one_epoch(
         steps_optimizer = step == group_start + group_size
         with phase("data_loading"), clock.data():
             images, labels = strategy.to_device(*next(batches), train=True)
-        if strategy.runs_own_loop:
-            outcome = strategy.train_step(model, images, labels, optimizer, phase)
-        else:
-            # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
-            with contextlib.nullcontext() if steps_optimizer else strategy.no_grad_sync(model):
-                with phase("forward"), autocast(strategy.input_device, amp_dtype):
-                    logits = model(images)
-                    loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
-                with phase("backward"), clock.backward():
-                    # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
-                    part = loss / group_size if group_size > 1 else loss
-                    (scaler.scale(part) if scaler is not None else part).backward()
-            if guard is not None:
-                guard.observe(step, loss, labels.numel())
-            if steps_optimizer:
-                with phase("optimizer_step"):
-                    if guard is not None and guard.skips_update():
-                        optimizer.zero_grad(set_to_none=True)  # dropped on every rank: the weights stay finite
-                    else:
-                        optimizer_step(model, optimizer, strategy, scaler)
-            outcome = loss.detach(), logits.detach(), labels
+        # The step observes its loss with the guard, which may drop its optimizer step on every rank.
+        outcome = strategy.train_step(model, images, labels, optimizer,
+                                      Step(step, group_size, steps_optimizer, amp_dtype, scaler, guard, phase))
         if outcome is not None:  # None on a process that computes no loss (a pipeline's first stages)
             loss, logits, labels = outcome
             accumulate(totals, guard.finite_loss(loss) if guard is not None else loss, logits, labels)
         if guard is not None:
-            if strategy.runs_own_loop:  # its loss, where this stage computes one, after its own optimizer step
-                guard.observe(step, *((loss, labels.numel()) if outcome is not None else (None,)))
             guard.check(step)
         if profiler is not None:
             profiler.step()
@@ -237,43 +205,3 @@ def train_one_epoch(
         if stop is not None and steps_optimizer and stop(step, total_steps):
             raise StopAtStep(step, totals, stop_clock(step))
     return totals, stop_clock(total_steps)
-
-
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
-                   scaler: torch.amp.GradScaler | None) -> None:
-    """Clip the gradients (when the run asks), step, clear the gradients. Under fp16 the gradients
-    are unscaled first, so that the clipping norm is the true gradients' norm."""
-    if strategy.config.grad_clip:
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        strategy.clip_grad_norm(model, strategy.config.grad_clip)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, strategy: Strategy, *, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """[loss_sum, correct, count, confusion counts...] over this process's validation shard. The loss is
-    the plain cross-entropy, without the training's label smoothing, so validation losses compare across recipes."""
-    model.eval()
-    # Any iterable of batches will do; a DataLoader's dataset tells the classes to count a confusion matrix over.
-    totals = val_totals(getattr(getattr(loader, "dataset", None), "num_classes", 0), strategy.output_device)
-    for images, labels in loader:
-        images, labels = strategy.to_device(images, labels)
-        with autocast(strategy.input_device, amp_dtype):
-            logits = model(images)
-            loss = F.cross_entropy(logits, labels)
-        accumulate(totals, loss, logits, labels)
-        add_confusion(totals, logits.argmax(dim=1), labels)
-    return totals
-
-
-def accumulate(totals: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-    batch = labels.numel()
-    totals[0] += loss.double() * batch
-    totals[1] += (logits.argmax(dim=1) == labels).sum()
-    totals[2] += batch

@@ -62,7 +62,7 @@ def save_resume_point(folder: Path, strategy: Strategy, model: nn.Module, optimi
                       partial: dict | None = None, loader_rng: torch.Tensor | None = None) -> None:
     """After finished epoch ``epoch``; with ``step``, mid-way through the next one (``loader_rng``: the loader's
     generator state at that epoch's start)."""
-    state = strategy.resume_state(model, optimizer)
+    state = strategy.checkpoints.resume_state(model, optimizer)
     if not strategy.is_main:
         return
     device = strategy.input_device
@@ -131,7 +131,7 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
     if collective:
         dist.broadcast_object_list(holder, src=source)
     point = holder[0]
-    strategy.load_resume_state(model, optimizer, point["state"])
+    strategy.checkpoints.load_resume_state(model, optimizer, point["state"])
     torch.set_rng_state(point["rng"])
     if point["cuda_rng"] is not None and strategy.input_device.type == "cuda":
         torch.cuda.set_rng_state(point["cuda_rng"], strategy.input_device)

@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from contract.config import RunConfig
-from trainer_backend.engine.strategies import Strategy, autocast, synchronize
+from trainer_backend.engine.strategies import Strategy, autocast, synchronize, unwrap
 
 
 def to_memory_format(model: nn.Module, config: RunConfig) -> nn.Module:
@@ -36,7 +36,7 @@ def to_memory_format(model: nn.Module, config: RunConfig) -> nn.Module:
 def compile_model(model: nn.Module, strategy: Strategy) -> None:
     """Compile the module evaluation runs (inside DDP's wrapper, so training uses it too), in
     place: checkpoints and resume points keep timm's parameter names."""
-    strategy.unwrap(model).compile()
+    unwrap(model).compile()
 
 
 def first_images(loader: DataLoader, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +49,7 @@ def compile_warmup(model: nn.Module, loaders: tuple[DataLoader, DataLoader], str
                    amp_dtype: torch.dtype | None) -> float:
     """Seconds this process spent compiling the training step (and running it once), synchronised."""
     train_loader = loaders[0]
-    module = strategy.unwrap(model)
+    module = unwrap(model)
     saved = [buffer.detach().clone() for buffer in module.buffers()]
     synchronize(strategy.devices)
     start = time.perf_counter()

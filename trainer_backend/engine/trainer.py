@@ -43,15 +43,15 @@ from trainer_backend.telemetry.energy import EnergyMeter
 from trainer_backend.telemetry.flops import count_flops_per_image
 from trainer_backend.engine.inputs import DeviceInputs
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy
-from contract.logguard import guard_output, reattach_deleted_log
-from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, rank_amp_dtype, train_epoch, validate
+from trainer_backend.telemetry.logguard import guard_output, reattach_deleted_log
+from trainer_backend.engine.loop import PrecisionRecord, make_grad_scaler, rank_amp_dtype, train_one_epoch, validate
 from trainer_backend.telemetry.measures import RunMeasures
 from trainer_backend.telemetry.memory_breakdown import (peak_memory_mb, peak_memory_reserved_mb, rank_device_label,
                                                      reset_peak_memory)
 from trainer_backend.engine.forecast.memory_estimate import run_stored_data, stored_estimate
 from trainer_backend.engine.custom_model import input_channels
 from trainer_backend.engine.models import build_model
-from contract.plugins import load_plugins
+from trainer_backend.engine.plugins import load_plugins
 from trainer_backend.telemetry.profiling import StepProfiler
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 from trainer_backend.telemetry.stacks import register_stack_dump
@@ -61,7 +61,7 @@ from trainer_backend.engine.speed import compile_model, compile_note, compile_wa
 from trainer_backend.engine.strategies.registry import make_strategy
 from contract.storage import UnwritableError, write_problem, writing
 from contract.strategy_specs import spec as strategy_spec
-from trainer_backend.engine.strategies import Strategy, synchronize
+from trainer_backend.engine.strategies import Strategy, synchronize, unwrap
 
 
 def load_data(config: RunConfig, data_roots: list | None = None, rank: int = 0) -> PreparedData:
@@ -119,7 +119,7 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
     """The training and validation loaders; a dataset already on the device (``keep_on_device``)
     is read without workers or pinning, which apply to host memory only."""
     batch = config.process_batch
-    sampler = strategy.train_sampler(len(data.train), config.seed)
+    sampler = strategy.shards.train_sampler(len(data.train), config.seed)
     shard_len = len(sampler) if sampler is not None else len(data.train)
     on_device = data.train.on_device
     pin = strategy.input_device.type == "cuda" and not on_device
@@ -135,10 +135,10 @@ def build_loaders(data: PreparedData, config: RunConfig, strategy: Strategy) -> 
         # A last batch that gives a replica one image breaks BatchNorm in train mode; drop it only in
         # that case (pipelines drop every short batch: their microbatch shapes are fixed at the first
         # step). A compiled model drops them all: another shape would compile another graph (speed.py).
-        drop_last=strategy.drop_last_train or config.compile or 1 in strategy.replica_batches(shard_len % batch),
+        drop_last=strategy.shards.drop_last_train or config.compile or 1 in strategy.shards.replica_batches(shard_len % batch),
         **common,
     )
-    val_indices = strategy.val_indices(len(data.val))
+    val_indices = strategy.shards.val_indices(len(data.val))
     val = DataLoader(data.val, batch_size=batch, sampler=val_indices, shuffle=False, **common)
     return train, val
 
@@ -191,7 +191,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     if guard is not None:
         guard.start_epoch(epoch, len(train_loader), optimizer)
     epoch_start = time.perf_counter()
-    train_totals, train_time_s = train_epoch(
+    train_totals, train_time_s = train_one_epoch(
         model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler, on_step=on_step, profiler=profiler,
         on_loss=on_loss, on_start=on_start, guard=guard, first_step=first_step, stop=stop,
     )
@@ -201,11 +201,9 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
     nonfinite = guard.end_epoch() if guard is not None else {}
     if profiler is not None:
         profiler.finish()  # an epoch shorter than the window still keeps what it recorded
-    if bn_loader is not None:  # counted in the epoch's time, not in its training time
-        strategy.reestimate_batchnorm(model, bn_loader, amp_dtype=amp_dtype)
-    strategy.sync_buffers(model)
-    val_totals = validate(model, val_loader, strategy, amp_dtype=amp_dtype)
-    if not strategy.sum_val_across_ranks and not strategy.is_main:
+    # BatchNorm's re-estimation (over bn_loader) comes first: counted in the epoch's time, not in its training time.
+    val_totals = validate(model, val_loader, strategy, amp_dtype=amp_dtype, bn_loader=bn_loader)
+    if not strategy.shards.sum_val_across_ranks and not strategy.is_main:
         # Every rank evaluated the whole set: rank 0's numbers are the answer, on every rank. A rank's
         # own may differ (cudnn.benchmark picks kernels per process), and the checkpoint verdict taken
         # from them could differ on a near-tie, leaving one rank alone in the state dict's gather.
@@ -234,7 +232,7 @@ def run_epoch(epoch: int, model: nn.Module, loaders, optimizer, strategy: Strate
         images_per_s=t_count / train_time.item(),
         lr=optimizer.param_groups[0]["lr"],  # the lr of the epoch's last optimizer step (schedule.py)
         peak_memory_mb=memory,
-        extra={**strategy.extra_metrics(), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
+        extra={**strategy.extra_metrics(train_time_s), **({"peak_memory_reserved_mb": reserved} if reserved else {}),
                **(precision.extra() if precision is not None else {}), **measured, **nonfinite,
                # Taken out by the trainer before the epoch is stored: only the best epoch's is kept.
                **({"confusion": confusion} if confusion else {})},
@@ -407,7 +405,7 @@ def build(spec: RankSpec, folder: Path) -> Built:
 
 def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Path) -> Built:
     config = spec.config
-    data = strategy.feed(data)  # a pipeline stage that takes no images reads none
+    data = strategy.shards.feed(data)  # a pipeline stage that takes no images reads none
     model, model_kwargs = build_model(config.model, num_classes=data.info.num_classes, in_chans=data.info.in_chans,
                                       pretrained=config.pretrained, model_args=config.model_kwargs)
     model_channels = input_channels(model, data.info.in_chans)
@@ -431,13 +429,13 @@ def build_on(strategy: Strategy, spec: RankSpec, data: PreparedData, folder: Pat
     loaders = build_loaders(data, config, strategy)
     schedule = attach_schedule(optimizer, config, batches_per_epoch=len(loaders[0]))
     bn_loader = statistics_loader(loaders[0], config.bn_stats_images, config.seed,
-                                  full_batches=strategy.drop_last_train) if config.bn_stats_images else None
+                                  full_batches=strategy.shards.drop_last_train) if config.bn_stats_images else None
     return Built(spec=spec, folder=folder, strategy=strategy, data=data, on_device=resident is not None,
                  decode_note=decode_note, model=model, model_kwargs=model_kwargs,
                  model_channels=model_channels,
                  optimizer=optimizer, schedule=schedule, loaders=loaders, bn_loader=bn_loader, amp_dtype=amp_dtype,
                  scaler=scaler, precision=precision, measures=measures,
-                 has_batchnorm=bool(batchnorm_layers(strategy.unwrap(model))),
+                 has_batchnorm=bool(batchnorm_layers(unwrap(model))),
                  guard=NonfiniteGuard(config.on_nonfinite, strategy, scaler))
 
 
@@ -488,7 +486,7 @@ def train_epochs(built: Built, recorder: Recorder | NoRecorder, hooks: StepHooks
         # assembling a sharded or pipelined state dict needs every rank.
         improved = metrics.val_acc > best_acc
         best_acc = max(best_acc, metrics.val_acc)
-        state = strategy.checkpoint_state(built.model) if improved else None
+        state = strategy.checkpoints.checkpoint_state(built.model) if improved else None
         lag_noted = record_epoch(built, recorder, hooks, metrics, improved, state, lag_noted)
         if spec.resumable:  # after the epoch is recorded: a restart never skips an unrecorded epoch
             resume.save_resume_point(built.folder, strategy, built.model, built.optimizer, built.loaders[0],

@@ -27,7 +27,7 @@ from db import profiles, series, store
 from db.connection import DatabaseLockedError, LockBackoff, retry_when_locked
 
 from contract.config import RunConfig
-from contract.logguard import LOG_INCOMPLETE_NOTE, describe
+from trainer_backend.telemetry.logguard import LOG_INCOMPLETE_NOTE, describe
 from contract.storage import write_remaking_folder
 from trainer_backend.telemetry.profiling import LARGE_TRACE_BYTES, read_rank_outputs
 

@@ -74,10 +74,10 @@ def train_steps(config: RunConfig, num_train: int, in_chans: int = 3) -> tuple[i
     shard to the same length), a pipeline drops every short batch, and any loader drops a last
     batch of one image, which BatchNorm cannot train on."""
     strategy = make_strategy(config, 0, in_chans=in_chans)
-    sampler = strategy.train_sampler(num_train, config.seed)
+    sampler = strategy.shards.train_sampler(num_train, config.seed)
     share = len(sampler) if sampler is not None else num_train
     batch = config.process_batch
-    drops_short = strategy.drop_last_train or config.compile or share % batch == 1
+    drops_short = strategy.shards.drop_last_train or config.compile or share % batch == 1
     return share, share // batch if drops_short else -(-share // batch)
 
 

@@ -44,7 +44,7 @@ from trainer_backend.datasets.roots import check_under_roots
 from contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
 from trainer_backend.worker.model_roots import check_model_allowed
-from contract.logguard import guard_output, reattach_deleted_log
+from trainer_backend.telemetry.logguard import guard_output, reattach_deleted_log
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
 from trainer_backend.worker.stall import StallWatch

@@ -115,7 +115,7 @@ def _join(config: RunConfig, world: TorchrunWorld, device: str, db_url: str | No
     # takes no prefix: each machine counts its restarts, so after a restart one machine alone
     # counted, prefixes from those counts would differ and the processes would never meet.
     group_store = store if served_by_rank0 else dist.PrefixStore(f"parallax/attempt-{world.restart_count}", store)
-    # Bound to cuda:LOCAL_RANK, as DistributedStrategy.setup binds its ranks (strategies.py says why).
+    # Bound to cuda:LOCAL_RANK, as a ProcessGroup binds its ranks (strategies/process_group.py says why).
     dist.init_process_group(backend, store=group_store, rank=world.rank, world_size=world.world_size, timeout=timeout,
                             device_id=torch.device(device) if device.startswith("cuda") else None)
     try:

@@ -235,7 +235,7 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
 TWO_RUNS_IN_ONE_PROCESS = r"""
 import os, sys
 from contract.config import RunConfig
-from contract.plugins import load_plugins
+from trainer_backend.engine.plugins import load_plugins
 from trainer_backend.worker.runner import execute_run
 load_plugins()  # PARALLAX_PLUGINS: the sleeping model
 for home in sys.argv[1:]:

@@ -15,9 +15,9 @@ from torch import nn
 
 from tests.support import leave_as_a_rank, run_world, train_and_export
 from contract.config import ConfigError, RunConfig
-from trainer_backend.engine.loop import evaluate, train_one_epoch
+from trainer_backend.engine.loop import train_one_epoch, validate
 from trainer_backend.engine.schedule import attach_schedule
-from trainer_backend.engine.strategies import DistributedStrategy, Strategy
+from trainer_backend.engine.strategies import DistributedStrategy, Strategy, unwrap
 from trainer_backend.engine.trainer import build_optimizer, make_strategy
 
 PIXELS, CLASSES = 8, 3
@@ -180,7 +180,7 @@ def test_label_smoothing_changes_the_training_loss_as_the_formula_says_and_not_t
     totals, _ = train_one_epoch(model, batches(images, labels, 8), optimizer, strategy)
     assert totals[0].item() / totals[2].item() == pytest.approx(expected, rel=1e-5)
     assert abs(expected - plain) > 0.01
-    loss_sum, _, count = evaluate(tiny_model(), batches(images, labels, 8), strategy).tolist()
+    loss_sum, _, count = validate(tiny_model(), batches(images, labels, 8), strategy).tolist()
     assert loss_sum / count == pytest.approx(plain, rel=1e-5)
 
 
@@ -195,7 +195,7 @@ def _accumulating_rank(rank: int, port: int, strategy_name: str, out_dir: str, m
     try:
         model = strategy.wrap(tiny_model())
         optimizer = build_optimizer(config, model.parameters())
-        module = strategy.unwrap(model)
+        module = unwrap(model)
         seen = grads_at_each_step(optimizer, module)
         local_first: list[torch.Tensor] = []
 

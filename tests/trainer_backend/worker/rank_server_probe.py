@@ -35,7 +35,7 @@ def cmdline(pid: int) -> str:
 def main(out: str, flags: list[str]) -> None:
     from multiprocessing import forkserver
 
-    from contract.startup import engine_imports
+    from trainer_backend.worker.startup import engine_imports
 
     with engine_imports():
         from trainer_backend.worker import runner

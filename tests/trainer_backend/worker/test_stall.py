@@ -62,7 +62,8 @@ def test_a_hung_rank_is_marked_stalled_with_both_ranks_stacks_then_cancelled_by_
         assert run["status"] == "running"  # --on-stall wait: it waits for the user
         where_ranks = run["measurements"]["stalled"]["where"]
         assert where_ranks["1"].startswith("in forward (hanging_model.py:"), where_ranks
-        assert "loop.py" in where_ranks["0"], where_ranks  # rank 0 waits for rank 1 inside a training step
+        # Rank 0 waits for rank 1 inside a training step: the strategy's (strategies/base.py's train_step).
+        assert "from train_step (base.py:" in where_ranks["0"], where_ranks
         assert any(note.startswith("The run stalled: no step for") for note in run["notes"])
         log = (run_dir(parallax_home, run_id) / "run.log").read_text()
         assert "the stack of rank 0 (pid" in log and "the stack of rank 1 (pid" in log

@@ -27,8 +27,8 @@ one to one:
   GPU (``run_stored_data``), an estimate before launch looks at the dataset and NVML's free memory
   (``stored_data``).
 
-Each strategy says how it places the model's parts and buffers (``memory_placement`` on each
-strategy class in strategies/); this module provides the counts they place, and puts the dataset
+Each strategy says how it places the model's parts and buffers (its class's ``memory_placement``, one of
+strategies/placements.py's functions); this module provides the counts they place, and puts the dataset
 on each process's first device.
 
 The trace is memory_trace.py's; whether it fits, and what would, is memory_fit.py's. What no

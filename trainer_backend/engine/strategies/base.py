@@ -1,36 +1,41 @@
 """The protocol every strategy keeps, and ``single``: one device, where every collective is a no-op.
 
-Also what all strategies share: mixed precision (``autocast``), the sync before a wall-clock reading
-(``synchronize``), and how long a rank waits in a collective (``collective_timeout``).
+A strategy is nine methods: ``setup`` and ``teardown`` (its devices and process group), ``wrap`` (the model
+placed, wrapped or cut), ``to_device`` (a batch as the model takes it), ``train_step`` and ``evaluate`` (the
+default step and evaluation, which the pipeline overrides: its schedule runs each step's forward and backward
+itself), ``extra_metrics`` (its own numbers per epoch), ``all_reduce`` and ``barrier``. The rest is done by
+small helpers it owns, each with one job:
+
+    group        process_group.py  LocalGroup, or the run's ProcessGroup (ddp, fsdp, pp): join, collectives, leave
+    shards       data_shards.py    which data each process reads, and what a batch becomes on the replicas
+    sync         replica_sync.py   gradient reduction deferred, gradient norm clipped, buffers shared
+    checkpoints  checkpoints.py    the best checkpoint's state dict and the resume point's, gathered on rank 0
+    memory_placement  placements.py  where the estimate before launch puts the run's memory
+
+Also what every strategy shares: mixed precision (``autocast``), the optimizer step (``optimizer_step``)
+and the sync before a wall-clock reading (``synchronize``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import functools
-from collections.abc import Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Sampler
 
-from contract.environment import seconds_from_env
 from contract.config import RunConfig
+from contract.strategy_specs import spec
 from trainer_backend.engine.batchnorm import reestimate
+from trainer_backend.engine.confusion import accumulate, add_confusion, val_totals
+from trainer_backend.engine.strategies import placements
+from trainer_backend.engine.strategies.checkpoints import WholeModel
+from trainer_backend.engine.strategies.data_shards import WholeData
+from trainer_backend.engine.strategies.process_group import LocalGroup
+from trainer_backend.engine.strategies.replica_sync import OneReplica, unwrap
 from trainer_backend.telemetry.rank_times import RankClock, synchronize  # noqa: F401 (every strategy syncs before a clock)
-
-COLLECTIVE_TIMEOUT_ENV = "PARALLAX_COLLECTIVE_TIMEOUT_S"
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-# Rendezvous waits for every rank to start (imports, data loading): never shorter than this.
-RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-def collective_timeout() -> datetime.timedelta:
-    """How long a rank waits in a collective for the others before the run fails:
-    ``PARALLAX_COLLECTIVE_TIMEOUT_S`` seconds, default 600. gloo raises in the waiting rank
-    when it passes; NCCL's watchdog tears the waiting process down."""
-    return datetime.timedelta(seconds=seconds_from_env(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None):
@@ -40,50 +45,51 @@ def autocast(device: torch.device, amp_dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=amp_dtype)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one training step needs beside its batch: its number in the epoch, its accumulation group
+    (``group_size`` batches, the optimizer stepping after the last: ``steps_optimizer``), mixed precision
+    (``amp_dtype``, fp16's ``scaler``), the NaN guard (divergence.py) and the profiler's phase ranges."""
+
+    number: int
+    group_size: int = 1
+    steps_optimizer: bool = True
+    amp_dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+    guard: object | None = None
+    phase: Callable = lambda name: contextlib.nullcontext()
+
+
 class Strategy:
     """Single device, and the defaults every other strategy starts from."""
 
     name = "single"
-    # True where the strategy runs each training step itself (``train_step``, inside the shared epoch
-    # loop, which its ``train_epoch`` wraps) and its own ``evaluate``: a pipeline's schedule interleaves
-    # the microbatches' forward and backward.
-    runs_own_loop = False
-    # Validation totals are summed across processes (each holds a shard, or zeros); False where
-    # every process evaluates the whole set (FSDP) and one copy of the numbers is the answer.
-    sum_val_across_ranks = True
-    drop_last_train = False
     # How this strategy's time in collectives is measured (see rank_times.RankClock): "none" has none.
     comm_measure = "none"
+    memory_placement = staticmethod(placements.whole_model)
 
-    @classmethod
-    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
-               store_port: int = 0) -> Strategy:
-        """The strategy for ``rank``, given everything any strategy needs; each takes what it uses."""
-        return cls(config, rank)
-
-    def __init__(self, config: RunConfig, rank: int = 0):
+    def __init__(self, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+                 store_port: int = 0):
+        """The strategy for ``rank``, given everything any strategy needs (the store is where distributed
+        ranks meet); each takes what it uses."""
         self.config = config
         self.rank = rank
-        self.world_size = 1
-        self.input_device = torch.device(config.devices[0])
+        self.is_main = rank == 0
+        process_per_device = spec(self.name).distributed  # this rank's device, or the first for one process
+        self.world_size = len(config.devices) if process_per_device else 1
+        self.input_device = torch.device(config.devices[rank if process_per_device else 0])
         self.output_device = self.input_device
+        # Every device this process computes on (for synchronised timing and memory).
+        self.devices = [self.input_device]
         # The device-side batch preparation (inputs.DeviceInputs), set by the trainer once the
         # data is known; without it a batch's tensors go to the devices as they are.
         self.inputs = None
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @functools.cached_property
-    def rank_clock(self) -> RankClock:
-        """This process's split of each epoch's training time (data, compute, waiting in collectives)."""
-        return RankClock(self.input_device, self.comm_measure)
-
-    @property
-    def devices(self) -> list[torch.device]:
-        """Every device this process computes on (for synchronised timing and memory)."""
-        return [self.input_device]
+        self.group = LocalGroup()
+        self.shards = WholeData()
+        self.sync = OneReplica()
+        self.checkpoints = WholeModel(self.is_main)
+        # This process's split of each epoch's training time (data, compute, waiting in collectives).
+        self.rank_clock = RankClock(self.input_device, self.comm_measure)
 
     def setup(self) -> None:
         if self.input_device.type == "cuda":
@@ -91,20 +97,10 @@ class Strategy:
             # Every batch has the same shape, so cuDNN's one-off search for the fastest
             # convolution algorithms pays for itself within the first epoch.
             torch.backends.cudnn.benchmark = True
-
-    @staticmethod
-    def memory_placement(plan) -> list:
-        """The model whole on its device, training on the whole batch (see memory_estimate.py)."""
-        (label,) = plan.labels()
-        return [plan.whole(label, plan.config.batch_size)]
+        self.group.join()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model.to(self.input_device)
-
-    def feed(self, data):
-        """The data this process reads its batches from (a PreparedData): all of it, unless the
-        process computes on only part of each batch (a pipeline's stages)."""
-        return data
 
     def to_device(self, images: torch.Tensor, labels: torch.Tensor, *, train: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,87 +111,85 @@ class Strategy:
             return images.to(self.input_device, non_blocking=True), labels
         return self.inputs(images, train=train), labels
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        """The model without its data-parallel wrapper: what evaluation runs."""
-        return model
+    def train_step(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                   optimizer: torch.optim.Optimizer, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One batch's forward and backward, and at the end of its accumulation group the optimizer step
+        (dropped on every rank where the guard says so). Returns (the loss, logits, labels), or None on a
+        process that computes no loss."""
+        # DDP/FSDP all-reduce gradients only on a group's last backward; the others add up locally.
+        with contextlib.nullcontext() if step.steps_optimizer else self.sync.no_sync(model):
+            with step.phase("forward"), autocast(self.input_device, step.amp_dtype):
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels, label_smoothing=self.config.label_smoothing)
+            with step.phase("backward"), self.rank_clock.backward():
+                # Summed over the group, the gradients are those of the group's mean loss: the larger batch's.
+                part = loss / step.group_size if step.group_size > 1 else loss
+                (step.scaler.scale(part) if step.scaler is not None else part).backward()
+        if step.guard is not None:
+            step.guard.observe(step.number, loss, labels.numel())
+        if step.steps_optimizer:
+            with step.phase("optimizer_step"):
+                if step.guard is not None and step.guard.skips_update():
+                    optimizer.zero_grad(set_to_none=True)  # dropped on every rank: the weights stay finite
+                else:
+                    optimizer_step(model, optimizer, self, step.scaler)
+        return loss.detach(), logits.detach(), labels
 
-    def checkpoint_module(self, model: nn.Module) -> nn.Module:
-        """The module whose state_dict has timm's parameter names: what a checkpoint saves."""
-        return self.unwrap(model)
+    def evaluate(self, model: nn.Module, loader, *, amp_dtype: torch.dtype | None = None, bn_loader=None
+                 ) -> torch.Tensor:
+        """[loss_sum, correct, count, confusion counts...] over this process's validation shard, on the model
+        without its data-parallel wrapper. First, with ``bn_loader``, its BatchNorm statistics are recomputed
+        over those batches (every rank the same: batchnorm.py), and every process takes the same weights
+        (``sync.sync_buffers``). The loss is the plain cross-entropy, without the training's label smoothing,
+        so validation losses compare across recipes."""
+        module = unwrap(model)
+        if bn_loader is not None:
+            def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
+                with autocast(self.input_device, amp_dtype):
+                    module(self.to_device(images, labels)[0])
 
-    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
-        """The full state dict on rank 0 (None elsewhere). Called on every rank, since for
-        sharded and pipelined models assembling it is a collective."""
-        if not self.is_main:
-            return None
-        return {k: v.detach().cpu() for k, v in self.checkpoint_module(model).state_dict().items()}
+            reestimate(module, bn_loader, forward)
+        self.sync.sync_buffers(model)
+        module.eval()
+        # Any iterable of batches will do; a DataLoader's dataset tells the classes to count a confusion matrix over.
+        totals = val_totals(getattr(getattr(loader, "dataset", None), "num_classes", 0), self.output_device)
+        with torch.no_grad():
+            for images, labels in loader:
+                images, labels = self.to_device(images, labels)
+                with autocast(self.input_device, amp_dtype):
+                    logits = module(images)
+                    loss = F.cross_entropy(logits, labels)
+                accumulate(totals, loss, logits, labels)
+                add_confusion(totals, logits.argmax(dim=1), labels)
+        return totals
 
-    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-        """Model and optimizer state to carry on training from, on rank 0 (None elsewhere);
-        collective, like ``checkpoint_state``. Replicated strategies need rank 0's copy only."""
-        if not self.is_main:
-            return None
-        return on_cpu({"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()})
-
-    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Load what ``resume_state`` returned; every rank is given the whole of it."""
-        self.unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-
-    def reestimate_batchnorm(self, model: nn.Module, loader, *, amp_dtype=None) -> bool:
-        """Recompute the evaluated module's BatchNorm statistics over ``loader`` (every rank the
-        same batches); False when it has none. See batchnorm.py."""
-        module = self.unwrap(model)
-
-        def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
-            with autocast(self.input_device, amp_dtype):
-                module(self.to_device(images, labels)[0])
-
-        return reestimate(module, loader, forward)
-
-    def extra_metrics(self) -> dict:
-        """Strategy-specific numbers for the epoch (e.g. pipeline stage busy time); collective."""
+    def extra_metrics(self, train_time_s: float) -> dict:
+        """Strategy-specific numbers for the epoch that trained for ``train_time_s`` on this process (e.g. a
+        pipeline's stage busy time); collective."""
         return {}
 
-    def no_grad_sync(self, model: nn.Module):
-        """A context in which backward passes add gradients up locally, without reducing them
-        across processes (the accumulation batches before an optimizer step)."""
-        return contextlib.nullcontext()
-
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """Scale the gradients so that their global norm is at most ``max_norm``; returns the norm before."""
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-
-    def replica_batches(self, images: int) -> list[int]:
-        """The batches a batch of ``images`` becomes on the model's replicas (one here)."""
-        return [images] if images else []
-
-    def train_sampler(self, dataset_len: int, seed: int) -> Sampler | None:
-        return None  # the loader shuffles with a seeded generator
-
-    def val_indices(self, dataset_len: int) -> Iterable[int] | None:
-        return None
-
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        return tensor
-
-    def sync_buffers(self, model: nn.Module) -> None:
-        """Make every process evaluate the same weights (BatchNorm statistics included)."""
+        return self.group.all_reduce(tensor, op)
 
     def barrier(self) -> None:
         """Wait for every process of the run."""
+        self.group.barrier()
 
     def teardown(self) -> None:
-        pass
+        self.group.leave()
 
 
-def on_cpu(state):
-    """A (nested) state dict with every tensor on the CPU: what a resume file holds, so
-    that loading it puts nothing on the GPU the saving rank happened to use."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {key: on_cpu(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(on_cpu(value) for value in state)
-    return state
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                   scaler: torch.amp.GradScaler | None) -> None:
+    """Clip the gradients (when the run asks), step, clear the gradients. Under fp16 the gradients
+    are unscaled first, so that the clipping norm is the true gradients' norm."""
+    if strategy.config.grad_clip:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        strategy.sync.clip_grad_norm(model, strategy.config.grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

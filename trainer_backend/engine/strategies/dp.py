@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from contract.config import RunConfig
+from trainer_backend.engine.strategies import placements
 from trainer_backend.engine.strategies.base import Strategy
+from trainer_backend.engine.strategies.data_shards import ScatteredBatches
 
 
 class _AutocastReplica(nn.Module):
@@ -39,30 +42,15 @@ class AutocastDataParallel(nn.DataParallel):
 
 class DataParallelStrategy(Strategy):
     name = "dp"
+    memory_placement = staticmethod(placements.data_parallel)
 
-    @staticmethod
-    def memory_placement(plan) -> list:
-        """On GPUs, the first holds the model, its gradients and optimizer state, the whole input
-        batch and the gathered outputs; every other GPU a replica of the parameters (made anew each
-        step) with their gradients, for its share of the batch. On CPU a pass-through: single's."""
-        config = plan.config
-        if not config.uses_cuda:
-            return [plan.whole("cpu", config.batch_size)]
-        share = config.per_device_batch
-        # Over several GPUs each replica's forward runs in a thread of its own, apart from the thread that crops.
-        first = plan.whole(config.devices[0], share, forward_elsewhere=len(config.devices) > 1)
-        rest_of_batch = config.batch_size - share
-        first.activations += (rest_of_batch * plan.input_bytes_per_image()
-                              + config.batch_size * plan.num_classes * 4)
-        trace = plan.trace(share)
-        replicas = []
-        for label in config.devices[1:]:
-            replica = plan.held(label, plan.model)
-            parameters = replica.parameters + replica.activations  # broadcast weights and buffers
-            replica = type(replica)(label, activations=parameters + trace.backward_peak)
-            replica.add_workspace(plan.blas_workspace(label, trace, takes_input=False))
-            replicas.append(replica)
-        return [first, *replicas]
+    def __init__(self, config: RunConfig, rank: int = 0, **given):
+        # Over several GPUs the scatter, replication and gather happen inside the forward call.
+        self.comm_measure = "unmeasured" if len(set(config.devices)) > 1 else "none"
+        super().__init__(config, rank, **given)
+        self.devices = [torch.device(d) for d in dict.fromkeys(config.devices)]
+        if self.input_device.type == "cuda":
+            self.shards = ScatteredBatches(len(config.devices))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.input_device)
@@ -72,21 +60,3 @@ class DataParallelStrategy(Strategy):
             return AutocastDataParallel(model)
         ids = [torch.device(d).index for d in self.config.devices]
         return AutocastDataParallel(model, device_ids=ids, output_device=ids[0])
-
-    @property
-    def devices(self) -> list[torch.device]:
-        return [torch.device(d) for d in dict.fromkeys(self.config.devices)]
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model.module
-
-    def replica_batches(self, images: int) -> list[int]:
-        # DataParallel scatters with Tensor.chunk: 3 images over 2 GPUs are 2 and 1, 5 over 4 are 2, 2 and 1.
-        if self.input_device.type != "cuda" or not images:
-            return super().replica_batches(images)
-        return [len(part) for part in torch.arange(images).chunk(len(self.config.devices))]
-
-    @property
-    def comm_measure(self) -> str:
-        # Over several GPUs the scatter, replication and gather happen inside the forward call.
-        return "unmeasured" if len(self.devices) > 1 else "none"

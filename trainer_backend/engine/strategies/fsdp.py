@@ -2,38 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
 from torch import nn
 
+from contract.config import RunConfig
 from trainer_backend.engine.models import flatten_sequential
-from trainer_backend.engine.strategies.ddp import DistributedStrategy
+from trainer_backend.engine.strategies import placements
+from trainer_backend.engine.strategies.base import Strategy
+from trainer_backend.engine.strategies.checkpoints import Sharded
+from trainer_backend.engine.strategies.data_shards import ShardedModel
+from trainer_backend.engine.strategies.process_group import ProcessGroup
+from trainer_backend.engine.strategies.replica_sync import ShardedReplicas
 
 
-class FullyShardedStrategy(DistributedStrategy):
+class FullyShardedStrategy(Strategy):
     """FSDP2: ``fully_shard`` on every block and on the root, over a 1-D device mesh."""
 
     name = "fsdp"
-    sum_val_across_ranks = False  # a sharded forward is a collective: every rank runs the same batches
+    comm_measure = "hook"
+    memory_placement = staticmethod(placements.sharded)
 
-    @staticmethod
-    def memory_placement(plan) -> list:
-        """Each process holds 1/N of every parameter, gradient and optimizer state (padded shards),
-        the activations of its share of the batch, and gathered units: in backward the unit being
-        computed, the next one prefetched and the first's unsharded gradients (three times the
-        largest unit), plus the root's own parameters, which stay gathered."""
-        world, batch = plan.config.world_size, plan.config.per_device_batch
-        trace = plan.trace(batch)
-        units = plan.fsdp_units()
-        devices = []
-        for rank, label in enumerate(plan.labels()):
-            device = plan.shard(label, rank, world)
-            device.activations += trace.backward_peak - trace.grads_at_peak
-            device.add_workspace(plan.blas_workspace(label, trace))
-            device.comm = 3 * max(units[:-1], default=0) + units[-1]
-            devices.append(device)
-        return devices
+    def __init__(self, config: RunConfig, rank: int = 0, *, store_host: str = "", store_port: int = 0, **given):
+        super().__init__(config, rank, **given)
+        self.group = ProcessGroup(config, rank, self.input_device, store_host, store_port)
+        self.shards = ShardedModel(rank, self.world_size)
+        self.sync = ShardedReplicas()
+        self.checkpoints = Sharded(self.is_main)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
@@ -46,53 +39,7 @@ class FullyShardedStrategy(DistributedStrategy):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         self.rank_clock.watch_fsdp(model, blocks)  # the gathers and reduce-scatters happen in FSDP's hooks
-        return model
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place
-
-    def val_indices(self, dataset_len: int) -> None:
-        return None
-
-    @contextlib.contextmanager
-    def no_grad_sync(self, model: nn.Module):
-        model.set_requires_gradient_sync(False)  # FSDP2's no_sync: no reduce-scatter on these backwards
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        # Sharded gradients are DTensors: their norm is a DTensor too, made whole (a collective)
-        # before the scale is applied to every shard.
-        from torch.distributed.tensor import DTensor
-
-        params = [p for p in model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if isinstance(total, DTensor):
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
-
-    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.is_main else None
-
-    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        # Gathered whole (the shards of every rank), so a restart may shard it over a new world.
-        model_state, optimizer_state = get_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"model": model_state, "optimizer": optimizer_state} if self.is_main else None
-
-    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
 
 
 def sharded_blocks(model: nn.Module) -> list[nn.Module]:

@@ -15,19 +15,20 @@ import functools
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from contract.config import RunConfig
-from trainer_backend.datasets.labels_only import LabelsOnly
-from trainer_backend.datasets.prepare import PreparedData
 from trainer_backend.engine.batchnorm import reestimate
 from trainer_backend.engine.confusion import add_confusion, val_totals
-from trainer_backend.engine.loop import optimizer_step, train_one_epoch
 from trainer_backend.engine.models import split_into_stages
-from trainer_backend.engine.strategies import DistributedStrategy, autocast, on_cpu
+from trainer_backend.engine.strategies import placements
+from trainer_backend.engine.strategies.base import Step, Strategy, autocast, optimizer_step
+from trainer_backend.engine.strategies.checkpoints import StageStates
+from trainer_backend.engine.strategies.data_shards import StageFeed
+from trainer_backend.engine.strategies.process_group import ProcessGroup
+from trainer_backend.engine.strategies.replica_sync import Stages
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -101,56 +102,34 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, *, label_smoothing: float)
     return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
 
-class PipelineStrategy(DistributedStrategy):
+class PipelineStrategy(Strategy):
+    """One process per stage; its schedule runs each step's forward and backward (``train_step``) and the
+    evaluation (``evaluate``), and times the stage's compute."""
+
     name = "pp"
-    runs_own_loop = True  # the schedule runs each step's forward and backward (train_step), and evaluates
-    drop_last_train = True  # microbatch shapes are fixed by the first step
     comm_measure = "stages"  # a stage's time not computing or loading is spent waiting for its neighbours
+    memory_placement = staticmethod(placements.pipeline_stages)
 
-    @classmethod
-    def create(cls, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
-               store_port: int = 0) -> PipelineStrategy:
-        return cls(config, rank, store_host, store_port, in_chans=in_chans)
-
-    def __init__(self, config: RunConfig, rank: int, store_host: str = "", store_port: int = 0, *, in_chans: int = 3):
-        super().__init__(config, rank, store_host, store_port)
+    def __init__(self, config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
+                 store_port: int = 0, **given):
+        super().__init__(config, rank, **given)
         self.in_chans = in_chans
         self.is_first, self.is_last = rank == 0, rank == self.world_size - 1
+        self.group = ProcessGroup(config, rank, self.input_device, store_host, store_port)
+        self.shards = StageFeed(self.is_first, self.is_last)
+        self.sync = Stages(self.group, self.output_device)
+        self.checkpoints = StageStates(rank, self.world_size)
         self._clock = StageClock(self.input_device)
         self._optimizer_clock = StageClock(self.input_device)
-        self._wall_s = self._busy_s = 0.0
-        self._amp_dtype = None  # the autocast dtype of the schedule's forwards, set by each loop
-
-    @staticmethod
-    def memory_placement(plan) -> list:
-        """Stage i on process i, training on microbatches: GPipe runs every microbatch's forward
-        before any backward, so a stage keeps m microbatches' activations; 1F1B keeps at most
-        p - i. Receive buffers are made up front, one per microbatch: the activations coming in
-        (after the first stage) and their gradients coming back (before the last). The first
-        stage also holds the whole batch it cuts up."""
-        config = plan.config
-        stages, m = config.world_size, config.microbatches
-        micro = config.batch_size // m
-        devices = []
-        for i, label in enumerate(plan.labels()):
-            device, trace = plan.stage_memory(label, i, micro, takes_input=i == 0)  # the first stage crops
-            in_flight = m if config.pipeline_schedule == "gpipe" else min(m, stages - i)
-            kept = max(0, trace.forward_kept - trace.input_bytes)
-            device.activations += (in_flight - 1) * kept
-            if i == 0:
-                device.activations += (m - 1) * trace.input_bytes
-            # What comes in is what the stage before sends: its output, in autocast's dtype.
-            incoming = plan.trace(micro, i - 1).output_bytes if i > 0 else 0
-            device.comm = m * (incoming + (trace.output_bytes if i < stages - 1 else 0))
-            devices.append(device)
-        return devices
+        self._busy_s = 0.0
+        self._amp_dtype = None  # the autocast dtype of the schedule's forwards, set by each step and evaluation
 
     def wrap(self, model: nn.Module) -> nn.Module:
         stages = split_into_stages(model, self.world_size, in_chans=self.in_chans,
                                    image_size=self.config.image_size, name=self.config.model)
         stage_module = stages[self.rank].to(self.input_device)
         names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
-        self._state_names = [(names[id(t)], t) for t in [*stage_module.parameters(), *stage_module.buffers()]]
+        self.checkpoints.state_names = [(names[id(t)], t) for t in [*stage_module.parameters(), *stage_module.buffers()]]
         forward = _AutocastForward(stage_module, self.input_device, lambda: self._amp_dtype)
         self._stage = PipelineStage(forward, self.rank, self.world_size, self.input_device)
         self._time_compute(self._stage)
@@ -166,18 +145,6 @@ class PipelineStrategy(DistributedStrategy):
         for method in ("forward_one_chunk", "backward_one_chunk"):
             setattr(stage, method, self._clock.timed(getattr(stage, method)))
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return model
-
-    def feed(self, data: PreparedData) -> PreparedData:
-        """The first stage reads the images (and keeps them on its GPU where they fit); every other
-        stage reads the labels at most (the last stage), from the same seeded order, so each runs
-        the same steps."""
-        if self.is_first:
-            return data
-        return PreparedData(LabelsOnly.of(data.train, labels=self.is_last),
-                            LabelsOnly.of(data.val, labels=self.is_last), data.info)
-
     def to_device(self, images: torch.Tensor, labels: torch.Tensor, *, train: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """The first stage's images as the model takes them, the last stage's labels on its device;
@@ -189,15 +156,6 @@ class PipelineStrategy(DistributedStrategy):
             labels = labels.to(self.output_device, non_blocking=True)
         return images, labels
 
-    def train_sampler(self, dataset_len: int, seed: int) -> None:
-        return None  # the same seeded shuffle on every rank: all stages see the same batch
-
-    def val_indices(self, dataset_len: int) -> None:
-        return None
-
-    def sync_buffers(self, model: nn.Module) -> None:
-        pass  # each stage owns its layers' buffers outright
-
     def _run_schedule(self, method, images: torch.Tensor, labels: torch.Tensor, losses: list | None):
         if self.is_first:
             return method(images)
@@ -205,41 +163,46 @@ class PipelineStrategy(DistributedStrategy):
             return method(target=labels, losses=losses)
         return method()
 
-    def train_epoch(self, model, loader, optimizer, *, amp_dtype=None, **kwargs):
-        """The shared epoch loop (``loop.train_one_epoch``, which asks ``train_step`` for each step),
-        with the stages' compute timed around it."""
-        self._amp_dtype = amp_dtype
-        self._clock.reset()
-        self._optimizer_clock.reset()
-        totals, self._wall_s = train_one_epoch(model, loader, optimizer, self, amp_dtype=amp_dtype, **kwargs)
-        self._clock.collect(wait=True)
-        self._optimizer_clock.collect(wait=True)
-        # Read now: validation and BatchNorm re-estimation run the same timed chunks after this.
-        self._busy_s = self._clock.busy_s
-        self.rank_clock.compute_s = self._busy_s + self._optimizer_clock.busy_s
-        return totals, self._wall_s
-
-    def train_step(self, model, images, labels, optimizer, phase):
-        """One batch through the schedule and the optimizer step. Returns (the batch's loss, logits,
-        labels) on the last stage, the only one that computes them, and None on the others."""
+    def train_step(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                   optimizer: torch.optim.Optimizer, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """One batch through the schedule and the optimizer step, then its loss noted by the guard (after the
+        step: the schedule cannot leave one out). Returns (the batch's loss, logits, labels) on the last stage,
+        the only one that computes them, and None on the others."""
+        self._amp_dtype = step.amp_dtype
         losses: list[torch.Tensor] = []
         # Forward and backward interleave inside the schedule (they show as "other"); the
         # forwards alone run under autocast (_AutocastForward).
         logits = self._run_schedule(self._schedule.step, images, labels, losses)
-        with phase("optimizer_step"):
+        with step.phase("optimizer_step"):
             # Clip (when asked), step (the lr schedule with it, schedule.py), clear: as every loop does.
             self._optimizer_clock.timed(optimizer_step)(model, optimizer, self, None)
         self._clock.collect()
         self._optimizer_clock.collect()
-        if not self.is_last:
-            return None
         # Equal microbatches (the batch divides evenly): the batch's loss is their mean.
-        return torch.stack(losses).detach().double().mean(), logits, labels
+        outcome = (torch.stack(losses).detach().double().mean(), logits, labels) if self.is_last else None
+        if step.guard is not None:  # its loss, where this stage computes one, after its own optimizer step
+            step.guard.observe(step.number, *((outcome[0], labels.numel()) if outcome is not None else (None,)))
+        return outcome
+
+    def evaluate(self, model: nn.Module, loader, *, amp_dtype=None, bn_loader=None) -> torch.Tensor:
+        """The epoch's training compute read first (BatchNorm re-estimation and validation run the same timed
+        chunks after it), then, with ``bn_loader``, each stage's BatchNorm statistics recomputed, then the
+        validation batches through the forward-only schedule; the stage clocks start again for the next epoch."""
+        self._clock.collect(wait=True)
+        self._optimizer_clock.collect(wait=True)
+        self._busy_s = self._clock.busy_s
+        self.rank_clock.compute_s = self._busy_s + self._optimizer_clock.busy_s
+        self._amp_dtype = amp_dtype
+        if bn_loader is not None:
+            self._reestimate_batchnorm(model, bn_loader)
+        totals = self._validate(model, loader)
+        self._clock.reset()
+        self._optimizer_clock.reset()
+        return totals
 
     @torch.no_grad()
-    def evaluate(self, model, loader, *, amp_dtype=None) -> torch.Tensor:
+    def _validate(self, model: nn.Module, loader) -> torch.Tensor:
         model.eval()
-        self._amp_dtype = amp_dtype
         totals = val_totals(getattr(loader.dataset, "num_classes", 0), self.output_device)
         batch = self.config.batch_size
         for images, labels in loader:
@@ -259,11 +222,9 @@ class PipelineStrategy(DistributedStrategy):
                 add_confusion(totals, logits.argmax(dim=1), labels)
         return totals
 
-    def reestimate_batchnorm(self, model, loader, *, amp_dtype=None) -> bool:
+    def _reestimate_batchnorm(self, model: nn.Module, loader) -> bool:
         """Each stage recomputes its own layers' statistics from the activations the forward-only
         schedule hands it; every rank takes part, BatchNorm or not, since the schedule is a collective."""
-
-        self._amp_dtype = amp_dtype
 
         def forward(images: torch.Tensor, labels: torch.Tensor) -> None:
             self._run_schedule(self._schedule.eval, *self.to_device(images, labels), None)
@@ -276,48 +237,13 @@ class PipelineStrategy(DistributedStrategy):
                     forward(images, labels)
         return bool(self.all_reduce(torch.tensor([float(found)], device=self.output_device), "max").item())
 
-    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """Each stage holds some of the gradients: the global norm adds every stage's squares."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-        squares = (local.double() ** 2).reshape(1).to(self.output_device)
-        total = self.all_reduce(squares).sqrt()[0].float()
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
-
-    def extra_metrics(self) -> dict:
+    def extra_metrics(self, train_time_s: float) -> dict:
         """Each stage's share of the training time spent computing; the rest is the bubble."""
         busy = torch.zeros(self.world_size, dtype=torch.float64, device=self.output_device)
-        busy[self.rank] = self._busy_s / self._wall_s if self._wall_s else 0.0
+        busy[self.rank] = self._busy_s / train_time_s if train_time_s else 0.0
         fractions = self.all_reduce(busy).tolist()
         return {
             "stage_busy_fraction": {f"stage{i}": round(f, 4) for i, f in enumerate(fractions)},
             "bubble_fraction": round(1 - sum(fractions) / len(fractions), 4),
         }
 
-    def resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-        """Every stage's module and optimizer state, gathered on rank 0 as a list by stage."""
-        local = on_cpu({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-        gathered: list[dict] | None = [None] * self.world_size if self.is_main else None
-        dist.gather_object(local, gathered, dst=0)
-        return {"stages": gathered} if self.is_main else None
-
-    def load_resume_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        if len(state["stages"]) != self.world_size:
-            raise ValueError(f"the checkpoint holds {len(state['stages'])} pipeline stages and this world has "
-                             f"{self.world_size} processes: a pipeline resumes only on as many processes as it had")
-        own = state["stages"][self.rank]
-        model.load_state_dict(own["model"])
-        optimizer.load_state_dict(own["optimizer"])
-
-    def checkpoint_state(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
-        """Gather every stage's tensors, under timm's names, on rank 0."""
-        local = {name: tensor.detach().cpu() for name, tensor in self._state_names}
-        gathered: list[dict] | None = [None] * self.world_size if self.is_main else None
-        dist.gather_object(local, gathered, dst=0)
-        if not self.is_main:
-            return None
-        state: dict[str, torch.Tensor] = {}
-        for part in gathered:
-            state.update(part)
-        return state

@@ -26,5 +26,5 @@ def strategy_class(name: str) -> type[Strategy]:
 def make_strategy(config: RunConfig, rank: int = 0, *, in_chans: int = 3, store_host: str = "",
                   store_port: int = 0) -> Strategy:
     """The strategy of ``config`` for ``rank`` (the store is where distributed ranks meet)."""
-    return strategy_class(config.strategy).create(config, rank, in_chans=in_chans, store_host=store_host,
-                                                  store_port=store_port)
+    return strategy_class(config.strategy)(config, rank, in_chans=in_chans, store_host=store_host,
+                                           store_port=store_port)

@@ -18,7 +18,8 @@ from tests.support import leave_with_results, world_results
 from contract.config import RunConfig
 from trainer_backend.telemetry.memory_breakdown import HeldMemory, local_breakdown, memory_breakdown
 from trainer_backend.engine.forecast.memory_estimate import DeviceMemory, EstimateError, MemoryEstimate, estimate_memory
-from trainer_backend.engine.forecast.memory_fit import fits, format_table, suggestions, verdict
+from trainer_backend.engine.forecast.free_memory import fits, verdict
+from trainer_backend.engine.forecast.memory_fit import format_table, suggestions
 from trainer_backend.engine.forecast.memory_trace import trace_step
 from trainer_backend.engine.models import create_model
 
@@ -252,9 +253,9 @@ def test_the_cli_refuses_what_cannot_be_estimated_in_one_line(cli):
 # --- parameters, gradients and optimizer state against what the strategies hold ------------
 
 def _one_step(strategy, model, optimizer, loader):
-    from trainer_backend.engine.loop import train_epoch
+    from trainer_backend.engine.loop import train_one_epoch
 
-    train_epoch(model, loader, optimizer, strategy)
+    train_one_epoch(model, loader, optimizer, strategy)
 
 
 def _loader(batch: int, steps: int) -> DataLoader:

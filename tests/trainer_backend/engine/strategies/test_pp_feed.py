@@ -25,11 +25,11 @@ SPAWN_TIMEOUT_S = 600
 def _pp_world(rank: int, port: int, out_path: str) -> None:
     from trainer_backend.datasets.tensor_dataset import ImageTensorDataset
     from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.strategies.pp import PipelineStrategy
+    from trainer_backend.engine.strategies.data_shards import StageFeed
     from trainer_backend.engine.trainer import RankSpec, build_on, load_data, make_strategy, run_epoch
 
     touched = torch.zeros(2, dtype=torch.float64)  # image gathers; batches made the model's input (cropped, flipped)
-    gather, prepare, feed = ImageTensorDataset.__getitems__, DeviceInputs.__call__, PipelineStrategy.feed
+    gather, prepare, feed = ImageTensorDataset.__getitems__, DeviceInputs.__call__, StageFeed.feed
 
     def counted_gather(self, indices):
         touched[0] += 1
@@ -45,7 +45,7 @@ def _pp_world(rank: int, port: int, out_path: str) -> None:
     try:
         for fed in ("every stage", "by stage"):
             # "every stage": how a pipeline was fed before each stage read only what it uses.
-            PipelineStrategy.feed = (lambda self, data: data) if fed == "every stage" else feed
+            StageFeed.feed = (lambda self, data: data) if fed == "every stage" else feed
             touched.zero_()
             torch.manual_seed(config.seed)
             data = load_data(config)

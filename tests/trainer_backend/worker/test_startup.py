@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from contract.startup import engine_imports
+from trainer_backend.worker.startup import engine_imports
 from trainer_backend.worker.runner import RANK_PRELOAD
 
 
