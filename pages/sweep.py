@@ -176,7 +176,7 @@ sweeps = store.list_sweeps(engine)
 if not sweeps:
     st.info("No sweeps yet. A sweep trains the same model under several strategies and reports which is fastest: "
             "on the Launch page choose **Compare strategies**, or run "
-            "`python -m trainer_backend sweep --strategies single,ddp,mp,pp --devices cpu,cpu`.")
+            "`parallax sweep --strategies single,ddp,mp,pp --devices cpu,cpu`.")
     st.page_link(state.LAUNCH_PAGE, label="Launch a sweep", icon=":material/rocket_launch:")
     st.stop()
 
