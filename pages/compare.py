@@ -81,15 +81,16 @@ def is_baseline(strategy: str) -> bool:
     return known is not None and known.baseline
 
 
-def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:
-    figures = mfu.set_index("run_id")
+def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame,
+                    peaks: dict[int, float | None] | None = None) -> pd.DataFrame:
+    figures, peaks = mfu.set_index("run_id"), peaks or {}
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
         "effective batch": table["effective_batch"],
         IMAGES_PER_S_LABEL: table["throughput_images_per_s"].round(0),
         "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
-            figures["mfu"].get(i), figures["achieved_tflops"].get(i))),
+            figures["mfu"].get(i), figures["achieved_tflops"].get(i), peaks.get(i))),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
         "speedup (×)": table["speedup"].round(2),
         "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
@@ -108,8 +109,12 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     show_advice(runs, table)
     show_speedups(table)
     mfu = efficiency.mfu_by_run(epochs[epochs["run_id"].isin(table["run_id"])])
-    st.dataframe(scaling_display(table, target_acc, mfu), hide_index=True,
-                 column_config={IMAGES_PER_S_LABEL: st.column_config.NumberColumn(help=IMAGES_PER_S_HELP)})
+    peaks = {run["id"]: (run.get("measurements") or {}).get("peak_tflops") for run in runs}
+    st.dataframe(scaling_display(table, target_acc, mfu, peaks), hide_index=True,
+                 column_config={IMAGES_PER_S_LABEL: st.column_config.NumberColumn(help=IMAGES_PER_S_HELP),
+                                "MFU": st.column_config.TextColumn(help=efficiency.MFU_PEAK_NOTE)})
+    if mfu["mfu"].notna().any():
+        st.caption(efficiency.MFU_PEAK_NOTE)
     if mfu["mfu"].isna().any() and table["throughput_images_per_s"].notna().any():
         st.caption("MFU: '—' where a run recorded none (recorded before FLOPs were counted, or no peak FLOP/s "
                    "is known for its device).")
