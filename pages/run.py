@@ -47,14 +47,23 @@ def show_metrics(epochs: pd.DataFrame, measurements: dict) -> list[str]:
     best = f"{figures.best_val_acc:.1%}" if figures.best_val_acc is not None else "—"
     row.metric("Best validation accuracy", best, width="content")
     throughput = figures.images_per_s
-    row.metric("Throughput (images/s)", f"{throughput:,.0f}" if throughput is not None else "—",
-               help=IMAGES_PER_S_HELP, width="content")
+    row.metric(throughput_label(figures.images_per_s_epochs, figures.epochs_done),
+               f"{throughput:,.0f}" if throughput is not None else "—", help=IMAGES_PER_S_HELP, width="content")
     missing = efficiency_views.mfu_metric(row, epochs, measurements)
     row.metric("Training time", widgets.format_duration(figures.training_time_s), width="content",
                help=TRAINING_TIME_HELP + (f" With them, the epochs took "
                                           f"{widgets.format_duration(figures.epochs_time_s)}."
                                           if figures.epochs_time_s is not None else ""))
     return [missing] if missing else []
+
+
+def throughput_label(steady_epochs: tuple[int, ...], epochs_done: int) -> str:
+    """The headline images/s, labelled with the epochs it is the mean of where it leaves one out."""
+    if epochs_done <= 1 or not steady_epochs:
+        return "Throughput (images/s)"
+    span = (f"epoch {steady_epochs[0]}" if len(steady_epochs) == 1
+            else f"epochs {steady_epochs[0]}–{steady_epochs[-1]}")
+    return f"Throughput (images/s, {span}; epoch 1 left out: start-up)"
 
 
 def nonfinite_line(epochs: pd.DataFrame) -> str | None:
@@ -302,14 +311,14 @@ def show_static(run: store.RunRecord) -> None:
         checkpoint = None
     # is_file: only a regular file is offered (a named pipe there would block the download forever).
     if checkpoint is not None and checkpoint.is_file() and run.status not in ACTIVE_STATUSES:
-        size_mb = checkpoint.stat().st_size / 2**20
+        size = widgets.format_bytes(checkpoint.stat().st_size)
         # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
-        st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),
+        st.link_button(f"Download the best checkpoint ({size})", downloads.link(run.id, "best.pt"),
                        icon=":material/download:")
     if files := checkpoint_files(state.engine(), run.id):
         keep = run.config.get("keep_checkpoints", 1)
-        st.caption(f"Checkpoints on disk: {sum(files.values()) / 2**20:,.1f} MB ("
-                   + ", ".join(f"{name} {size / 2**20:,.1f} MB" for name, size in files.items())
+        st.caption(f"Checkpoints on disk: {widgets.format_bytes(sum(files.values()))} ("
+                   + ", ".join(f"{name} {widgets.format_bytes(size)}" for name, size in files.items())
                    + f"; --keep-checkpoints {keep} keeps that many resume points besides the best).")
     show_profile(run.id)
     with st.expander("Config"):

@@ -69,6 +69,14 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def format_bytes(size: int) -> str:
+    """A file's size in the unit that shows it: '812 B', '41.3 kB', '44.7 MB', '2.3 GB' (binary multiples)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} B"
+
+
 def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "—"

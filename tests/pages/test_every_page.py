@@ -281,7 +281,7 @@ def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax
     assert not at.info  # every note in the one Notes section, none standing above the numbers
     assert {m.label: m.value for m in at.metric}["Best validation accuracy"] == "95.0%"
     [checkpoint] = at.get("link_button")
-    assert checkpoint.proto.label == "Download the best checkpoint (0.0 MB)"
+    assert checkpoint.proto.label == "Download the best checkpoint (1.0 kB)"  # not "0.0 MB"
     assert checkpoint.proto.url.startswith(f"/_parallax/download/{run_id}/best.pt?expires=")
     log = at.code[0].value.splitlines()
     assert log[0] == "line 60" and log[-1] == "line 99"  # the last 40 lines
