@@ -26,6 +26,7 @@ URL_PARAM = "runs"  # ?runs=3,5,8
 SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanation
 METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
 SERIES_MAX_POINTS = 1000  # per run: a chart is at most a screen wide
+LOG_HELP = "Draw the loss on a log axis: a run whose loss blew up leaves the others readable."
 
 
 def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
@@ -141,12 +142,13 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
 
 def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str]) -> None:
     st.subheader("Curves")
-    metric_col, x_col = st.columns([2, 1])
+    metric_col, x_col, log_col = st.columns([2, 1, 1], vertical_alignment="bottom")
     metric = metric_col.selectbox("Metric", list(charts.METRIC_TITLES), format_func=charts.METRIC_TITLES.get,
                                   key="compare_metric")
     x = x_col.radio("x axis", list(charts.X_AXES), format_func=charts.X_AXES.get, horizontal=True, key="compare_x")
-    st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours),
-                    key="overlay")
+    log = charts.is_loss(metric) and log_col.toggle("Log scale", key="compare_log", help=LOG_HELP)
+    st.plotly_chart(charts.on_log_scale(
+        charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours), log), key="overlay")
 
 
 def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dict[int, str]) -> None:
@@ -159,13 +161,15 @@ def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dic
         st.caption("None of the picked runs recorded per-step points or system samples: they were recorded "
                    "before Parallax kept them.")
         return
-    metric_col, x_col = st.columns([2, 1])
+    metric_col, x_col, log_col = st.columns([2, 1, 1], vertical_alignment="bottom")
     metric = metric_col.selectbox("Series", list(series_charts.COMPARE_SERIES), key="compare_series",
                                   format_func=lambda name: series_charts.COMPARE_SERIES[name][0])
     x = x_col.radio("x axis", list(series_charts.X_TITLES), format_func=series_charts.X_TITLES.get,
                     horizontal=True, key="compare_series_x")
+    log = charts.is_loss(metric) and log_col.toggle("Log scale", key="compare_series_log", help=LOG_HELP)
     frame = series_charts.compare_frame(steps, system, metric)
-    st.plotly_chart(series_charts.compare_figure(frame, metric, x, labels, colours), key="series_overlay")
+    st.plotly_chart(charts.on_log_scale(series_charts.compare_figure(frame, metric, x, labels, colours), log),
+                    key="series_overlay")
     drawn = set(frame.dropna(subset=[x, "value"])["run_id"])
     left_out = [labels[run_id] for run_id in run_ids if run_id not in drawn]
     if left_out:

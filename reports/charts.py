@@ -68,6 +68,20 @@ def fit_y_axis(figure: go.Figure) -> go.Figure:
     return figure
 
 
+def on_log_scale(figure: go.Figure, log: bool = True) -> go.Figure:
+    """``figure`` with a log y axis where ``log`` (a diverged run's loss of 1e12 squashes every other line flat
+    on a linear one); its zero-based linear range gives way to the log axis's own. Unchanged otherwise."""
+    if log:
+        figure.update_yaxes(type="log", autorange=True, rangemode="normal")
+        figure.layout.yaxis.range = None
+    return figure
+
+
+def is_loss(metric: str) -> bool:
+    """Whether a series is a loss, which the log-scale switch applies to ("train_loss", "val/loss", "loss")."""
+    return "loss" in metric.lower()
+
+
 def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and frame[column].notna().any()
 

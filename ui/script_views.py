@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from db import run_state, script_metrics, series
-from reports.charts import base_figure
+from reports.charts import base_figure, is_loss, on_log_scale
 from ui.text import escape_markdown
 from contract.printable import plotly_text
 
@@ -130,11 +130,13 @@ def _live_metrics(run_id: int) -> None:
     if frame.empty:
         st.caption("Charts appear when the script logs its first values (parallax.log).")
         return
+    log_loss = st.session_state.get(state.LOG_LOSS_KEY, False)
     for prefix, names in by_prefix(frame["name"].unique()).items():
         st.markdown(f"**{escape_markdown(prefix)}**")
         columns = st.columns(2)
         for index, name in enumerate(names):
-            columns[index % 2].plotly_chart(metric_figure(frame, name), key=f"script_metric_{name}")
+            figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
+            columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
     st.download_button("Download the logged metrics (CSV)", frame.drop(columns="n").to_csv(index=False),
                        file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
                        icon=":material/download:", key="script_metrics_csv")

@@ -50,8 +50,10 @@ def progress_bars(run: RunRecord, epochs_done: int, epochs_total: int) -> None:
     elif total:
         verb = "Step" if run.status in ("queued", "running") else "Stopped at step"
         right.progress(min(1.0, step / total), text=f"{verb} {step} of {total} in epoch {run.progress_epoch}")
-    elif run.status in ("queued", "running"):
-        right.progress(0.0, text="Waiting for the first step")
+    elif run.status == "queued":
+        right.progress(0.0, text="Waiting for its devices")
+    elif run.status == "running":
+        right.progress(0.0, text="Loading the data and the model; waiting for the first step")
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:

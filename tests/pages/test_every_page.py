@@ -26,7 +26,7 @@ from db import store
 from db.connection import session_scope
 from db.tables import EpochMetric, Run, utcnow
 from db.folders import run_folder
-from trainer_backend.control.lifecycle import group_members
+from trainer_backend.control.lifecycle import cancel, group_members
 from ui.run_notes import NOTES_LABEL
 
 APP = str(ROOT / "app.py")
@@ -252,6 +252,12 @@ def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_ho
     at.switch_page("pages/run.py").run()
     assert texts(at.title) == ["Run #1"]
     next(b for b in at.button if b.label == "Cancel run").click().run()
+    assert store.get_run(engine, 1).status in ("queued", "running")  # asked first: Cancel opens a question
+    assert any(b.label == "Cancel run #1" for b in at.button)
+    # AppTest reruns the whole page for a button in a dialog, where Streamlit reruns the dialog alone: the answer
+    # is given in a real browser (tests/e2e/test_browser_run_page.py); here the run is cancelled as it does.
+    cancel(1)
+    at.run()
     assert store.get_run(engine, 1).status == "cancelled"
     deadline = time.monotonic() + 10
     while group_members(run.pid) and time.monotonic() < deadline:
