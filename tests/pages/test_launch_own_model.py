@@ -160,3 +160,20 @@ def test_a_sweep_checks_the_model_under_a_strategy_that_cuts_it_only_where_it_ho
     at.multiselect(key="sweep_strategies").set_value(["single", "ddp"]).run()
     assert not at.error, [e.value for e in at.error]
     assert any("takes num_classes and in_chans" in plain(s.value) for s in at.success)
+
+
+def test_the_forms_own_model_messages_speak_of_its_fields_not_of_flags(launch_page, tmp_path):
+    at = choose_own_model(launch_page, "", "{}")  # the field left empty
+    shown = [plain(e.value) for e in at.error]
+    assert any(text.startswith("Your model is empty: give a .py file and the class or function in it")
+               for text in shown), shown
+    assert not any("timm model name" in text for text in shown), shown
+    path = tmp_path / "mynet.py"
+    path.write_text(GOOD)
+    at = choose_own_model(at, f"{path}:Net", "{}")  # a width it was not given
+    shown = [plain(e.value) for e in at.error]
+    assert any("give its keyword arguments in “Model arguments (a JSON object)” as a JSON object" in text
+               for text in shown), shown
+    assert not any("--" in text for text in shown), shown
+    assert any("`parallax estimate --model ...`" in c.value for c in at.caption)
+    assert not any("trainer_backend" in c.value for c in at.caption)
