@@ -140,8 +140,11 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
                                     key="compare_memory_estimate")
 
 
-def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str]) -> None:
+def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str],
+                script_rows: pd.DataFrame | None = None) -> None:
     st.subheader("Curves")
+    if script_rows is not None and not script_rows.empty:  # a script's val/acc on the accuracy chart, and so on
+        epochs = pd.concat([epochs, script_rows.drop(columns="logged_as")], ignore_index=True)
     metric_col, x_col, log_col = st.columns([2, 1, 1], vertical_alignment="bottom")
     metric = metric_col.selectbox("Metric", list(charts.METRIC_TITLES), format_func=charts.METRIC_TITLES.get,
                                   key="compare_metric")
@@ -149,6 +152,8 @@ def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int,
     log = charts.is_loss(metric) and log_col.toggle("Log scale", key="compare_log", help=LOG_HELP)
     st.plotly_chart(charts.on_log_scale(
         charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours), log), key="overlay")
+    if script_rows is not None and (caption := script_views.shared_names_caption(script_rows)):
+        st.caption(escape_markdown(caption))
 
 
 def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dict[int, str]) -> None:
@@ -197,7 +202,8 @@ runs = dashboard.runs_for_compare(engine, picked_ids)
 for run in runs:  # a database shared with a newer version: its runs are shown with what this version reads
     if note := unknown_strategy_note(run["id"], run["strategy"], run["measurements"]):
         st.info(escape_markdown(note), icon=":material/update:")
-problems = scaling.like_for_like_problems(runs)
+# Like for like is judged among launched runs: a script's config is its own, and it is never a speedup's baseline.
+problems = scaling.like_for_like_problems([run for run in runs if not script_views.is_script(run)])
 if problems:
     st.warning(escape_markdown("These runs are not like for like, so their speedups compare different work: "
                                + "; ".join(problems) + "."), icon=":material/warning:")
@@ -212,7 +218,8 @@ colours = scaling.run_colours(labels)
 
 if scaling_runs := script_views.runs_for_scaling(runs):
     show_scaling(scaling_runs, epochs, baselines, colours)
-show_curves(epochs, labels, colours)
+script_ids = [run["id"] for run in runs if script_views.is_script(run)]
+show_curves(epochs, labels, colours, script_views.shared_epoch_rows(engine, script_ids) if script_ids else None)
 
 show_series(engine, picked_ids, labels, colours)
 script_views.compare_section(engine, runs, labels, colours)
@@ -220,10 +227,14 @@ script_views.compare_section(engine, runs, labels, colours)
 st.subheader("Config differences")
 differences = scaling.config_differences(runs)
 if differences.empty:
-    st.caption("The picked runs share every config field." if len(runs) > 1
+    st.caption("The picked runs agree on every config field they have in common." if len(runs) > 1
                else "Pick another run to see what differs.")
 else:
     st.dataframe(differences)
+if len(runs) > 1 and (unshared := scaling.unshared_fields(runs)):
+    shown = ", ".join(unshared[:20]) + (f" and {len(unshared) - 20} more" if len(unshared) > 20 else "")
+    st.caption(escape_markdown(f"Fields only some of the runs have (a script's config is its own; '—' where a run "
+                               f"has none): {shown}."))
 
 st.download_button(
     "Download the metrics (CSV)", scaling.metrics_csv(runs, epochs[epochs["run_id"].isin(labels)]),

@@ -138,7 +138,10 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float |
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
     if refresh_s is not None and live.progress_refresh_s(run.status, age_s(run)) != refresh_s:
         st.rerun()  # a run queued past the quick look: the full run declares the slower timer
-    widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
+    if script_views.is_script(run):  # a script counts its own steps, and its epochs if it says
+        script_views.progress_line(engine, run)
+    else:
+        widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
 
 def show_head(run: store.RunRecord) -> list[str]:
@@ -242,7 +245,8 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     figures += [(f"system_{metric}", series_charts.system_figure(system, metric, marks))
                 for metric in series_charts.system_charts_for(system)]
     devices = [str(device) for device in run.config.get("devices", [])]
-    return figures, series_charts.missing_series(devices, active, steps, system)
+    return figures, series_charts.missing_series(devices, active, steps, system,
+                                                 own_steps=script_views.is_script(run))
 
 
 def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:

@@ -147,6 +147,7 @@ def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, 
                      percent=percent)
     for run_id, rows in epochs.groupby("run_id", sort=False):
         if has_values(rows, metric):
+            rows = rows.dropna(subset=[metric])  # a script's rows hold one series each
             figure.add_scatter(x=rows[x], y=rows[metric], name=plotly_text(labels.get(run_id, f"#{run_id}")),
                                mode="lines+markers", line=dict(color=(colours or {}).get(run_id)))
     if x == "epoch" and epochs["epoch"].nunique() <= 20:

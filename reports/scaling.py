@@ -183,14 +183,27 @@ def like_for_like_problems(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def config_differences(runs: list[dict[str, Any]]) -> pd.DataFrame:
-    """The config fields whose values differ between the runs: one row per field, one column per run."""
-    names = sorted({name for run in runs for name in run["config"]} - set(IGNORED_CONFIG_FIELDS))
+    """The config fields whose values differ between the runs that have them: one row per field, one column per
+    run, "—" where a run has no such field. A field only some runs have is not a difference in itself (a script's
+    config is its own, with its own keys): ``unshared_fields`` names those."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        for name in run["config"]:
+            counts[name] = counts.get(name, 0) + 1
     table = {}
-    for name in names:
-        values = [display_value(run["config"].get(name)) for run in runs]
-        if len(set(values)) > 1:
-            table[name] = values
+    for name in sorted(name for name, count in counts.items() if count > 1 and name not in IGNORED_CONFIG_FIELDS):
+        values = [display_value(run["config"][name]) if name in run["config"] else None for run in runs]
+        if len({value for value in values if value is not None}) > 1:
+            table[name] = ["—" if value is None else value for value in values]
     return pd.DataFrame.from_dict(table, orient="index", columns=[f"#{run['id']}" for run in runs])
+
+
+def unshared_fields(runs: list[dict[str, Any]]) -> list[str]:
+    """The config fields some of the runs have and others do not."""
+    if not runs:
+        return []
+    every = [set(run["config"]) for run in runs]
+    return sorted(set.union(*every) - set.intersection(*every) - set(IGNORED_CONFIG_FIELDS))
 
 
 def metrics_csv(runs: list[dict[str, Any]], epochs: pd.DataFrame) -> str:
