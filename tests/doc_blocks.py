@@ -107,19 +107,25 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
 
 
 def line_pattern(expected: str) -> re.Pattern:
-    """An output line as the doc shows it: '...' stands for any text."""
-    return re.compile(".*".join(re.escape(part) for part in expected.strip().split(ANY_LINES)))
+    """An output line as the doc shows it: '...' stands for any text, and a run of spaces for any run of spaces
+    (columns line up differently with other numbers); matched against the printed line with its spaces so
+    collapsed (``spaced``)."""
+    return re.compile(".*".join(re.escape(spaced(part)) for part in expected.split(ANY_LINES)))
+
+
+def spaced(text: str) -> str:
+    return " ".join(text.split())
 
 
 def output_problem(expected: list[str], printed: str) -> str | None:
     """Why ``printed`` is not what the doc shows: each shown line must be a printed line, in order ('...' within
     a line is any text; a line of '...' alone only says that more is printed)."""
     wanted = [line for line in expected if line.strip() and line.strip() != ANY_LINES]
-    got = [line.rstrip() for line in printed.splitlines()]
+    got = [spaced(line) for line in printed.splitlines()]
     position = 0
     for line in wanted:
         pattern = line_pattern(line)
-        while position < len(got) and not pattern.fullmatch(got[position].strip()):
+        while position < len(got) and not pattern.fullmatch(got[position]):
             position += 1
         if position == len(got):
             return f"the line {line.strip()!r} is not printed (after the lines matched before it)"
