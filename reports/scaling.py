@@ -183,18 +183,20 @@ def like_for_like_problems(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def config_differences(runs: list[dict[str, Any]]) -> pd.DataFrame:
-    """The config fields whose values differ between the runs that have them: one row per field, one column per
-    run, "—" where a run has no such field. A field only some runs have is not a difference in itself (a script's
-    config is its own, with its own keys): ``unshared_fields`` names those."""
-    counts: dict[str, int] = {}
-    for run in runs:
-        for name in run["config"]:
-            counts[name] = counts.get(name, 0) + 1
+    """The config fields whose values differ between the runs: one row per field, one column per run. Launched
+    runs share one catalogue of fields, so a field one of them lacks (recorded by another version) differs by
+    its absence; a script's config is its own, so it differs only where it has the field and disagrees with a
+    run that has it too, and shows "—" elsewhere (``unshared_fields`` names what only some runs have)."""
+    launched = [run for run in runs if run.get("kind") != "script"]
+    names = sorted({name for run in runs for name in run["config"]} - set(IGNORED_CONFIG_FIELDS))
     table = {}
-    for name in sorted(name for name, count in counts.items() if count > 1 and name not in IGNORED_CONFIG_FIELDS):
-        values = [display_value(run["config"][name]) if name in run["config"] else None for run in runs]
-        if len({value for value in values if value is not None}) > 1:
-            table[name] = ["—" if value is None else value for value in values]
+    for name in names:
+        compared = [run for run in runs if name in run["config"]]
+        if all(run.get("kind") != "script" for run in compared):
+            compared = launched  # absent from a launched run is a value of its own
+        if len({display_value(run["config"].get(name)) for run in compared}) > 1:
+            table[name] = [display_value(run["config"].get(name)) if name in run["config"] or run.get("kind") != "script"
+                           else "—" for run in runs]
     return pd.DataFrame.from_dict(table, orient="index", columns=[f"#{run['id']}" for run in runs])
 
 
