@@ -64,4 +64,5 @@ def show_dashboard() -> None:
 if __name__ == "__main__":
     show_dashboard()
 else:
+    serving.record_own_url()  # where the runs' messages link to: this dashboard, on the port it was started on
     app = App(__file__, routes=serving.routes(), middleware=serving.middleware())

@@ -78,9 +78,9 @@ exits 0. It installs nothing and needs no `.venv`: it runs under `.venv/bin/pyth
 exists, else under the python you name, for instance where PyTorch is preinstalled and the rest came
 as wheels installed to a folder:
 
-```
-pip install --target /opt/wheels sqlalchemy alembic mako greenlet streamlit plotly   # or from local wheel files
-PYTHONPATH=/opt/wheels make gpu-check PY=python3
+```console needs=gpu,checkout
+$ pip install --target /opt/wheels sqlalchemy alembic mako greenlet streamlit plotly   # or from local wheel files
+$ PYTHONPATH=/opt/wheels make gpu-check PY=python3
 ```
 
 ## The test suite's time

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -30,6 +31,8 @@ from contract.strategy_specs import spec as strategy_spec
 # The names and descriptions the dashboard and the CLI offer, from the strategies' specs.
 STRATEGIES: dict[str, str] = {name: s.description for name, s in STRATEGY_SPECS.items()}
 MAX_NODES = 4096
+# Learning rates above this are allowed and warned of: past it, training usually diverges.
+LR_WARN_ABOVE = 10.0
 MAX_DEVICES = 4096  # entries in a device list, over every machine of a torchrun job
 MAX_BAND_INDEX = 4095
 # Text fields are bounded before anything reads them: a 50-million-character model name must not
@@ -305,7 +308,7 @@ class RunConfig:
                 import difflib
 
                 nearest = difflib.get_close_matches(str(unknown[0])[:100], sorted(known), n=5, cutoff=0.5)
-                allowed = (f"{len(known)} fields (python -m trainer_backend run --help lists them)"
+                allowed = (f"{len(known)} fields (parallax run --help lists them)"
                            + (f", e.g. {', '.join(nearest)}" if nearest else ""))
             raise ConfigError(unknown[0], f"unknown config field(s) {named}; allowed: {allowed}")
         return cls(**data)  # lists become tuples in __post_init__, after their items are checked
@@ -564,9 +567,9 @@ def _validate_recipe(cfg: RunConfig) -> None:
             "pipeline already accumulates gradients over its microbatches; use 1 and raise --batch-size and "
             "--microbatches instead"
         )
-    if cfg.scale_lr is True and not 0 < cfg.base_lr <= 10:
+    if cfg.scale_lr is True and not 0 < cfg.base_lr < math.inf:
         raise ConfigError("lr", f"lr {cfg.lr!r} scaled to {cfg.base_lr:g} by --scale-lr (x {cfg.effective_batch}/"
-                          f"{SCALE_LR_REFERENCE_BATCH}) is not allowed: the scaled lr must be in (0, 10]")
+                          f"{SCALE_LR_REFERENCE_BATCH}) is not allowed: the scaled lr must be a finite number above 0")
 
 
 def _validate_devices(cfg: RunConfig) -> None:
@@ -677,9 +680,17 @@ def strategy_notes(config: RunConfig) -> list[str]:
     return notes + recipe_notes(config)
 
 
+def lr_warning(config: RunConfig) -> str | None:
+    """A learning rate above LR_WARN_ABOVE is allowed (a run forced to diverge is a run too), and said."""
+    if config.base_lr <= LR_WARN_ABOVE:
+        return None
+    return (f"Learning rate {config.base_lr:g} is above {LR_WARN_ABOVE:g}: training usually diverges there (the loss "
+            f"turns NaN or infinite; on a NaN or infinite loss this run will {config.on_nonfinite}).")
+
+
 def recipe_notes(config: RunConfig) -> list[str]:
     """What the run's recipe changes about the batch and the learning rate, in numbers."""
-    notes = []
+    notes = [warning] if (warning := lr_warning(config)) else []
     if config.accumulate_steps > 1:
         notes.append(
             f"Gradient accumulation: {config.accumulate_steps} batches of {config.batch_size} per optimizer step, "

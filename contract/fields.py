@@ -2,7 +2,7 @@
 
     FIELDS["epochs"]          # Field(name='epochs', kind=int, default=3, low=1, high=10000, ...)
     FIELDS["epochs"].flag     # '--epochs'
-    FIELDS["lr"].allowed      # 'a number in (0.0, 10.0]'
+    FIELDS["lr"].allowed      # 'a finite number above 0'
     FIELDS["microbatches"].section, FIELDS["microbatches"].shown_when   # 'Strategy', with_strategy(microbatched)
 
 Three readers: ``RunConfig`` validates the simple bounds and choices from it (config.py), the command line
@@ -126,6 +126,8 @@ class Field:
             return f"a whole number from {self.low} to {self.high}"
         if self.kind is float and self.low is not None and self.high is not None:
             return f"a number in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+        if self.kind is float and self.low is not None and self.low_open:
+            return f"a finite number above {self.low:g}"
         return "a text" if self.kind is str else f"a number from {self.low}"
 
     def allows(self, value: Any) -> bool:
@@ -211,7 +213,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
             section="Training"),
     _number("epochs", int, 3, "Epochs", "Passes over the training images.", 1, MAX_EPOCHS, step=1,
             section="Training"),
-    _number("lr", float, 1e-3, "Learning rate", "The learning rate, the peak of its schedule.", 0.0, 10.0,
+    # No upper bound: a run forced to diverge is a run a user may want; one above LR_WARN_ABOVE is warned of.
+    _number("lr", float, 1e-3, "Learning rate", "The learning rate, the peak of its schedule.", 0.0, None,
             low_open=True, step=1e-4, section="Training"),
     _choice("optimizer", "adam", "Optimizer", "The optimizer that steps the weights.", OPTIMIZERS,
             section="Training"),

@@ -20,7 +20,9 @@ from sqlalchemy import Engine, select, update
 from contract.strategy_specs import baseline
 from db.connection import session_scope
 from db.tables import EpochMetric, Run
+from db import script_metrics
 from db.run_figures import run_figures
+from db.script_metrics import SCRIPT_KIND
 
 # What makes two runs the same work: a speedup is only meaningful between runs that agree on these.
 LIKE_FOR_LIKE_FIELDS = ("dataset", "model", "batch_size", "image_size", "amp")
@@ -46,7 +48,8 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
     Keys: id, status, kind, strategy, model, dataset, devices, batch_size, accumulate_steps, effective_batch, epochs,
     epochs_done, best_val_acc, mean_images_per_s (``run_figures``' images_per_s: over the epochs after the
     first), train_time_s (training steps only), epochs_time_s (with validation), tags, user_note,
-    created_at, finished_at. The epoch figures come from ``db.run_figures``, as every page's do.
+    created_at, finished_at, summary (a script run's ``run.summary``; {} for others). The epoch figures come
+    from ``db.run_figures``, as every page's do; a script run's from what it summarised and logged.
     """
     statement = (
         select(
@@ -70,8 +73,10 @@ def run_table(engine: Engine, filters: RunFilters = RunFilters()) -> list[dict[s
         listed = statement.with_only_columns(Run.id).order_by(None)
         for row in session.execute(select(*SUMMARY_COLUMNS).where(EpochMetric.run_id.in_(listed))):
             epochs.setdefault(row.run_id, []).append(row._asdict())
+    # A script's figures come from what it summarised and logged, in the same fields (db.run_figures).
+    scripts = script_metrics.run_figures_of(engine, [row["id"] for row in rows if row["kind"] == SCRIPT_KIND])
     for row in rows:
-        figures = run_figures(epochs.get(row["id"], []))
+        figures, row["summary"] = scripts.get(row["id"], (run_figures(epochs.get(row["id"], [])), {}))
         row.update(epochs_done=figures.epochs_done, best_val_acc=figures.best_val_acc,
                    mean_images_per_s=figures.images_per_s, train_time_s=figures.training_time_s,
                    epochs_time_s=figures.epochs_time_s)

@@ -2,6 +2,9 @@
 
     PARALLAX_WEBHOOKS=https://hooks.slack.com/services/T0/B0/XXXX,http://127.0.0.1:9000/parallax
 
+Links in messages point to ``PARALLAX_DASHBOARD_URL``, else to the address the home's dashboard was last started
+on (it records it as it starts, ``$PARALLAX_HOME/dashboard-url``), else to http://127.0.0.1:8501.
+
 The webhooks of a home are the comma-separated URLs in ``PARALLAX_WEBHOOKS`` and the lines of
 ``$PARALLAX_HOME/webhooks`` (written by the dashboard's Settings, readable by its owner only). A URL
 carries its secret (Slack's and Discord's do, in their path), so URLs are read when a message is sent
@@ -41,7 +44,11 @@ from db.tables import EpochMetric, Run
 WEBHOOKS_ENV = "PARALLAX_WEBHOOKS"
 WEBHOOKS_FILE = "webhooks"  # in PARALLAX_HOME, one URL a line
 DASHBOARD_URL_ENV = "PARALLAX_DASHBOARD_URL"  # where links in messages point
+# In PARALLAX_HOME: the address the home's dashboard was last started on (``parallax ui --port``), which links use
+# unless PARALLAX_DASHBOARD_URL says otherwise; the default where no dashboard has started yet.
+DASHBOARD_URL_FILE = "dashboard-url"
 DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
+MAX_URL_LENGTH = 2048
 ATTEMPTS, TIMEOUT_S, BACKOFF_S = 3, 5.0, 1.0
 EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.diverged", "run.stalled")
 
@@ -96,9 +103,44 @@ def check_webhook_url(url: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """What a log may say of a webhook: its scheme and host, never the path or query that hold its secret."""
+    """What a log may say of a webhook: its scheme, host and port, never the path or query that hold its secret."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}/…" if parts.hostname else "(not a URL)"
+    if not parts.hostname:
+        return "(not a URL)"
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # a port that is not a number: the host alone
+        port = ""
+    return f"{parts.scheme}://{host}{port}/…"
+
+
+def dashboard_url() -> tuple[str, str]:
+    """(Where links in messages point, where that comes from): ``PARALLAX_DASHBOARD_URL``, else the address the
+    home's dashboard was last started on, else the default address."""
+    given = os.environ.get(DASHBOARD_URL_ENV, "").strip()
+    if given:
+        return given.rstrip("/"), DASHBOARD_URL_ENV
+    from contract.environment import parallax_home
+
+    try:
+        with open(parallax_home() / DASHBOARD_URL_FILE, encoding="utf-8") as handle:
+            recorded = handle.read(MAX_URL_LENGTH).strip()
+    except (OSError, ValueError, UnicodeDecodeError):  # none started yet, or no usable home
+        recorded = ""
+    if urlsplit(recorded).scheme in ("http", "https") and urlsplit(recorded).hostname:
+        return recorded.rstrip("/"), "the dashboard as it was last started"
+    return DEFAULT_DASHBOARD_URL, "the default address; no dashboard has started on this home"
+
+
+def record_dashboard_url(url: str) -> None:
+    """Keep ``url`` as the address links point to (the dashboard calls this as it starts), replaced whole."""
+    from contract.environment import parallax_home
+
+    path = parallax_home() / DASHBOARD_URL_FILE
+    partial = path.with_name(f".{DASHBOARD_URL_FILE}.{os.getpid()}")
+    partial.write_text(f"{url[:MAX_URL_LENGTH]}\n", encoding="utf-8")
+    os.replace(partial, path)
 
 
 def run_message(engine: Engine, run_id: int, event: str, reason: str | None = None) -> dict:
@@ -112,7 +154,7 @@ def run_message(engine: Engine, run_id: int, event: str, reason: str | None = No
                  "dataset": run.dataset, "tags": list(run.tags or [])}
     reason = reason if reason is not None else facts.pop("error")
     facts.pop("error", None)
-    link = f"{os.environ.get(DASHBOARD_URL_ENV, DEFAULT_DASHBOARD_URL).rstrip('/')}/run?run={run_id}"
+    link = f"{dashboard_url()[0]}/run?run={run_id}"
     headline = reason.strip().splitlines()[0] if reason and reason.strip() else ""
     line = (f"Parallax run #{run_id} ({facts['strategy']}, {facts['model']} on {facts['dataset']}) "
             f"{event.removeprefix('run.')}" + (f": {headline}" if headline else "")

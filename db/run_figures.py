@@ -26,6 +26,32 @@ EPOCHS_TIME_LABEL = "epochs' time (s)"
 EPOCHS_TIME_HELP = "The epochs' whole time, summed: training, validation and BatchNorm re-estimation."
 BEST_VAL_ACC_LABEL = "best val acc"
 
+# What a script's own metric names mean in the columns and charts every run shares: "val/acc", "val_acc" and
+# "accuracy/val" are the validation accuracy (names compared as ``name_key`` makes them). Said in a caption
+# wherever a script's metric is drawn as one of these.
+SHARED_NAMES: dict[str, tuple[str, ...]] = {
+    "val_acc": ("val_acc", "val_accuracy", "accuracy_val", "acc_val", "valid_acc", "validation_acc",
+                "validation_accuracy", "eval_acc", "eval_accuracy"),
+    "train_acc": ("train_acc", "train_accuracy", "accuracy_train", "acc_train", "training_accuracy"),
+    "val_loss": ("val_loss", "loss_val", "valid_loss", "validation_loss", "eval_loss"),
+    "train_loss": ("train_loss", "loss_train", "training_loss", "loss"),
+    "images_per_s": ("images_per_s", "images_per_sec", "img_per_s", "imgs_per_s", "samples_per_s",
+                     "samples_per_sec", "throughput"),
+}
+BEST_VAL_ACC_NAMES = ("best_val_acc", "best_val_accuracy", "best_acc", "best_accuracy", "val_acc_best",
+                      "accuracy_val_best", "best_validation_accuracy")
+
+
+def name_key(name: str) -> str:
+    """A metric's name as names are compared: 'Val/Acc', 'val-acc' and 'val acc' are 'val_acc'."""
+    return "".join(c if c.isalnum() else "_" for c in name.strip().lower())
+
+
+def shared_name(name: str) -> str | None:
+    """The shared series a script's metric ``name`` is ("val/acc" -> "val_acc"), or None."""
+    key = name_key(name)
+    return next((shared for shared, names in SHARED_NAMES.items() if key in names), None)
+
 
 @dataclass(frozen=True)
 class RunFigures:
@@ -67,6 +93,23 @@ def run_figures(epochs: Iterable[Mapping[str, Any]]) -> RunFigures:
         training_time_s=_total(row.get("train_time_s") for row in rows),
         epochs_time_s=_total(row.get("epoch_time_s") for row in rows),
     )
+
+
+def script_run_figures(summary: Mapping[str, Any], logged: Mapping[str, Mapping[str, float]]) -> RunFigures:
+    """A script run's figures in the fields every run has: from what it summarised (``run.summary``: a best
+    accuracy under any of BEST_VAL_ACC_NAMES, else its last values) and what it logged (``logged``: per shared
+    series, ``max`` and ``mean`` of the values); None where it gave neither."""
+    by_key = {name_key(name): value for name, value in summary.items() if _number(value) and not isinstance(value, bool)}
+    best = next((float(by_key[name]) for name in BEST_VAL_ACC_NAMES if name in by_key), None)
+    if best is None and "val_acc" in logged:
+        best = logged["val_acc"].get("max")
+    if best is None:
+        best = next((float(by_key[name]) for name in SHARED_NAMES["val_acc"] if name in by_key), None)
+    images_per_s = logged.get("images_per_s", {}).get("mean")
+    if images_per_s is None:
+        images_per_s = next((float(by_key[name]) for name in SHARED_NAMES["images_per_s"] if name in by_key), None)
+    return RunFigures(epochs_done=0, best_val_acc=best, images_per_s=images_per_s, images_per_s_epochs=(),
+                      training_time_s=None, epochs_time_s=None)
 
 
 def _total(values: Iterable[Any]) -> float | None:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from db.connection import session_scope
 from db.tables import Run, ScriptMetric, utcnow
 from db.recorded_by import VERSION_KEY, parallax_version
+from db.run_figures import RunFigures, script_run_figures, shared_name
 
 SCRIPT_KIND = "script"
 SCRIPT_STRATEGY = "script"  # the strategy column of a script run whose config names none
@@ -133,6 +134,36 @@ def metric_names(engine: Engine, run_ids: Iterable[int]) -> dict[int, list[str]]
         with session_scope(engine) as session:
             for run_id, name in session.execute(statement):
                 found[run_id].append(name)
+    return found
+
+
+def run_figures_of(engine: Engine, run_ids: Iterable[int]) -> dict[int, tuple[RunFigures, dict[str, Any]]]:
+    """Each script run's figures in the fields every run shares (``db.run_figures.script_run_figures``), and its
+    summary (``run.summary``: the last value of each metric, and what the script set) for columns of their own.
+    Reads the summary by JSON path and aggregates only the logged series that map onto a shared one."""
+    run_ids = list(dict.fromkeys(run_ids))
+    if not run_ids:
+        return {}
+    names = metric_names(engine, run_ids)
+    mapped = {(run_id, name): shared for run_id, listed in names.items() for name in listed
+              if (shared := shared_name(name)) is not None}
+    logged: dict[int, dict[str, dict[str, float]]] = {run_id: {} for run_id in run_ids}
+    with session_scope(engine) as session:
+        summaries = dict(session.execute(select(Run.id, Run.measurements["summary"]).where(Run.id.in_(run_ids))).all())
+        if mapped:
+            statement = (select(ScriptMetric.run_id, ScriptMetric.name, func.max(ScriptMetric.value),
+                                func.avg(ScriptMetric.value))
+                         .where(ScriptMetric.run_id.in_(run_ids),
+                                ScriptMetric.name.in_({name for _, name in mapped}))
+                         .group_by(ScriptMetric.run_id, ScriptMetric.name))
+            for run_id, name, highest, mean in session.execute(statement):
+                shared = mapped.get((run_id, name))
+                if shared is not None and highest is not None:
+                    logged[run_id].setdefault(shared, {"max": float(highest), "mean": float(mean)})
+    found = {}
+    for run_id in run_ids:
+        summary = summaries.get(run_id) if isinstance(summaries.get(run_id), dict) else {}
+        found[run_id] = (script_run_figures(summary, logged[run_id]), summary)
     return found
 
 

@@ -341,6 +341,10 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
         }
     # The run's summary as every page shows it (db.run_figures), beside the epochs it sums up.
     exported["figures"] = run_figures(epochs).to_dict()
+    if run_kind == "script":  # what it summarised and logged, in the same fields
+        from db.script_metrics import run_figures_of
+
+        exported["figures"] = run_figures_of(engine, [run_id])[run_id][0].to_dict()
     # Every point, not downsampled: an export is the record, charts are where points are thinned.
     exported["steps"] = [{name: row[name] for name in series.STEP_FIELDS}
                          for row in series.read_steps(engine, [run_id], max_points=None)]

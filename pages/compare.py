@@ -26,6 +26,7 @@ URL_PARAM = "runs"  # ?runs=3,5,8
 SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanation
 METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
 SERIES_MAX_POINTS = 1000  # per run: a chart is at most a screen wide
+LOG_HELP = "Draw the loss on a log axis: a run whose loss blew up leaves the others readable."
 
 
 def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
@@ -81,15 +82,16 @@ def is_baseline(strategy: str) -> bool:
     return known is not None and known.baseline
 
 
-def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame) -> pd.DataFrame:
-    figures = mfu.set_index("run_id")
+def scaling_display(table: pd.DataFrame, target_acc: float, mfu: pd.DataFrame,
+                    peaks: dict[int, float | None] | None = None) -> pd.DataFrame:
+    figures, peaks = mfu.set_index("run_id"), peaks or {}
     return pd.DataFrame({
         "run": table["label"],
         "devices": table["devices"],
         "effective batch": table["effective_batch"],
         IMAGES_PER_S_LABEL: table["throughput_images_per_s"].round(0),
         "MFU": table["run_id"].map(lambda i: efficiency.mfu_text(
-            figures["mfu"].get(i), figures["achieved_tflops"].get(i))),
+            figures["mfu"].get(i), figures["achieved_tflops"].get(i), peaks.get(i))),
         "baseline (single)": table["baseline_run_id"].map(lambda i: f"#{i}" if pd.notna(i) else "none found"),
         "speedup (×)": table["speedup"].round(2),
         "efficiency": table["efficiency"].map(lambda e: f"{e:.0%}" if pd.notna(e) else "—"),
@@ -108,8 +110,12 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
     show_advice(runs, table)
     show_speedups(table)
     mfu = efficiency.mfu_by_run(epochs[epochs["run_id"].isin(table["run_id"])])
-    st.dataframe(scaling_display(table, target_acc, mfu), hide_index=True,
-                 column_config={IMAGES_PER_S_LABEL: st.column_config.NumberColumn(help=IMAGES_PER_S_HELP)})
+    peaks = {run["id"]: (run.get("measurements") or {}).get("peak_tflops") for run in runs}
+    st.dataframe(scaling_display(table, target_acc, mfu, peaks), hide_index=True,
+                 column_config={IMAGES_PER_S_LABEL: st.column_config.NumberColumn(help=IMAGES_PER_S_HELP),
+                                "MFU": st.column_config.TextColumn(help=efficiency.MFU_PEAK_NOTE)})
+    if mfu["mfu"].notna().any():
+        st.caption(efficiency.MFU_PEAK_NOTE)
     if mfu["mfu"].isna().any() and table["throughput_images_per_s"].notna().any():
         st.caption("MFU: '—' where a run recorded none (recorded before FLOPs were counted, or no peak FLOP/s "
                    "is known for its device).")
@@ -134,14 +140,20 @@ def show_scaling(runs: list[dict], epochs: pd.DataFrame, baselines: dict[tuple, 
                                     key="compare_memory_estimate")
 
 
-def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str]) -> None:
+def show_curves(epochs: pd.DataFrame, labels: dict[int, str], colours: dict[int, str],
+                script_rows: pd.DataFrame | None = None) -> None:
     st.subheader("Curves")
-    metric_col, x_col = st.columns([2, 1])
+    if script_rows is not None and not script_rows.empty:  # a script's val/acc on the accuracy chart, and so on
+        epochs = pd.concat([epochs, script_rows.drop(columns="logged_as")], ignore_index=True)
+    metric_col, x_col, log_col = st.columns([2, 1, 1], vertical_alignment="bottom")
     metric = metric_col.selectbox("Metric", list(charts.METRIC_TITLES), format_func=charts.METRIC_TITLES.get,
                                   key="compare_metric")
     x = x_col.radio("x axis", list(charts.X_AXES), format_func=charts.X_AXES.get, horizontal=True, key="compare_x")
-    st.plotly_chart(charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours),
-                    key="overlay")
+    log = charts.is_loss(metric) and log_col.toggle("Log scale", key="compare_log", help=LOG_HELP)
+    st.plotly_chart(charts.on_log_scale(
+        charts.overlay_figure(epochs[epochs["run_id"].isin(labels)], metric, x, labels, colours), log), key="overlay")
+    if script_rows is not None and (caption := script_views.shared_names_caption(script_rows)):
+        st.caption(escape_markdown(caption))
 
 
 def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dict[int, str]) -> None:
@@ -154,13 +166,15 @@ def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dic
         st.caption("None of the picked runs recorded per-step points or system samples: they were recorded "
                    "before Parallax kept them.")
         return
-    metric_col, x_col = st.columns([2, 1])
+    metric_col, x_col, log_col = st.columns([2, 1, 1], vertical_alignment="bottom")
     metric = metric_col.selectbox("Series", list(series_charts.COMPARE_SERIES), key="compare_series",
                                   format_func=lambda name: series_charts.COMPARE_SERIES[name][0])
     x = x_col.radio("x axis", list(series_charts.X_TITLES), format_func=series_charts.X_TITLES.get,
                     horizontal=True, key="compare_series_x")
+    log = charts.is_loss(metric) and log_col.toggle("Log scale", key="compare_series_log", help=LOG_HELP)
     frame = series_charts.compare_frame(steps, system, metric)
-    st.plotly_chart(series_charts.compare_figure(frame, metric, x, labels, colours), key="series_overlay")
+    st.plotly_chart(charts.on_log_scale(series_charts.compare_figure(frame, metric, x, labels, colours), log),
+                    key="series_overlay")
     drawn = set(frame.dropna(subset=[x, "value"])["run_id"])
     left_out = [labels[run_id] for run_id in run_ids if run_id not in drawn]
     if left_out:
@@ -188,7 +202,8 @@ runs = dashboard.runs_for_compare(engine, picked_ids)
 for run in runs:  # a database shared with a newer version: its runs are shown with what this version reads
     if note := unknown_strategy_note(run["id"], run["strategy"], run["measurements"]):
         st.info(escape_markdown(note), icon=":material/update:")
-problems = scaling.like_for_like_problems(runs)
+# Like for like is judged among launched runs: a script's config is its own, and it is never a speedup's baseline.
+problems = scaling.like_for_like_problems([run for run in runs if not script_views.is_script(run)])
 if problems:
     st.warning(escape_markdown("These runs are not like for like, so their speedups compare different work: "
                                + "; ".join(problems) + "."), icon=":material/warning:")
@@ -203,7 +218,8 @@ colours = scaling.run_colours(labels)
 
 if scaling_runs := script_views.runs_for_scaling(runs):
     show_scaling(scaling_runs, epochs, baselines, colours)
-show_curves(epochs, labels, colours)
+script_ids = [run["id"] for run in runs if script_views.is_script(run)]
+show_curves(epochs, labels, colours, script_views.shared_epoch_rows(engine, script_ids) if script_ids else None)
 
 show_series(engine, picked_ids, labels, colours)
 script_views.compare_section(engine, runs, labels, colours)
@@ -211,10 +227,14 @@ script_views.compare_section(engine, runs, labels, colours)
 st.subheader("Config differences")
 differences = scaling.config_differences(runs)
 if differences.empty:
-    st.caption("The picked runs share every config field." if len(runs) > 1
+    st.caption("The picked runs agree on every config field they have in common." if len(runs) > 1
                else "Pick another run to see what differs.")
 else:
     st.dataframe(differences)
+if len(runs) > 1 and (unshared := scaling.unshared_fields(runs)):
+    shown = ", ".join(unshared[:20]) + (f" and {len(unshared) - 20} more" if len(unshared) > 20 else "")
+    st.caption(escape_markdown(f"Fields only some of the runs have (a script's config is its own; '—' where a run "
+                               f"has none): {shown}."))
 
 st.download_button(
     "Download the metrics (CSV)", scaling.metrics_csv(runs, epochs[epochs["run_id"].isin(labels)]),

@@ -25,6 +25,7 @@ from contract import devices as device_info
 from contract.config import (CPU_PROCESSES_PER_CORE,
                                     SCALE_LR_REFERENCE_BATCH, STRATEGIES, ConfigError,
                                     MAX_MODEL_ARGS_LENGTH, MAX_PATH_LENGTH, RunConfig, max_cpu_processes)
+from contract.config import lr_warning as recipe_lr_warning
 from contract.model_source import is_custom_model
 from contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
@@ -33,7 +34,7 @@ from contract.fields import SLURM_SECTION
 from ui import torchrun_command as torchrun_ui
 from ui.field_widgets import draw_form, field_widget
 from ui.text import escape_markdown
-from ui.validation import validate_form
+from ui.validation import EMPTY_OWN_MODEL, OWN_MODEL_LABEL, in_form_words, validate_form
 
 state.enter_through_app("pages/launch.py")
 
@@ -237,7 +238,7 @@ def draw_model(spec, start):
                         captions=["a timm architecture", "path/to/file.py:Attr or pkg.module:Attr"]) == own_model.OWN
     if page.own:
         return st.text_input(
-            "Your model", key="own_model", value=start if started_own else "",
+            OWN_MODEL_LABEL, key="own_model", value=start if started_own else "",
             placeholder="~/nets/mynet.py:Net", max_chars=MAX_PATH_LENGTH,
             help="An nn.Module class or a function returning one, defined in a .py file or module inside "
             f"{own_model.allowed_folders()}. It is checked in a separate process (imported, built on the meta "
@@ -341,11 +342,13 @@ if sweeping:
         errors.setdefault("strategy", "Pick at least two strategies to compare.")
 if model_problem:
     errors["model"] = model_problem
+if own and not values["model"]:  # the engine's "give a timm model name" is not what this field takes
+    errors["model"] = EMPTY_OWN_MODEL
 if own and config is not None and not errors.keys() & {"model", "model_args"}:
     with verdict_slot, st.spinner("Checking your model in a separate process…"):
         verdict = own_model.model_verdict(own_model.config_to_check(config, sweep_strategies if sweeping else None))
     if verdict.ok:
-        verdict_slot.success(f"{escape_markdown(verdict.line)} (checked in {verdict.seconds:.1f} s)",
+        verdict_slot.success(f"{escape_markdown(in_form_words(verdict.line))} (checked in {verdict.seconds:.1f} s)",
                              icon=":material/check_circle:")
     else:
         errors["model"] = verdict.line
@@ -360,7 +363,9 @@ batch_hint.caption("" if sweeping else batch_caption(config))
 recipe_hint.caption(recipe_caption(config))
 general = st.empty()
 for name, message in errors.items():
-    slots.get(name, general).error(escape_markdown(message), icon=":material/error:")
+    slots.get(name, general).error(escape_markdown(in_form_words(message)), icon=":material/error:")
+if config is not None and "lr" not in errors and (lr_warning := recipe_lr_warning(config)):
+    slots["lr"].warning(escape_markdown(in_form_words(lr_warning)), icon=":material/warning:")
 
 if sweeping:
     planned = len(sweep_strategies)
@@ -398,7 +403,7 @@ if not full:
     st.rerun()  # every model, the dataset's details, the parameter count and their checks
 if own:
     count_slot.caption("Parameter count and memory estimate: not computed here, since that would import your "
-                       "code into the dashboard; `python -m trainer_backend estimate --model ...` gives them.")
+                       "code into the dashboard; `parallax estimate --model ...` gives them.")
 elif model_problem is None:
     num_classes = int(info.get("num_classes") or 10)
     count = options.parameter_count(values["model"], num_classes, options.input_channels(info, None))

@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 from db import profiles, series, store
@@ -30,6 +31,7 @@ from ui.text import escape_markdown
 state.enter_through_app("pages/run.py")
 
 CANCEL_NOTE_KEY = "run_cancel_note"
+LOG_LOSS_KEY = state.LOG_LOSS_KEY
 # What the step and system charts were drawn from (series_version), the figures, the lines saying
 # what is missing, and what the build cost and when it ended (for series_charts.rebuild_due).
 SERIES_KEY = "run_series_drawn"
@@ -47,14 +49,23 @@ def show_metrics(epochs: pd.DataFrame, measurements: dict) -> list[str]:
     best = f"{figures.best_val_acc:.1%}" if figures.best_val_acc is not None else "—"
     row.metric("Best validation accuracy", best, width="content")
     throughput = figures.images_per_s
-    row.metric("Throughput (images/s)", f"{throughput:,.0f}" if throughput is not None else "—",
-               help=IMAGES_PER_S_HELP, width="content")
+    row.metric(throughput_label(figures.images_per_s_epochs, figures.epochs_done),
+               f"{throughput:,.0f}" if throughput is not None else "—", help=IMAGES_PER_S_HELP, width="content")
     missing = efficiency_views.mfu_metric(row, epochs, measurements)
     row.metric("Training time", widgets.format_duration(figures.training_time_s), width="content",
                help=TRAINING_TIME_HELP + (f" With them, the epochs took "
                                           f"{widgets.format_duration(figures.epochs_time_s)}."
                                           if figures.epochs_time_s is not None else ""))
     return [missing] if missing else []
+
+
+def throughput_label(steady_epochs: tuple[int, ...], epochs_done: int) -> str:
+    """The headline images/s, labelled with the epochs it is the mean of where it leaves one out."""
+    if epochs_done <= 1 or not steady_epochs:
+        return "Throughput (images/s)"
+    span = (f"epoch {steady_epochs[0]}" if len(steady_epochs) == 1
+            else f"epochs {steady_epochs[0]}–{steady_epochs[-1]}")
+    return f"Throughput (images/s, {span}; epoch 1 left out: start-up)"
 
 
 def nonfinite_line(epochs: pd.DataFrame) -> str | None:
@@ -70,9 +81,17 @@ def nonfinite_line(epochs: pd.DataFrame) -> str | None:
     return line + " (--on-nonfinite warn: the run trained on)."
 
 
+def loss_on_log_scale() -> bool:
+    """The page's one switch for its loss charts (per epoch, per step, live, a script's): a diverged run's
+    1e12 squashes everything else on a linear axis."""
+    return st.toggle("Loss on a log scale", key=LOG_LOSS_KEY,
+                     help="Draw the loss charts on a log axis: a loss that blew up leaves the others readable.")
+
+
 def show_charts(epochs: pd.DataFrame) -> None:
     left, right = st.columns(2)
-    left.plotly_chart(charts.loss_figure(epochs), key="loss")
+    left.plotly_chart(charts.on_log_scale(charts.loss_figure(epochs), st.session_state.get(LOG_LOSS_KEY, False)),
+                      key="loss")
     right.plotly_chart(charts.accuracy_figure(epochs), key="accuracy")
     left.plotly_chart(charts.throughput_figure(epochs), key="throughput")
     right.plotly_chart(charts.epoch_time_figure(epochs), key="epoch_time")
@@ -119,28 +138,27 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float |
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
     if refresh_s is not None and live.progress_refresh_s(run.status, age_s(run)) != refresh_s:
         st.rerun()  # a run queued past the quick look: the full run declares the slower timer
-    widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
+    if script_views.is_script(run):  # a script counts its own steps, and its epochs if it says
+        script_views.progress_line(engine, run)
+    else:
+        widgets.progress_bars(run, epochs_done, int(run.config.get("epochs") or epochs_done or 1))
 
 
 def show_head(run: store.RunRecord) -> list[str]:
     """The run's status, what it trains, and its Cancel or Resume button; returns its notes for the Notes section."""
-    badge_col, what_col, cancel_col = st.columns([1, 6, 1], vertical_alignment="center")
-    with badge_col:
+    # One row whose parts are as wide as their text: a narrow fixed column cut "Cancel run" to "Cancel …".
+    head = st.container(horizontal=True, vertical_alignment="center", gap="medium", key="run_head")
+    with head:
         widgets.status_badge(run.status)
     devices = escape_markdown(",".join(map(str, run.config.get("devices", []))))
-    what_col.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
-                     f"{escape_markdown(run.dataset)} · {scaling.batch_summary(run.config)} · "
-                     f"created {run.created_at:%Y-%m-%d %H:%M} UTC")
-    if run.status in ACTIVE_STATUSES and cancel_col.button("Cancel run", icon=":material/stop_circle:"):
-        with st.spinner("Stopping every process of the run…"):
-            try:
-                cancel(run.id)
-            except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
-                st.session_state[CANCEL_NOTE_KEY] = str(exc)
-        st.rerun()
+    head.caption(f"**{run.strategy}** on {devices} · **{escape_markdown(run.model)}** on "
+                 f"{escape_markdown(run.dataset)} · {scaling.batch_summary(run.config)} · "
+                 f"created {run.created_at:%Y-%m-%d %H:%M} UTC", width="stretch")
+    if run.status in ACTIVE_STATUSES and head.button("Cancel run", icon=":material/stop_circle:", width="content"):
+        confirm_cancel(run.id)
     if (run.status in RESUMABLE_ENDS and "resume.pt" in checkpoint_files(state.engine(), run.id)
-            and cancel_col.button("Resume", icon=":material/play_circle:",
-                                  help="Continue from the last finished epoch, as this same run")):
+            and head.button("Resume", icon=":material/play_circle:", width="content",
+                            help="Continue from the last finished epoch, as this same run")):
         try:
             resume(run.id, data_roots=options.data_roots())
         except (ValueError, LookupError) as exc:
@@ -149,6 +167,23 @@ def show_head(run: store.RunRecord) -> list[str]:
     if note := st.session_state.pop(CANCEL_NOTE_KEY, None):  # the answer to a button just pressed: in sight
         st.warning(escape_markdown(note), icon=":material/warning:")
     return [unknown_strategy_note(run.id, run.strategy, run.measurements)]
+
+
+@st.dialog("Cancel this run?")
+def confirm_cancel(run_id: int) -> None:
+    """Cancel stops every process of a run that may have trained for hours: asked once more, never on one click."""
+    st.markdown(f"Run #{run_id} stops now, with every process it started. The epochs, steps and checkpoints it "
+                "has recorded are kept.")
+    keep, stop = st.columns(2)
+    if keep.button("Keep it running", width="stretch"):
+        st.rerun()
+    if stop.button(f"Cancel run #{run_id}", type="primary", icon=":material/stop_circle:", width="stretch"):
+        with st.spinner("Stopping every process of the run…"):
+            try:
+                cancel(run_id)
+            except CancelNotDelivered as exc:  # marked cancelled; its process is another user's
+                st.session_state[CANCEL_NOTE_KEY] = str(exc)
+        st.rerun()
 
 
 def launch_again(run: store.RunRecord) -> None:
@@ -164,7 +199,7 @@ def launch_again(run: store.RunRecord) -> None:
 def show_messages(run: store.RunRecord) -> None:
     """How the run ended where it did not complete (its error leads a failed run's page), or why it waits."""
     show_outcome(run)
-    if run.status == "queued":
+    if run.status == "queued":  # said once, with the badge: the progress bars and the live charts add nothing to it
         st.caption("Queued: it starts when its devices are free (by default one CPU run at a time).")
 
 
@@ -210,7 +245,8 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     figures += [(f"system_{metric}", series_charts.system_figure(system, metric, marks))
                 for metric in series_charts.system_charts_for(system)]
     devices = [str(device) for device in run.config.get("devices", [])]
-    return figures, series_charts.missing_series(devices, active, steps, system)
+    return figures, series_charts.missing_series(devices, active, steps, system,
+                                                 own_steps=script_views.is_script(run))
 
 
 def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
@@ -236,7 +272,10 @@ def live_series(run: store.RunRecord, epochs: pd.DataFrame) -> None:
                  "build_s": time.monotonic() - started, "built_at": time.monotonic()}
         st.session_state[SERIES_KEY] = drawn
     columns = st.columns(2)
+    log_loss = st.session_state.get(LOG_LOSS_KEY, False)
     for i, (key, figure) in enumerate(drawn["figures"]):
+        if key == "step_train_loss" and log_loss:
+            figure = charts.on_log_scale(go.Figure(figure))  # a copy: the drawn figures are kept for the next tick
         columns[i % 2].plotly_chart(figure, key=key)
     for line in drawn["missing"]:
         st.caption(line)
@@ -247,7 +286,8 @@ def live_steps(run: store.RunRecord) -> None:
     step and grown every second from the server's live route (ui/live_feed.py), with no rerun of the page.
     The document is the same on every rerun, so the browser keeps it and its charts."""
     if run.status in ACTIVE_STATUSES and not script_views.is_script(run):  # a script logs its own series
-        st.iframe(live_feed.feed_html(run.id), height=live_feed.FEED_HEIGHT_PX)
+        st.iframe(live_feed.feed_html(run.id, log_loss=st.session_state.get(LOG_LOSS_KEY, False)),
+                  height=live_feed.FEED_HEIGHT_PX)
 
 
 def show_per_class(run: store.RunRecord) -> None:
@@ -302,14 +342,14 @@ def show_static(run: store.RunRecord) -> None:
         checkpoint = None
     # is_file: only a regular file is offered (a named pipe there would block the download forever).
     if checkpoint is not None and checkpoint.is_file() and run.status not in ACTIVE_STATUSES:
-        size_mb = checkpoint.stat().st_size / 2**20
+        size = widgets.format_bytes(checkpoint.stat().st_size)
         # A link the server streams from disk (ui/downloads.py): a multi-GB file is never held in memory whole.
-        st.link_button(f"Download the best checkpoint ({size_mb:.1f} MB)", downloads.link(run.id, "best.pt"),
+        st.link_button(f"Download the best checkpoint ({size})", downloads.link(run.id, "best.pt"),
                        icon=":material/download:")
     if files := checkpoint_files(state.engine(), run.id):
         keep = run.config.get("keep_checkpoints", 1)
-        st.caption(f"Checkpoints on disk: {sum(files.values()) / 2**20:,.1f} MB ("
-                   + ", ".join(f"{name} {size / 2**20:,.1f} MB" for name, size in files.items())
+        st.caption(f"Checkpoints on disk: {widgets.format_bytes(sum(files.values()))} ("
+                   + ", ".join(f"{name} {widgets.format_bytes(size)}" for name, size in files.items())
                    + f"; --keep-checkpoints {keep} keeps that many resume points besides the best).")
     show_profile(run.id)
     with st.expander("Config"):
@@ -361,6 +401,8 @@ st.fragment(live_progress, run_every=progress_s)(
 show_messages(run)
 notes += show_numbers(run, epochs)
 notes_section = st.container(key="run_notes")  # right below the numbers; filled once every section has spoken
+if not epochs.empty or script_views.is_script(run) or run.status in ACTIVE_STATUSES:
+    loss_on_log_scale()
 if script_views.is_script(run):
     script_views.run_section(engine, run)
 else:

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from db import dashboard
-from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
+from db.run_figures import (BEST_VAL_ACC_LABEL, BEST_VAL_ACC_NAMES, name_key, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
                             TRAINING_TIME_LABEL)
 from db.run_state import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
@@ -44,8 +44,11 @@ def dataset_name(dataset: str) -> str:
     return path.name if path.is_absolute() and path.name else dataset
 
 
+MAX_SUMMARY_COLUMNS = 12  # a script's summary keys as columns, the most common first: a table, not a wall
+
+
 def table_frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "run": [r["id"] for r in rows],
         "status": [r["status"] for r in rows],
         # "script": a user's own script logging through `import parallax`; "engine": launched by Parallax.
@@ -64,6 +67,23 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
         "note": [r["user_note"] for r in rows],
         "created (UTC)": [r["created_at"].replace(tzinfo=None) for r in rows],
     })
+    # What scripts put in run.summary (beyond the figures above, which it fills): a column per key, as W&B shows.
+    counts = pd.Series([key for r in rows for key in (r.get("summary") or {})
+                        if name_key(key) not in BEST_VAL_ACC_NAMES], dtype=object).value_counts()
+    for key in counts.index[:MAX_SUMMARY_COLUMNS]:
+        column = f"summary: {key}"
+        if column not in frame:
+            frame[column] = summary_column([(r.get("summary") or {}).get(key) for r in rows])
+    return frame
+
+
+def summary_column(values: list) -> list:
+    """A summary key's values as one column: numbers where every value given is a number (so it sorts as
+    numbers), else each value's text; None where a run has no such key."""
+    given = [v for v in values if v is not None]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in given):
+        return [None if v is None else float(v) for v in values]
+    return [None if v is None else str(v) for v in values]
 
 
 def filters_from_url(choices: dict[str, list[str]]) -> None:

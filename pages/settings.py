@@ -22,6 +22,11 @@ st.caption("Parallax posts to each webhook when a run completes, fails, is cance
            "duration, which Slack (its `text`) and Discord (its `content`) read as they are. Set them here or in "
            f"`{notify.WEBHOOKS_ENV}` (comma-separated) where the dashboard and the runs start.")
 
+link, link_source = notify.dashboard_url()
+st.caption(f"Links in messages open this address ({escape_markdown(link_source)}; set `{notify.DASHBOARD_URL_ENV}` "
+           "where the runs start to send them elsewhere):")
+st.code(f"{link}/run?run=N", language=None, width="content")
+
 from_environment = [u.strip() for u in os.environ.get(notify.WEBHOOKS_ENV, "").split(",") if u.strip()]
 if from_environment:
     st.markdown(f"From `{notify.WEBHOOKS_ENV}`: " + ", ".join(f"`{notify.shown_url(u)}`" for u in from_environment))

@@ -46,6 +46,7 @@ def report_display(table: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         "effective batch": table["effective_batch"],
         IMAGES_PER_S_LABEL: numbers(table["throughput_images_per_s"], "{:,.0f}"),
         "MFU": numbers(table["mfu"], "{:.1%}"),
+        "of peak TFLOP/s": numbers(table["peak_tflops"], "{:.3g}"),
         "speedup (×)": numbers(table["speedup"], "{:.2f}×"),
         "efficiency": numbers(table["efficiency"], "{:.0%}"),
         "peak memory per device (MB)": numbers(table["peak_memory_mb"], "{:,.0f}"),
@@ -176,7 +177,7 @@ sweeps = store.list_sweeps(engine)
 if not sweeps:
     st.info("No sweeps yet. A sweep trains the same model under several strategies and reports which is fastest: "
             "on the Launch page choose **Compare strategies**, or run "
-            "`python -m trainer_backend sweep --strategies single,ddp,mp,pp --devices cpu,cpu`.")
+            "`parallax sweep --strategies single,ddp,mp,pp --devices cpu,cpu`.")
     st.page_link(state.LAUNCH_PAGE, label="Launch a sweep", icon=":material/rocket_launch:")
     st.stop()
 

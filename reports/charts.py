@@ -68,6 +68,20 @@ def fit_y_axis(figure: go.Figure) -> go.Figure:
     return figure
 
 
+def on_log_scale(figure: go.Figure, log: bool = True) -> go.Figure:
+    """``figure`` with a log y axis where ``log`` (a diverged run's loss of 1e12 squashes every other line flat
+    on a linear one); its zero-based linear range gives way to the log axis's own. Unchanged otherwise."""
+    if log:
+        figure.update_yaxes(type="log", autorange=True, rangemode="normal")
+        figure.layout.yaxis.range = None
+    return figure
+
+
+def is_loss(metric: str) -> bool:
+    """Whether a series is a loss, which the log-scale switch applies to ("train_loss", "val/loss", "loss")."""
+    return "loss" in metric.lower()
+
+
 def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and frame[column].notna().any()
 
@@ -133,6 +147,7 @@ def overlay_figure(epochs: pd.DataFrame, metric: str, x: str, labels: dict[int, 
                      percent=percent)
     for run_id, rows in epochs.groupby("run_id", sort=False):
         if has_values(rows, metric):
+            rows = rows.dropna(subset=[metric])  # a script's rows hold one series each
             figure.add_scatter(x=rows[x], y=rows[metric], name=plotly_text(labels.get(run_id, f"#{run_id}")),
                                mode="lines+markers", line=dict(color=(colours or {}).get(run_id)))
     if x == "epoch" and epochs["epoch"].nunique() <= 20:

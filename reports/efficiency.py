@@ -63,10 +63,22 @@ def mfu_missing(measurements: dict[str, Any] | None, run_epochs: pd.DataFrame) -
     return "MFU: not recorded for these epochs."
 
 
-def mfu_text(mfu: float | None, tflops: float | None) -> str:
+# What MFU is divided by, said wherever MFU is shown: runs of one machine at the same TFLOP/s differ in MFU
+# where their devices' peaks differ.
+MFU_PEAK_NOTE = ("MFU is the achieved TFLOP/s over the peak of the run's own devices together, shown beside it: "
+                 "the same TFLOP/s is a different MFU where the peaks differ. On a CPU the peak is a matrix multiply "
+                 "measured over each process's threads, times the processes (ddp, fsdp and pp: a process per "
+                 "device, sharing the cores; single, dp and mp: one process using them).")
+
+
+def mfu_text(mfu: float | None, tflops: float | None, peak_tflops: float | None = None) -> str:
+    """'12.3% (0.052 of 0.42 TFLOP/s)': the MFU with what it divides."""
     if mfu is None or pd.isna(mfu):
         return "—"
-    return f"{mfu:.1%}" + (f" ({tflops:.2f} TFLOP/s)" if tflops is not None and pd.notna(tflops) else "")
+    has_tflops = tflops is not None and pd.notna(tflops)
+    if has_tflops and peak_tflops is not None and pd.notna(peak_tflops):
+        return f"{mfu:.1%} ({tflops:.3g} of {peak_tflops:.3g} TFLOP/s)"
+    return f"{mfu:.1%}" + (f" ({tflops:.3g} TFLOP/s)" if has_tflops else "")
 
 
 def ranks_frame(epochs: pd.DataFrame) -> pd.DataFrame:

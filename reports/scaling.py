@@ -183,14 +183,29 @@ def like_for_like_problems(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def config_differences(runs: list[dict[str, Any]]) -> pd.DataFrame:
-    """The config fields whose values differ between the runs: one row per field, one column per run."""
+    """The config fields whose values differ between the runs: one row per field, one column per run. Launched
+    runs share one catalogue of fields, so a field one of them lacks (recorded by another version) differs by
+    its absence; a script's config is its own, so it differs only where it has the field and disagrees with a
+    run that has it too, and shows "—" elsewhere (``unshared_fields`` names what only some runs have)."""
+    launched = [run for run in runs if run.get("kind") != "script"]
     names = sorted({name for run in runs for name in run["config"]} - set(IGNORED_CONFIG_FIELDS))
     table = {}
     for name in names:
-        values = [display_value(run["config"].get(name)) for run in runs]
-        if len(set(values)) > 1:
-            table[name] = values
+        compared = [run for run in runs if name in run["config"]]
+        if all(run.get("kind") != "script" for run in compared):
+            compared = launched  # absent from a launched run is a value of its own
+        if len({display_value(run["config"].get(name)) for run in compared}) > 1:
+            table[name] = [display_value(run["config"].get(name)) if name in run["config"] or run.get("kind") != "script"
+                           else "—" for run in runs]
     return pd.DataFrame.from_dict(table, orient="index", columns=[f"#{run['id']}" for run in runs])
+
+
+def unshared_fields(runs: list[dict[str, Any]]) -> list[str]:
+    """The config fields some of the runs have and others do not."""
+    if not runs:
+        return []
+    every = [set(run["config"]) for run in runs]
+    return sorted(set.union(*every) - set.intersection(*every) - set(IGNORED_CONFIG_FIELDS))
 
 
 def metrics_csv(runs: list[dict[str, Any]], epochs: pd.DataFrame) -> str:

@@ -180,8 +180,14 @@ def system_charts_for(system: pd.DataFrame) -> list[str]:
             if has_values(system[system["kind"].isin(kinds)], metric)]
 
 
-def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system: pd.DataFrame) -> list[str]:
-    """One line for each kind of chart the Run page cannot draw for this run, saying why."""
+def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system: pd.DataFrame,
+                   *, own_steps: bool = False) -> list[str]:
+    """One line for each kind of chart the Run page cannot draw for this run, saying why. ``own_steps``: a
+    script's run, whose steps are the metrics it logged (charted apart), never the engine's step points."""
+    if own_steps:
+        return [] if not system.empty else (
+            ["System charts appear with the script's first samples."] if active
+            else ["No system samples: the script's sampler recorded none (see the run's notes)."])
     if steps.empty and system.empty:
         if active:
             return ["Per-step and system charts appear with the run's first recorded steps and samples."]

@@ -18,7 +18,7 @@ from db import profiles, series, store
 from db.run_state import ACTIVE_STATUSES
 from contract.strategy_specs import find
 
-from .efficiency import breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
+from .efficiency import MFU_PEAK_NOTE, breakdown_figure, breakdown_frame, breakdown_missing, mfu_by_run
 from .scaling_forecast import HYPOTHETICAL_HEADING, forecast_display, hypothetical, possible, sweep_forecast
 from .memory_check import estimate_check_frame, estimate_error_by_run
 from .profile_charts import PHASE_COLUMNS, breakdown_means, step_breakdown_figure
@@ -26,6 +26,7 @@ from .report_html import REPORT_CSS, charts_html
 from .scaling import epochs_frame, memory_frame, pick_baselines, run_colours, scaling_table
 
 REPORT_COLUMNS = ("run_id", "strategy", "devices", "status", "effective_batch", "throughput_images_per_s", "mfu",
+                  "peak_tflops",
                   "speedup", "efficiency", "peak_memory_mb", "memory_estimate_error", "time_to_target_s",
                   "utilisation_pct", "energy_j_per_image")
 ESTIMATE_ERROR_NOTE = ("Memory estimate error: at the device furthest from the estimate made before the run "
@@ -62,6 +63,8 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
     table["memory_estimate_error"] = table["run_id"].map(errors)
     mfu = mfu_by_run(epochs).set_index("run_id")
     table.insert(table.columns.get_loc("throughput_images_per_s") + 1, "mfu", table["run_id"].map(mfu["mfu"]))
+    peaks = {run["id"]: (run["measurements"] or {}).get("peak_tflops") for run in runs}
+    table.insert(table.columns.get_loc("mfu") + 1, "peak_tflops", table["run_id"].map(peaks).astype(float))
     steps = pd.DataFrame(profiles.read_steps(engine, run_ids))
     if not steps.empty:
         means = breakdown_means(steps[steps["rank"] == 0]).set_index("run_id")
@@ -133,6 +136,7 @@ def report_frame(table: pd.DataFrame) -> pd.DataFrame:
     shown = table[list(REPORT_COLUMNS)].copy()
     shown["throughput_images_per_s"] = shown["throughput_images_per_s"].map(lambda v: _num(v, "{:.0f}"))
     shown["mfu"] = shown["mfu"].map(lambda v: _num(v, "{:.1%}"))
+    shown["peak_tflops"] = shown["peak_tflops"].map(lambda v: _num(v, "{:.3g}"))
     shown["speedup"] = shown["speedup"].map(lambda v: _num(v, "{:.2f}x"))
     shown["efficiency"] = shown["efficiency"].map(lambda v: _num(v, "{:.0%}"))
     shown["peak_memory_mb"] = shown["peak_memory_mb"].map(lambda v: _num(v, "{:.0f}"))
@@ -141,7 +145,8 @@ def report_frame(table: pd.DataFrame) -> pd.DataFrame:
     shown["utilisation_pct"] = [_num(value, "{:.0f}% " + str(of)) for value, of in
                                 zip(table["utilisation_pct"], table["utilisation_of"])]
     shown["energy_j_per_image"] = shown["energy_j_per_image"].map(lambda v: _num(v, "{:.3g}"))
-    shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "MFU", "speedup",
+    shown.columns = ["run", "strategy", "devices", "status", "effective batch", "images/s", "MFU", "of peak TFLOP/s",
+                     "speedup",
                      "efficiency", "peak MB/device", "memory estimate error", "time to target s", "mean util",
                      "J/image"]
     return shown
@@ -178,11 +183,12 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def mfu_note(table: pd.DataFrame) -> str | None:
-    """One line when MFU is missing from the report, saying why."""
+    """What MFU divides by, where the report shows one, and why it is missing where it is."""
+    lines = [MFU_PEAK_NOTE] if table["mfu"].notna().any() else []
     if table["mfu"].notna().all() or table["throughput_images_per_s"].isna().all():
-        return None
-    return ("MFU: not recorded for runs that show '-' (recorded before FLOPs were counted, or no peak "
-            "FLOP/s is known for their device).")
+        return " ".join(lines) or None
+    return " ".join([*lines, "MFU: not recorded for runs that show '-' (recorded before FLOPs were counted, or no "
+                     "peak FLOP/s is known for their device)."])
 
 
 def sweep_breakdown(engine, table: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:

@@ -19,12 +19,14 @@ def mfu_metric(row, run_epochs: pd.DataFrame, measurements: dict) -> str | None:
     peak = measurements.get("peak_tflops")
     source = measurements.get("peak_source")
     measured = figures.iloc[0]
-    row.metric("MFU", f"{measured.mfu:.1%}", width="content",
+    # The denominator in the label: runs at the same TFLOP/s differ in MFU where their peaks differ.
+    label = f"MFU (of {peak:.3g} TFLOP/s peak)" if peak else "MFU"
+    row.metric(label, f"{measured.mfu:.1%}", width="content",
                help="Model FLOPs utilisation: the FLOPs a training step needs (counted once per run) times "
-               "images/s, over the device's peak"
+               "images/s, over the peak of the run's devices together"
                + (f" ({peak:g} TFLOP/s, {source})" if peak and source else "")
                + (f"; achieved {measured.achieved_tflops:.3f} TFLOP/s" if pd.notna(measured.achieved_tflops) else "")
-               + ". Mean over the epochs after the first.")
+               + ". Mean over the epochs after the first. " + efficiency.MFU_PEAK_NOTE)
     return None
 
 

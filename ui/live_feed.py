@@ -105,11 +105,16 @@ def chart_layouts() -> dict[str, dict]:
             for column in series_charts.STEP_TITLES}
 
 
-def feed_html(run_id: int) -> str:
+def feed_html(run_id: int, *, log_loss: bool = False) -> str:
     """The embedded document: a line saying how far the run is, and the two charts, drawn from the first
-    recorded point on (until then no chart frame is shown)."""
+    recorded point on (until then no chart frame is shown); the loss on a log axis where ``log_loss``."""
+    layouts = chart_layouts()
+    if log_loss:
+        layouts = {**layouts, "train_loss": {**layouts["train_loss"],
+                                             "yaxis": {**layouts["train_loss"].get("yaxis", {}), "type": "log",
+                                                       "autorange": True, "range": None, "rangemode": "normal"}}}
     settings = {"feed": link(run_id), "plotly": f"{downloads.base_path()}{PLOTLY_ROUTE}", "poll_ms": int(POLL_S * 1000),
-                "max_points": MAX_POINTS, "layouts": chart_layouts(), "terminal": list(TERMINAL)}
+                "max_points": MAX_POINTS, "layouts": layouts, "terminal": list(TERMINAL)}
     # "</" cannot end the script early: every "<" in the settings is written as \u003c.
     return _PAGE.replace("SETTINGS", json.dumps(settings).replace("<", "\\u003c"))
 
@@ -123,7 +128,7 @@ _PAGE = """<!doctype html>
   #charts > div { flex: 1 1 0; min-width: 0; }
 </style></head>
 <body>
-<div id="state">Waiting for the run's first step…</div>
+<div id="state"></div>
 <div id="charts"><div id="train_loss" class="live-chart"></div><div id="images_per_s" class="live-chart"></div></div>
 <script>
 const S = SETTINGS;
@@ -142,10 +147,11 @@ function loadPlotly() {
   return plotly;
 }
 
+// Only what the page around it does not say: the page's badge and progress bars say whether the run is queued or
+// loading, redrawn together; a second voice polling apart from them would say "running" beside a "queued" badge.
 function stateText(d) {
-  if (d.status === "queued") return "Queued: it starts when its devices are free.";
   if (S.terminal.includes(d.status)) return "The run has ended (" + d.status + "): its final charts follow.";
-  if (!d.total_steps) return "Running: loading the data and the model, waiting for the first step…";
+  if (d.status !== "running" || !points.step.length) return "";
   return "Live: step " + d.step + " of " + d.total_steps + " in epoch " + d.epoch;
 }
 
@@ -183,8 +189,9 @@ async function poll() {
       const answer = await fetch(S.feed + "&after=" + after, {cache: "no-store", credentials: "same-origin"});
       if (answer.ok) {
         const d = await answer.json();
+        const fresh = take(d);
         document.getElementById("state").textContent = stateText(d);
-        if (take(d)) await draw();
+        if (fresh) await draw();
         window.drawnUpTo = covered;  // every step recorded up to here is on the charts (for tests, benchmarks)
         ended = S.terminal.includes(d.status);  // ended: the page draws its final charts
       }

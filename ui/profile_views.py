@@ -12,7 +12,7 @@ from reports.profile import trace_file_name
 from reports.profile_charts import step_breakdown_figure
 
 HOW_TO_PROFILE = ("Profile a run by switching on **Profile the first steps (torch.profiler)** on the Launch page, "
-                  "or from a terminal: `python -m trainer_backend run --profile …`. The profiler records a few "
+                  "or from a terminal: `parallax run --profile …`. The profiler records a few "
                   "steps of the first epoch; their op table, step breakdown and trace then show here.")
 
 

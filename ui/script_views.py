@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from db import run_state, script_metrics, series
-from reports.charts import base_figure
+from reports.charts import base_figure, is_loss, on_log_scale
 from ui.text import escape_markdown
 from contract.printable import plotly_text
 
@@ -130,14 +130,64 @@ def _live_metrics(run_id: int) -> None:
     if frame.empty:
         st.caption("Charts appear when the script logs its first values (parallax.log).")
         return
+    log_loss = st.session_state.get(state.LOG_LOSS_KEY, False)
     for prefix, names in by_prefix(frame["name"].unique()).items():
         st.markdown(f"**{escape_markdown(prefix)}**")
         columns = st.columns(2)
         for index, name in enumerate(names):
-            columns[index % 2].plotly_chart(metric_figure(frame, name), key=f"script_metric_{name}")
+            figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
+            columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
     st.download_button("Download the logged metrics (CSV)", frame.drop(columns="n").to_csv(index=False),
                        file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
                        icon=":material/download:", key="script_metrics_csv")
+
+
+def progress_line(engine, run) -> None:
+    """How far a script run is, in its own terms: the last step it logged (a script has no epochs Parallax
+    knows of, so no "epoch 0 of 1")."""
+    step = script_metrics.last_logged_step(engine, run.id)
+    if step is None:
+        st.caption("Waiting for the script's first logged values (parallax.log)."
+                   if run.status in run_state.ACTIVE_STATUSES else "The script logged no values.")
+    elif run.status in run_state.ACTIVE_STATUSES:
+        st.caption(f"Logging: step {step:,} so far.")
+    else:
+        st.caption(f"Logged up to step {step:,}.")
+
+
+def shared_epoch_rows(engine, run_ids: list[int]) -> pd.DataFrame:
+    """The script runs' logged metrics that mean a shared series ("val/acc", "val_acc", "accuracy/val": the
+    validation accuracy; ``db.run_figures.SHARED_NAMES``) as rows of the per-epoch charts: the n-th value of a
+    series is its epoch n, unless the script logged an ``epoch`` metric at that step, and its time since the
+    start is its wall time."""
+    from db.run_figures import name_key, shared_name
+
+    rows = []
+    points = points_frame(script_metrics.read_points(engine, run_ids, max_points=MAX_POINTS))
+    for run_id, logged in points.groupby("run_id", sort=False):
+        epochs_at = {int(step): value for step, value in
+                     logged[logged["name"].map(name_key) == "epoch"][["step", "value"]].itertuples(index=False)}
+        for name, series_points in logged.groupby("name", sort=False):
+            shared = shared_name(name)
+            if shared is None:
+                continue
+            for index, point in enumerate(series_points.sort_values("step").itertuples(), start=1):
+                epoch = epochs_at.get(int(point.step))
+                rows.append({"run_id": run_id, "epoch": int(epoch) if epoch is not None else index,
+                             "wall_time_s": point.t_s, shared: point.value, "logged_as": name})
+    return pd.DataFrame(rows)
+
+
+def shared_names_caption(rows: pd.DataFrame) -> str | None:
+    """The caption saying which script metrics the shared charts draw, and as what."""
+    if rows.empty:
+        return None
+    from db.run_figures import shared_name
+
+    pairs = sorted({(name, shared_name(name)) for name in rows["logged_as"].unique()})
+    return ("Script runs on these charts: " + ", ".join(f"{name} as {shared}" for name, shared in pairs)
+            + " (common names mapped onto the shared series; the n-th value logged is epoch n, unless the script "
+            "logged an `epoch` at that step).")
 
 
 def runs_for_scaling(runs: list[dict]) -> list[dict]:

@@ -61,6 +61,38 @@ class DownloadsUncompressed:
         await self.app(scope, receive, send)
 
 
+WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")
+
+
+def own_url() -> str:
+    """The dashboard's address as it was started (scheme, address, port, base path), which links in messages
+    use: ``parallax ui --port 8600`` links to port 8600. An address on every interface is named by this
+    machine's host name, which other machines resolve where a wildcard address means nothing."""
+    import socket
+
+    from streamlit import config
+
+    address = (config.get_option("server.address") or "").strip()
+    host = socket.getfqdn() if address in WILDCARD_ADDRESSES else address
+    host = f"[{host}]" if ":" in host else host
+    scheme = "https" if config.get_option("server.sslCertFile") else "http"
+    return f"{scheme}://{host}:{config.get_option('server.port')}{downloads.base_path()}"
+
+
+def record_own_url() -> None:
+    """Tell the runs of this home where the dashboard is (``db.notify``'s links), as the server starts; a home
+    that cannot be written is said in the server's log, and links keep the address they had."""
+    import sys
+
+    from db import notify
+
+    try:
+        notify.record_dashboard_url(own_url())
+    except (OSError, ValueError) as exc:
+        print(f"parallax: links in messages keep {notify.dashboard_url()[0]}: this dashboard's address could not be "
+              f"recorded ({exc})", file=sys.stderr)
+
+
 def middleware() -> list:
     from starlette.middleware import Middleware
 

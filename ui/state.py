@@ -34,6 +34,7 @@ RETURN_TO_KEY = "return_to_page"  # (page, query params) to reopen once app.py h
 RUN_ID_KEY = "run_id"  # the run the Run page shows
 COMPARE_IDS_KEY = "compare_ids"  # the runs the Compare page starts with
 SWEEP_ID_KEY = "sweep_id"  # the sweep the Sweep page shows
+LOG_LOSS_KEY = "loss_log_scale"  # the Run page's switch: its loss charts (a script's too) on a log axis
 URL_SYNCED_KEY = "url_synced"  # {param: what this session last put in the address for it}
 
 

@@ -10,11 +10,27 @@ twice (a clash between fields that a default cannot resolve).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from contract.config import ConfigError, RunConfig
+from contract.fields import FIELDS
 
 DEFAULT_CONFIG = RunConfig()
+OWN_MODEL_LABEL = "Your model"  # the form's own-model field (pages/launch.py)
+EMPTY_OWN_MODEL = (f"{OWN_MODEL_LABEL} is empty: give a .py file and the class or function in it that builds the "
+                   "model, e.g. ~/nets/mynet.py:Net, or an importable module's, e.g. mypkg.nets:resnet_like")
+_FLAG = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def in_form_words(message: str) -> str:
+    """A message the engine words for the command line, in the form's words: each field's flag
+    (``--model-args``) is the field's label, and the command is ``parallax``."""
+    def label(match: re.Match) -> str:
+        field = FIELDS.get(match.group(1).replace("-", "_"))
+        return f"“{field.label}”" if field is not None and field.section is not None else match.group(0)
+
+    return _FLAG.sub(label, message.replace("python -m trainer_backend", "parallax"))
 
 
 def validate_form(values: dict[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:

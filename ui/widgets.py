@@ -50,8 +50,10 @@ def progress_bars(run: RunRecord, epochs_done: int, epochs_total: int) -> None:
     elif total:
         verb = "Step" if run.status in ("queued", "running") else "Stopped at step"
         right.progress(min(1.0, step / total), text=f"{verb} {step} of {total} in epoch {run.progress_epoch}")
-    elif run.status in ("queued", "running"):
-        right.progress(0.0, text="Waiting for the first step")
+    elif run.status == "queued":
+        right.progress(0.0, text="Waiting for its devices")
+    elif run.status == "running":
+        right.progress(0.0, text="Loading the data and the model; waiting for the first step")
 
 
 def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
@@ -67,6 +69,14 @@ def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     except FileNotFoundError:
         return None
     return "\n".join(text.splitlines()[-lines:])
+
+
+def format_bytes(size: int) -> str:
+    """A file's size in the unit that shows it: '812 B', '41.3 kB', '44.7 MB', '2.3 GB' (binary multiples)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size} B"
 
 
 def format_duration(seconds: float | None) -> str:

@@ -42,7 +42,8 @@ def test_round_trip_through_json():
         ({"batch_size": 0}, "batch_size", ["batch_size 0"]),
         ({"lr": math.nan}, "lr", ["lr nan"]),
         ({"lr": 0.0}, "lr", ["lr 0.0"]),
-        ({"lr": 1e9}, "lr", ["lr 1000000000.0"]),
+        ({"lr": math.inf}, "lr", ["lr inf", "a finite number above 0"]),
+        ({"lr": -1e9}, "lr", ["lr -1000000000.0"]),
         ({"image_size": 4}, "image_size", ["image_size 4", "8 to 1024"]),
         ({"val_fraction": 1.5}, "val_fraction", ["val_fraction 1.5"]),
         ({"strategy": "zero3"}, "strategy", ["'zero3'", "single", "ddp"]),
@@ -72,6 +73,18 @@ def test_bad_values_name_the_value_and_the_allowed(changes, field, words):
     assert info.value.field == field
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("lr", [50.0, 1e9])
+def test_any_positive_finite_learning_rate_is_taken_and_one_above_the_bound_is_warned_of(lr):
+    from contract.config import LR_WARN_ABOVE, recipe_notes
+
+    config = RunConfig(lr=lr)  # a run forced to diverge is a run a user may want
+    [warning] = [note for note in recipe_notes(config) if note.startswith("Learning rate")]
+    assert f"Learning rate {lr:g} is above {LR_WARN_ABOVE:g}" in warning and "stop" in warning
+    assert not [note for note in recipe_notes(RunConfig(lr=LR_WARN_ABOVE)) if note.startswith("Learning rate")]
+    parsed = config_from_args(build_parser().parse_args(["run", "--lr", str(lr)]))
+    assert parsed.lr == lr
 
 
 def test_gpus_that_do_not_exist_are_refused():

@@ -157,8 +157,13 @@ def test_a_number_just_outside_its_bounds_is_refused_and_just_inside_is_taken(sp
             assert str(refused.value) == refusal(spec, value)
 
 
-def test_every_simple_number_has_both_bounds():
-    assert {s.name for s in NUMBERS if s.simple} == {s.name for s in SIMPLE_NUMBERS}
+# Taken however large: a learning rate that makes a run diverge is one a user may want (it is warned of).
+UNBOUNDED_ABOVE = {"lr"}
+
+
+def test_every_simple_number_has_both_bounds_but_the_learning_rate():
+    assert {s.name for s in NUMBERS if s.simple} - UNBOUNDED_ABOVE == {s.name for s in SIMPLE_NUMBERS}
+    assert all(FIELDS[name].high is None and FIELDS[name].low_open for name in UNBOUNDED_ABOVE)
 
 
 @pytest.mark.parametrize("spec", [f for f in FIELDS.values() if f.simple and f.kind is not bool and f.choices],

@@ -140,7 +140,8 @@ def test_delivery_gives_up_after_its_attempts_naming_the_host_not_the_secret(rec
     assert not notify.deliver(receiver.url, {"event": "run.failed", "run": {"id": 7}}, attempts=3, backoff_s=0.01)
     assert len(receiver.posts) == 3
     said = capsys.readouterr().err
-    assert "webhook http://127.0.0.1/… did not take the run.failed message of run 7 after 3 tries: HTTP 500" in said
+    port = receiver.server.server_address[1]
+    assert f"webhook http://127.0.0.1:{port}/… did not take the run.failed message of run 7 after 3 tries: HTTP 500" in said
     assert "SECRET" not in said
 
 

@@ -88,3 +88,80 @@ def test_a_running_scripts_page_updates_live_and_compare_puts_it_beside_a_launch
     finally:
         kill_group(process)
     assert store.get_run(engine, run_id).status == "completed"
+
+
+SUMMARISED = """
+    import pathlib, time
+    import parallax
+    run = parallax.init(project="tests", name="summarised", config={"lr": 0.1, "batch_size": 32})
+    for step in range(130):
+        parallax.log({"train/loss": 2.0 / (step + 1)}, step=step)
+        if step % 26 == 25:
+            parallax.log({"val/acc": 0.5 + step / 1000}, step=step)
+    run.summary["best_val_acc"] = 0.93
+    print("ready", run.run_id, flush=True)
+    while not pathlib.Path("stop").exists():
+        time.sleep(0.1)
+    parallax.finish()
+"""
+
+
+def sweep_of_identical_runs(engine) -> list[int]:
+    """A finished sweep's single and ddp runs, as the engine records them: the same work on 1 and 2 devices."""
+    from contract.config import RunConfig
+
+    sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])
+    run_ids = []
+    for strategy, devices in (("single", "cpu"), ("ddp", "cpu,cpu")):
+        config = RunConfig(model="test_resnet", strategy=strategy, devices=devices, batch_size=64, epochs=2).to_dict()
+        run_id = store.create_run(engine, config, status="completed", sweep_id=sweep_id)
+        for epoch in (1, 2):
+            store.log_epoch(engine, run_id, {"epoch": epoch, "train_loss": 1.0, "val_loss": 1.0, "train_acc": 0.5,
+                                             "val_acc": 0.4 * epoch, "epoch_time_s": 2.0, "train_time_s": 1.5,
+                                             "images_per_s": 100.0, "peak_memory_mb": {"cpu": 300.0}})
+        run_ids.append(run_id)
+    return run_ids
+
+
+def test_a_script_run_reads_as_a_run_on_its_page_and_beside_a_sweep_on_compare(dashboard, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, home = dashboard
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    sweep = sweep_of_identical_runs(engine)
+    folder = tmp_path / "script"
+    folder.mkdir()
+    process = start_script([str(write_script(folder, "train.py", SUMMARISED))], cwd=folder,
+                           env_extra={"PARALLAX_HOME": str(home)})
+    try:
+        wait_for_line(process, "ready")
+        run_id = next(run.id for run in store.list_runs(engine) if run.id not in sweep)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 2000})
+                page.goto(f"{url}/run?run={run_id}")
+                expect(page.get_by_text("Logging: step 129 so far.")).to_be_visible(timeout=UI_MS)
+                expect(page.get_by_text("Epoch 0 of")).to_have_count(0)
+                (folder / "stop").touch()
+                code, _, err = finish_script(process, 60)
+                assert code == 0, err
+                page.reload()
+                expect(page.get_by_text("Logged up to step 129.")).to_be_visible(timeout=UI_MS)
+                expect(title(page, "train/loss")).to_be_visible(timeout=UI_MS)
+                expect(page.get_by_text("No per-step points")).to_have_count(0)
+
+                page.goto(f"{url}/compare?runs={sweep[0]},{sweep[1]},{run_id}")
+                expect(page.get_by_role("heading", name="Curves")).to_be_visible(timeout=UI_MS)
+                mapped = page.get_by_text("Script runs on these charts:")
+                expect(mapped).to_be_visible(timeout=UI_MS)
+                assert "val/acc as val_acc" in mapped.inner_text().replace("\u2060", "").replace("\\", "")
+                expect(page.get_by_text("not like for like")).to_have_count(0)  # the sweep's runs are the same work
+                accuracy = page.locator(".js-plotly-plot",
+                                        has=page.locator("text.gtitle", has_text="Validation accuracy")).first
+                for each in (*sweep, run_id):
+                    expect(accuracy.locator(".legendtext", has_text=f"#{each}")).to_be_visible(timeout=UI_MS)
+            finally:
+                browser.close()
+    finally:
+        kill_group(process)

@@ -26,7 +26,7 @@ from db import store
 from db.connection import session_scope
 from db.tables import EpochMetric, Run, utcnow
 from db.folders import run_folder
-from trainer_backend.control.lifecycle import group_members
+from trainer_backend.control.lifecycle import cancel, group_members
 from ui.run_notes import NOTES_LABEL
 
 APP = str(ROOT / "app.py")
@@ -252,6 +252,12 @@ def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_ho
     at.switch_page("pages/run.py").run()
     assert texts(at.title) == ["Run #1"]
     next(b for b in at.button if b.label == "Cancel run").click().run()
+    assert store.get_run(engine, 1).status in ("queued", "running")  # asked first: Cancel opens a question
+    assert any(b.label == "Cancel run #1" for b in at.button)
+    # AppTest reruns the whole page for a button in a dialog, where Streamlit reruns the dialog alone: the answer
+    # is given in a real browser (tests/e2e/test_browser_run_page.py); here the run is cancelled as it does.
+    cancel(1)
+    at.run()
     assert store.get_run(engine, 1).status == "cancelled"
     deadline = time.monotonic() + 10
     while group_members(run.pid) and time.monotonic() < deadline:
@@ -281,7 +287,7 @@ def test_run_page_shows_a_finished_run_with_charts_notes_and_checkpoint(parallax
     assert not at.info  # every note in the one Notes section, none standing above the numbers
     assert {m.label: m.value for m in at.metric}["Best validation accuracy"] == "95.0%"
     [checkpoint] = at.get("link_button")
-    assert checkpoint.proto.label == "Download the best checkpoint (0.0 MB)"
+    assert checkpoint.proto.label == "Download the best checkpoint (1.0 kB)"  # not "0.0 MB"
     assert checkpoint.proto.url.startswith(f"/_parallax/download/{run_id}/best.pt?expires=")
     log = at.code[0].value.splitlines()
     assert log[0] == "line 60" and log[-1] == "line 99"  # the last 40 lines

@@ -192,3 +192,18 @@ def test_a_model_outside_the_model_folders_runs_nothing_and_says_how_to_allow_it
     assert launch_button(at).disabled
     assert not marker.exists()  # neither the form's check nor anything else ran it
     assert not any(s.value for s in at.success)  # no verdict: no child was started
+def test_the_forms_own_model_messages_speak_of_its_fields_not_of_flags(launch_page, models):
+    at = choose_own_model(launch_page, "", "{}")  # the field left empty
+    shown = [plain(e.value) for e in at.error]
+    assert any(text.startswith("Your model is empty: give a .py file and the class or function in it")
+               for text in shown), shown
+    assert not any("timm model name" in text for text in shown), shown
+    path = models / "mynet.py"
+    path.write_text(GOOD)
+    at = choose_own_model(at, f"{path}:Net", "{}")  # a width it was not given
+    shown = [plain(e.value) for e in at.error]
+    assert any("give its keyword arguments in “Model arguments (a JSON object)” as a JSON object" in text
+               for text in shown), shown
+    assert not any("--" in text for text in shown), shown
+    assert any("`parallax estimate --model ...`" in c.value for c in at.caption)
+    assert not any("trainer_backend" in c.value for c in at.caption)

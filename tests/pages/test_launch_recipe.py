@@ -188,3 +188,14 @@ def test_the_effective_batch_is_shown_wherever_the_batch_is(parallax_home, cpu_m
     assert "effective batch" in report[0]
     rows = [line for line in report[1:] if not line.startswith("Why ")]  # the reasons follow the table
     assert rows and all(" 256 " in line for line in rows)
+
+
+def test_a_learning_rate_past_the_bound_is_taken_with_a_warning_beside_it(launch_page):
+    at = launch_page
+    at.number_input(key="lr").set_value(50.0).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    columns = [c for c in at.columns if any(w.key == "lr" for w in c.number_input)]
+    warnings = texts(min(columns, key=lambda c: len(list(c))).warning)
+    assert warnings == ["Learning rate 50 is above 10: training usually diverges there (the loss turns NaN or "
+                        "infinite; on a NaN or infinite loss this run will stop)."]
+    assert not launch_button(at).disabled

@@ -77,6 +77,17 @@ def test_runs_marks_script_runs_and_filters_them(parallax_home, engine):
     assert at.dataframe[0].value["run"].tolist() == [script]
 
 
+def test_runs_shows_what_a_script_summarised_in_the_shared_columns_and_its_own(parallax_home, engine):
+    from db.run_figures import BEST_VAL_ACC_LABEL
+
+    script = add_script_run(engine, names=("train/loss",))
+    store.set_measurements(engine, script, {"summary": {"best_val_acc": 0.91, "final_loss": 0.12, "note": "tiny"}})
+    table = open_page("pages/runs.py").dataframe[0].value.set_index("run")
+    assert table.loc[script, BEST_VAL_ACC_LABEL] == 0.91  # not blank: the column every run fills
+    assert table.loc[script, "summary: final_loss"] == 0.12 and table.loc[script, "summary: note"] == "tiny"
+    assert "summary: best_val_acc" not in table  # it is the best val acc column
+
+
 def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
     launched = add_run(engine)
     store_steps = [{"epoch": 1, "step": step, "t_s": step * 0.1, "train_loss": 2.0 / step, "images_per_s": 100.0,
@@ -96,5 +107,8 @@ def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
     assert set(lines) == {f"#{launched}", f"#{script}"}  # matched by name: train/loss and train_loss
     assert lines[f"#{launched}"][:2] == [2.0, 1.0]
     differences = at.dataframe[-1].value
-    assert {"lr", "model", "strategy"} <= set(differences.index)
+    # Only what the runs both have and disagree on: a field a script's config lacks is no difference.
+    assert list(differences.index) == ["devices"]
+    assert any(c.value.startswith("Fields only some of the runs have") and "lr, model" in c.value.replace("\\", "")
+               for c in at.caption)
     assert "Download the logged metrics of the script runs (CSV)" in [b.label for b in at.get("download_button")]

@@ -34,10 +34,11 @@ def test_saved_webhooks_are_private_shown_by_host_and_take_a_test_message(parall
         assert path.read_text() == receiver.url + "\n"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         shown = " ".join(m.value for m in at.markdown)
-        assert "Kept here: `http://127.0.0.1/…`" in shown and SECRET not in shown
+        port = receiver.server.server_address[1]  # not the default: a hook is shown with the port it posts to
+        assert f"Kept here: `http://127.0.0.1:{port}/…`" in shown and SECRET not in shown
         [send] = [b for b in at.button if b.label == "Send a test message"]
         send.click().run()
-        assert [s.value for s in at.success] == ["http://127.0.0.1/… took it"]
+        assert [s.value for s in at.success] == [f"http://127.0.0.1:{port}/… took it"]
         assert receiver.posts[0]["body"]["event"] == "test"
     finally:
         receiver.close()

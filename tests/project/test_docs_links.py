@@ -98,9 +98,10 @@ def test_the_readme_links_every_guide_in_docs():
 def test_the_readme_is_read_in_five_minutes_and_starts_with_the_two_commands():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; keep it to 250 and move the rest to docs/"
-    first_block = lines[lines.index("```") + 1:]
+    opening = next(index for index, line in enumerate(lines) if line.startswith("```"))
+    first_block = lines[opening + 1:]
     first_block = first_block[:first_block.index("```")]
-    assert [line.split()[:2] for line in first_block] == [["make", "run"], ["make", "test"]]
+    assert [line.removeprefix("$ ").split()[:2] for line in first_block] == [["make", "run"], ["make", "test"]]
 
 
 def test_github_anchors_are_made_as_github_makes_them():

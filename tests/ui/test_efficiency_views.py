@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 from tests.support import ROOT
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from db import store
+from reports.efficiency import MFU_PEAK_NOTE
 from tests.pages.test_every_page import run_notes
 
 APP = str(ROOT / "app.py")
@@ -75,7 +76,8 @@ def test_run_page_shows_mfu_ranks_with_the_straggler_and_the_memory_breakdown(en
     at = open_page("pages/run.py", {"run": str(run_id)})
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Throughput (images/s)"] == "160" and metrics["MFU"] == "12.5%"
+    # The denominator beside the figure: runs at the same TFLOP/s differ in MFU where their peaks differ.
+    assert metrics["Throughput (images/s, epochs 2–3; epoch 1 left out: start-up)"] == "160" and metrics["MFU (of 0.2 TFLOP/s peak)"] == "12.5%"
     straggler = [w.value for w in at.warning if "Straggler" in w.value]
     assert len(straggler) == 1 and straggler[0].startswith("Straggler: rank 2 —")
     ranks = at.dataframe[0].value
@@ -106,7 +108,7 @@ def test_compare_shows_mfu_and_the_memory_breakdown_per_strategy(engine, paralla
     at = open_page("pages/compare.py", compare_ids=[single, ddp, fsdp, old])
     assert not at.exception, at.exception
     table = at.dataframe[0].value
-    assert table["MFU"].tolist() == ["12.5% (0.03 TFLOP/s)"] * 3 + ["—"]
+    assert table["MFU"].tolist() == ["12.5% (0.025 of 0.2 TFLOP/s)"] * 3 + ["—"]
     assert "Memory per device, by what holds it" in chart_titles(at)
     chart = next(c for c in at.get("plotly_chart") if "by what holds it" in c.proto.spec)
     bars = {trace["name"]: values(trace["y"]) for trace in json.loads(chart.proto.spec)["data"]}
@@ -114,6 +116,7 @@ def test_compare_shows_mfu_and_the_memory_breakdown_per_strategy(engine, paralla
     assert bars["parameters"] == [42.7, 42.7, 42.7, 21.35, 21.35]
     captions = [c.value for c in at.caption]
     assert any(c.startswith("MFU: '—' where a run recorded none") for c in captions)
+    assert MFU_PEAK_NOTE in captions
     assert any(c.startswith(f"Memory breakdown: not recorded for #{old} ddp×2 resnet18") for c in captions)
 
 
@@ -124,7 +127,8 @@ def test_sweep_page_shows_mfu_the_breakdown_and_the_forecast(engine, parallax_ho
     at = open_page("pages/sweep.py", {"sweep": str(sweep_id)})
     assert not at.exception, at.exception
     report = at.table[0].value
-    assert report["MFU"].tolist() == ["12.5%", "12.5%"]
+    assert report["MFU"].tolist() == ["12.5%", "12.5%"] and report["of peak TFLOP/s"].tolist() == ["0.2", "0.2"]
+    assert MFU_PEAK_NOTE in [c.value for c in at.caption]
     assert "Scaling forecast" in [s.value for s in at.subheader]
     forecast = at.table[1].value.reset_index()
     assert forecast["devices"].tolist() == [4, 8] and set(forecast["strategy"]) == {"ddp"}

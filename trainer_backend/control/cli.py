@@ -1,15 +1,18 @@
 """Command line: train in the foreground or the background, cancel, list and export runs.
 
-    python -m trainer_backend run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
+    parallax run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
         --epochs 5 --batch-size 128 --lr 1e-3
-    python -m trainer_backend launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
-    python -m trainer_backend cancel 8
-    python -m trainer_backend list --status completed --tag baseline --json
-    python -m trainer_backend predict 7 photo.png          # a class per image, with the run's preprocessing
-    python -m trainer_backend predict 7 --folder holdout/  # accuracy on a folder of class sub-folders
-    python -m trainer_backend export 7
-    python -m trainer_backend export 7 --csv out/     # epochs.csv, steps.csv, system.csv
-    python -m trainer_backend estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
+    parallax launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
+    parallax cancel 8
+    parallax list --status completed --tag baseline --json   # one JSON object a line
+    parallax predict 7 photo.png          # a class per image, with the run's preprocessing
+    parallax predict 7 --folder holdout/  # accuracy on a folder of class sub-folders
+    parallax export 7
+    parallax export 7 --csv out/     # epochs.csv, steps.csv, system.csv
+    parallax estimate --model resnet50 --image-size 224 --batch-size 256 --strategy ddp --devices 0,1
+
+``python -m trainer_backend`` takes the same commands; every message names the command as users type it,
+``parallax`` (``PROG``).
 
 Each command imports what it needs inside its function: a bad flag is refused before torch, timm or
 the database are loaded.
@@ -41,6 +44,7 @@ MAX_CONFIG_FILE_BYTES = 2**20
 # Longer than any flag needs (a list of 4,096 devices is under 50,000 characters), far shorter than
 # what would cost memory or time to echo or search.
 MAX_ARGUMENT_LENGTH = 65_536
+PROG = "parallax"  # the command's one name in usage lines and messages, however it was started
 _BYTE_ORDER_MARKS = {"UTF-32": b"\xff\xfe\x00\x00", "UTF-16": b"\xff\xfe", "UTF-16 (big-endian)": b"\xfe\xff"}
 
 
@@ -171,7 +175,7 @@ def _refuse_outsized_arguments(argv: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="python -m trainer_backend", description="Parallax training engine")
+    parser = OneLineParser(prog=PROG, description="Parallax training engine")
     parser.add_argument("--db", help="SQLAlchemy database URL (default: PARALLAX_DB_URL, else SQLite in PARALLAX_HOME)")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train in the foreground; ends with 'run_id=N status=S'")
@@ -220,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--status", action="append", help="only runs in this status: queued, running, completed, "
                          "failed, cancelled or lost (repeat for several)")
     listing.add_argument("--tag", action="append", help="only runs with this tag (repeat for any of several)")
-    listing.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+    listing.add_argument("--json", action="store_true", help="print one JSON object per run, a line each (JSON "
+                         "lines, for jq)")
     predict = sub.add_parser("predict", help="classify image files with a run's best checkpoint and the run's own "
                              "preprocessing; with --folder, the accuracy on a folder of class sub-folders")
     predict.add_argument("run_id", type=run_id_arg)
@@ -556,8 +561,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
              "best_val_acc": row["best_val_acc"], "images_per_s": row["mean_images_per_s"],
              "created_at": row["created_at"].isoformat()}
             for row in run_table(_engine_with_fresh_states(args.db), filters)]
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    if args.json:  # JSON lines: one object a line, as `jq` and `grep` read a listing
+        for row in rows:
+            print(json.dumps(row))
         return 0
     for row in rows:
         accuracy = "-" if row["best_val_acc"] is None else f"{row['best_val_acc']:.4f}"

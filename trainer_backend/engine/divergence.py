@@ -41,7 +41,12 @@ CUDA_CHECK_EVERY = 16
 
 
 class TrainingDiverged(ValueError):
-    """The training loss became NaN or infinite under ``--on-nonfinite stop``: its message is the run's reason."""
+    """The training loss became NaN or infinite under ``--on-nonfinite stop``: its message is the run's reason;
+    ``epoch``, ``step`` and ``total_steps`` say where, for the run's progress."""
+
+    def __init__(self, reason: str, *, epoch: int = 0, step: int = 0, total_steps: int = 0):
+        super().__init__(reason)
+        self.epoch, self.step, self.total_steps = epoch, step, total_steps
 
 
 class NonfiniteGuard:
@@ -147,7 +152,8 @@ class NonfiniteGuard:
         if score == NONE:
             return
         step, kind = divmod(int(-score), len(KINDS))
-        raise TrainingDiverged(self.reason(step, KINDS[kind]))
+        raise TrainingDiverged(self.reason(step, KINDS[kind]), epoch=self.epoch, step=step,
+                               total_steps=self.total_steps)
 
     def reason(self, step: int, kind: str) -> str:
         lr = self._lrs.get(step)

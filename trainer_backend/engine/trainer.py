@@ -33,7 +33,7 @@ from trainer_backend.engine import resume
 from trainer_backend.engine.batchnorm import batchnorm_layers, lag_note, statistics_loader
 from contract.config import ConfigError, RunConfig, data_refusal
 from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.engine.divergence import NonfiniteGuard
+from trainer_backend.engine.divergence import NonfiniteGuard, TrainingDiverged
 from trainer_backend.engine.stopping import StopAtStep, StoppedAtStep, StopRequest, stop_request
 from trainer_backend.datasets import (DEVICE_DATA_SHARE, ImageTensorDataset, LabelsOnly, PreparedData, collate_batch,
                                      kept_on_device, prepare_data)
@@ -587,6 +587,10 @@ def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: Ste
         hooks.cut()
         save_step_point(built, epoch, stopped, partial, loader_rng, best_acc)
         raise StoppedAtStep(epoch, stopped.step) from None
+    except TrainingDiverged as diverged:
+        # The progress bar stops where the reason says, not at the step last recorded a few seconds before.
+        recorder.progress(diverged.epoch, diverged.step, diverged.total_steps, now=True)
+        raise
     metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile

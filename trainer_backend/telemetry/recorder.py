@@ -86,14 +86,15 @@ class Recorder:
         """The best epoch's confusion matrix, kept once per run."""
         self.measurements({"confusion": record}, what=f"record epoch {epoch}'s confusion matrix")
 
-    def progress(self, epoch: int, step: int, total_steps: int) -> None:
+    def progress(self, epoch: int, step: int, total_steps: int, *, now: bool = False) -> None:
         """(epoch, step of total) for the progress bars, at most about once a ``progress_interval_s``
-        and at an epoch's last step; skipped while the database is locked, then tried less often."""
-        now = time.monotonic()
+        and at an epoch's last step (or ``now``: where the run stops); skipped while the database is locked,
+        then tried less often."""
+        at = time.monotonic()
         # An epoch's start and end always land: the stall watch judges only between them (worker/stall.py).
-        if ((step in (0, total_steps) or now - self._progress_at >= self.progress_interval_s)
-                and self._progress_backoff.due(now)):
-            self._progress_at = now
+        if ((now or step in (0, total_steps) or at - self._progress_at >= self.progress_interval_s)
+                and self._progress_backoff.due(at)):
+            self._progress_at = at
             landed = state.set_progress(self.engine, self.run_id, epoch=epoch, step=step, total_steps=total_steps)
             self._progress_backoff.tried(landed, time.monotonic())
 
@@ -198,7 +199,7 @@ class NoRecorder:
     def confusion(self, epoch: int, record: dict) -> None:
         pass
 
-    def progress(self, epoch: int, step: int, total_steps: int) -> None:
+    def progress(self, epoch: int, step: int, total_steps: int, *, now: bool = False) -> None:
         pass
 
     def step_points(self, rows: list[dict], *, window_s: float | None) -> bool:

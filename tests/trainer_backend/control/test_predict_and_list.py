@@ -136,7 +136,7 @@ def test_list_filters_by_status_and_tag_and_shows_accuracy_and_speed(trained):
                                       "devices": ["cpu"], "tags": ["other"]}, status="failed")
     exported = json.loads(run_cli("export", str(run_id), home=home, timeout=60).stdout)
 
-    listed = json.loads(run_cli("list", "--json", home=home, timeout=60).stdout)
+    listed = [json.loads(line) for line in run_cli("list", "--json", home=home, timeout=60).stdout.splitlines()]
     assert [row["run_id"] for row in listed] == [other, run_id]
     mine = listed[1]
     assert mine["status"] == "completed" and mine["tags"] == ["tiny"] and mine["epochs_done"] == 2
@@ -146,7 +146,7 @@ def test_list_filters_by_status_and_tag_and_shows_accuracy_and_speed(trained):
     def ids(*flags: str) -> list[int]:
         result = run_cli("list", *flags, "--json", home=home, timeout=60)
         assert result.returncode == 0, result.stderr
-        return [row["run_id"] for row in json.loads(result.stdout)]
+        return [json.loads(line)["run_id"] for line in result.stdout.splitlines()]
 
     assert ids("--status", "completed") == [run_id]
     assert ids("--status", "failed", "--status", "completed") == [other, run_id]

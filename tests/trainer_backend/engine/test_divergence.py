@@ -105,6 +105,8 @@ def test_a_single_run_stops_at_the_nan_step_keeps_the_epochs_before_and_tells_it
         receiver.close()
     assert run["status"] == "failed"
     assert run["error"].startswith("loss became NaN at epoch 2 step 7 (lr 0.01)"), run["error"]
+    # The progress bar stops where the reason says, not at the step recorded some seconds before.
+    assert run["progress"] == {"epoch": 2, "step": 7, "total_steps": 23}
     assert [e["epoch"] for e in run["epochs"]] == [1]
     assert math.isfinite(run["epochs"][0]["train_loss"])
     assert post["body"]["event"] == "run.failed" and post["body"]["run"]["reason"] == run["error"]
@@ -133,6 +135,7 @@ def test_ddp_ranks_stop_together_when_one_ranks_loss_turns_nan(parallax_home):
     assert run["status"] == "failed"
     assert run["error"].startswith("loss became NaN at epoch 2 step 7 (lr 0.01)"), run["error"]
     assert "Traceback" not in run["error"]
+    assert run["progress"] == {"epoch": 2, "step": 7, "total_steps": 23}
     assert [e["epoch"] for e in run["epochs"]] == [1]
 
 
