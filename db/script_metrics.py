@@ -29,6 +29,9 @@ SCRIPT_STRATEGY = "script"  # the strategy column of a script run whose config n
 POINT_FIELDS = ("name", "step", "t_s", "value")
 MAX_NAME_LENGTH = 255
 DEFAULT_MAX_POINTS = 2000
+# measurements[LOG_WAIT_KEY]: {"waited_s", "waits"}: how long parallax.log waited for the database to take
+# what the script logged (back-pressure), so that a run slowed by its logging says so.
+LOG_WAIT_KEY = "log_wait"
 
 
 def create_script_run(engine: Engine, *, name: str, project: str, config: Mapping[str, Any], key: str,

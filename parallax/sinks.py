@@ -17,6 +17,7 @@ class DatabaseSink:
     def __init__(self, run, started_at_s: float):
         self.run, self.started_at_s = run, started_at_s
         self._beat_at = time.monotonic()
+        self._waits_recorded = 0
 
     def write(self, entries: list[tuple]) -> None:
         started = self.started_at_s
@@ -32,9 +33,20 @@ class DatabaseSink:
         if now - self._beat_at < run_state.HEARTBEAT_INTERVAL_S:
             return
         self._beat_at = now
+        self._record_log_wait()
         if not run_state.heartbeat(engine, run_id) and _ended_as(engine, run_id) == "cancelled":
             # Cancelled where SIGTERM could not reach (another machine, another user): stop as if it had.
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+    def _record_log_wait(self) -> None:
+        """How long ``log`` has waited so far, on the run while it runs (the Run page says it)."""
+        from db import store
+
+        writer = self.run._writer
+        if writer is not None and writer.waits != self._waits_recorded:
+            store.set_measurements(self.run._engine, self.run.run_id, {script_metrics.LOG_WAIT_KEY: writer.wait_record()})
+            self._waits_recorded = writer.waits
 
 
 def _ended_as(engine, run_id: int) -> str | None:
