@@ -292,16 +292,43 @@ class SystemSample(Base):
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
 
 
-class ScriptMetric(Base):
-    """One value a script logged (``parallax.log``): any name, any step, rank 0's."""
+class ScriptSeries(Base):
+    """One name a script logged (``parallax.log``) in one run: its values are in ``script_chunks``."""
 
-    __tablename__ = "script_metrics"
-    # Charts read one metric of one run by step; the run's deletion cascades through the same index.
-    __table_args__ = (Index("ix_script_metrics_run_name_step", "run_id", "name", "step"),)
+    __tablename__ = "script_series"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
-    step: Mapped[int] = mapped_column(BigInteger)
-    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started
-    value: Mapped[float | None] = mapped_column(Float)  # None for NaN (not every backend stores it)
+    points: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))  # values stored, in all
+    last_step: Mapped[int | None] = mapped_column(BigInteger)  # the highest step logged
+
+
+class ScriptChunk(Base):
+    """Values one series logged within one block of ``db.point_chunks.BLOCK_STEPS`` steps, written together,
+    packed (``db.point_chunks``), with what a chart needs of them: count, minimum, maximum and last value.
+
+    A chart reads these summaries, a few hundred rows for a million steps; only a window narrow enough to show
+    every point unpacks the values. NaN and infinities are kept in the packed values and counted (``points``
+    minus ``finite``); ``min_value`` and ``max_value`` are over the finite ones (NULL where there are none)."""
+
+    __tablename__ = "script_chunks"
+    __table_args__ = (Index("ix_script_chunks_series_block", "series_id", "block"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("script_series.id", ondelete="CASCADE"))
+    block: Mapped[int] = mapped_column(BigInteger)  # every step // BLOCK_STEPS
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    points: Mapped[int] = mapped_column(Integer)
+    finite: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float | None] = mapped_column(Float)
+    max_value: Mapped[float | None] = mapped_column(Float)
+    last_value: Mapped[float | None] = mapped_column(Float)  # the value at last_step; NULL where not finite
+    last_t_s: Mapped[float] = mapped_column(Float)
+    # Little-endian int64 steps (NULL where they are first_step, first_step + 1, ... last_step), float64 seconds
+    # since the run started, float64 values.
+    steps: Mapped[bytes | None] = mapped_column(LargeBinary)
+    t_s: Mapped[bytes] = mapped_column(LargeBinary)
+    values: Mapped[bytes] = mapped_column(LargeBinary)

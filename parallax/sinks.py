@@ -18,12 +18,21 @@ class DatabaseSink:
         self.run, self.started_at_s = run, started_at_s
         self._beat_at = time.monotonic()
         self._waits_recorded = 0
+        self._series_ids: dict[str, int] = {}  # the run's logged names' rows, found once
 
     def write(self, entries: list[tuple]) -> None:
         started = self.started_at_s
-        points = [(name, step, round(at - started, 3), value)
-                  for step, at, values in entries for name, value in values.items()]
-        script_metrics.add_points(self.run._engine, self.run.run_id, points)
+        columns: dict[str, tuple[list, list, list]] = {}  # each name's steps, times and values
+        for step, at, values in entries:
+            t_s = at - started
+            for name, value in values.items():
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = ([], [], [])
+                column[0].append(step)
+                column[1].append(t_s)
+                column[2].append(value)
+        script_metrics.add_columns(self.run._engine, self.run.run_id, columns, series_ids=self._series_ids)
 
     def tick(self) -> None:
         engine, run_id = self.run._engine, self.run.run_id
