@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from plotly.colors import DEFAULT_PLOTLY_COLORS
+
 from reports.charts import base_figure, fit_y_axis, has_values
 from contract.printable import plotly_text
 
@@ -25,6 +27,7 @@ STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", 
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
                   "temperature_c", "node")
 MARK_COLUMNS = ("epoch", "step", "t_s")
+BAND_ALPHA = 0.25  # a bucket's minimum-to-maximum band, in its line's colour
 MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: lines only
 
 STEP_TITLES = {"train_loss": ("Training loss per step", "loss"),
@@ -56,6 +59,46 @@ COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
     "gpu_memory_mb": ("GPU memory used (sum over the run's GPUs)", "MB", "gpu:memory_mb", "sum"),
     "gpu_power_w": ("GPU power (sum over the run's GPUs)", "W", "gpu:power_w", "sum"),
 }
+
+
+def banded_traces(figure: go.Figure, frame: pd.DataFrame, *, name: str, colour: str | None = None,
+                  x: str = "step", value: str = "value", showlegend: bool = False) -> None:
+    """Add one series reduced to buckets (``db.script_metrics.read_points`` rows: ``x``, ``value``, ``min``,
+    ``max``, ``n``, ``nonfinite``) as W&B draws it: a band from each bucket's minimum to its maximum, where a
+    bucket holds several values, a line through each bucket's last value, and a red cross on each bucket that
+    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away."""
+    frame = frame.sort_values(x)
+    colour = colour or DEFAULT_PLOTLY_COLORS[0]
+    if "n" in frame and (frame["n"] > 1).any():
+        common = dict(x=frame[x], mode="lines", line=dict(width=0, color=colour), hoverinfo="skip", showlegend=False,
+                      legendgroup=name, connectgaps=False)
+        figure.add_scatter(y=frame["max"], name=f"{name} max", **common)
+        figure.add_scatter(y=frame["min"], name=f"{name} min", fill="tonexty", fillcolor=with_alpha(colour, BAND_ALPHA),
+                           **common)
+    drawn = frame[frame[value].notna()]
+    details = np.column_stack([drawn[column].to_numpy(dtype=float) if column in drawn else np.full(len(drawn), np.nan)
+                               for column in ("min", "max", "n")]) if len(drawn) else None
+    figure.add_scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
+                       legendgroup=name, line=dict(color=colour), customdata=details,
+                       hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
+                                      "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>"))
+    if "nonfinite" in frame and (frame["nonfinite"] > 0).any():
+        bad = frame[frame["nonfinite"] > 0]
+        at = bad["max"].fillna(bad[value]).fillna(bad["min"]).fillna(0.0)
+        figure.add_scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
+                           marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
+                           hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>")
+
+
+def with_alpha(colour: str, alpha: float) -> str:
+    """``colour`` ("#rrggbb" or "rgb(r, g, b)") as rgba with ``alpha``: a band in its line's colour."""
+    if colour.startswith("#") and len(colour) == 7:
+        red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    elif colour.startswith("rgb(") and colour.endswith(")"):
+        red, green, blue = (int(float(part)) for part in colour[4:-1].split(","))
+    else:
+        return colour
+    return f"rgba({red}, {green}, {blue}, {alpha})"
 
 
 def rebuild_due(build_s: float, since_build_s: float) -> bool:
