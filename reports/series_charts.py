@@ -23,7 +23,8 @@ from plotly.colors import DEFAULT_PLOTLY_COLORS
 from reports.charts import base_figure, fit_y_axis, has_values
 from contract.printable import plotly_text
 
-STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
+STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n", "first_step",
+                "train_loss_min", "train_loss_max", "images_per_s_min", "images_per_s_max")
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
                   "temperature_c", "node")
 MARK_COLUMNS = ("epoch", "step", "t_s")
@@ -111,7 +112,11 @@ def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The step points as a table (``STEP_COLUMNS``), by run then step."""
     frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
     frame["n"] = frame["n"].fillna(1)
-    return frame.astype({"train_loss": float, "images_per_s": float, "lr": float})
+    frame["first_step"] = frame["first_step"].fillna(frame["step"])
+    for column in ("train_loss", "images_per_s"):  # a point of its own is a bucket of one
+        frame[f"{column}_min"] = frame[f"{column}_min"].fillna(frame[column])
+        frame[f"{column}_max"] = frame[f"{column}_max"].fillna(frame[column])
+    return frame.astype({column: float for column in STEP_COLUMNS[4:7] + STEP_COLUMNS[9:]})
 
 
 def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None = None) -> pd.DataFrame:
@@ -168,7 +173,7 @@ def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Where each epoch after the first starts (``MARK_COLUMNS``): its first step, and on the time
     axis the end of the previous epoch's training (its ``t_end_s``; the epoch's first step where an
     epoch has none), so that the gap between the line and the next points is its validation."""
-    first = steps.groupby("epoch").agg(step=("step", "min"), t_s=("t_s", "min")) if not steps.empty else None
+    first = steps.groupby("epoch").agg(step=("first_step", "min"), t_s=("t_s", "min")) if not steps.empty else None
     ends: dict[int, float] = {}
     if not epochs.empty and "extra" in epochs:
         for epoch, extra in zip(epochs["epoch"], epochs["extra"]):
@@ -193,14 +198,13 @@ def line_mode(points: int) -> str:
 def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = None) -> go.Figure:
     """``column`` ("train_loss" or "images_per_s") over steps, with a dotted line where each epoch starts."""
     title, y_title = STEP_TITLES[column]
-    averaged = int(steps["n"].max()) if not steps.empty else 1
-    if averaged > 1:  # say what a point is: a mean, not one step
-        title += f"<br><sup>each point: the mean of up to {averaged:,} steps</sup>"
+    bucketed = int(steps["n"].max()) if not steps.empty else 1
+    if bucketed > 1:  # say what a point is: a bucket's last step, its band the bucket's range
+        title += f"<br><sup>line: the last of every {bucketed:,} recorded steps or fewer; band: their minimum to maximum</sup>"
     figure = base_figure(title, X_TITLES["step"], y_title)
     if has_values(steps, column):
-        figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode=line_mode(len(steps)), showlegend=False,
-                           customdata=steps[["epoch", "t_s"]],
-                           hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
+        banded_traces(figure, steps.rename(columns={f"{column}_min": "min", f"{column}_max": "max"})
+                      .assign(nonfinite=0), name=column, value=column)
     _mark(figure, marks, "step")
     return fit_y_axis(figure)
 
