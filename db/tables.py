@@ -159,6 +159,17 @@ class Run(Base):
     # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
     kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
 
+    # The run's figures (db.run_figures), kept as its epochs are written (store.log_epoch), so that the Runs
+    # page sorts, filters and pages 100,000 runs in the database without reading an epoch.
+    epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    best_val_acc: Mapped[float | None] = mapped_column(Float, index=True)
+    images_per_s: Mapped[float | None] = mapped_column(Float, index=True)
+    training_time_s: Mapped[float | None] = mapped_column(Float, index=True)
+    epochs_time_s: Mapped[float | None] = mapped_column(Float)
+    # What a script set as its run's summary (run.summary: any key, numbers and text), beside the figures;
+    # small, apart from measurements, so that a filter on a summary key reads no blob.
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
+
     epochs: Mapped[list[EpochMetric]] = relationship(
         back_populates="run",
         order_by="EpochMetric.epoch",

@@ -87,6 +87,16 @@ def test_a_0001_database_is_upgraded_to_the_head_with_every_row_intact(tmp_path)
             assert [e["epoch"] for e in run["epochs"]] == \
                 [e["epoch"] for e in epochs_before if e["run_id"] == before["id"]]
             assert all(e["extra"] == {} for e in run["epochs"])
+        # The figures each run's row now carries were computed from its epochs, as run_figures does.
+        from db import dashboard
+        from db.run_figures import run_figures
+
+        for row in dashboard.run_table(engine):
+            figures = run_figures(store.read_epoch_metrics(engine, [row["id"]]))
+            assert (row["epochs_done"], row["best_val_acc"], row["mean_images_per_s"], row["train_time_s"],
+                    row["epochs_time_s"]) == (figures.epochs_done, figures.best_val_acc, figures.images_per_s,
+                                              figures.training_time_s, figures.epochs_time_s)
+        assert sum(row["epochs_done"] for row in dashboard.run_table(engine)) == 6
         assert [r.id for r in store.list_runs(engine)] == [3, 2, 1]
         assert store.get_run(engine, 1).tags == ["baseline"] and store.get_run(engine, 1).sweep_id is None
         new_id = store.create_run(engine, {"strategy": "single", "model": "resnet18", "dataset": "digits"})

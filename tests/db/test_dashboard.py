@@ -9,6 +9,7 @@ databases: every test that takes ``db_url`` runs on both.
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import pytest
@@ -68,6 +69,109 @@ def test_run_table_filters_by_every_column_and_by_tag(engine):
     choices = dashboard.filter_choices(engine)
     assert choices["statuses"] == ["completed", "failed"]
     assert choices["tags"] == ["baseline", "cpu", "scaling"]
+
+
+def test_pages_follow_each_other_in_every_order_runs_without_a_figure_last(engine):
+    """Keyset pages: every run once, in order, whatever the sort; runs with no epoch yet after the others."""
+    accs = [0.9, 0.5, None, 0.7, 0.5, None, 0.8]
+    ids = [add_run(engine, accs=() if acc is None else (acc,), images_per_s=() if acc is None else (100.0,))
+           for acc in accs]
+    for sort, expected in (
+            ("newest", ids[::-1]), ("oldest", ids),
+            ("best_val_acc", [ids[0], ids[6], ids[3], ids[4], ids[1], ids[5], ids[2]])):
+        seen, after, counts = [], None, set()
+        while True:
+            page = dashboard.run_page(engine, sort=sort, after=after, limit=2)
+            seen += [row["id"] for row in page.rows]
+            counts.add(page.matching)
+            if page.next_after is None:
+                break
+            after = page.next_after
+        assert seen == expected, sort
+        assert counts == {7}
+    with pytest.raises(ValueError, match="unknown sort 'speed'; allowed: newest, oldest"):
+        dashboard.run_page(engine, sort="speed")
+
+
+def test_the_filter_language_reads_config_fields_figures_and_columns_as_users_write_them(engine):
+    fast = add_run(engine, strategy="ddp", devices=["cpu", "cpu"], lr=0.05, accs=(0.95,), tags=["sweep a"])
+    slow = add_run(engine, lr=0.001, accs=(0.6,), optimizer={"name": "sgd"})
+    odd = add_run(engine, lr="auto", accs=(0.91,))  # a config field holding text never matches a number
+    note = add_run(engine, accs=())
+    dashboard.set_user_note(engine, note, "the LR sweep's first try")
+
+    def ids(where: str = "", text: str = "") -> list[int]:
+        return [r["id"] for r in dashboard.run_page(engine, dashboard.RunFilters(where=where, text=text)).rows]
+
+    assert ids("lr > 0.01") == [fast]
+    assert ids("lr > 0.01 and strategy = ddp and best_val_acc >= 0.9") == [fast]
+    assert ids("best_val_acc >= 0.9") == [odd, fast]
+    assert ids("metrics.best_val_acc < 0.9, lr <= 0.001") == [slow]
+    assert ids("lr = auto") == [odd] and ids("config.lr = 'auto'") == [odd]
+    assert ids("optimizer.name = sgd") == [slow] and ids("params.optimizer.name ~ SG") == [slow]
+    assert ids("strategy != ddp") == [note, odd, slow]
+    assert ids("tag = 'sweep a'") == [fast] and ids("tag != 'sweep a'") == [note, odd, slow]
+    assert ids("note ~ 'lr sweep'") == [note]
+    assert ids("epochs_done = 0") == [note]
+    assert ids(text="sweep") == [note, fast]  # the note, the tag
+    assert ids(text=f"#{slow}") == [slow]
+    page = dashboard.run_page(engine, dashboard.RunFilters(where="lr > 0.0001"))
+    assert page.matching == 2 and page.next_after is None
+
+
+@pytest.mark.parametrize("where, message", [
+    ("lr >> 0.01", "filter: cannot read 'lr >> 0.01': write NAME OP VALUE"),
+    ("lr > 0.01 strategy = ddp", "filter: expected 'and' (or a comma) before 'strategy = ddp'"),
+    ("best_val_acc >= high", "best_val_acc is a number; 'high' is not one"),
+    ("strategy > ddp", "strategy is text: compare it with =, != or ~ (contains), not >"),
+    ("lr > 0.01 and", "filter: expected 'and' (or a comma) before 'and'"),
+])
+def test_a_malformed_filter_is_refused_in_one_line_naming_the_bad_part(engine, where, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        dashboard.run_page(engine, dashboard.RunFilters(where=where))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_script_runs_summary_is_on_its_row_and_filterable_by_any_key(engine):
+    from db import script_metrics
+
+    run_id = script_metrics.create_script_run(engine, name="s", project="p", config={"lr": 0.1}, key="script:s")
+    store.set_measurements(engine, run_id, {"summary": {"val/acc": 0.93, "note": "best so far"}})
+    add_run(engine)
+    row = dashboard.run_page(engine, dashboard.RunFilters(where="summary.val/acc > 0.9")).rows
+    assert [r["id"] for r in row] == [run_id] and row[0]["summary"] == {"val/acc": 0.93, "note": "best so far"}
+
+
+def test_a_page_reads_a_bounded_number_of_rows_whatever_the_history(parallax_home):
+    """The Runs page's queries return a page of rows and a count, never every run or epoch: a history ten
+    times larger returns as many rows from the database (counted as SQLite hands each one over)."""
+    from sqlalchemy import event
+
+    import db
+
+    engine = db.make_engine(f"sqlite:///{parallax_home / 'bounded.db'}")
+    returned: list[int] = []
+
+    def counting(dbapi_connection, connection_record):
+        dbapi_connection.row_factory = lambda cursor, row: (returned.append(1), row)[1]
+
+    event.listen(engine, "connect", counting)
+    engine.dispose()
+
+    def rows_read(runs: int) -> int:
+        while len(store.list_runs(engine)) < runs:
+            add_run(engine, accs=(0.5, 0.6, 0.7), images_per_s=(1.0, 2.0, 3.0))
+        returned.clear()
+        first = dashboard.run_page(engine, dashboard.RunFilters(where="best_val_acc > 0.1"), sort="best_val_acc",
+                                   limit=5)
+        second = dashboard.run_page(engine, dashboard.RunFilters(where="best_val_acc > 0.1"), sort="best_val_acc",
+                                    after=first.next_after, limit=5)
+        assert len(first.rows) == len(second.rows) == 5 and first.matching == runs
+        return len(returned)
+
+    small, large = rows_read(12), rows_read(120)
+    assert small == large <= 2 * (5 + 1 + 1)  # each page: its rows, one more (is there a next?), the count
+    db.dispose_engines()
 
 
 def test_single_device_baselines_match_all_like_for_like_fields(engine):
