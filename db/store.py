@@ -275,6 +275,18 @@ def list_runs(engine: Engine, *, limit: int | None = None) -> list[RunSummary]:
         return [RunSummary(**row._asdict()) for row in session.execute(statement)]
 
 
+def run_summaries(engine: Engine, run_ids: Iterable[int]) -> list[RunSummary]:
+    """The runs among ``run_ids`` that exist, newest first: a picker lists the newest runs and these (the ones
+    asked for by the address or another page), never every run of a long history."""
+    run_ids = [int(run_id) for run_id in dict.fromkeys(run_ids)]
+    if not run_ids:
+        return []
+    columns = [getattr(Run, field.name) for field in fields(RunSummary)]
+    statement = select(*columns).where(Run.id.in_(run_ids)).order_by(Run.created_at.desc(), Run.id.desc())
+    with session_scope(engine) as session:
+        return [RunSummary(**row._asdict()) for row in session.execute(statement)]
+
+
 def read_epoch_metrics(engine: Engine, run_ids: Iterable[int]) -> list[dict[str, Any]]:
     """One dict per epoch (``run_id`` plus ``EPOCH_FIELDS``) of the given runs, by run then epoch."""
     run_ids = list(run_ids)

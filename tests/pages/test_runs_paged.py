@@ -67,3 +67,20 @@ def test_an_address_with_a_filter_line_opens_the_table_filtered(parallax_home, e
     at.run()
     assert at.text_input(key="runs_where").value == "strategy = ddp"
     assert table(at).value["run"].tolist() == [wanted]
+
+
+def test_a_run_older_than_the_pickers_newest_runs_opens_on_the_run_and_compare_pages(parallax_home, engine):
+    """The pickers list the newest 500 runs, not a whole history, and the run the address names besides."""
+    oldest = add_run(engine)
+    add_plain_runs(engine, 500)
+    at = open_page("pages/run.py")
+    at.query_params["run"] = str(oldest)
+    at.run()
+    assert not at.exception, at.exception
+    assert texts(at.title) == [f"Run #{oldest}"] and at.selectbox[0].value == oldest
+    assert len(at.selectbox[0].options) == 501
+    at = open_page("pages/compare.py")
+    at.query_params["runs"] = str(oldest)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.multiselect(key="compare_picker").value == [oldest]
