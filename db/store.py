@@ -258,6 +258,13 @@ def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
         _keep_figures(session, run_id)
 
 
+def refresh_figures(engine: Engine, run_id: int) -> None:
+    """Work the run's figures out again from its epochs (``log_epoch`` keeps them as it writes each one): for
+    epochs written some other way, such as a benchmark's bulk insert."""
+    with session_scope(engine) as session:
+        _keep_figures(session, run_id)
+
+
 def get_run(engine: Engine, run_id: int) -> RunRecord | None:
     """The run with this id, or None."""
     with session_scope(engine) as session:
