@@ -15,7 +15,7 @@ from db.run_figures import (BEST_VAL_ACC_LABEL, IMAGES_PER_S_HELP, IMAGES_PER_S_
                             TRAINING_TIME_LABEL)
 from db.run_state import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
-from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
+from trainer_backend.control.housekeeping import delete_runs_and_files
 from ui import slurm_views, state
 from ui.text import escape_markdown
 
@@ -26,6 +26,7 @@ TABLE_VERSION_KEY = "runs_table_version"
 PICKED_KEY = "runs_picked"  # {table key: the runs ticked in it}: picks on other pages stay picked
 PAGES_KEY = "runs_pages"  # (what the pages are of, the cursors of the pages before this one and of this one)
 SEARCH_KEY, WHERE_KEY = "runs_search", "runs_where"
+SHOWN_IDS = 30  # picked runs named in a line; the rest counted
 WHERE_HELP = ("NAME OP VALUE, joined by 'and': a config field (lr > 0.01, optimizer.name = adam), a figure "
               "(best_val_acc >= 0.9, images_per_s > 500, training_time_s < 60, epochs_done = 3), a column "
               "(strategy = ddp, status != failed, model ~ resnet, tag = baseline, note ~ sweep) or a script's "
@@ -132,20 +133,21 @@ def picked_runs() -> list[int]:
     return list(dict.fromkeys(run_id for ids in st.session_state.get(PICKED_KEY, {}).values() for run_id in ids))
 
 
+def shown_ids(run_ids: list[int]) -> str:
+    """#3, #5, ... and N more: thousands of picked runs said in a line."""
+    listed = ", ".join(f"#{i}" for i in run_ids[:SHOWN_IDS])
+    return listed + (f" and {len(run_ids) - SHOWN_IDS:,} more" if len(run_ids) > SHOWN_IDS else "")
+
+
 def delete_runs(run_ids: list[int]) -> None:
-    deleted, refused = [], []
-    for run_id in run_ids:
-        try:
-            delete_run_and_files(run_id)
-            deleted.append(run_id)
-        except (RunActiveError, LookupError) as exc:
-            refused.append(str(exc))
+    with st.spinner(f"Deleting {len(run_ids):,} run(s) and their files…"):
+        deleted, refused = delete_runs_and_files(run_ids)
     st.session_state.pop(PENDING_DELETE_KEY, None)
     st.session_state.pop(PICKED_KEY, None)
     st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1  # clears the selection
     if deleted:
-        st.toast(f"Deleted run(s) {', '.join(f'#{i}' for i in deleted)}", icon=":material/delete:")
-    for reason in refused:
+        st.toast(f"Deleted run(s) {shown_ids(deleted)}", icon=":material/delete:")
+    for reason in refused[:10]:
         st.toast(reason, icon=":material/block:")
 
 
@@ -156,11 +158,13 @@ def confirm_delete(statuses: dict[int, str]) -> None:
     active = [i for i in pending if statuses[i] in ACTIVE_STATUSES]
     deletable = [i for i in pending if i not in active]
     with st.container(border=True):
-        for run_id in active:
+        for run_id in active[:SHOWN_IDS]:
             st.error(f"Run #{run_id} is {statuses[run_id]}: cancel it on its Run page first.")
+        if len(active) > SHOWN_IDS:
+            st.error(f"{len(active) - SHOWN_IDS:,} more picked runs are active: cancel them first.")
         if deletable:
-            st.warning(f"Delete {', '.join(f'#{i}' for i in deletable)} for good: the run, its metrics, log, "
-                       "checkpoints and profiles?", icon=":material/warning:")
+            st.warning(f"Delete {shown_ids(deletable)} for good: the run, its metrics, log, checkpoints and "
+                       "profiles?", icon=":material/warning:")
         yes, no, _ = st.columns([1, 1, 4])
         if deletable and yes.button("Yes, delete", type="primary", key="confirm_delete"):
             delete_runs(deletable)
@@ -241,8 +245,7 @@ if next_col.button("Next page", icon=":material/chevron_right:", disabled=page.n
     cursors.append(page.next_after)
     st.rerun()
 if len(picked) > len(ticked):
-    picked_col.caption(f"Picked on every page: {', '.join(f'#{i}' for i in picked[:30])}"
-                       + (f" and {len(picked) - 30:,} more" if len(picked) > 30 else ""))
+    picked_col.caption(f"Picked on every page: {shown_ids(picked)}")
 
 open_col, compare_col, delete_col, clear_col, _ = st.columns([1, 1, 1, 1, 2])
 if open_col.button("Open run", icon=":material/monitoring:", disabled=len(picked) != 1):

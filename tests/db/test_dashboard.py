@@ -17,7 +17,7 @@ import pytest
 from db import dashboard, store
 from contract import devices
 from db.folders import run_folder
-from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
+from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files, delete_runs_and_files
 
 
 def config(**changes) -> dict:
@@ -207,6 +207,37 @@ def test_delete_removes_row_metrics_and_folder(engine, db_url):
     assert not folder.exists()
     with pytest.raises(LookupError):
         delete_run_and_files(run_id, db_url=db_url)
+
+
+def test_many_runs_are_deleted_in_a_few_statements_with_their_metrics_and_folders(engine, db_url, monkeypatch):
+    """Runs picked across pages go a statement per RUNS_PER_DELETE (500; 50 here, for 120 runs: three), their
+    metrics by cascade; an active one, and one not there, are refused by name."""
+    from sqlalchemy import event, func, select
+
+    from db import script_metrics
+    from db.tables import ScriptChunk
+
+    monkeypatch.setattr(store, "RUNS_PER_DELETE", 50)
+    ids = [store.create_run(engine, config(), status="completed") for _ in range(120)]
+    store.log_epoch(engine, ids[0], {"epoch": 1, "val_acc": 0.5})
+    script = script_metrics.create_script_run(engine, name="s", project="p", config={}, key="script:d",
+                                              status="completed")
+    script_metrics.add_points(engine, script, [("loss", step, 0.0, 1.0) for step in range(500)])
+    active = store.create_run(engine, config(), status="running")
+    store.set_process(engine, active, pid=os.getpid(), host=socket.gethostname())  # this very process: alive
+    run_folder(engine, ids[5]).mkdir(parents=True)
+    deletes = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *rest: deletes.append(statement)
+                 if statement.lstrip().upper().startswith("DELETE") else None)
+    deleted, refused = delete_runs_and_files([*ids, script, active, 99_999], db_url=db_url)
+    assert deleted == [*ids, script] and refused == ["no run with id 99999",
+                                                     f"run {active} is running: cancel it first, then delete it"]
+    assert [run.id for run in store.list_runs(engine)] == [active]
+    assert store.read_epoch_metrics(engine, [ids[0]]) == [] and not run_folder(engine, ids[5]).exists()
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(ScriptChunk)).scalar() == 0  # by cascade
+    assert len(deletes) <= 3
 
 
 def test_delete_refuses_an_active_run_but_takes_a_dead_one(engine, db_url):
