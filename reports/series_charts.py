@@ -257,8 +257,9 @@ def compare_frame(steps: pd.DataFrame, system: pd.DataFrame, metric: str) -> pd.
     A sample's step is interpolated from the run's step points by time, and is NaN outside them:
     on a step axis only samples taken while the run was stepping are drawn."""
     _, _, source, combine = COMPARE_SERIES[metric]
-    if source == "steps":
-        return steps[["run_id", "t_s", "step", metric]].rename(columns={metric: "value"})
+    if source == "steps":  # each bucket's last point, and its range: the chart draws it as a band
+        return steps[["run_id", "t_s", "step", metric, f"{metric}_min", f"{metric}_max", "n"]].rename(
+            columns={metric: "value", f"{metric}_min": "min", f"{metric}_max": "max"})
     kind, column = source.split(":")
     rows = system[(system["kind"] == kind) & system[column].notna()]
     # Each machine's sample first: its devices' total and how many there are, for a sum or a mean.
@@ -300,8 +301,13 @@ def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, s
     title, y_title, _, _ = COMPARE_SERIES[metric]
     figure = base_figure(title, X_TITLES[x], y_title)
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
-        figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines",
-                           line=dict(color=(colours or {}).get(run_id)))
+        name = plotly_text(labels.get(run_id, f"#{run_id}"))
+        if "n" in rows and (rows["n"] > 1).any():  # buckets of steps: each one's range as a band around its line
+            banded_traces(figure, rows.assign(nonfinite=0), name=name, colour=(colours or {}).get(run_id), x=x,
+                          showlegend=True)
+        else:
+            figure.add_scatter(x=rows[x], y=rows["value"], name=name, mode="lines",
+                               line=dict(color=(colours or {}).get(run_id)))
     return fit_y_axis(figure)
 
 
