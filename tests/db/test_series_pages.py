@@ -389,3 +389,18 @@ def test_sweep_page_shows_mean_utilisation_and_energy_per_image_and_why_one_is_m
     assert shown["energy per image (J)"].tolist() == ["—"]
     assert any(c.value.startswith("Why energy per image is empty: #") and "no counter is readable on this "
                "machine" in c.value for c in at.caption)
+
+
+def test_compare_draws_each_runs_bucketed_steps_as_a_band_that_keeps_a_spike(engine):
+    first, second = store.create_run(engine, CONFIG), store.create_run(engine, CONFIG)
+    for run_id in (first, second):
+        rows = step_rows(1, 1000)
+        rows[500]["train_loss"] = 9_999.0 if run_id == second else rows[500]["train_loss"]
+        series.add_steps(engine, run_id, rows)
+    steps = series_charts.steps_frame(series.read_steps(engine, [first, second], max_points=100))
+    frame = series_charts.compare_frame(steps, series_charts.system_frame([]), "train_loss")
+    figure = series_charts.compare_figure(frame, "train_loss", "step", {first: "#1", second: "#2"})
+    traces = {trace.name: trace for trace in figure.data}
+    assert set(traces) == {"#1", "#1 max", "#1 min", "#2", "#2 max", "#2 min"}
+    assert max(traces["#2 max"].y) == 9_999.0 and max(traces["#2"].y) < 9_999.0
+    assert figure.layout.yaxis.range[1] > 9_999.0  # the spike is on the axis
