@@ -1,6 +1,7 @@
 """Run every benchmark, then write bench/results.json and the tables in docs/BENCHMARKS.md.
 
-    python bench/run_all.py                       # the whole suite (make bench), about 12 minutes on 2 cores
+    python bench/run_all.py                       # the whole suite (make bench): 12 minutes on 2 cores, and
+                                                  # bench/history.py's 100,000 runs (hours on a busy machine)
     python bench/run_all.py --only dashboard,profiler   # some of them; the others' figures are kept
     python bench/run_all.py --render              # rewrite docs/BENCHMARKS.md from bench/results.json
     python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
