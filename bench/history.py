@@ -13,15 +13,17 @@ of 100 among values near 1): every value stored, the values per second until ``f
 ``log`` waited (back-pressure), the bytes per value; its Run page in chromium cold (a fresh server) and
 warm until its charts have drawn, and the spike's value on its chart; Compare of 20 such runs (2 with
 ``--quick``); 8 ranks' system samples over 24 hours read for a chart. Where ``PARALLAX_BENCH_PG_URL``
-names an empty PostgreSQL database, the ingest and the run table at the smaller sizes are measured there too.
+names an empty PostgreSQL database, the ingest and the run table at 100 and 1,000 runs are measured there too.
 
     python bench/history.py                       # full: 100, 10,000, 100,000 runs; 1,000,000 steps
     python bench/history.py --quick               # 50 and 150 runs; 10,000 steps; one repeat
     python bench/history.py --sizes 100,10000 --compare-runs 5   # smaller: the run table and Compare
+    python bench/history.py --home /tmp/kept --sizes 10000,100000     # grow a history kept from an earlier run
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -39,6 +41,7 @@ METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 SIZES, QUICK_SIZES = (100, 10_000, 100_000), (50, 150)
 STEPS, QUICK_STEPS, NAMES, SPIKE_AT = 1_000_000, 10_000, 4, 654_321
 COMPARE_RUNS, QUICK_COMPARE_RUNS = 20, 2
+PG_SIZES, QUICK_PG_SIZES = (100, 1_000), (50,)  # PostgreSQL: the run table at these sizes, and the ingest
 SYSTEM_RANKS, SYSTEM_S, QUICK_SYSTEM_S = 8, 24 * 3600, 600
 WHERE = "lr > 0.001 and best_val_acc >= 0.8"
 SEARCH = "week-7"
@@ -107,6 +110,8 @@ def main() -> None:
     def extra(parser):
         parser.add_argument("--sizes", default="", help="comma list of run counts (default 100,10000,100000)")
         parser.add_argument("--compare-runs", type=int, default=None, help=f"runs on Compare (default {COMPARE_RUNS})")
+        parser.add_argument("--home", type=Path, default=None,
+                            help="grow the history kept in this PARALLAX_HOME (kept afterwards) instead of a new one")
 
     args = parse_args(__doc__, extra)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()] or list(QUICK_SIZES if args.quick else SIZES)
@@ -119,7 +124,7 @@ def main() -> None:
     missing = browser_missing()
     if missing:
         report.note(f"Pages not timed in a browser: {missing}.")
-    with parallax_home("parallax-bench-history-") as home:
+    with (contextlib.nullcontext(args.home) if args.home else parallax_home("parallax-bench-history-")) as home:
         from db import make_engine
 
         url = f"sqlite:///{home / 'parallax.db'}"
@@ -128,7 +133,8 @@ def main() -> None:
         steps_section(report, engine, url, home, steps, compare_runs, args.repeats, missing)
         system_section(report, engine, system_s, args.repeats)
         if pg_url := os.environ.get("PARALLAX_BENCH_PG_URL"):
-            postgres_section(report, pg_url, sizes[:2], min(steps, 200_000), args.repeats)
+            postgres_section(report, pg_url, QUICK_PG_SIZES if args.quick else PG_SIZES, min(steps, 200_000),
+                             args.repeats)
         else:
             report.note("PostgreSQL not measured here: set PARALLAX_BENCH_PG_URL to an empty database to measure it.")
     report.note(PEERS)
@@ -137,9 +143,11 @@ def main() -> None:
 
 def runs_section(report: Report, engine, url: str, home: Path, sizes: list[int], repeats: int,
                  missing: str | None) -> None:
-    import contextlib
-
     from bench.history_build import add_runs, database_bytes
+    from db import dashboard
+
+    built = dashboard.run_page(engine, limit=1).matching  # a kept history (--home) grows from what it holds
+    sizes = [size for size in sizes if size >= built]
 
     with contextlib.ExitStack() as stack:
         playwright = server = None
@@ -149,7 +157,6 @@ def runs_section(report: Report, engine, url: str, home: Path, sizes: list[int],
             env = child_env(PARALLAX_HOME=str(home), PARALLAX_DB_URL=url)
             server = stack.enter_context(running_dashboard(env, log=home / "streamlit.log"))
             playwright = stack.enter_context(sync_playwright())
-        built = 0
         for size in sizes:
             started = time.perf_counter()
             spent = add_runs(engine, size - built, first_index=built)
