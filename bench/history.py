@@ -163,6 +163,9 @@ def runs_section(report: Report, engine, url: str, home: Path, sizes: list[int],
             build_s = time.perf_counter() - started
             print(f"  {size:,} runs: built {size - built:,} in {build_s:.0f} s ({spent})", flush=True)
             added, built = size - built, size
+            held = dashboard.run_page(engine, limit=1).matching
+            if held != size:  # every run written where the history is, the SDK's too
+                raise RuntimeError(f"the history holds {held:,} runs where {size:,} were written")
             report.details.setdefault("build", {})[size] = {"seconds": build_s, **spent, "runs_added": added}
             report.add(f"{size:,} runs: writing the {added:,} runs up to it, per run", [build_s / max(1, added)],
                        unit=" s", headline=False)

@@ -34,7 +34,7 @@ def add_runs(engine, count: int, *, first_index: int) -> dict[str, float]:
     for index in range(first_index, first_index + count):
         started = time.perf_counter()
         if index % SCRIPT_EVERY == SCRIPT_EVERY - 1:
-            _script_run(index)
+            _script_run(engine, index)
             spent["script_s"] += time.perf_counter() - started
         else:
             _engine_run(engine, index)
@@ -76,9 +76,22 @@ def _engine_run(engine, index: int) -> int:
     return run_id
 
 
-def _script_run(index: int) -> None:
+def _script_run(engine, index: int) -> None:
     import parallax
 
+    # The SDK finds its database as a user's script does, in the environment: the history's, for this run.
+    saved = os.environ.get("PARALLAX_DB_URL")
+    os.environ["PARALLAX_DB_URL"] = engine.url.render_as_string(hide_password=False)
+    try:
+        _log_trial(parallax, index)
+    finally:
+        if saved is None:
+            os.environ.pop("PARALLAX_DB_URL", None)
+        else:
+            os.environ["PARALLAX_DB_URL"] = saved
+
+
+def _log_trial(parallax, index: int) -> None:
     with parallax.init(project="history", name=f"trial-{index}",
                        config={"lr": LEARNING_RATES[index % len(LEARNING_RATES)], "optimizer": "adam",
                                "batch_size": (64, 128, 256)[index % 3]},
