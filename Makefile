@@ -71,8 +71,9 @@ screenshots: system-deps $(VENV)/.installed-test
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# make bench - install the benchmark extras, run bench/ (about 12 minutes on 2 cores; take figures on a
-# quiet machine), write bench/results.json and docs/BENCHMARKS.md
+# make bench - install the benchmark extras, run bench/ (about 12 minutes on 2 cores, and bench/history.py's
+# 100,000 runs written as ranks write them: hours on a busy 2-core machine; take figures on a quiet
+# machine), write bench/results.json and docs/BENCHMARKS.md
 .PHONY: bench
 
 $(VENV)/.installed-bench: $(VENV)/.installed requirements-bench.txt

@@ -1,6 +1,7 @@
 """Run every benchmark, then write bench/results.json and the tables in docs/BENCHMARKS.md.
 
-    python bench/run_all.py                       # the whole suite (make bench), about 12 minutes on 2 cores
+    python bench/run_all.py                       # the whole suite (make bench): 12 minutes on 2 cores, and
+                                                  # bench/history.py's 100,000 runs (hours on a busy machine)
     python bench/run_all.py --only dashboard,profiler   # some of them; the others' figures are kept
     python bench/run_all.py --render              # rewrite docs/BENCHMARKS.md from bench/results.json
     python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
@@ -34,7 +35,7 @@ from bench.report import read_results, render_markdown  # noqa: E402
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.
 BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
               "profiler", "ddp_cpu", "first_run", "watch_cost", "time_to_interactive", "series_cost", "series_read",
-              "forecast", "switches", "recipe", "memory_estimate", "data_scale", "gpu", "nonfinite_check", "sdk_log",
+              "forecast", "switches", "recipe", "memory_estimate", "data_scale", "gpu", "nonfinite_check", "sdk_log", "history",
               "rank_clock")
 
 PREAMBLE = """# Benchmarks

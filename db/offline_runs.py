@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 
 from contract.printable import one_line, storable_text
 from contract.storage import MAX_LOGGED_STEP, OFFLINE_FORMAT_VERSION
@@ -29,9 +29,9 @@ from db import script_metrics
 from db.connection import retry_when_locked, session_scope
 from db.notify import notify
 from db.run_state import TERMINAL_STATUSES
-from db.tables import Run, ScriptMetric, utcnow
+from db.tables import Run, utcnow
 
-INSERT_CHUNK = 50_000  # points per statement: SQLite and PostgreSQL take it in one round trip
+INSERT_CHUNK = 50_000  # points packed per statement: a file of millions of values is never held twice
 LOST = ("the offline run file ends without saying how the run ended: the script was killed, or it is still "
         "running")
 
@@ -86,8 +86,16 @@ def _import(path: Path, run: OfflineRun, key: str, engine) -> int:
         row.measurements = {**row.measurements, "summary": run.summary}
         session.add(row)
         session.flush()
+        connection, series_ids = session.connection(), {}
         for start in range(0, len(run.points), INSERT_CHUNK):
-            session.execute(insert(ScriptMetric), script_metrics.point_rows(row.id, run.points[start:start + INSERT_CHUNK]))
+            columns: dict[str, tuple[list, list, list]] = {}
+            for name, step, t_s, value in run.points[start:start + INSERT_CHUNK]:
+                column = columns.setdefault(name, ([], [], []))
+                column[0].append(step)
+                column[1].append(t_s)
+                column[2].append(value)
+            script_metrics.add_columns_on(connection, row.id, columns, series_ids)
+        script_metrics.keep_script_figures(connection, row.id)  # the Runs page's columns, as for a run logged online
         return row.id
 
 
@@ -196,8 +204,8 @@ def _points(where: str, record: dict, started_s: float) -> list[tuple]:
     for name, value in values.items():
         if value is not None and type(value) not in (int, float):
             raise OfflineFileError(f"{where}: {_shown(name)} is {_shown(value)}, not a number")
-        # NaN and infinities (a hand-written NaN; the SDK writes null) are a gap in the chart, as when logged online
-        value = value if value is None or math.isfinite(value) else None
+        # NaN and infinities (a hand-written NaN; the SDK writes null, read as NaN) are kept and marked on the
+        # chart, as when logged online
         points.append((storable_text(name), step, round(at - started_s, 3), value))
     return points
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, cast, delete, func, insert, select
+from sqlalchemy import BigInteger, Engine, and_, cast, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from db.connection import lock_wait_at_most, session_scope
 from db.tables import Run, StepMetric, SystemSample
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
+# The step series a chart draws as a band from each bucket's minimum to its maximum.
+BANDED_STEP_FIELDS: tuple[str, ...] = ("train_loss", "images_per_s")
 # "node": the machine sampled, by its node rank in a torchrun job (0 where the run has one machine).
 SYSTEM_FIELDS: tuple[str, ...] = ("t_s", "node", "host_cpu_pct", "host_memory_mb", "processes", "gpus")
 PROCESS_FIELDS: tuple[str, ...] = ("rank", "cpu_pct", "rss_mb")
@@ -79,11 +81,14 @@ def read_steps(engine: Engine, run_ids: Iterable[int], *, max_points: int | None
                ) -> list[dict[str, Any]]:
     """The runs' step points (``run_id``, ``STEP_FIELDS`` and ``n``), by run then step.
 
-    A run with more than ``max_points`` points comes back in buckets of equal step width, never
-    across an epoch's end (so at most ``max_points`` rows plus one per epoch): each row is the mean
-    of the ``n`` points of its bucket (loss, images/s, learning rate) at the bucket's first step and
-    time, so a noisy loss reads as its running mean and an epoch's first step keeps its place.
-    ``max_points=None`` gives every point (``n`` = 1)."""
+    With ``max_points``, each row is a bucket (``n`` points; a run of no more than ``max_points``
+    points comes back as buckets of one): the bucket's last point whole (its step, time, loss,
+    images/s and learning rate), its first step (``first_step``: an epoch's first step keeps its
+    place), and the minimum and maximum of its loss and images/s (``train_loss_min``,
+    ``train_loss_max``, ``images_per_s_min``, ``images_per_s_max``), so that a one-step spike is
+    drawn, never averaged away. Buckets are of equal step width and never cross an epoch's end
+    (so at most ``max_points`` rows plus one per epoch). ``max_points=None`` gives every point
+    (``STEP_FIELDS`` and ``n`` = 1)."""
     return _read_each(engine, run_ids, max_points, _read_steps_of)
 
 
@@ -201,16 +206,24 @@ def _read_steps_of(session: Session, run_id: int, max_points: int | None) -> lis
     fields = [getattr(StepMetric, name) for name in STEP_FIELDS]
     if max_points is None or count <= max_points:
         statement = select(*fields).where(of_run).order_by(StepMetric.step)
-        return [{"run_id": run_id, **row._asdict(), "n": 1} for row in session.execute(statement)]
+        rows = [{"run_id": run_id, **row._asdict(), "n": 1} for row in session.execute(statement)]
+        if max_points is not None:
+            for row in rows:  # a point of its own is a bucket of one
+                row.update(first_step=row["step"], **{f"{name}_{end}": row[name] for name in BANDED_STEP_FIELDS
+                                                      for end in ("min", "max")})
+        return rows
     width = -(-(last - first + 1) // max_points)  # ceil: at most max_points buckets of steps
     bucket = (StepMetric.step - first) // width  # integers: integer division on SQLite and PostgreSQL alike
-    statement = (
-        select(StepMetric.epoch, func.min(StepMetric.step).label("step"), func.min(StepMetric.t_s).label("t_s"),
-               func.avg(StepMetric.train_loss).label("train_loss"),
-               func.avg(StepMetric.images_per_s).label("images_per_s"), func.avg(StepMetric.lr).label("lr"),
-               func.count().label("n"))
-        .where(of_run).group_by(StepMetric.epoch, bucket).order_by(func.min(StepMetric.step))
-    )
+    bands = [func.min(getattr(StepMetric, name)).label(f"{name}_min") for name in BANDED_STEP_FIELDS]
+    bands += [func.max(getattr(StepMetric, name)).label(f"{name}_max") for name in BANDED_STEP_FIELDS]
+    grouped = (select(func.min(StepMetric.step).label("first_step"),
+                      func.max(StepMetric.step).label("last_step"), func.count().label("n"), *bands)
+               .where(of_run).group_by(StepMetric.epoch, bucket).subquery())
+    # Each bucket's last point is read whole ((run_id, step) is unique): its values, not a mean of the bucket.
+    statement = (select(*fields, grouped.c.first_step, grouped.c.n,
+                        *(grouped.c[f"{name}_{end}"] for name in BANDED_STEP_FIELDS for end in ("min", "max")))
+                 .join(grouped, and_(StepMetric.run_id == run_id, StepMetric.step == grouped.c.last_step))
+                 .order_by(StepMetric.step))
     return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]
 
 

@@ -239,7 +239,11 @@ def set_measurements(engine: Engine, run_id: int, values: Mapping[str, Any]) -> 
         current = session.scalar(select(Run.measurements).where(Run.id == run_id))
         if current is None:
             raise LookupError(f"no run with id {run_id}")
-        _update_run(session, run_id, measurements={**current, **values})
+        # A script's summary is also kept on its own column, which the Runs page filters and shows.
+        summary = {"summary": dict(values["summary"])} if "summary" in values else {}
+        _update_run(session, run_id, measurements={**current, **values}, **summary)
+        if summary and session.scalar(select(Run.kind).where(Run.id == run_id)) == script_metrics.SCRIPT_KIND:
+            script_metrics.keep_script_figures(session.connection(), run_id)  # a best accuracy it set, say
 
 
 def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
@@ -253,6 +257,14 @@ def log_epoch(engine: Engine, run_id: int, metrics: Mapping[str, Any]) -> None:
         if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
             raise LookupError(f"no run with id {run_id}")
         _upsert_epoch(session, row)
+        _keep_figures(session, run_id)
+
+
+def refresh_figures(engine: Engine, run_id: int) -> None:
+    """Work the run's figures out again from its epochs (``log_epoch`` keeps them as it writes each one): for
+    epochs written some other way, such as a benchmark's bulk insert."""
+    with session_scope(engine) as session:
+        _keep_figures(session, run_id)
 
 
 def get_run(engine: Engine, run_id: int) -> RunRecord | None:
@@ -268,6 +280,18 @@ def list_runs(engine: Engine, *, limit: int | None = None) -> list[RunSummary]:
     """Runs, newest first."""
     columns = [getattr(Run, field.name) for field in fields(RunSummary)]
     statement = select(*columns).order_by(Run.created_at.desc(), Run.id.desc()).limit(limit)
+    with session_scope(engine) as session:
+        return [RunSummary(**row._asdict()) for row in session.execute(statement)]
+
+
+def run_summaries(engine: Engine, run_ids: Iterable[int]) -> list[RunSummary]:
+    """The runs among ``run_ids`` that exist, newest first: a picker lists the newest runs and these (the ones
+    asked for by the address or another page), never every run of a long history."""
+    run_ids = [int(run_id) for run_id in dict.fromkeys(run_ids)]
+    if not run_ids:
+        return []
+    columns = [getattr(Run, field.name) for field in fields(RunSummary)]
+    statement = select(*columns).where(Run.id.in_(run_ids)).order_by(Run.created_at.desc(), Run.id.desc())
     with session_scope(engine) as session:
         return [RunSummary(**row._asdict()) for row in session.execute(statement)]
 
@@ -363,6 +387,18 @@ def delete_run(engine: Engine, run_id: int) -> None:
             raise LookupError(f"no run with id {run_id}")
 
 
+RUNS_PER_DELETE = 500  # runs deleted by one statement (and their metrics, by cascade)
+
+
+def delete_runs(engine: Engine, run_ids: Iterable[int]) -> int:
+    """Delete the runs (their metrics by ON DELETE CASCADE) in one statement; returns how many there were."""
+    run_ids = list(run_ids)
+    if not run_ids:
+        return 0
+    with session_scope(engine) as session:
+        return session.execute(delete(Run).where(Run.id.in_(run_ids))).rowcount
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 
@@ -415,6 +451,19 @@ def _epoch_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
     values["peak_memory_mb"] = {str(device): float(mb) for device, mb in peak_memory_mb.items()}
     values["extra"] = dict(metrics.get("extra") or {})
     return values
+
+
+FIGURE_COLUMNS = ("epochs_done", "best_val_acc", "images_per_s", "training_time_s", "epochs_time_s")
+
+
+def _keep_figures(session: Session, run_id: int) -> None:
+    """The run's figures (``run_figures`` of its epochs, a few numbers each) on its row, in the epoch's
+    transaction: the Runs page sorts and filters by them without reading an epoch."""
+    epochs = session.execute(select(EpochMetric.epoch, EpochMetric.val_acc, EpochMetric.images_per_s,
+                                    EpochMetric.train_time_s, EpochMetric.epoch_time_s)
+                             .where(EpochMetric.run_id == run_id)).mappings()
+    figures = run_figures(epochs).to_dict()
+    _update_run(session, run_id, **{name: figures[name] for name in FIGURE_COLUMNS})
 
 
 def _upsert_epoch(session: Session, row: dict[str, Any]) -> None:

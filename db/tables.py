@@ -159,6 +159,17 @@ class Run(Base):
     # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
     kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
 
+    # The run's figures (db.run_figures), kept as its epochs are written (store.log_epoch), so that the Runs
+    # page sorts, filters and pages 100,000 runs in the database without reading an epoch.
+    epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    best_val_acc: Mapped[float | None] = mapped_column(Float, index=True)
+    images_per_s: Mapped[float | None] = mapped_column(Float, index=True)
+    training_time_s: Mapped[float | None] = mapped_column(Float, index=True)
+    epochs_time_s: Mapped[float | None] = mapped_column(Float)
+    # What a script set as its run's summary (run.summary: any key, numbers and text), beside the figures;
+    # small, apart from measurements, so that a filter on a summary key reads no blob.
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default=text("'{}'"))
+
     epochs: Mapped[list[EpochMetric]] = relationship(
         back_populates="run",
         order_by="EpochMetric.epoch",
@@ -292,16 +303,49 @@ class SystemSample(Base):
     gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
 
 
-class ScriptMetric(Base):
-    """One value a script logged (``parallax.log``): any name, any step, rank 0's."""
+class ScriptSeries(Base):
+    """One name a script logged (``parallax.log``) in one run: its values are in ``script_chunks``."""
 
-    __tablename__ = "script_metrics"
-    # Charts read one metric of one run by step; the run's deletion cascades through the same index.
-    __table_args__ = (Index("ix_script_metrics_run_name_step", "run_id", "name", "step"),)
+    __tablename__ = "script_series"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(255))
-    step: Mapped[int] = mapped_column(BigInteger)
-    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started
-    value: Mapped[float | None] = mapped_column(Float)  # None for NaN (not every backend stores it)
+    points: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))  # values stored, in all
+    last_step: Mapped[int | None] = mapped_column(BigInteger)  # the highest step logged
+
+
+SUMMARY_COLUMNS = ("first_step", "last_step", "points", "finite", "min_value", "max_value", "last_value", "last_t_s")
+
+
+class ScriptChunk(Base):
+    """Values one series logged within one block of ``db.point_chunks.BLOCK_STEPS`` steps, written together,
+    packed (``db.point_chunks``), with what a chart needs of them: count, minimum, maximum and last value.
+
+    A chart reads these summaries, a few hundred rows for a million steps; only a window narrow enough to show
+    every point unpacks the values. NaN and infinities are kept in the packed values and counted (``points``
+    minus ``finite``); ``min_value`` and ``max_value`` are over the finite ones (NULL where there are none)."""
+
+    __tablename__ = "script_chunks"
+    # The summaries in the index too: a chart's read of a series never touches the rows, whose packed values
+    # (kilobytes each) would make it read a page per chunk.
+    __table_args__ = (Index("ix_script_chunks_series_block", "series_id", "block", *SUMMARY_COLUMNS),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("script_series.id", ondelete="CASCADE"))
+    block: Mapped[int] = mapped_column(BigInteger)  # every step // BLOCK_STEPS
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    points: Mapped[int] = mapped_column(Integer)
+    finite: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float | None] = mapped_column(Float)
+    max_value: Mapped[float | None] = mapped_column(Float)
+    total_value: Mapped[float | None] = mapped_column(Float)  # the finite values' sum: a mean without unpacking
+    last_value: Mapped[float | None] = mapped_column(Float)  # the value at last_step; NULL where not finite
+    last_t_s: Mapped[float] = mapped_column(Float)
+    # Little-endian int64 steps (NULL where they are first_step, first_step + 1, ... last_step), float64 seconds
+    # since the run started, float64 values.
+    steps: Mapped[bytes | None] = mapped_column(LargeBinary)
+    t_s: Mapped[bytes] = mapped_column(LargeBinary)
+    values: Mapped[bytes] = mapped_column(LargeBinary)

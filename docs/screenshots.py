@@ -1,4 +1,4 @@
-"""Remake the README's three screenshots from the runs a new user makes, in a real dashboard and browser.
+"""Remake the README's screenshots from the runs a new user makes, in a real dashboard and browser.
 
 A fresh dashboard (its own PARALLAX_HOME in a temporary folder) is started and Debian's chromium
 drives it through playwright as a user would: on Launch, Compare strategies with the form's default
@@ -6,10 +6,14 @@ sweep (resnet18 on the digits: single, ddp, mp and pp on two CPU devices) and wa
 then the two-process DDP run's page, its numbers, notes, epoch charts and time per rank ->
 docs/img/run-page.png, and further down the same page its per-step and system charts ->
 docs/img/run-steps-system.png; then Compare with the sweep's runs -> docs/img/compare-page.png.
-A few minutes on 2 cores (the four runs train one after the other).
+Then a history logged from scripts (``import parallax``: forty trials of a tuning sweep and one run of
+200,000 steps whose loss has a one-step spike and a NaN): the Runs page searched and filtered ->
+docs/img/runs-search.png, and the long run's loss chart, its band and its NaN mark ->
+docs/img/banded-chart.png. A few minutes on 2 cores (the four runs train one after the other).
 
     .venv/bin/python docs/screenshots.py
     .venv/bin/python docs/screenshots.py --home /tmp/shots --runs 1,2,3,4   # again from kept runs
+    .venv/bin/python docs/screenshots.py --history-only                     # the last two shots alone
 """
 
 from __future__ import annotations
@@ -159,6 +163,62 @@ def compare(page, run_ids: list[int]) -> None:
     print(f"runs {run_ids} -> {shoot(page, 'compare-page.png')}", flush=True)
 
 
+# Forty trials of a tuning sweep and one long run, logged as users' scripts log them; prints the long run's id.
+HISTORY_SCRIPT = """
+import math, random
+import parallax
+
+random.seed(7)
+for trial in range(40):
+    lr = (1e-4, 3e-4, 1e-3, 3e-3)[trial % 4]
+    with parallax.init(project="lr-sweep", name=f"trial-{trial}", config={"lr": lr, "optimizer": "adam"},
+                       tags=["sweep", "week-%d" % (trial % 3)]) as run:
+        for step in range(30):
+            run.log({"train/loss": 2.3 * math.exp(-lr * 900 * step) + random.random() * 0.05}, step=step)
+        run.summary["val/acc"] = round(0.80 + 0.19 * random.random(), 3)
+with parallax.init(project="long", name="200k-steps", config={"lr": 1e-3}, tags=["long"]) as run:
+    for step in range(200_000):
+        loss = 2.3 * math.exp(-step / 40_000) + 0.1 + random.random() * 0.05
+        if step == 123_456:
+            loss = 9.0  # a one-step spike: the band keeps it
+        if step == 150_000:
+            loss = float("nan")
+        run.log({"train/loss": loss, "train/lr": 1e-3 * min(1.0, step / 5_000)}, step=step)
+print(run.run_id)
+"""
+
+
+def logged_history(home: Path) -> int:
+    """The script runs of ``HISTORY_SCRIPT`` in ``home``; the long run's id."""
+    env = {**os.environ, "PARALLAX_HOME": str(home)}
+    env.pop("PARALLAX_DB_URL", None)
+    done = subprocess.run([sys.executable, "-c", HISTORY_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        sys.exit(f"error: the history script failed:\n{done.stderr[-3000:]}")
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def history_shots(page, url: str, long_run: int) -> None:
+    """The Runs page searched and filtered, and a long run's banded loss chart."""
+    page.goto(f"{url}/runs?q=sweep&where=lr >= 0.001 and summary.val/acc > 0.85")
+    page.get_by_test_id("stDataFrame").first.wait_for(timeout=UI_MS)
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    table = page.get_by_test_id("stDataFrame").first.bounding_box()
+    print(f"Runs, searched -> {shoot(page, 'runs-search.png', bottom_px=table['y'] + table['height'] + 20)}",
+          flush=True)
+    page.goto(f"{url}/run?run={long_run}")
+    page.locator(".stPlotlyChart .svg-container").nth(1).wait_for(timeout=UI_MS)
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    main = page.get_by_test_id("stMain").bounding_box()
+    first = page.locator(".stPlotlyChart").first.bounding_box()
+    path = shoot(page, "banded-chart.png", top_px=first["y"] - 60, bottom_px=first["y"] + first["height"] + 20,
+                 left_px=main["x"])
+    print(f"run #{long_run}, its loss band -> {path}", flush=True)
+
+
 def cancel_active_runs(home: Path) -> None:
     """Runs are detached from the dashboard: stop any this script leaves behind."""
     env = {**os.environ, "PARALLAX_HOME": str(home)}
@@ -182,7 +242,7 @@ def ddp_run(home: Path, run_ids: list[int]) -> int:
     return ddp[0]
 
 
-def shoot_all(home: Path, kept_runs: list[int]) -> None:
+def shoot_all(home: Path, kept_runs: list[int], *, history_only: bool = False) -> None:
     from playwright.sync_api import sync_playwright
 
     server, url = start_dashboard(home)
@@ -191,9 +251,11 @@ def shoot_all(home: Path, kept_runs: list[int]) -> None:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_MS)
-            sweep = kept_runs or default_sweep(page, url)
-            run_page(page, url, ddp_run(home, sweep))
-            compare(page, sweep)
+            if not history_only:
+                sweep = kept_runs or default_sweep(page, url)
+                run_page(page, url, ddp_run(home, sweep))
+                compare(page, sweep)
+            history_shots(page, url, logged_history(home))
             browser.close()
     finally:
         server.terminate()
@@ -205,17 +267,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--home", type=Path, help="PARALLAX_HOME to use and keep (default: a temporary one)")
     parser.add_argument("--runs", default="", help="shoot these runs of --home (a sweep's) instead of launching a sweep")
+    parser.add_argument("--history-only", action="store_true", help="only the Runs search and the banded chart")
     args = parser.parse_args()
     kept_runs = [int(n) for n in args.runs.split(",") if n.strip()]
     wait_for_chromium()
     if args.home is not None:
         args.home.mkdir(parents=True, exist_ok=True)
-        shoot_all(args.home, kept_runs)
+        shoot_all(args.home, kept_runs, history_only=args.history_only)
         return
     with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
         home = Path(scratch) / "parallax_home"
         home.mkdir()
-        shoot_all(home, kept_runs)
+        shoot_all(home, kept_runs, history_only=args.history_only)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ SUPERLINEAR = 1.05  # efficiency clearly above ideal: worth a word of explanatio
 METRICS_PER_ROW = 3  # wide enough for a label like "Speedup of #12 ddp×2 resnet18"
 SERIES_MAX_POINTS = 1000  # per run: a chart is at most a screen wide
 LOG_HELP = "Draw the loss on a log axis: a run whose loss blew up leaves the others readable."
+PICKER_RUNS = 500  # the newest runs the picker lists, besides those asked for
 
 
 def pick_runs(summaries: list[store.RunSummary]) -> list[int]:
@@ -186,7 +187,11 @@ def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dic
 
 st.title("Compare runs")
 engine = state.engine_with_fresh_states()
-summaries = store.list_runs(engine)
+# The picker lists the newest runs and those asked for (by the Runs page, the address or the picker itself).
+asked = [*st.session_state.get(COMPARE_REQUEST, []), *st.session_state.get(PICKER_KEY, []),
+         *(i for i in (store.parse_id(part) for part in state.url_list(URL_PARAM) or []) if i is not None)]
+summaries = store.list_runs(engine, limit=PICKER_RUNS)
+summaries += store.run_summaries(engine, set(asked) - {run.id for run in summaries})
 if not summaries:
     st.info("No runs to compare yet.")
     st.page_link(state.LAUNCH_PAGE, label="Launch a run", icon=":material/rocket_launch:")

@@ -42,14 +42,16 @@ def ops_display(ops: pd.DataFrame, rank: int, n: int) -> pd.DataFrame:
 
 st.title("Profiler")
 engine = state.engine_with_fresh_states()
-summaries = {run.id: run for run in store.list_runs(engine)}
-profiled = sorted((i for i in profiles.profiled_runs(engine) if i in summaries), reverse=True)
+summaries = {run.id: run for run in store.run_summaries(engine, profiles.profiled_runs(engine))}
+profiled = sorted(summaries, reverse=True)
 if not profiled:
     st.info("No profiled runs yet. " + HOW_TO_PROFILE, icon=":material/speed:")
     st.page_link(state.LAUNCH_PAGE, label="Launch a profiled run", icon=":material/rocket_launch:")
     st.stop()
 
-if problem := state.unknown_url_id("run", summaries):
+asked = store.parse_id(st.query_params.get("run", ""))
+existing = [*summaries, *(run.id for run in store.run_summaries(engine, [asked] if asked else []))]
+if problem := state.unknown_url_id("run", existing):
     st.error(problem, icon=":material/error:")
     st.page_link(state.RUNS_PAGE, label="All runs", icon=":material/table_rows:")
     st.stop()

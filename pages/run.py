@@ -37,6 +37,7 @@ LOG_LOSS_KEY = state.LOG_LOSS_KEY
 SERIES_KEY = "run_series_drawn"
 # A live chart is half a screen wide: more points would cost the server and the browser, and show nothing more.
 LIVE_MAX_POINTS = 600
+PICKER_RUNS = 500  # the newest runs the run picker lists (and the one the address names)
 
 
 def show_metrics(epochs: pd.DataFrame, measurements: dict) -> list[str]:
@@ -360,7 +361,11 @@ def show_static(run: store.RunRecord) -> None:
 
 
 engine = state.engine_with_fresh_states()
-runs = store.list_runs(engine)
+# The picker lists the newest runs and the one asked for: a history of 100,000 runs is never read whole.
+requested = state.requested_run_id()
+runs = store.list_runs(engine, limit=PICKER_RUNS)
+if requested is not None and requested not in {r.id for r in runs}:
+    runs += store.run_summaries(engine, [requested])
 if not runs:
     st.title("Run")
     st.info("No runs yet.")

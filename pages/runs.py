@@ -1,5 +1,7 @@
-"""Runs: every run in one table; filter, sort, pick runs to open, compare or delete, and edit a
-run's tags and note."""
+"""Runs: every run in one table, a page at a time; search, filter (pickers and a filter line such as
+``lr > 0.01 and best_val_acc >= 0.9``), sort, pick runs across pages to open, compare or delete, and edit a
+run's tags and note. The database filters, sorts, counts and pages (``db.dashboard.run_page``): the page
+reads 50 rows whatever the number of runs."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from db import dashboard
+from db import dashboard, run_filters
 from db.run_figures import (BEST_VAL_ACC_LABEL, BEST_VAL_ACC_NAMES, name_key, IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL, TRAINING_TIME_HELP,
                             TRAINING_TIME_LABEL)
 from db.run_state import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
-from trainer_backend.control.housekeeping import RunActiveError, delete_run_and_files
+from trainer_backend.control.housekeeping import delete_runs_and_files
 from ui import slurm_views, state
 from ui.text import escape_markdown
 
@@ -21,15 +23,23 @@ state.enter_through_app("pages/runs.py")
 
 PENDING_DELETE_KEY = "runs_pending_delete"
 TABLE_VERSION_KEY = "runs_table_version"
+PICKED_KEY = "runs_picked"  # {table key: the runs ticked in it}: picks on other pages stay picked
+PAGES_KEY = "runs_pages"  # (what the pages are of, the cursors of the pages before this one and of this one)
+SEARCH_KEY, WHERE_KEY = "runs_search", "runs_where"
+SHOWN_IDS = 30  # picked runs named in a line; the rest counted
+WHERE_HELP = ("NAME OP VALUE, joined by 'and': a config field (lr > 0.01, optimizer.name = adam), a figure "
+              "(best_val_acc >= 0.9, images_per_s > 500, training_time_s < 60, epochs_done = 3), a column "
+              "(strategy = ddp, status != failed, model ~ resnet, tag = baseline, note ~ sweep) or a script's "
+              "summary (summary.val/acc > 0.9). OP: = != > >= < <= ~ (contains). Text in quotes may hold spaces.")
 # Each filter: (its name in the address, its label).
 FILTERS = {"statuses": ("status", "Status"), "strategies": ("strategy", "Strategy"), "models": ("model", "Model"),
            "datasets": ("dataset", "Dataset"), "tags": ("tag", "Tag"), "kinds": ("kind", "Trained by")}
 SORTS = {
-    "Newest first": ("run", False),
-    "Oldest first": ("run", True),
-    "Best validation accuracy": (BEST_VAL_ACC_LABEL, False),
-    "Throughput": (IMAGES_PER_S_LABEL, False),
-    "Training time": (TRAINING_TIME_LABEL, False),
+    "Newest first": "newest",
+    "Oldest first": "oldest",
+    "Best validation accuracy": "best_val_acc",
+    "Throughput": "images_per_s",
+    "Training time": "training_time_s",
 }
 
 # Shown first, in this order: at 1,400 px the table shows about eight columns before it scrolls, and
@@ -101,46 +111,80 @@ def filters_from_url(choices: dict[str, list[str]]) -> None:
                        "left out.", icon=":material/filter_alt_off:")
 
 
-def read_filters(choices: dict[str, list[str]]) -> dashboard.RunFilters:
-    """The filters, kept in the address so that a filtered table can be bookmarked and sent."""
+def text_from_url(param: str, key: str) -> None:
+    """An address opened or edited (?q=resnet, ?where=lr > 0.01) sets the search or the filter line."""
+    if state.url_list_changed(param):
+        st.session_state[key] = str(st.query_params.get(param))[:run_filters.MAX_LENGTH]
+
+
+def read_filters(choices: dict[str, list[str]]) -> tuple[dashboard.RunFilters, st.delta_generator.DeltaGenerator]:
+    """The filters, kept in the address so that a filtered table can be bookmarked and sent; and the place
+    under the filter line where a malformed one is said."""
     filters_from_url(choices)
+    text_from_url("q", SEARCH_KEY)
+    text_from_url("where", WHERE_KEY)
+    search_col, where_col = st.columns([2, 3])
+    text = search_col.text_input("Search", key=SEARCH_KEY, placeholder="model, strategy, dataset, tag, note or #id")
+    where = where_col.text_input("Filter", key=WHERE_KEY, help=WHERE_HELP,
+                                 placeholder="lr > 0.01 and strategy = ddp and best_val_acc >= 0.9")
     picked = {
         name: tuple(column.multiselect(label, choices[name], key=f"filter_{name}", placeholder="all"))
         for column, (name, (_, label)) in zip(st.columns(len(FILTERS)), FILTERS.items())
     }
     for name, (param, _) in FILTERS.items():
         state.put_url_list(param, picked[name])
-    return dashboard.RunFilters(**picked)
+    state.put_url_list("q", [text] if text.strip() else [])
+    state.put_url_list("where", [where] if where.strip() else [])
+    return dashboard.RunFilters(**picked, where=where.strip(), text=text.strip()), where_col.empty()
+
+
+def page_cursors(drawn_from: tuple) -> list:
+    """The cursors of the pages before this one and of this one (None: the first page): a new filter or
+    sort starts again from the first page."""
+    pages = st.session_state.get(PAGES_KEY)
+    if pages is None or pages[0] != drawn_from:
+        pages = (drawn_from, [None])
+        st.session_state[PAGES_KEY] = pages
+    return pages[1]
+
+
+def picked_runs() -> list[int]:
+    """The runs ticked on every page, in the order ticked."""
+    return list(dict.fromkeys(run_id for ids in st.session_state.get(PICKED_KEY, {}).values() for run_id in ids))
+
+
+def shown_ids(run_ids: list[int]) -> str:
+    """#3, #5, ... and N more: thousands of picked runs said in a line."""
+    listed = ", ".join(f"#{i}" for i in run_ids[:SHOWN_IDS])
+    return listed + (f" and {len(run_ids) - SHOWN_IDS:,} more" if len(run_ids) > SHOWN_IDS else "")
 
 
 def delete_runs(run_ids: list[int]) -> None:
-    deleted, refused = [], []
-    for run_id in run_ids:
-        try:
-            delete_run_and_files(run_id)
-            deleted.append(run_id)
-        except (RunActiveError, LookupError) as exc:
-            refused.append(str(exc))
+    with st.spinner(f"Deleting {len(run_ids):,} run(s) and their files…"):
+        deleted, refused = delete_runs_and_files(run_ids)
     st.session_state.pop(PENDING_DELETE_KEY, None)
+    st.session_state.pop(PICKED_KEY, None)
     st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1  # clears the selection
     if deleted:
-        st.toast(f"Deleted run(s) {', '.join(f'#{i}' for i in deleted)}", icon=":material/delete:")
-    for reason in refused:
+        st.toast(f"Deleted run(s) {shown_ids(deleted)}", icon=":material/delete:")
+    for reason in refused[:10]:
         st.toast(reason, icon=":material/block:")
 
 
-def confirm_delete(rows_by_id: dict[int, dict]) -> None:
-    pending = [i for i in st.session_state.get(PENDING_DELETE_KEY, []) if i in rows_by_id]
+def confirm_delete(statuses: dict[int, str]) -> None:
+    pending = [i for i in st.session_state.get(PENDING_DELETE_KEY, []) if i in statuses]
     if not pending:
         return
-    active = [i for i in pending if rows_by_id[i]["status"] in ACTIVE_STATUSES]
+    active = [i for i in pending if statuses[i] in ACTIVE_STATUSES]
     deletable = [i for i in pending if i not in active]
     with st.container(border=True):
-        for run_id in active:
-            st.error(f"Run #{run_id} is {rows_by_id[run_id]['status']}: cancel it on its Run page first.")
+        for run_id in active[:SHOWN_IDS]:
+            st.error(f"Run #{run_id} is {statuses[run_id]}: cancel it on its Run page first.")
+        if len(active) > SHOWN_IDS:
+            st.error(f"{len(active) - SHOWN_IDS:,} more picked runs are active: cancel them first.")
         if deletable:
-            st.warning(f"Delete {', '.join(f'#{i}' for i in deletable)} for good: the run, its metrics, log, "
-                       "checkpoints and profiles?", icon=":material/warning:")
+            st.warning(f"Delete {shown_ids(deletable)} for good: the run, its metrics, log, checkpoints and "
+                       "profiles?", icon=":material/warning:")
         yes, no, _ = st.columns([1, 1, 4])
         if deletable and yes.button("Yes, delete", type="primary", key="confirm_delete"):
             delete_runs(deletable)
@@ -175,19 +219,25 @@ if not choices["statuses"]:
     st.page_link(state.LAUNCH_PAGE, label="Launch the first one", icon=":material/rocket_launch:")
     st.stop()
 
-filters = read_filters(choices)
+filters, filter_problem = read_filters(choices)
 sort_col, order_col, _ = st.columns([2, 1, 3])
 sort_by = sort_col.selectbox("Sort by", list(SORTS), key="sort_by")
-column, ascending = SORTS[sort_by]
-rows = dashboard.run_table(engine, filters)
-rows_by_id = {row["id"]: row for row in rows}
+cursors = page_cursors((filters, sort_by))
+try:
+    page = dashboard.run_page(engine, filters, sort=SORTS[sort_by], after=cursors[-1])
+except ValueError as exc:  # a malformed filter line: said under it, in one line
+    filter_problem.error(escape_markdown(str(exc)), icon=":material/error:")
+    st.stop()
+rows = page.rows
 frame = slurm_views.with_pending_reasons(table_frame(rows), engine)
-frame = frame.sort_values(column, ascending=ascending, na_position="last", kind="stable").reset_index(drop=True)
 
-st.caption(f"{len(frame)} run(s). Tick rows to open, compare or delete them.")
+first_shown = (len(cursors) - 1) * dashboard.PAGE_ROWS + 1
+shown = f"{first_shown:,}–{first_shown + len(rows) - 1:,}" if rows else "none"
+st.caption(f"{page.matching:,} run(s) match; showing {shown}. Tick rows to open, compare or delete them; "
+           "ticks stay on other pages.", help="Filtered, sorted and paged in the database.")
 if newer := unknown_strategies_line([(row["id"], row["strategy"]) for row in rows if row["kind"] != "script"]):
     st.caption(escape_markdown(newer))
-# A new key when filters, sorting or the data's ids change: a selection never points at another row.
+# A new key for each page, filter, sort and set of ids: a selection never points at another row.
 table_key = f"runs_table_{st.session_state.get(TABLE_VERSION_KEY, 0)}_{hash((filters, sort_by, tuple(frame['run'])))}"
 event = st.dataframe(
     frame, key=table_key, on_select="rerun", selection_mode="multi-row", hide_index=True,
@@ -201,9 +251,23 @@ event = st.dataframe(
         "created (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
     },
 )
-picked = [int(frame.loc[i, "run"]) for i in event.selection.rows if i < len(frame)]
+ticked = [int(frame.loc[i, "run"]) for i in event.selection.rows if i < len(frame)]
+picks = st.session_state.setdefault(PICKED_KEY, {})
+if ticked or table_key in picks:
+    picks[table_key] = ticked
+picked = picked_runs()
 
-open_col, compare_col, delete_col, _ = st.columns([1, 1, 1, 3])
+back_col, next_col, picked_col = st.columns([1, 1, 4], vertical_alignment="center")
+if back_col.button("Previous page", icon=":material/chevron_left:", disabled=len(cursors) == 1):
+    cursors.pop()
+    st.rerun()
+if next_col.button("Next page", icon=":material/chevron_right:", disabled=page.next_after is None):
+    cursors.append(page.next_after)
+    st.rerun()
+if len(picked) > len(ticked):
+    picked_col.caption(f"Picked on every page: {shown_ids(picked)}")
+
+open_col, compare_col, delete_col, clear_col, _ = st.columns([1, 1, 1, 1, 2])
 if open_col.button("Open run", icon=":material/monitoring:", disabled=len(picked) != 1):
     state.open_run(picked[0])
 compare_label = f"Compare {len(picked)} runs" if len(picked) > 1 else "Compare"
@@ -211,8 +275,13 @@ if compare_col.button(compare_label, icon=":material/compare_arrows:", disabled=
     state.open_compare(picked)
 if delete_col.button("Delete…", icon=":material/delete:", disabled=not picked):
     st.session_state[PENDING_DELETE_KEY] = picked
-confirm_delete(rows_by_id)
-if len(picked) == 1:
+if clear_col.button("Clear picks", icon=":material/deselect:", disabled=not picked):
+    st.session_state.pop(PICKED_KEY, None)
+    st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1
+    st.rerun()
+confirm_delete(dashboard.run_statuses(engine, st.session_state.get(PENDING_DELETE_KEY, [])))
+rows_by_id = {row["id"]: row for row in rows}
+if len(picked) == 1 and picked[0] in rows_by_id:
     edit_labels(rows_by_id[picked[0]])
 elif picked:
-    st.caption("Pick a single run to edit its tags and note.")
+    st.caption("Pick a single run on this page to edit its tags and note.")

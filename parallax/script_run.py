@@ -158,9 +158,11 @@ class Run:
         if self.info.is_main:
             started_at = self._create_or_resume(engine, resume, group)
             store.set_process(engine, self.run_id, pid=os.getpid(), host=socket.gethostname())
+            from db.connection import lock_wait_s
             from parallax.sinks import DatabaseSink
 
-            self._writer = BackgroundWriter(DatabaseSink(self, started_at), describe_error=describe_database_error)
+            self._writer = BackgroundWriter(DatabaseSink(self, started_at), describe_error=describe_database_error,
+                                            give_up_s=lock_wait_s())
             self._writer.start()
             last = metrics.last_logged_step(engine, self.run_id)
             self._next_step = 0 if last is None else last + 1
@@ -267,6 +269,7 @@ class Run:
 
     def _record_end(self, status: str, error: str | None, wait_s: float) -> None:
         from db import run_state, store
+        from db import script_metrics as metrics
         from db.connection import retry_when_locked
 
         engine, run_id = self._engine, self.run_id
@@ -278,7 +281,10 @@ class Run:
                     retry_when_locked(lambda: script_metrics.update_script_config(engine, run_id, config),
                                       what="record the run's config", window_s=wait_s)
                 summary = as_config({name: value for name, value in self.summary.items() if _is_json(value)})
-                retry_when_locked(lambda: store.set_measurements(engine, run_id, {"summary": summary}),
+                recorded = {"summary": summary}
+                if self._writer is not None and self._writer.waits:
+                    recorded[metrics.LOG_WAIT_KEY] = self._writer.wait_record()
+                retry_when_locked(lambda: store.set_measurements(engine, run_id, recorded),
                                   what="record the run's summary", window_s=wait_s)
                 retry_when_locked(lambda: run_state.finish(engine, run_id, status, error), what="record how the run ended",
                                   window_s=wait_s)

@@ -17,12 +17,22 @@ class DatabaseSink:
     def __init__(self, run, started_at_s: float):
         self.run, self.started_at_s = run, started_at_s
         self._beat_at = time.monotonic()
+        self._waits_recorded = 0
+        self._series_ids: dict[str, int] = {}  # the run's logged names' rows, found once
 
     def write(self, entries: list[tuple]) -> None:
         started = self.started_at_s
-        points = [(name, step, round(at - started, 3), value)
-                  for step, at, values in entries for name, value in values.items()]
-        script_metrics.add_points(self.run._engine, self.run.run_id, points)
+        columns: dict[str, tuple[list, list, list]] = {}  # each name's steps, times and values
+        for step, at, values in entries:
+            t_s = at - started
+            for name, value in values.items():
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = ([], [], [])
+                column[0].append(step)
+                column[1].append(t_s)
+                column[2].append(value)
+        script_metrics.add_columns(self.run._engine, self.run.run_id, columns, series_ids=self._series_ids)
 
     def tick(self) -> None:
         engine, run_id = self.run._engine, self.run.run_id
@@ -32,9 +42,20 @@ class DatabaseSink:
         if now - self._beat_at < run_state.HEARTBEAT_INTERVAL_S:
             return
         self._beat_at = now
+        self._record_log_wait()
         if not run_state.heartbeat(engine, run_id) and _ended_as(engine, run_id) == "cancelled":
             # Cancelled where SIGTERM could not reach (another machine, another user): stop as if it had.
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+    def _record_log_wait(self) -> None:
+        """How long ``log`` has waited so far, on the run while it runs (the Run page says it)."""
+        from db import store
+
+        writer = self.run._writer
+        if writer is not None and writer.waits != self._waits_recorded:
+            store.set_measurements(self.run._engine, self.run.run_id, {script_metrics.LOG_WAIT_KEY: writer.wait_record()})
+            self._waits_recorded = writer.waits
 
 
 def _ended_as(engine, run_id: int) -> str | None:

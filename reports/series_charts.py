@@ -18,13 +18,17 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from plotly.colors import DEFAULT_PLOTLY_COLORS
+
 from reports.charts import base_figure, fit_y_axis, has_values
 from contract.printable import plotly_text
 
-STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n")
+STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n", "first_step",
+                "train_loss_min", "train_loss_max", "images_per_s_min", "images_per_s_max")
 SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
                   "temperature_c", "node")
 MARK_COLUMNS = ("epoch", "step", "t_s")
+BAND_ALPHA = 0.25  # a bucket's minimum-to-maximum band, in its line's colour
 MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: lines only
 
 STEP_TITLES = {"train_loss": ("Training loss per step", "loss"),
@@ -58,6 +62,46 @@ COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+def banded_traces(figure: go.Figure, frame: pd.DataFrame, *, name: str, colour: str | None = None,
+                  x: str = "step", value: str = "value", showlegend: bool = False) -> None:
+    """Add one series reduced to buckets (``db.script_metrics.read_points`` rows: ``x``, ``value``, ``min``,
+    ``max``, ``n``, ``nonfinite``) as W&B draws it: a band from each bucket's minimum to its maximum, where a
+    bucket holds several values, a line through each bucket's last value, and a red cross on each bucket that
+    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away."""
+    frame = frame.sort_values(x)
+    colour = colour or DEFAULT_PLOTLY_COLORS[0]
+    if "n" in frame and (frame["n"] > 1).any():
+        common = dict(x=frame[x], mode="lines", line=dict(width=0, color=colour), hoverinfo="skip", showlegend=False,
+                      legendgroup=name, connectgaps=False)
+        figure.add_scatter(y=frame["max"], name=f"{name} max", **common)
+        figure.add_scatter(y=frame["min"], name=f"{name} min", fill="tonexty", fillcolor=with_alpha(colour, BAND_ALPHA),
+                           **common)
+    drawn = frame[frame[value].notna()]
+    details = np.column_stack([drawn[column].to_numpy(dtype=float) if column in drawn else np.full(len(drawn), np.nan)
+                               for column in ("min", "max", "n")]) if len(drawn) else None
+    figure.add_scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
+                       legendgroup=name, line=dict(color=colour), customdata=details,
+                       hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
+                                      "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>"))
+    if "nonfinite" in frame and (frame["nonfinite"] > 0).any():
+        bad = frame[frame["nonfinite"] > 0]
+        at = bad["max"].fillna(bad[value]).fillna(bad["min"]).fillna(0.0)
+        figure.add_scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
+                           marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
+                           hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>")
+
+
+def with_alpha(colour: str, alpha: float) -> str:
+    """``colour`` ("#rrggbb" or "rgb(r, g, b)") as rgba with ``alpha``: a band in its line's colour."""
+    if colour.startswith("#") and len(colour) == 7:
+        red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    elif colour.startswith("rgb(") and colour.endswith(")"):
+        red, green, blue = (int(float(part)) for part in colour[4:-1].split(","))
+    else:
+        return colour
+    return f"rgba({red}, {green}, {blue}, {alpha})"
+
+
 def rebuild_due(build_s: float, since_build_s: float) -> bool:
     """Whether new rows may be charted now: the last rebuild took ``build_s`` seconds and ended
     ``since_build_s`` ago (see ``REBUILD_SHARE``)."""
@@ -68,7 +112,11 @@ def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The step points as a table (``STEP_COLUMNS``), by run then step."""
     frame = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
     frame["n"] = frame["n"].fillna(1)
-    return frame.astype({"train_loss": float, "images_per_s": float, "lr": float})
+    frame["first_step"] = frame["first_step"].fillna(frame["step"])
+    for column in ("train_loss", "images_per_s"):  # a point of its own is a bucket of one
+        frame[f"{column}_min"] = frame[f"{column}_min"].fillna(frame[column])
+        frame[f"{column}_max"] = frame[f"{column}_max"].fillna(frame[column])
+    return frame.astype({column: float for column in STEP_COLUMNS[4:7] + STEP_COLUMNS[9:]})
 
 
 def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None = None) -> pd.DataFrame:
@@ -125,7 +173,7 @@ def epoch_marks(epochs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Where each epoch after the first starts (``MARK_COLUMNS``): its first step, and on the time
     axis the end of the previous epoch's training (its ``t_end_s``; the epoch's first step where an
     epoch has none), so that the gap between the line and the next points is its validation."""
-    first = steps.groupby("epoch").agg(step=("step", "min"), t_s=("t_s", "min")) if not steps.empty else None
+    first = steps.groupby("epoch").agg(step=("first_step", "min"), t_s=("t_s", "min")) if not steps.empty else None
     ends: dict[int, float] = {}
     if not epochs.empty and "extra" in epochs:
         for epoch, extra in zip(epochs["epoch"], epochs["extra"]):
@@ -150,14 +198,13 @@ def line_mode(points: int) -> str:
 def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = None) -> go.Figure:
     """``column`` ("train_loss" or "images_per_s") over steps, with a dotted line where each epoch starts."""
     title, y_title = STEP_TITLES[column]
-    averaged = int(steps["n"].max()) if not steps.empty else 1
-    if averaged > 1:  # say what a point is: a mean, not one step
-        title += f"<br><sup>each point: the mean of up to {averaged:,} steps</sup>"
+    bucketed = int(steps["n"].max()) if not steps.empty else 1
+    if bucketed > 1:  # say what a point is: a bucket's last step, its band the bucket's range
+        title += f"<br><sup>line: the last of every {bucketed:,} recorded steps or fewer; band: their minimum to maximum</sup>"
     figure = base_figure(title, X_TITLES["step"], y_title)
     if has_values(steps, column):
-        figure.add_scatter(x=steps["step"], y=steps[column], name=column, mode=line_mode(len(steps)), showlegend=False,
-                           customdata=steps[["epoch", "t_s"]],
-                           hovertemplate="step %{x}<br>epoch %{customdata[0]}, %{customdata[1]:.0f} s<br>%{y:.4g}")
+        banded_traces(figure, steps.rename(columns={f"{column}_min": "min", f"{column}_max": "max"})
+                      .assign(nonfinite=0), name=column, value=column)
     _mark(figure, marks, "step")
     return fit_y_axis(figure)
 
@@ -216,8 +263,9 @@ def compare_frame(steps: pd.DataFrame, system: pd.DataFrame, metric: str) -> pd.
     A sample's step is interpolated from the run's step points by time, and is NaN outside them:
     on a step axis only samples taken while the run was stepping are drawn."""
     _, _, source, combine = COMPARE_SERIES[metric]
-    if source == "steps":
-        return steps[["run_id", "t_s", "step", metric]].rename(columns={metric: "value"})
+    if source == "steps":  # each bucket's last point, and its range: the chart draws it as a band
+        return steps[["run_id", "t_s", "step", metric, f"{metric}_min", f"{metric}_max", "n"]].rename(
+            columns={metric: "value", f"{metric}_min": "min", f"{metric}_max": "max"})
     kind, column = source.split(":")
     rows = system[(system["kind"] == kind) & system[column].notna()]
     # Each machine's sample first: its devices' total and how many there are, for a sum or a mean.
@@ -259,8 +307,13 @@ def compare_figure(frame: pd.DataFrame, metric: str, x: str, labels: dict[int, s
     title, y_title, _, _ = COMPARE_SERIES[metric]
     figure = base_figure(title, X_TITLES[x], y_title)
     for run_id, rows in frame.dropna(subset=[x, "value"]).groupby("run_id", sort=False):
-        figure.add_scatter(x=rows[x], y=rows["value"], name=plotly_text(labels.get(run_id, f"#{run_id}")), mode="lines",
-                           line=dict(color=(colours or {}).get(run_id)))
+        name = plotly_text(labels.get(run_id, f"#{run_id}"))
+        if "n" in rows and (rows["n"] > 1).any():  # buckets of steps: each one's range as a band around its line
+            banded_traces(figure, rows.assign(nonfinite=0), name=name, colour=(colours or {}).get(run_id), x=x,
+                          showlegend=True)
+        else:
+            figure.add_scatter(x=rows[x], y=rows["value"], name=name, mode="lines",
+                               line=dict(color=(colours or {}).get(run_id)))
     return fit_y_axis(figure)
 
 

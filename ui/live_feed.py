@@ -71,7 +71,7 @@ def parse_after(text: str | None) -> int | None:
 def feed(engine, run_id: int, after: int) -> dict | None:
     """The run's status and progress, and its step points after step ``after`` as columns (``step``, ``epoch``,
     ``t_s``, ``train_loss``, ``images_per_s``, ``n``: steps a point stands for). ``after`` 0: the whole run, at
-    most MAX_POINTS (bucket means, ``db.series.read_steps``), with ``whole`` true. None for no such run."""
+    most MAX_POINTS (each bucket's last point, ``db.series.read_steps``), with ``whole`` true. None for no such run."""
     from db import series
 
     state = series.live_state(engine, run_id)
@@ -172,7 +172,7 @@ let covered = 0;  // every step recorded up to here is in ``points`` (as itself 
 function take(d) {
   if (d.whole) for (const name in points) points[name] = [];
   for (const name in points) points[name].push(...d.points[name]);
-  // A whole run comes as bucket means, each at its bucket's first step: carry on after the run's last step.
+  // A whole run comes as each bucket's last point: carry on after the run's last step.
   if (d.whole) covered = d.last_step;
   else if (points.step.length) covered = points.step[points.step.length - 1];
   // Past twice a chart's points: ask for the whole run again, downsampled by the server.

@@ -17,15 +17,16 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from db import run_state, script_metrics, series
+from reports import series_charts
 from reports.charts import base_figure, is_loss, on_log_scale
 from ui.text import escape_markdown
 from contract.printable import plotly_text
 
 SCRIPT_KIND = script_metrics.SCRIPT_KIND
-POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "n")
+POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "min", "max", "n", "nonfinite")
 NO_PREFIX = "other"
 LIVE_REFRESH_S = 2.0
-MAX_POINTS = 600  # per metric and run: a chart half a screen wide
+MAX_POINTS = 1000  # buckets per metric and run: about two per pixel column of a chart half a screen wide
 # A launched run's own series, under the names a script would log them by (``match_key``).
 ENGINE_STEP_SERIES = ("train_loss", "images_per_s", "lr")
 ENGINE_EPOCH_SERIES = ("train_acc", "val_loss", "val_acc")
@@ -57,7 +58,13 @@ def match_key(name: str) -> str:
 
 
 def points_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(list(rows), columns=list(POINT_COLUMNS))
+    """Points or buckets as a table; a point of its own is a bucket of one (its minimum and maximum its value)."""
+    frame = pd.DataFrame(list(rows), columns=list(POINT_COLUMNS))
+    frame["min"] = frame["min"].fillna(frame["value"])
+    frame["max"] = frame["max"].fillna(frame["value"])
+    frame["n"] = frame["n"].fillna(1)
+    frame["nonfinite"] = frame["nonfinite"].fillna(0)
+    return frame
 
 
 def by_prefix(names: Iterable[str]) -> dict[str, list[str]]:
@@ -71,15 +78,18 @@ def by_prefix(names: Iterable[str]) -> dict[str, list[str]]:
 
 def metric_figure(frame: pd.DataFrame, name: str, labels: Mapping[int, str] | None = None,
                   colours: Mapping[int, str] | None = None) -> go.Figure:
-    """``name`` over steps, one line per run in ``frame`` (named by ``labels`` where there are several)."""
-    figure = base_figure(plotly_text(name), "step", "")
-    rows = frame[frame["name"] == name].dropna(subset=["value"])
+    """``name`` over steps, one band and line per run in ``frame`` (named by ``labels`` where there are several):
+    each bucket's minimum to maximum as a band, its last value as the line (``series_charts.banded_traces``)."""
+    rows = frame[frame["name"] == name]
+    bucketed = int(rows["n"].max()) if len(rows) else 1
+    title = plotly_text(name) + (f"<br><sup>line: the last value of every {bucketed:,} steps or fewer; band: their "
+                                 "minimum to maximum</sup>" if bucketed > 1 else "")
+    figure = base_figure(title, "step", "")
+    several = bool(labels) and len(labels) > 1
     for run_id, points in rows.groupby("run_id", sort=False):
-        mode = "lines" if len(points) > 1 else "markers"
-        figure.add_scatter(x=points["step"], y=points["value"], mode=mode,
-                           name=plotly_text((labels or {}).get(run_id, f"#{run_id}")),
-                           line=dict(color=(colours or {}).get(run_id)))
-    figure.update_layout(showlegend=bool(labels) and len(labels) > 1)
+        series_charts.banded_traces(figure, points, name=plotly_text((labels or {}).get(run_id, f"#{run_id}")),
+                                    colour=(colours or {}).get(run_id), showlegend=several)
+    figure.update_layout(showlegend=several)
     return figure
 
 
@@ -114,6 +124,8 @@ def run_section(engine, run) -> None:
     if not scaling_applies(run.config):
         st.caption("Strategy scaling (speedup, efficiency) does not apply: the script's config names no "
                    "`strategy` and `devices`.")
+    if line := log_wait_line(run.measurements):
+        st.caption(line)
     st.fragment(_live_metrics, run_every=LIVE_REFRESH_S if active else None)(run.id)
     summary = run.measurements.get("summary") or {}
     if summary:
@@ -122,24 +134,66 @@ def run_section(engine, run) -> None:
                          width="content")
 
 
+def log_wait_line(measurements: Mapping[str, Any]) -> str | None:
+    """What ``parallax.log`` waited for the database (back-pressure), in one line; None where it never waited."""
+    wait = measurements.get(script_metrics.LOG_WAIT_KEY) or {}
+    if not wait.get("waits"):
+        return None
+    return (f"parallax.log waited {wait['waited_s']:,.1f} s in all ({wait['waits']:,} calls) for the database to take "
+            "what the script logged: that time went to logging, not training. Logging less often, or fewer values "
+            "per call, takes it back.")
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def bucketed_points(database: str, run_ids: tuple[int, ...], version: tuple, window: tuple[int, int] | None,
+                    max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """``read_points`` of the runs, cached for as long as ``version`` (what each run has stored) stands: a
+    finished run's charts are read once; ``database`` keeps two databases' runs apart."""
+    from ui import state
+
+    first, last = window if window is not None else (None, None)
+    return points_frame(script_metrics.read_points(state.engine(), list(run_ids), max_points=max_points,
+                                                   first_step=first, last_step=last))
+
+
+def step_window(run_id: int, last_step: int) -> tuple[int, int] | None:
+    """The steps the charts show, from a range picker: None for every step (the charts follow a live run).
+    A window holding no more values than a chart's buckets is read at full resolution."""
+    key = f"script_window_{run_id}"
+    chosen = st.session_state.get(key)
+    if last_step < 2:
+        return None
+    shown = chosen if chosen is not None and chosen[1] <= last_step else (0, last_step)
+    # No widget key: a new last step makes a new slider, which starts from the window kept here.
+    picked = st.slider("Steps shown (narrow it to see every value)", min_value=0, max_value=last_step, value=shown)
+    if tuple(picked) != tuple(shown):
+        chosen = None if tuple(picked) == (0, last_step) else tuple(picked)
+        st.session_state[key] = chosen
+    return chosen
+
+
 def _live_metrics(run_id: int) -> None:
     from ui import state
 
     engine = state.engine()
-    frame = points_frame(script_metrics.read_points(engine, [run_id], max_points=MAX_POINTS))
-    if frame.empty:
+    stored, last_step = script_metrics.points_logged(engine, run_id), script_metrics.last_logged_step(engine, run_id)
+    if not stored:
         st.caption("Charts appear when the script logs its first values (parallax.log).")
         return
     log_loss = st.session_state.get(state.LOG_LOSS_KEY, False)
+    window = step_window(run_id, int(last_step or 0))
+    frame = bucketed_points(str(engine.url), (run_id,), (stored,), window)
     for prefix, names in by_prefix(frame["name"].unique()).items():
         st.markdown(f"**{escape_markdown(prefix)}**")
         columns = st.columns(2)
         for index, name in enumerate(names):
             figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
             columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
-    st.download_button("Download the logged metrics (CSV)", frame.drop(columns="n").to_csv(index=False),
+    st.download_button("Download the logged metrics (CSV)", frame[list(POINT_COLUMNS)].to_csv(index=False),
                        file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
-                       icon=":material/download:", key="script_metrics_csv")
+                       icon=":material/download:", key="script_metrics_csv",
+                       help="Each bucket's last value, minimum, maximum and count as charted; `parallax export` "
+                            "writes every value.")
 
 
 def progress_line(engine, run) -> None:
@@ -163,7 +217,11 @@ def shared_epoch_rows(engine, run_ids: list[int]) -> pd.DataFrame:
     from db.run_figures import name_key, shared_name
 
     rows = []
-    points = points_frame(script_metrics.read_points(engine, run_ids, max_points=MAX_POINTS))
+    wanted = {name for names in script_metrics.metric_names(engine, run_ids).values() for name in names
+              if shared_name(name) is not None or name_key(name) == "epoch"}  # not every name of a wide run
+    if not wanted:
+        return pd.DataFrame(rows)
+    points = points_frame(script_metrics.read_points(engine, run_ids, names=wanted, max_points=MAX_POINTS))
     for run_id, logged in points.groupby("run_id", sort=False):
         epochs_at = {int(step): value for step, value in
                      logged[logged["name"].map(name_key) == "epoch"][["step", "value"]].itertuples(index=False)}
@@ -208,7 +266,8 @@ def compare_section(engine, runs: list[dict], labels: Mapping[int, str], colours
     from db import store
 
     st.subheader("Logged metrics (script runs)")
-    scripts = points_frame(script_metrics.read_points(engine, script_ids, max_points=MAX_POINTS))
+    scripts = bucketed_points(str(engine.url), tuple(script_ids),
+                              tuple(script_metrics.points_logged(engine, run_id) for run_id in script_ids), None)
     others = [run["id"] for run in runs if not is_script(run)]
     launched = engine_points(series.read_steps(engine, others, max_points=MAX_POINTS),
                              store.read_epoch_metrics(engine, others)) if others else points_frame([])

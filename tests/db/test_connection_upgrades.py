@@ -87,6 +87,16 @@ def test_a_0001_database_is_upgraded_to_the_head_with_every_row_intact(tmp_path)
             assert [e["epoch"] for e in run["epochs"]] == \
                 [e["epoch"] for e in epochs_before if e["run_id"] == before["id"]]
             assert all(e["extra"] == {} for e in run["epochs"])
+        # The figures each run's row now carries were computed from its epochs, as run_figures does.
+        from db import dashboard
+        from db.run_figures import run_figures
+
+        for row in dashboard.run_table(engine):
+            figures = run_figures(store.read_epoch_metrics(engine, [row["id"]]))
+            assert (row["epochs_done"], row["best_val_acc"], row["mean_images_per_s"], row["train_time_s"],
+                    row["epochs_time_s"]) == (figures.epochs_done, figures.best_val_acc, figures.images_per_s,
+                                              figures.training_time_s, figures.epochs_time_s)
+        assert sum(row["epochs_done"] for row in dashboard.run_table(engine)) == 6
         assert [r.id for r in store.list_runs(engine)] == [3, 2, 1]
         assert store.get_run(engine, 1).tags == ["baseline"] and store.get_run(engine, 1).sweep_id is None
         new_id = store.create_run(engine, {"strategy": "single", "model": "resnet18", "dataset": "digits"})
@@ -116,5 +126,40 @@ def test_processes_creating_one_database_queue_for_its_first_open(tmp_path):
         assert opened and current_revisions(opened[0]) == {schema_head()}
         with open(path, "rb") as database:
             assert database.read(20)[18:20] == b"\x02\x02"  # WAL, as every later opener finds it
+    finally:
+        dispose_engines()
+
+
+def test_a_scripts_values_of_one_row_each_are_packed_on_upgrade_every_one_kept(backend_db_url):
+    """Revision 0011 moves ``script_metrics`` (a row per value) into packed chunks: every value comes back,
+    in step order, NaN (stored as NULL) as null; a chart's buckets keep the one-step spike."""
+    import alembic.command
+    from sqlalchemy import create_engine, text
+
+    alembic.command.upgrade(alembic_config(backend_db_url), "0010")
+    raw = create_engine(backend_db_url)
+    logged = [(step, step * 0.5, 100.0 if step == 777 else 1.0 + step % 3) for step in range(1500)]
+    logged[10] = (10, 5.0, None)
+    with raw.begin() as connection:
+        connection.execute(text("INSERT INTO runs (created_at, status, strategy, model, dataset, config, kind) "
+                                "VALUES (:now, 'completed', 'script', 'm', '', '{}', 'script')"),
+                           {"now": "2026-01-01 00:00:00"})
+        rows = [{"run_id": 1, "name": name, "step": step, "t_s": at, "value": value}
+                for name in ("train/loss", "lr") for step, at, value in reversed(logged)]
+        connection.execute(text("INSERT INTO script_metrics (run_id, name, step, t_s, value) "
+                                "VALUES (:run_id, :name, :step, :t_s, :value)"), rows)
+    raw.dispose()
+    try:
+        engine = make_engine(backend_db_url)
+        assert current_revisions(engine) == {schema_head()}
+        from db import script_metrics
+
+        every = script_metrics.read_points(engine, [1], names=["train/loss"], max_points=None)
+        assert [(p["step"], p["t_s"], p["value"]) for p in every] == logged
+        assert script_metrics.metric_names(engine, [1]) == {1: ["lr", "train/loss"]}
+        assert script_metrics.last_logged_step(engine, 1) == 1499 and script_metrics.points_logged(engine, 1) == 3000
+        buckets = script_metrics.read_points(engine, [1], names=["lr"], max_points=20)
+        assert len(buckets) <= 20 and max(b["max"] for b in buckets) == 100.0
+        assert sum(b["n"] for b in buckets) == 1500 and sum(b["nonfinite"] for b in buckets) == 1
     finally:
         dispose_engines()

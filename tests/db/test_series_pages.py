@@ -57,9 +57,11 @@ def log_epochs(engine, run_id: int, extras: list[dict]) -> None:
 # --- reads --------------------------------------------------------------------------------
 
 
-def test_short_runs_come_back_whole_and_long_ones_as_bucket_means_that_keep_epoch_starts(engine):
+def test_short_runs_come_back_whole_and_long_ones_as_buckets_of_last_min_and_max_that_keep_epoch_starts(engine):
     run_id = store.create_run(engine, CONFIG)
-    series.add_steps(engine, run_id, step_rows(1, 1000))
+    rows = step_rows(1, 1000)
+    rows[436]["train_loss"] = 5000.0  # a one-step spike (step 437)
+    series.add_steps(engine, run_id, rows)
     whole = series.read_steps(engine, [run_id], max_points=None)
     assert [r["step"] for r in whole] == list(range(1, 1001)) and {r["n"] for r in whole} == {1}
     assert whole[0] == {"run_id": run_id, "epoch": 1, "step": 1, "t_s": 0.5, "train_loss": 1.0,
@@ -69,16 +71,19 @@ def test_short_runs_come_back_whole_and_long_ones_as_bucket_means_that_keep_epoc
     thinned = series.read_steps(engine, [run_id], max_points=50)  # buckets of 20 steps, 5 per epoch
     assert len(thinned) == 50
     assert sum(r["n"] for r in thinned) == 1000
-    assert [r["step"] for r in thinned] == list(range(1, 1001, 20))
-    for row in thinned:  # the mean of the bucket's losses, at its first step and time
-        assert row["train_loss"] == pytest.approx(row["step"] + 9.5)
-        assert row["t_s"] == 0.5 * row["step"] and row["n"] == 20
-    assert {r["step"] for r in thinned if r["step"] % 100 == 1} == set(range(1, 1001, 100))  # every epoch's start
+    assert [r["first_step"] for r in thinned] == list(range(1, 1001, 20))
+    for row in thinned:  # the bucket's last point whole, and its range
+        assert row["step"] == row["first_step"] + 19 and row["t_s"] == 0.5 * row["step"] and row["n"] == 20
+        assert row["train_loss"] == row["step"] and row["images_per_s"] == 100.0 + row["step"] % 7
+        assert row["train_loss_min"] == row["first_step"] and row["images_per_s_max"] == 106.0
+        assert row["train_loss_max"] == (5000.0 if row["first_step"] <= 437 <= row["step"] else row["step"])
+    assert {r["first_step"] for r in thinned if r["first_step"] % 100 == 1} == set(range(1, 1001, 100))  # epoch starts
 
     uneven = series.read_steps(engine, [run_id], max_points=7)  # buckets of 143 steps cross epoch ends
     assert sum(r["n"] for r in uneven) == 1000
     assert len(uneven) <= 7 + 9  # at most one extra row per epoch end
-    assert all(r["epoch"] == 1 + (r["step"] - 1) // 100 for r in uneven)  # no bucket spans two epochs
+    assert all(r["epoch"] == 1 + (r["first_step"] - 1) // 100 == 1 + (r["step"] - 1) // 100 for r in uneven)
+    assert max(r["train_loss_max"] for r in uneven) == 5000.0
 
 
 def test_long_runs_of_samples_come_back_as_real_samples_spread_over_the_run(engine):
@@ -121,8 +126,8 @@ def test_reads_bucket_alike_on_every_backend(backend_db_url):
     series.add_system_samples(engine, run_id, sample_rows(0, 499, gpus=1))
     steps = series.read_steps(engine, [run_id], max_points=50)
     assert len(steps) <= 50 + 9 and sum(r["n"] for r in steps) == 1000
-    assert {r["step"] for r in steps} >= set(range(1, 1001, 100))
-    assert all(r["epoch"] == 1 + (r["step"] - 1) // 100 for r in steps)
+    assert {r["first_step"] for r in steps} >= set(range(1, 1001, 100))
+    assert all(r["epoch"] == 1 + (r["step"] - 1) // 100 == 1 + (r["first_step"] - 1) // 100 for r in steps)
     samples = series.read_system(engine, [run_id], max_points=40)
     assert 30 <= len(samples) <= 40 and samples[0]["t_s"] == 0.0
     assert all(r["gpus"][0]["memory_used_mb"] == 1000.0 + r["t_s"] for r in samples)
@@ -384,3 +389,18 @@ def test_sweep_page_shows_mean_utilisation_and_energy_per_image_and_why_one_is_m
     assert shown["energy per image (J)"].tolist() == ["—"]
     assert any(c.value.startswith("Why energy per image is empty: #") and "no counter is readable on this "
                "machine" in c.value for c in at.caption)
+
+
+def test_compare_draws_each_runs_bucketed_steps_as_a_band_that_keeps_a_spike(engine):
+    first, second = store.create_run(engine, CONFIG), store.create_run(engine, CONFIG)
+    for run_id in (first, second):
+        rows = step_rows(1, 1000)
+        rows[500]["train_loss"] = 9_999.0 if run_id == second else rows[500]["train_loss"]
+        series.add_steps(engine, run_id, rows)
+    steps = series_charts.steps_frame(series.read_steps(engine, [first, second], max_points=100))
+    frame = series_charts.compare_frame(steps, series_charts.system_frame([]), "train_loss")
+    figure = series_charts.compare_figure(frame, "train_loss", "step", {first: "#1", second: "#2"})
+    traces = {trace.name: trace for trace in figure.data}
+    assert set(traces) == {"#1", "#1 max", "#1 min", "#2", "#2 max", "#2 min"}
+    assert max(traces["#2 max"].y) == 9_999.0 and max(traces["#2"].y) < 9_999.0
+    assert figure.layout.yaxis.range[1] > 9_999.0  # the spike is on the axis

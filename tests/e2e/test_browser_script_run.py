@@ -165,3 +165,39 @@ def test_a_script_run_reads_as_a_run_on_its_page_and_beside_a_sweep_on_compare(d
                 browser.close()
     finally:
         kill_group(process)
+def test_a_one_step_spike_among_a_million_steps_is_on_the_chart(dashboard):
+    """A script's series of 1,000,000 steps, values near 1 and one step of 100: the Run page's chart, as the
+    browser holds it, reaches 100 (the band of the spike's bucket) while its line of last values stays near 1."""
+    from playwright.sync_api import sync_playwright
+
+    from db import script_metrics
+
+    url, home = dashboard
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    run_id = script_metrics.create_script_run(engine, name="long", project="p", config={}, key="script:long")
+    steps = 1_000_000
+    for start in range(0, steps, 250_000):
+        part = range(start, start + 250_000)
+        script_metrics.add_columns(engine, run_id, {"loss": (part, [0.0] * len(part),
+                                                             [100.0 if s == 765_432 else 1.0 + (s % 5) * 0.01
+                                                              for s in part])})
+    store.set_status(engine, run_id, "completed")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.goto(f"{url}/run?run={run_id}")
+            title(page, "loss").wait_for(timeout=UI_MS)
+            drawn = page.evaluate("""() => {
+                const chart = [...document.querySelectorAll('.js-plotly-plot')].find(
+                    c => c._fullLayout && (c._fullLayout.title.text || '').includes('loss<br>'));
+                const trace = name => chart._fullData.find(t => t.name === name);  // as plotly.js decoded it
+                const values = name => Array.from(trace(name).y).filter(v => v !== null && !Number.isNaN(v));
+                return {band: Math.max(...values('#RUN max')), line: Math.max(...values('#RUN')),
+                        points: trace('#RUN').y.length,
+                        top: chart._fullLayout.yaxis.range[1]};
+            }""".replace("RUN", str(run_id)))
+        finally:
+            browser.close()
+    assert drawn["band"] == 100.0 and drawn["top"] >= 100.0  # the spike's value, on the chart and its axis
+    assert drawn["line"] < 2.0 and 500 <= drawn["points"] <= 1000  # about a thousand buckets for a million steps

@@ -370,7 +370,7 @@ def test_runs_page_filters_and_sorts(parallax_home, engine):
 def test_runs_page_edits_tags_and_note_of_the_picked_run(parallax_home, engine):
     run_id = add_run(engine, tags=["old"])
     at = select_rows(open_page("pages/runs.py"), [0])
-    at.text_input[0].set_value("fp32, baseline")
+    next(field for field in at.text_input if field.label.startswith("Tags")).set_value("fp32, baseline")
     at.text_area[0].set_value("reference for the speedups")
     next(b for b in at.get("form_submit_button") if b.label == "Save").click().run()
     run = store.get_run(engine, run_id)
@@ -475,7 +475,8 @@ def test_runs_and_compare_pages_stay_quick_with_500_runs(parallax_home, engine):
     start = time.perf_counter()
     at = open_page("pages/runs.py")
     runs_s = time.perf_counter() - start
-    assert len(table(at).value) == 500
+    assert len(table(at).value) == 50  # a page; the database counts the rest
+    assert any("500 run(s) match; showing 1–50" in caption.value for caption in at.caption)
 
     start = time.perf_counter()
     at = open_page("pages/compare.py", compare_ids=ids[-4:])

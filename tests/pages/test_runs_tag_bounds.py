@@ -15,7 +15,7 @@ from tests.pages.test_every_page import add_run, cpu_machine, open_page, select_
 
 
 def save_tags(at, text: str):
-    at.text_input[0].set_value(text)
+    next(field for field in at.text_input if field.label.startswith("Tags")).set_value(text)
     next(b for b in at.get("form_submit_button") if b.label == "Save").click().run()
     return at
 

@@ -112,3 +112,33 @@ def test_compare_puts_a_script_run_beside_a_launched_run(parallax_home, engine):
     assert any(c.value.startswith("Fields only some of the runs have") and "lr, model" in c.value.replace("\\", "")
                for c in at.caption)
     assert "Download the logged metrics of the script runs (CSV)" in [b.label for b in at.get("download_button")]
+
+
+def test_a_one_step_spike_among_twenty_thousand_steps_tops_the_chart_and_a_narrow_window_shows_every_value(
+        parallax_home, engine):
+    """The loss chart's band reaches the spike's value (a mean of each bucket hid it at 4.1), a NaN is marked,
+    and the range picker narrowed around the spike reads it at full resolution."""
+    run_id = script_metrics.create_script_run(engine, name="spiky", project="p", config={}, key="script:spiky")
+    values = [1.0 + 0.001 * (step % 10) for step in range(20_000)]
+    values[12_345], values[15_000] = 100.0, float("nan")
+    script_metrics.add_columns(engine, run_id, {"loss": (range(20_000), [0.0] * 20_000, values)})
+    store.set_status(engine, run_id, "completed")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    figure = plotly.io.from_json(at.get("plotly_chart")[0].proto.spec)
+    by_name = {trace.name: trace for trace in figure.data}
+    assert max(values_of(by_name[f"#{run_id} max"].y)) == 100.0  # the band's top is the spike
+    assert max(values_of(by_name[f"#{run_id}"].y)) < 2  # the line of last values stays near 1
+    assert values_of(by_name[f"#{run_id}: NaN or infinite"].customdata) == [1]
+    assert "band: their minimum to maximum" in figure.layout.title.text
+    at.slider[0].set_value((12_000, 12_600)).run()  # the range picker: 601 steps, fewer than a chart's buckets
+    assert not at.exception, at.exception
+    narrow = plotly.io.from_json(at.get("plotly_chart")[0].proto.spec)
+    line = {trace.name: trace for trace in narrow.data}[f"#{run_id}"]
+    assert len(values_of(line.y)) == 601 and max(values_of(line.y)) == 100.0  # every value, the spike its own
+
+
+def values_of(encoded) -> list:
+    return [value for value in values(encoded) if value is not None]

@@ -3,6 +3,8 @@ have, run.config, and the background writer's retries and its one line about wha
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import parallax
@@ -115,13 +117,56 @@ def test_the_writer_keeps_what_a_failed_write_held_and_writes_it_in_order():
     assert writer.close(1.0) == (0, None)
 
 
-def test_what_could_not_be_written_is_counted_with_why():
-    writer = BackgroundWriter(FlakySink(failures=10**6), flush_s=1000, max_pending=3)
-    for step in range(5):
+class SlowSink:
+    """Takes every write, each after ``delay_s``: a store slower than the script logs."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s, self.rows, self.largest_batch = delay_s, [], 0
+
+    def write(self, entries):
+        time.sleep(self.delay_s)
+        self.rows += entries
+        self.largest_batch = max(self.largest_batch, len(entries))
+
+    def tick(self):
+        pass
+
+
+def test_a_writer_that_falls_behind_makes_log_wait_and_loses_nothing():
+    """Back-pressure: logging far faster than the store takes it stores every value, holds at most twice
+    the queue in memory, and counts the time log waited."""
+    sink = SlowSink(delay_s=0.02)
+    writer = BackgroundWriter(sink, flush_s=1000, max_pending=50)
+    writer.start()
+    for step in range(2_000):
         writer.put((step, 0.0, {"loss": 1.0, "lr": 0.1}))
+        assert writer.pending() <= 2 * writer.max_pending
+    assert writer.close(5.0) == (0, None)
+    assert [entry[0] for entry in sink.rows] == list(range(2_000)) and writer.refused_points == 0
+    assert writer.waits > 0 and writer.waited_s > 0.02 and sink.largest_batch <= 2 * writer.max_pending
+    assert writer.wait_record() == {"waited_s": round(writer.waited_s, 3), "waits": writer.waits}
+
+
+def test_log_stops_waiting_only_once_the_store_has_refused_every_write_for_the_give_up_time():
+    writer = BackgroundWriter(FlakySink(failures=10**6), flush_s=0.05, max_pending=3, give_up_s=0.3)
+    writer.start()
+    started = time.monotonic()
+    for step in range(8):
+        writer.put((step, 0.0, {"loss": 1.0, "lr": 0.1}))
+    assert time.monotonic() - started >= 0.3  # training waited for the store before going on
     unwritten, why = writer.close(0.3)
-    assert unwritten == 10  # 3 held and refused by the sink, 2 refused while the queue was full; 2 values each
-    assert "RuntimeError: database is locked" in why and "4 were logged while 3 log calls were already waiting" in why
+    assert unwritten == 16 and writer.refused_points > 0  # every value counted: held and refused
+    assert "RuntimeError: database is locked" in why
+    assert f"{writer.refused_points} could not be held: the store refused every write for 0.3 s" in why
+
+
+def test_a_writer_without_its_thread_writes_for_the_caller_when_full():
+    sink = FlakySink(failures=0)
+    writer = BackgroundWriter(sink, flush_s=1000, max_pending=3)  # never started, as in a forked child
+    for step in range(10):
+        writer.put((step, 0.0, {"loss": 1.0}))
+    assert [entry[0] for entry in sink.rows] == list(range(9)) and writer.pending() == 1
+    assert writer.close(1.0) == (0, None) and len(sink.rows) == 10
 
 
 def test_ranks_of_one_job_share_a_key_and_other_jobs_do_not(monkeypatch):

@@ -245,3 +245,39 @@ def test_two_torchrun_ranks_share_one_run_with_both_ranks_samples(engine, tmp_pa
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = [pytestmark, pytest.mark.skip(reason="signals and /proc as on Linux")]
+
+
+def test_a_script_logging_while_the_database_is_locked_waits_for_room_and_stores_every_value(engine, db_url, tmp_path):
+    """300,000 calls in a tight loop while another process holds the database: the queue fills, log waits for
+    room (back-pressure) rather than refusing values, every value is stored, and the run says how long logging
+    waited."""
+    script = write_script(tmp_path, "tight.py", """
+        import time
+        import parallax
+        run = parallax.init(project="p", name="tight")
+        print("ready", flush=True)
+        time.sleep(1.0)
+        for step in range(300_000):
+            parallax.log({"loss": 1.0 + (step == 123_456) * 99.0}, step=step)
+        parallax.finish()
+    """)
+    process = start_script([str(script)], cwd=tmp_path, env_extra={"PARALLAX_DB_LOCK_WAIT_S": "20"})
+    try:
+        wait_for_line(process, "ready")
+        locker = sqlite3.connect(db_url.removeprefix("sqlite:///"), timeout=30, isolation_level=None)
+        locker.execute("BEGIN EXCLUSIVE")
+        time.sleep(4.0)
+        locker.execute("COMMIT")
+        locker.close()
+        code, out, err = finish_script(process, 120)
+    finally:
+        kill_group(process)
+    assert code == 0, err
+    assert "not written" not in err
+    run = only_run(engine)
+    assert script_metrics.points_logged(engine, run.id) == 300_000
+    every = script_metrics.read_points(engine, [run.id], max_points=None)
+    assert [p["step"] for p in every] == list(range(300_000))
+    wait = run.measurements[script_metrics.LOG_WAIT_KEY]
+    assert wait["waits"] >= 1 and 0.5 < wait["waited_s"] < 20
+    assert max(b["max"] for b in script_metrics.read_points(engine, [run.id], max_points=500)) == 100.0
