@@ -3,6 +3,7 @@ put in the model folders.
 
     roots = model_roots()                          # PARALLAX_MODEL_ROOTS (colon-separated), default $PARALLAX_HOME/models
     check_model_allowed("~/nets/mynet.py:Net")     # ModelError naming the file, the folders and how to allow it
+    check_model_args_allowed("resnet18", {"checkpoint_path": "/x"})  # ModelError: timm would load that file
 
 From the dashboard a model is a timm name, or ``path/to/file.py:Attr`` / ``pkg.module:Attr`` whose file resolves
 (``..`` and links followed) inside a model folder, and whose ``Attr`` is a class or function that file itself
@@ -10,12 +11,18 @@ defines (``class Attr`` or ``def Attr`` at its top level, never bound otherwise)
 an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here. The
 dashboard checks before its model check starts a process and before it launches, resumes or queues a sweep, and
 the run's worker checks again; the command line, run by the machine's own user, takes any model.
+
+A timm model's arguments from the dashboard name none of the keywords with which ``timm.create_model`` reads or
+downloads files (a checkpoint, a pretrained weights override, a download folder): through them a form would read
+any file the server can, or download a file of its choosing into a model folder and then run it as your own model.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from contract.environment import parallax_home
@@ -23,6 +30,8 @@ from contract.model_source import ModelError, is_custom_model, is_file_path, sou
 from trainer_backend.datasets.roots import is_under_roots
 
 MODEL_ROOTS_ENV = "PARALLAX_MODEL_ROOTS"
+# timm.create_model's (and build_model_with_cfg's) keywords that name a file, a folder or a URL to load or write.
+TIMM_LOADING_ARGS = ("checkpoint_path", "cache_dir", "pretrained_cfg", "pretrained_cfg_overlay")
 
 
 def model_roots() -> list[Path]:
@@ -53,6 +62,19 @@ def check_model_allowed(name: str, roots: list[Path] | None = None) -> None:
         raise ModelError(f"model {name!r} is not allowed from the dashboard: {path}{resolved} is outside the model "
                          f"folders ({shown_roots}); {how}")
     _check_defined_in_file(name, path)
+
+
+def check_model_args_allowed(name: str, model_args: Mapping | str) -> None:
+    """A timm model's arguments (a dict, or its JSON) name none of TIMM_LOADING_ARGS; your own model's go to
+    the code in the model folders as they are. ModelError in one line naming the arguments otherwise."""
+    if is_custom_model(name):
+        return
+    given = json.loads(model_args or "{}") if isinstance(model_args, str) else model_args
+    named = sorted(set(given) & set(TIMM_LOADING_ARGS)) if isinstance(given, Mapping) else []
+    if named:
+        raise ModelError(f"model_args {', '.join(named)} of timm model {name!r} is not allowed from the dashboard: "
+                         "it makes timm read a file or download into a folder; pretrained weights come with the "
+                         "pretrained switch (from the local cache when offline); the command line takes it")
 
 
 def _check_defined_in_file(name: str, path: str) -> None:
