@@ -8,7 +8,9 @@ put in the model folders.
 From the dashboard a model is a timm name, or ``path/to/file.py:Attr`` / ``pkg.module:Attr`` whose file resolves
 (``..`` and links followed) inside a model folder, and whose ``Attr`` is a class or function that file itself
 defines (``class Attr`` or ``def Attr`` at its top level, never bound otherwise): so a form cannot reach through
-an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here. The
+an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here; so it
+must be source (``.py``), never the bytecode Python leaves in ``__pycache__`` beside it, from which anything the
+source imports could be reached. The
 dashboard checks before its model check starts a process and before it launches, resumes or queues a sweep, and
 the run's worker checks again; the command line, run by the machine's own user, takes any model.
 
@@ -61,6 +63,9 @@ def check_model_allowed(name: str, roots: list[Path] | None = None) -> None:
         resolved = f" (it resolves to {real})" if real != path else ""
         raise ModelError(f"model {name!r} is not allowed from the dashboard: {path}{resolved} is outside the model "
                          f"folders ({shown_roots}); {how}")
+    if not path.endswith(".py"):  # bytecode (__pycache__/*.pyc) or a compiled extension runs, but cannot be read
+        raise ModelError(f"model {name!r} is not allowed from the dashboard: {path} is not Python source (a .py "
+                         "file), which the dashboard reads to see that it defines the class or function named")
     _check_defined_in_file(name, path)
 
 
