@@ -96,40 +96,58 @@ def _check_defined_in_file(name: str, path: str) -> None:
         return  # a file Python cannot parse runs nothing: its import fails, and the check says where
     except (OSError, ValueError) as exc:
         raise ModelError(f"model {name!r}: {path} cannot be read: {exc}") from None
-    definitions, other_bindings = _top_level_bindings(tree)
+    definitions, other_bindings, star_lines = _top_level_bindings(tree)
+    if attr in definitions and any(line > definitions[attr] for line in star_lines):
+        raise ModelError(refused + f"; the file also binds names with an import of * after it (line {max(star_lines)})")
     if attr not in definitions or attr in other_bindings:
         raise ModelError(refused + (f"; the file also binds {attr} otherwise" if attr in definitions else ""))
 
 
-def _top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
-    """({names a top-level class or def statement binds}, {names anything else binds at module level:
-    assignments, imports, loops, ``global`` inside a function})."""
-    definitions: set[str] = set()
+def _top_level_bindings(tree: ast.Module) -> tuple[dict[str, int], set[str], list[int]]:
+    """({name a top-level class or def statement binds: the line of its last}, {names anything else binds at
+    module level: assignments, imports, loops, ``except … as``, walrus anywhere outside a function's body,
+    ``global`` inside a function}, [lines of ``from … import *`` at module level], which may bind any name)."""
+    definitions: dict[str, int] = {}
     others: set[str] = set()
+    star_lines: list[int] = []
     pending = list(tree.body)
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            definitions.add(node.name)
+            definitions[node.name] = max(node.lineno, definitions.get(node.name, 0))
+            for child in ast.iter_child_nodes(node):  # its decorators, bases and defaults run at the top level
+                if not isinstance(child, ast.stmt):
+                    others.update(_bound_in(child))
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             others.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            star_lines += [node.lineno] if any(alias.name == "*" for alias in node.names) else []
             continue
-        for child in ast.iter_child_nodes(node):  # if/try/with/for blocks at the top level bind at the top level
+        for child in ast.iter_child_nodes(node):  # if/try/with/for/match blocks at the top level bind at the top level
             if isinstance(child, ast.stmt):
                 pending.append(child)
+            elif isinstance(child, (ast.ExceptHandler, ast.match_case)):  # so do an except's and a case's bodies
+                pending.extend(child.body)
+                others.update(_bound_in(child, shallow=True))
             else:
                 others.update(_bound_in(child))
     for node in ast.walk(tree):  # a function may rebind a module name with ``global``
         if isinstance(node, ast.Global):
             others.update(node.names)
-    return definitions, others
+    return definitions, others, star_lines
 
 
-def _bound_in(node: ast.AST) -> set[str]:
-    """Every name ``node`` binds: assigned or loop names, ``except … as``, ``with … as``, match captures."""
+def _bound_in(node: ast.AST, *, shallow: bool = False) -> set[str]:
+    """Every name ``node`` binds: assigned or loop names, ``except … as``, ``with … as``, match captures. With
+    ``shallow``, ``node`` itself and its parts that are not statements (the caller reads an except's or a
+    case's body as statements of its own)."""
+    if shallow:
+        nodes = [node] + [each for child in ast.iter_child_nodes(node) if not isinstance(child, ast.stmt)
+                          for each in ast.walk(child)]
+    else:
+        nodes = list(ast.walk(node))
     bound = set()
-    for each in ast.walk(node):
+    for each in nodes:
         if isinstance(each, ast.Name) and isinstance(each.ctx, ast.Store):
             bound.add(each.id)
         elif isinstance(each, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and each.name:

@@ -162,3 +162,28 @@ def test_a_file_in_the_folders_that_is_not_python_source_is_refused(models):
     (root / "mynet.py").rename(root / "mynet.txt")
     with pytest.raises(ModelError, match="is not Python source"):
         check_model_allowed("mynet:system")
+
+
+REBOUND_LATER = {
+    "in-an-except-block": "class Net:\n    pass\n\n\ntry:\n    raise ValueError\nexcept ValueError:\n"
+                          "    from os import system as Net\n",
+    "in-a-match-case": "def Net():\n    pass\n\n\nmatch 1:\n    case 1:\n        from os import system as Net\n",
+    "by-a-star-import-after-it": "def system(command):\n    pass\n\n\nfrom os import *\n",
+    "in-a-decorator": "class Net:\n    pass\n\n\n@(Net := __import__('os').system).__class__\nclass Other:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("rebinding", REBOUND_LATER, ids=list(REBOUND_LATER))
+def test_a_definition_the_file_rebinds_anywhere_at_its_top_level_is_refused(models, rebinding):
+    root, _ = models
+    (root / "rebound.py").write_text(REBOUND_LATER[rebinding])
+    attr = "system" if "star" in rebinding else "Net"
+    with pytest.raises(ModelError, match=f"{attr} must be a class or function that rebound.py defines itself .*"
+                                         "the file also binds"):
+        check_model_allowed(f"{root}/rebound.py:{attr}")
+
+
+def test_a_star_import_before_the_definition_leaves_it_the_file_s_own(models):
+    root, _ = models
+    (root / "star_first.py").write_text("from os import *\n\n\ndef system(command):\n    pass\n")
+    check_model_allowed(f"{root}/star_first.py:system")
