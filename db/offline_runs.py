@@ -172,11 +172,7 @@ def _header(path: Path, line: str) -> OfflineRun:
     key = _text(where, header, "key", required=True)
     if not key.strip() or len(key) > 200:
         raise OfflineFileError(f"{where}: key must be a text of 1 to 200 characters")
-    created = _text(where, header, "created_at", required=True)
-    try:
-        created_at = datetime.fromisoformat(created)
-    except ValueError:
-        raise OfflineFileError(f"{where}: created_at {_shown(created)} is not an ISO date and time") from None
+    created_at = _moment(where, "created_at", _text(where, header, "created_at", required=True))
     tags = header.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
         raise OfflineFileError(f"{where}: tags must be a list of texts, not {_shown(tags)}")
@@ -186,7 +182,7 @@ def _header(path: Path, line: str) -> OfflineRun:
                                f"{_shown(world_size)}")
     return OfflineRun(
         key=storable_text(key), project=storable_text(_text(where, header, "project")),
-        name=storable_text(_text(where, header, "name")), created_at=_aware(created_at),
+        name=storable_text(_text(where, header, "name")), created_at=created_at,
         tags=[storable_text(tag) for tag in tags], world_size=world_size, config=_object(where, header, "config"),
         script={"file": storable_text(_text(where, header, "file")), "host": storable_text(_text(where, header, "host"))})
 
@@ -196,7 +192,7 @@ def _points(where: str, record: dict, started_s: float) -> list[tuple]:
     if type(step) is not int or not 0 <= step <= MAX_LOGGED_STEP:
         raise OfflineFileError(f"{where}: step {_shown(step)} is not a whole number from 0 to "
                                f"{MAX_LOGGED_STEP}")
-    if type(at) not in (int, float) or not math.isfinite(at):
+    if type(at) not in (int, float) or _as_float(at) is None:
         raise OfflineFileError(f"{where}: t {_shown(at)} is not a time in seconds")
     if not isinstance(values, dict):
         raise OfflineFileError(f"{where}: values must be an object of {{name: number}}, not a {_kind(values)}")
@@ -204,6 +200,9 @@ def _points(where: str, record: dict, started_s: float) -> list[tuple]:
     for name, value in values.items():
         if value is not None and type(value) not in (int, float):
             raise OfflineFileError(f"{where}: {_shown(name)} is {_shown(value)}, not a number")
+        if type(value) is int and _as_float(value) is None:  # as parallax.log refuses it
+            raise OfflineFileError(f"{where}: {_shown(name)} is {_shown(value)}, larger than a float holds "
+                                   "(about 1.8e308)")
         # NaN and infinities (a hand-written NaN; the SDK writes null, read as NaN) are kept and marked on the
         # chart, as when logged online
         points.append((storable_text(name), step, round(at - started_s, 3), value))
@@ -211,17 +210,14 @@ def _points(where: str, record: dict, started_s: float) -> list[tuple]:
 
 
 def _end(where: str, record: dict, run: OfflineRun) -> None:
-    if record["end"] not in TERMINAL_STATUSES:
+    if not isinstance(record["end"], str) or record["end"] not in TERMINAL_STATUSES:
         raise OfflineFileError(f"{where}: end {_shown(record['end'])} is not one of "
                                f"{', '.join(sorted(TERMINAL_STATUSES))}")
     error = record.get("error")
     if error is not None and not isinstance(error, str):
         raise OfflineFileError(f"{where}: error must be a text or null, not a {_kind(error)}")
     finished = record.get("finished_at")
-    try:
-        run.finished_at = _aware(datetime.fromisoformat(finished)) if isinstance(finished, str) else None
-    except ValueError:
-        raise OfflineFileError(f"{where}: finished_at {_shown(finished)} is not an ISO date and time") from None
+    run.finished_at = _moment(where, "finished_at", finished) if isinstance(finished, str) else None
     run.end, run.error = record["end"], None if error is None else storable_text(error)
     run.summary = _object(where, record, "summary")
 
@@ -260,8 +256,26 @@ def _text(where: str, record: dict, name: str, *, required: bool = False) -> str
     return value
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+def _moment(where: str, name: str, text: str) -> datetime:
+    """``text`` (ISO 8601; UTC where it names no zone) as a moment in UTC, which is how the database stores it."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise OfflineFileError(f"{where}: {name} {_shown(text)} is not an ISO date and time") from None
+    try:
+        return moment.astimezone(timezone.utc) if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+    except OverflowError:  # year 1 east of Greenwich, year 9999 west of it
+        raise OfflineFileError(f"{where}: {name} {_shown(text)} is not a date and time in UTC's range (years 1 "
+                               "to 9999)") from None
+
+
+def _as_float(number: int | float) -> float | None:
+    """``number`` as a finite float, None where it is none (too large for a float, NaN, an infinity)."""
+    try:
+        value = float(number)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _shown(value) -> str:

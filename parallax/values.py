@@ -36,7 +36,7 @@ def as_step(step) -> int:
     if value < 0:
         raise ValueError(f"parallax.log: step={value} is negative; steps count from 0")
     if value > MAX_STEP:
-        raise ValueError(f"parallax.log: step={value} is larger than the database holds: give a step from 0 to "
+        raise ValueError(f"parallax.log: step={_number(value)} is larger than the database holds: give a step from 0 to "
                          f"{MAX_STEP} (2**63-1); nothing of this call was logged")
     return value
 
@@ -67,15 +67,31 @@ def _as_float(name: str, value) -> float:
     try:
         return float(value)
     except OverflowError:  # an int beyond a float's range (10**400)
-        raise ValueError(f"parallax.log: {name!r} is {value!r:.40}, larger than a float holds (about 1.8e308)") from None
+        raise ValueError(f"parallax.log: {name!r} is {_number(value):.40}, larger than a float holds (about "
+                         "1.8e308)") from None
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"parallax.log: {name!r} is a {type(value).__name__}, not a number ({ACCEPTED}); tables, "
                         "images, histograms and media are not supported") from None
 
 
+def _number(value) -> str:
+    """An int as Python writes it, or its size where it has more digits than Python writes (4300 by default)."""
+    return repr(value) if _writable(value) else f"an int of {int(value).bit_length()} bits"
+
+
+def _writable(number: int) -> bool:
+    """Whether Python (and so JSON's writer) writes ``number`` out: not past sys.get_int_max_str_digits()."""
+    try:
+        int.__repr__(number)
+    except ValueError:
+        return False
+    return True
+
+
 def as_config(config: Mapping) -> dict[str, Any]:
-    """``config`` as JSON can hold it (see the module's docstring): never raises for a value it holds."""
-    return _as_json(config, 0, set())
+    """``config`` as JSON can hold it (see the module's docstring): never raises for a value it holds. Its
+    items are taken at once (another thread may be setting one) and converted from that copy."""
+    return _as_object(list(config.items()), 0, {id(config)})
 
 
 def _key(key) -> str:
@@ -88,7 +104,8 @@ def _as_json(value, depth: int, inside: set[int]):
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
-        return int(value)  # an IntEnum or another int subclass: the number
+        number = int(value)  # an IntEnum or another int subclass: the number
+        return number if _writable(number) else f"<{_number(number)[3:]}>"  # too long for JSON's writer: its size
     if isinstance(value, float):
         return float(value) if math.isfinite(value) else str(float(value))  # "nan", "inf": JSON has no such number
     if isinstance(value, str):
@@ -102,9 +119,10 @@ def _as_json(value, depth: int, inside: set[int]):
         inside.add(id(value))
         try:
             if mapping:
-                items = value.items() if isinstance(value, Mapping) else vars(value).items()
-                return {_key(key): _as_json(item, depth + 1, inside) for key, item in items}
+                return _as_object(value.items() if isinstance(value, Mapping) else vars(value).items(), depth, inside)
             return [_as_json(item, depth + 1, inside) for item in value]
+        except Exception:  # items that cannot be read (a mapping whose values fail to resolve): its text
+            return _text(value)
         finally:
             inside.discard(id(value))
     if type(value).__module__.split(".")[0] in ("numpy", "torch") and hasattr(value, "tolist"):
@@ -115,6 +133,19 @@ def _as_json(value, depth: int, inside: set[int]):
             except Exception:  # a tensor on a device that cannot be read now: its text
                 pass
     return _text(value)
+
+
+def _as_object(items, depth: int, inside: set[int]) -> dict[str, Any]:
+    """A mapping's items as a JSON object. A key that is not text is written as its text; where that text is
+    another key's, it is kept with its type added (``1`` beside ``"1"`` is ``"1 (int)"``), so nothing is lost."""
+    pairs = sorted(items, key=lambda pair: type(pair[0]) is not str)  # text keys first: they keep their names
+    converted: dict[str, Any] = {}
+    for key, item in pairs:
+        name = _key(key)
+        while name in converted:
+            name = f"{name} ({type(key).__name__})"
+        converted[name] = _as_json(item, depth + 1, inside)
+    return converted
 
 
 def _text(value) -> str:

@@ -31,10 +31,11 @@ class Verdict(NamedTuple):
 
 def model_verdict(config: RunConfig) -> Verdict:
     """The child's verdict on ``config``'s own model, cached (see the module's docstring)."""
-    from trainer_backend.control.inspect import check_model_allowed
+    from trainer_backend.control.inspect import check_model_allowed, check_model_args_allowed
 
     try:
         check_model_allowed(config.model)  # a form runs only what the owner put in the model folders
+        check_model_args_allowed(config.model, config.model_kwargs)  # a timm name typed here: no file or download
         config = with_model_source(config)  # absolute path and '<file> sha256=<hex>'; finds, never imports
     except ModelError as exc:
         return Verdict(False, str(exc), 0.0)

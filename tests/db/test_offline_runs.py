@@ -111,6 +111,15 @@ def test_a_good_file_is_one_completed_run_with_every_value_and_its_own_end_time(
     (lambda r: r.__setitem__(-1, {**END, "error": 5}), 8, "error must be a text or null"),
     (lambda r: r.__setitem__(-1, {**END, "summary": [1]}), 8, "summary must be a JSON object"),
     (lambda r: r.insert(-2, END), 8, "comes after the line that says how the run ended (line 7)"),
+    # values JSON holds and Python reads, but no float or date the database stores
+    (lambda r: r.__setitem__(2, value_line(1, 10**400)), 3, '"loss" is 1000000000'),
+    (lambda r: r.__setitem__(2, {**value_line(1), "t": 10**400}), 3, "t 1000000000"),
+    (lambda r: r.__setitem__(-1, {**END, "end": ["completed"]}), 8, 'end ["completed"] is not one of'),
+    (lambda r: r.__setitem__(-1, {**END, "end": {"status": "completed"}}), 8, 'end {"status": "completed"} is not'),
+    (lambda r: r.__setitem__(0, {**HEADER, "created_at": "0001-01-01T00:00:00+05:00"}), 1,
+     'created_at "0001-01-01T00:00:00+05:00" is not a date and time in UTC\'s range'),
+    (lambda r: r.__setitem__(-1, {**END, "finished_at": "9999-12-31T23:59:59-05:00"}), 8,
+     'finished_at "9999-12-31T23:59:59-05:00" is not a date and time in UTC\'s range'),
 ])
 def test_a_bad_file_is_refused_naming_its_line_and_writes_nothing(sqlite_engine, tmp_path, change, line, words):
     engine = sqlite_engine  # the file is checked before the database is asked: one backend shows it

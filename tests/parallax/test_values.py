@@ -8,6 +8,7 @@ bytes escaped, never raised later as an encoding error.
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import datetime
 import enum
 import json
@@ -56,6 +57,51 @@ def test_a_config_of_any_value_is_stored_as_json_holds_it():
         "fine": {"x": [1, None]}, "itself": "{...}"}
 
 
+class Unresolved(collections.abc.Mapping):
+    """A mapping whose values cannot all be read (as a Hydra config with a missing value)."""
+
+    def __getitem__(self, key):
+        raise KeyError(f"{key}: missing mandatory value")
+
+    def __iter__(self):
+        return iter(["lr"])
+
+    def __len__(self):
+        return 1
+
+
+class Unlistable(list):
+    def __iter__(self):
+        raise RuntimeError("cannot be listed now")
+
+
+def test_a_config_no_json_writer_could_write_as_it_is_is_stored_too_and_nothing_is_dropped():
+    config = {"seed": 10**5000, "hydra": Unresolved(), "half": Unlistable([1]), 1: "the int key", "1": "the text key",
+              None: "no key", "None": "the word"}
+    stored = as_config(config)
+    assert json.loads(json.dumps(stored, allow_nan=False)) == stored
+    assert stored["seed"] == "<int of 16610 bits>"
+    assert stored["hydra"].startswith("<tests.parallax.test_values.Unresolved object") and stored["half"] == "[1]"
+    assert {stored["1"], stored["1 (int)"], stored["None"], stored["None (NoneType)"]} == {
+        "the int key", "the text key", "no key", "the word"}
+    assert (stored["1"], stored["None"]) == ("the text key", "the word")  # a text key keeps its own name
+
+
+def test_a_config_changed_while_it_is_taken_is_taken_whole():
+    """The writer's thread takes the config while the script's thread may set a value: here a value whose text
+    sets another, as that thread would between two of the items."""
+    config = Config({"lr": 0.1})
+
+    class SetsAnother:
+        def __str__(self):
+            config["added"] = 1
+            return "sets another"
+
+    config.odd = SetsAnother()
+    assert config.take_change() == {"lr": 0.1, "odd": "sets another"}
+    assert config.take_change() == {"lr": 0.1, "odd": "sets another", "added": 1}  # the change it made comes next
+
+
 def test_run_config_changes_are_taken_as_json_holds_them():
     config = Config({"lr": 0.1})
     config.data = Path("/data/y")
@@ -86,6 +132,10 @@ def test_the_steps_it_holds_are_taken():
 def test_a_value_beyond_a_float_is_refused_naming_it():
     with pytest.raises(ValueError, match="'huge' is 1000000000"):
         as_values({"huge": 10**400})
+    with pytest.raises(ValueError, match=r"'huger' is an int of 16610 bits, larger than a float holds \(about 1.8e308\)"):
+        as_values({"huger": 10**5000})  # past the digits Python writes an int in
+    with pytest.raises(ValueError, match=r"step=an int of 16610 bits is larger than the database holds"):
+        as_step(10**5000)
 
 
 @pytest.mark.parametrize("text, stored", [

@@ -332,6 +332,41 @@ def test_a_worker_launched_from_the_dashboard_checks_the_model_again(roots, outs
     db.dispose_engines()
 
 
+# timm's keywords that load or download: a checkpoint anywhere the server reads, a download into a model folder
+LOADING_ARGS = [{"checkpoint_path": "/etc/hostname"},
+                {"cache_dir": "{models}", "pretrained_cfg_overlay": {"url": "http://127.0.0.1:9/mynet.py"}},
+                {"pretrained_cfg": {"file": "/etc/hostname"}}]
+
+
+@pytest.mark.parametrize("model_args", LOADING_ARGS, ids=["checkpoint", "download-into-models", "pretrained-cfg"])
+def test_the_dashboard_passes_timm_no_argument_that_loads_or_downloads(roots, parallax_home, db_url, model_args):
+    """A timm name typed in the own-model field takes the form's model arguments: none of them may point timm
+    at a file to read or a URL to download into a model folder, which the model field would then run."""
+    from contract.model_source import ModelError
+    from contract.storage import RESUME_FILE
+    from trainer_backend.control.lifecycle import launch, launch_sweep, resume
+    from trainer_backend.worker.runner import work
+
+    root, _ = roots
+    args = {key: value.format(models=parallax_home / "models") if isinstance(value, str) else value
+            for key, value in model_args.items()}
+    config = RunConfig(dataset="digits", model="resnet18", model_args=args, pretrained=True, image_size=16, epochs=1)
+    for attempt in (lambda: launch(config, db_url=db_url, data_roots=[root]),
+                    lambda: launch_sweep(config, ["single", "ddp"], db_url=db_url, data_roots=[root])):
+        with pytest.raises(ModelError, match=f"model_args {sorted(args)[0]}.* is not allowed from the dashboard"):
+            attempt()
+    engine = db.make_engine(db_url)
+    assert store.list_runs(engine) == []
+    launched_by_hand = store.create_run(engine, config.to_dict(), status="failed")  # the command line's run
+    run_folder(engine, launched_by_hand, create=True).joinpath(RESUME_FILE).write_bytes(b"point")
+    with pytest.raises(ModelError, match="is not allowed from the dashboard"):
+        resume(launched_by_hand, db_url=db_url, data_roots=[root])
+    queued = store.create_run(engine, config.to_dict(), status="queued")  # a row changed after launch
+    assert work(queued, db_url=db_url, data_roots=[root]) == "failed"
+    assert "is not allowed from the dashboard" in store.get_run(engine, queued).error
+    db.dispose_engines()
+
+
 # --- no shell -----------------------------------------------------------------------------------
 
 

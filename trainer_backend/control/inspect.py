@@ -40,9 +40,9 @@ from trainer_backend.datasets.limits import too_large_decoded
 from trainer_backend.datasets.roots import check_under_roots, data_roots, is_under_roots, offered_lists
 from trainer_backend.engine.forecast.free_memory import available_memory_mb, fits
 from trainer_backend.worker.model_check import check_model_before_launch
-from trainer_backend.worker.model_roots import MODEL_ROOTS_ENV, check_model_allowed, model_roots
+from trainer_backend.worker.model_roots import MODEL_ROOTS_ENV, check_model_allowed, check_model_args_allowed, model_roots
 
-__all__ = ["MODEL_ROOTS_ENV", "InspectorUnavailable", "available_memory_mb", "check_model_allowed",
+__all__ = ["MODEL_ROOTS_ENV", "InspectorUnavailable", "available_memory_mb", "check_model_allowed", "check_model_args_allowed",
            "check_model_before_launch", "check_under_roots", "model_roots",
            "data_roots", "describe_dataset", "estimate_memory", "fits", "is_under_roots", "model_names",
            "model_problem", "offered_lists", "parameter_count", "ready", "stored_split_size", "suggestions",

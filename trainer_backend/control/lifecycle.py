@@ -36,7 +36,7 @@ from trainer_backend.datasets.roots import check_under_roots
 from contract.python_process import python_command
 from contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
-from trainer_backend.worker.model_roots import check_model_allowed
+from trainer_backend.worker.model_roots import check_model_allowed, check_model_args_allowed
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainer_backend
 CANCEL_GRACE_S = 6.0
@@ -81,7 +81,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     config = with_absolute_paths(config)
     if data_roots is not None:
         data_roots = [Path(os.path.abspath(os.path.expanduser(root))) for root in data_roots]
-        check_dashboard_bounds(config.dataset, config.model, data_roots)
+        check_dashboard_bounds(config.dataset, config.model, config.model_args, data_roots)
     if config.where == "slurm":
         from trainer_backend.control.slurm_job import submit
 
@@ -95,11 +95,13 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     return run_id
 
 
-def check_dashboard_bounds(dataset: str, model: str, data_roots: list[Path]) -> None:
-    """What the dashboard may train: a dataset inside the data roots, and a timm model or one of your own
-    inside the model folders; ConfigError or ModelError in one line saying how to allow it otherwise."""
+def check_dashboard_bounds(dataset: str, model: str, model_args: str, data_roots: list[Path]) -> None:
+    """What the dashboard may train: a dataset inside the data roots, and a timm model (with no argument that
+    loads or downloads files) or one of your own inside the model folders; ConfigError or ModelError in one
+    line saying how to allow it otherwise."""
     check_under_roots(dataset, data_roots)
     check_model_allowed(model)
+    check_model_args_allowed(model, model_args)
 
 
 def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = None) -> None:
@@ -149,8 +151,9 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
     if run.status not in state.RESUMABLE_ENDS:
         raise ValueError(f"run {run_id} is {run.status}: only a {', '.join(state.RESUMABLE_ENDS)} run can be resumed")
     if data_roots is not None:  # from the dashboard: the run may have been launched on the command line
-        check_dashboard_bounds(str((run.config or {}).get("dataset", "")), str((run.config or {}).get("model", "")),
-                               data_roots)
+        stored = run.config or {}
+        check_dashboard_bounds(str(stored.get("dataset", "")), str(stored.get("model", "")),
+                               str(stored.get("model_args") or "{}"), data_roots)
     point = run_folder(engine, run_id) / RESUME_FILE
     if not point.is_file():
         raise ValueError(f"run {run_id} has no resume point ({point} is missing): it ended before its first epoch "
@@ -245,7 +248,7 @@ def launch_sweep(config: RunConfig, strategies: list[str], *, db_url: str | None
     config = with_absolute_paths(config)
     configs = sweep_configs(config, strategies, device_counts)
     if data_roots is not None:
-        check_dashboard_bounds(config.dataset, config.model, data_roots)
+        check_dashboard_bounds(config.dataset, config.model, config.model_args, data_roots)
     engine = make_engine(db_url)
     if config.where == "slurm":  # one job array, a task per run
         from trainer_backend.control.slurm_job import check_database_reachable, check_world, submit_array

@@ -10,11 +10,14 @@ CPU. It runs where a launched worker runs (the project's folder, its PYTHONPATH)
 can import. This module imports neither torch nor timm: the child does.
 
 The verdict travels apart from whatever the model's code prints: the child writes it to a file of its own, and
-its standard output and error (the user's prints) only give the last line of a child that ended without one.
+its standard output and error (the user's prints), read from a pipe of which only the last few kilobytes are
+kept, only give the last line of a child that ended without one.
 The child leads a process group of its own and adopts the orphans among its descendants (Linux's child
 subreaper), so that a helper that left the group, even one that made a session of its own, still descends from
-it; once it has a verdict, ends, or reaches the limit, every descendant and the whole group are killed, so no
-helper process the model's import started outlives its check.
+it; the model's code runs in a judge the child forks, so that the child is still there to end them when the
+judge dies without warning (killed for its memory, a crash, ``os._exit``). Once there is a verdict, the judge
+has ended, or the limit is reached, every descendant and the whole group are killed, so no helper process the
+model's import started outlives its check.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from contract.config import RunConfig
 from contract.model_source import ModelError, is_custom_model
@@ -35,7 +42,9 @@ from contract.model_source import ModelError, is_custom_model
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECK_TIMEOUT_S = 120.0  # importing torch and timm is most of it (seconds); a hung import ends here
 POLL_S = 0.05
-VERDICT_FILE, CONFIG_FILE, OUTPUT_FILE = "verdict.json", "config.json", "output.txt"
+VERDICT_FILE, CONFIG_FILE = "verdict.json", "config.json"
+TAIL_BYTES = 4096  # what is kept of the model's output: its last line is all the check ever shows of it
+MAX_READS_PER_TURN = 64  # 4 MB of output read between two looks at the verdict and the clock
 
 
 def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIMEOUT_S) -> str:
@@ -45,43 +54,85 @@ def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIM
         return ""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="parallax-model-check-") as folder:
-        verdict_file, config_file, output_file = (Path(folder) / name for name in (VERDICT_FILE, CONFIG_FILE, OUTPUT_FILE))
+        verdict_file, config_file = Path(folder) / VERDICT_FILE, Path(folder) / CONFIG_FILE
         config_file.write_text(json.dumps(config.to_dict()), encoding="utf-8")
-        with open(output_file, "w+b") as output:
+        read_end, write_end = os.pipe()
+        try:
             child = subprocess.Popen(
                 [sys.executable, "-m", "trainer_backend.worker.model_check", "--config", str(config_file),
                  "--verdict", str(verdict_file)],
-                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
+                stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, env=env,
                 start_new_session=True)  # its own group: the model's helpers too are ended with it
-            ended = _wait_then_end_group(child, verdict_file, timeout_s)
-            verdict = _read_verdict(verdict_file)
-            if verdict is None:
-                if not ended:
-                    raise ModelError(f"model {config.model!r}: its check did not finish within {timeout_s:g} s (an "
-                                     "import or forward that hangs?)")
-                raise ModelError(f"model {config.model!r}: its check ended without a verdict "
-                                 f"({_exit_status(child.returncode)}): {_last_line(output)}")
+            os.close(write_end)
+            write_end = -1
+            output = OutputTail(read_end)
+            ended = _wait_then_end_group(child, verdict_file, timeout_s, output)
+        finally:
+            for end in (read_end, write_end):
+                if end >= 0:
+                    os.close(end)
+        verdict = _read_verdict(verdict_file)
+        if verdict is None:
+            if not ended:
+                raise ModelError(f"model {config.model!r}: its check did not finish within {timeout_s:g} s (an "
+                                 "import or forward that hangs?)")
+            raise ModelError(f"model {config.model!r}: its check ended without a verdict "
+                             f"({_exit_status(child.returncode)}): {output.last_line()}")
     if verdict.get("error"):
         raise ModelError(verdict["error"])
     return verdict.get("note", "")
 
 
-def _wait_then_end_group(child: subprocess.Popen, verdict_file: Path, timeout_s: float) -> bool:
-    """Wait until the child has written its verdict, has ended, or ``timeout_s`` is up; then kill its whole
-    process group. True where it gave a verdict or ended within the limit."""
+class OutputTail:
+    """The end of what the child prints (the model's prints, a traceback), read from a pipe as it comes and
+    kept to TAIL_BYTES: its last line is all the check shows, so a model that prints without end fills neither
+    memory nor a disk."""
+
+    def __init__(self, fd: int):
+        self.fd, self.kept, self.closed = fd, b"", False
+        os.set_blocking(fd, False)
+
+    def read(self, wait_s: float) -> None:
+        """Take what has come, waiting up to ``wait_s`` for it (sleeping, once every writer has closed)."""
+        if self.closed or not select.select([self.fd], [], [], wait_s)[0]:
+            if self.closed:
+                time.sleep(wait_s)
+            return
+        for _ in range(MAX_READS_PER_TURN):  # then back to the caller's clock, however fast the child prints
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.closed = True
+                return
+            self.kept = (self.kept + chunk)[-TAIL_BYTES:]
+
+    def last_line(self) -> str:
+        """The last line printed, on one line, cut to 300 characters."""
+        from contract.printable import one_line
+
+        lines = [line for line in self.kept.decode("utf-8", "replace").splitlines() if line.strip()]
+        return one_line(lines[-1].strip())[:300] if lines else "it printed nothing"
+
+
+def _wait_then_end_group(child: subprocess.Popen, verdict_file: Path, timeout_s: float, output: OutputTail) -> bool:
+    """Wait, reading ``output``, until the child has written its verdict, has ended, or ``timeout_s`` is up;
+    then kill its whole process group. True where it gave a verdict or ended within the limit."""
     deadline = time.monotonic() + timeout_s
     while True:
         # WNOWAIT leaves an ended child unreaped: its id, and so its group's, cannot be reused before the kill.
         ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         if ended or verdict_file.exists() or time.monotonic() >= deadline:
             break
-        time.sleep(POLL_S)
+        output.read(POLL_S)
     _kill_descendants(child.pid)  # while the child (their reaper) still holds them, each helper in any session
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:  # the group has no process left
         pass
     child.wait()
+    output.read(0)  # what came last: every writer has ended (one that escaped cannot hold this up)
     return ended or verdict_file.exists()
 
 
@@ -145,15 +196,6 @@ def _exit_status(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _last_line(output) -> str:
-    """The last line of the child's output (the user's prints, a traceback), one line, cut to 300 characters."""
-    from contract.printable import one_line
-
-    output.seek(max(0, output.seek(0, os.SEEK_END) - 4096))
-    lines = [line for line in output.read().decode("utf-8", "replace").splitlines() if line.strip()]
-    return one_line(lines[-1].strip())[:300] if lines else "it printed nothing"
-
-
 def _verdict(config: RunConfig) -> dict:
     from contract.strategy_specs import spec
     from trainer_backend.engine.custom_model import check_custom_model
@@ -175,27 +217,58 @@ def _verdict(config: RunConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from contract.printable import one_line
-
     parser = argparse.ArgumentParser(prog="python -m trainer_backend.worker.model_check")
     parser.add_argument("--config", required=True, help="the run's config, as JSON")
     parser.add_argument("--verdict", required=True, help="where the verdict goes, as JSON")
     args = parser.parse_args(argv)
-    _adopt_orphans()  # before the model's code runs
+    _adopt_orphans()  # before the model's code runs, in the process that outlives it
+    with contextlib.suppress(OSError, ValueError):  # a crash is said in the verdict line, not dumped in the checkout
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    judge = os.fork()  # the model's code runs in the judge; this process only waits, so it is there to end helpers
+    if judge == 0:
+        _judge(Path(args.config), Path(args.verdict))
+    _, status = os.waitpid(judge, 0)
+    _kill_descendants(os.getpid())  # the model's helpers end with the check, however the judge ended
+    _leave_as(status)
+
+
+def _judge(config_file: Path, verdict_file: Path) -> NoReturn:
+    """Import, build and try the model, write the verdict (whole or not at all), and leave at once: threads or
+    exit handlers the model's code left must not keep the check going."""
+    from contract.printable import one_line
+
+    code = 1
     try:
         try:
-            verdict = _verdict(RunConfig.from_dict(json.loads(Path(args.config).read_text(encoding="utf-8"))))
+            verdict = _verdict(RunConfig.from_dict(json.loads(config_file.read_text(encoding="utf-8"))))
         except (ValueError, LookupError, OSError) as exc:  # ModelError, EstimateError, a dataset that is not there
             verdict = {"error": one_line(exc)}
-        written = Path(args.verdict).with_suffix(".part")
+        written = verdict_file.with_suffix(".part")
         written.write_text(json.dumps(verdict), encoding="utf-8")
-        os.replace(written, args.verdict)  # whole or not at all: the parent reads it as soon as it is there
+        os.replace(written, verdict_file)  # the parent reads it as soon as it is there
+        code = 0
+    except SystemExit as exc:  # the model's code called sys.exit: its status, as Python would leave with it
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:  # anything else its code raised: the traceback is the check's last line
+        traceback.print_exc()
     finally:
-        _kill_descendants(os.getpid())  # the model's helpers end with the check, however it ends
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The verdict is given: threads or exit handlers the model's code left must not keep the check going.
-    os._exit(0)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _leave_as(status: int) -> NoReturn:
+    """End this process as the judge ended (its exit status, or the signal that killed it), for the parent to say."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        for step in (lambda: signal.signal(number, signal.SIG_DFL),  # (SIGKILL and SIGSTOP take no handler)
+                     lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, [number]),
+                     lambda: os.kill(os.getpid(), number)):
+            with contextlib.suppress(OSError, ValueError):
+                step()
+        os._exit(128 + number)
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":

@@ -3,19 +3,28 @@ put in the model folders.
 
     roots = model_roots()                          # PARALLAX_MODEL_ROOTS (colon-separated), default $PARALLAX_HOME/models
     check_model_allowed("~/nets/mynet.py:Net")     # ModelError naming the file, the folders and how to allow it
+    check_model_args_allowed("resnet18", {"checkpoint_path": "/x"})  # ModelError: timm would load that file
 
 From the dashboard a model is a timm name, or ``path/to/file.py:Attr`` / ``pkg.module:Attr`` whose file resolves
 (``..`` and links followed) inside a model folder, and whose ``Attr`` is a class or function that file itself
 defines (``class Attr`` or ``def Attr`` at its top level, never bound otherwise): so a form cannot reach through
-an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here. The
+an allowed file to anything it imports (``mynet.py:os.system``). The file is read, never imported, here; so it
+must be source (``.py``), never the bytecode Python leaves in ``__pycache__`` beside it, from which anything the
+source imports could be reached. The
 dashboard checks before its model check starts a process and before it launches, resumes or queues a sweep, and
 the run's worker checks again; the command line, run by the machine's own user, takes any model.
+
+A timm model's arguments from the dashboard name none of the keywords with which ``timm.create_model`` reads or
+downloads files (a checkpoint, a pretrained weights override, a download folder): through them a form would read
+any file the server can, or download a file of its choosing into a model folder and then run it as your own model.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from contract.environment import parallax_home
@@ -23,6 +32,8 @@ from contract.model_source import ModelError, is_custom_model, is_file_path, sou
 from trainer_backend.datasets.roots import is_under_roots
 
 MODEL_ROOTS_ENV = "PARALLAX_MODEL_ROOTS"
+# timm.create_model's (and build_model_with_cfg's) keywords that name a file, a folder or a URL to load or write.
+TIMM_LOADING_ARGS = ("checkpoint_path", "cache_dir", "pretrained_cfg", "pretrained_cfg_overlay")
 
 
 def model_roots() -> list[Path]:
@@ -52,7 +63,23 @@ def check_model_allowed(name: str, roots: list[Path] | None = None) -> None:
         resolved = f" (it resolves to {real})" if real != path else ""
         raise ModelError(f"model {name!r} is not allowed from the dashboard: {path}{resolved} is outside the model "
                          f"folders ({shown_roots}); {how}")
+    if not path.endswith(".py"):  # bytecode (__pycache__/*.pyc) or a compiled extension runs, but cannot be read
+        raise ModelError(f"model {name!r} is not allowed from the dashboard: {path} is not Python source (a .py "
+                         "file), which the dashboard reads to see that it defines the class or function named")
     _check_defined_in_file(name, path)
+
+
+def check_model_args_allowed(name: str, model_args: Mapping | str) -> None:
+    """A timm model's arguments (a dict, or its JSON) name none of TIMM_LOADING_ARGS; your own model's go to
+    the code in the model folders as they are. ModelError in one line naming the arguments otherwise."""
+    if is_custom_model(name):
+        return
+    given = json.loads(model_args or "{}") if isinstance(model_args, str) else model_args
+    named = sorted(set(given) & set(TIMM_LOADING_ARGS)) if isinstance(given, Mapping) else []
+    if named:
+        raise ModelError(f"model_args {', '.join(named)} of timm model {name!r} is not allowed from the dashboard: "
+                         "it makes timm read a file or download into a folder; pretrained weights come with the "
+                         "pretrained switch (from the local cache when offline); the command line takes it")
 
 
 def _check_defined_in_file(name: str, path: str) -> None:
@@ -69,40 +96,58 @@ def _check_defined_in_file(name: str, path: str) -> None:
         return  # a file Python cannot parse runs nothing: its import fails, and the check says where
     except (OSError, ValueError) as exc:
         raise ModelError(f"model {name!r}: {path} cannot be read: {exc}") from None
-    definitions, other_bindings = _top_level_bindings(tree)
+    definitions, other_bindings, star_lines = _top_level_bindings(tree)
+    if attr in definitions and any(line > definitions[attr] for line in star_lines):
+        raise ModelError(refused + f"; the file also binds names with an import of * after it (line {max(star_lines)})")
     if attr not in definitions or attr in other_bindings:
         raise ModelError(refused + (f"; the file also binds {attr} otherwise" if attr in definitions else ""))
 
 
-def _top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
-    """({names a top-level class or def statement binds}, {names anything else binds at module level:
-    assignments, imports, loops, ``global`` inside a function})."""
-    definitions: set[str] = set()
+def _top_level_bindings(tree: ast.Module) -> tuple[dict[str, int], set[str], list[int]]:
+    """({name a top-level class or def statement binds: the line of its last}, {names anything else binds at
+    module level: assignments, imports, loops, ``except … as``, walrus anywhere outside a function's body,
+    ``global`` inside a function}, [lines of ``from … import *`` at module level], which may bind any name)."""
+    definitions: dict[str, int] = {}
     others: set[str] = set()
+    star_lines: list[int] = []
     pending = list(tree.body)
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            definitions.add(node.name)
+            definitions[node.name] = max(node.lineno, definitions.get(node.name, 0))
+            for child in ast.iter_child_nodes(node):  # its decorators, bases and defaults run at the top level
+                if not isinstance(child, ast.stmt):
+                    others.update(_bound_in(child))
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             others.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            star_lines += [node.lineno] if any(alias.name == "*" for alias in node.names) else []
             continue
-        for child in ast.iter_child_nodes(node):  # if/try/with/for blocks at the top level bind at the top level
+        for child in ast.iter_child_nodes(node):  # if/try/with/for/match blocks at the top level bind at the top level
             if isinstance(child, ast.stmt):
                 pending.append(child)
+            elif isinstance(child, (ast.ExceptHandler, ast.match_case)):  # so do an except's and a case's bodies
+                pending.extend(child.body)
+                others.update(_bound_in(child, shallow=True))
             else:
                 others.update(_bound_in(child))
     for node in ast.walk(tree):  # a function may rebind a module name with ``global``
         if isinstance(node, ast.Global):
             others.update(node.names)
-    return definitions, others
+    return definitions, others, star_lines
 
 
-def _bound_in(node: ast.AST) -> set[str]:
-    """Every name ``node`` binds: assigned or loop names, ``except … as``, ``with … as``, match captures."""
+def _bound_in(node: ast.AST, *, shallow: bool = False) -> set[str]:
+    """Every name ``node`` binds: assigned or loop names, ``except … as``, ``with … as``, match captures. With
+    ``shallow``, ``node`` itself and its parts that are not statements (the caller reads an except's or a
+    case's body as statements of its own)."""
+    if shallow:
+        nodes = [node] + [each for child in ast.iter_child_nodes(node) if not isinstance(child, ast.stmt)
+                          for each in ast.walk(child)]
+    else:
+        nodes = list(ast.walk(node))
     bound = set()
-    for each in ast.walk(node):
+    for each in nodes:
         if isinstance(each, ast.Name) and isinstance(each.ctx, ast.Store):
             bound.add(each.id)
         elif isinstance(each, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and each.name:

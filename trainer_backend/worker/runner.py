@@ -43,7 +43,7 @@ from contract.python_process import leave_without_shutdown
 from trainer_backend.datasets.roots import check_under_roots
 from contract.devices import cuda_indices
 from trainer_backend.worker.liveness import ClaimedElsewhere, Heartbeat, RunCancelled, install_cancel_handler, wait_for_turn
-from trainer_backend.worker.model_roots import check_model_allowed
+from trainer_backend.worker.model_roots import check_model_allowed, check_model_args_allowed
 from trainer_backend.telemetry.logguard import guard_output, reattach_deleted_log
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.worker.rank_server import start_rank_server
@@ -100,6 +100,7 @@ def work(run_id: int, *, db_url: str | None = None, data_roots: list | None = No
         try:
             check_under_roots(config.dataset, data_roots)
             check_model_allowed(config.model)
+            check_model_args_allowed(config.model, config.model_kwargs)
         except (ConfigError, ModelError) as exc:
             state.finish(engine, run_id, "failed", error=str(exc))
             return store.get_run(engine, run_id).status

@@ -1,6 +1,7 @@
 """The model check judges a model file on its model: what its import prints (without a newline, or a forged
 verdict at exit) does not change the verdict, and a helper process its import starts is ended with the check,
-whether the check gave its verdict or reached its limit.
+whether the check gave its verdict, reached its limit, or died on the way (killed, as the kernel's OOM killer
+does).
 
     .venv/bin/python -m pytest tests/trainer_backend/worker/test_model_check.py -q
 """
@@ -8,6 +9,8 @@ whether the check gave its verdict or reached its limit.
 from __future__ import annotations
 
 import os
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -107,3 +110,58 @@ def test_a_child_that_ends_without_a_verdict_says_its_status_and_last_line(tmp_p
     path.write_text("import os\nprint('about to leave')\nos._exit(3)\n" + NET)
     with pytest.raises(ModelError, match=r"ended without a verdict \(exit status 3\): about to leave"):
         check_model_before_launch(config_for(path))
+
+
+def test_a_helper_outlives_no_check_that_dies_before_its_verdict(tmp_path):
+    """The model's import starts a daemon in a session of its own, then its process is killed (as the OOM killer
+    would): the helper is ended all the same, and the check says how its child ended."""
+    pid_file = tmp_path / "helper.pid"
+    path = tmp_path / "dies.py"
+    path.write_text(HELPER.format(pid_file=str(pid_file), away=True)
+                    + "\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    with pytest.raises(ModelError, match=r"ended without a verdict \(killed by SIGKILL\)"):
+        check_model_before_launch(config_for(path), timeout_s=90)
+    helper = int(pid_file.read_text())
+    try:
+        assert not alive(helper)
+    finally:
+        if alive(helper):
+            os.kill(helper, 9)
+
+
+CHATTY = """
+import os, sys, time
+
+line = "x" * 1023 + "\\n"
+for _ in range(64 * 1024):  # 64 MB of prints, as a hung import logging in a loop would write without end
+    sys.stdout.write(line)
+sys.stdout.write("still loading\\n")
+sys.stdout.flush()
+time.sleep(2)
+os._exit(5)
+"""
+
+
+def test_what_the_model_prints_takes_no_disk_however_much_it_prints(tmp_path, monkeypatch):
+    """The check keeps only the end of the model's output (its last line is all it shows): a model that prints
+    without end fills no disk while it runs, and the line is still there."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = tmp_path / "chatty.py"
+    path.write_text(CHATTY + NET)
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            sizes = [entry.stat().st_size for entry in (tmp_path / "tmp").rglob("*") if entry.is_file()]
+            peak[0] = max(peak[0], sum(sizes))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(ModelError, match=r"ended without a verdict \(exit status 5\): still loading$"):
+            check_model_before_launch(config_for(path), timeout_s=90)
+    finally:
+        done.set()
+        watcher.join()
+    assert peak[0] < 1 << 20, f"the check held {peak[0]} bytes of the model's prints on disk"

@@ -142,3 +142,48 @@ def test_the_folders_default_to_the_home_s_models_and_may_be_several(parallax_ho
     assert model_roots() == [tmp_path / "one", tmp_path / "two"]
     with pytest.raises(ModelError, match=f"outside the model folders \\({tmp_path / 'one'}, {tmp_path / 'two'}\\)"):
         check_model_allowed(f"{parallax_home}/models/a.py:net")
+
+
+def test_a_file_in_the_folders_that_is_not_python_source_is_refused(models):
+    """Bytecode the folders hold (Python writes __pycache__/*.pyc beside each module it imports) is imported as
+    readily as source, but cannot be read for what it defines: from it a form could reach anything the source
+    imports (mynet.py's ``system``). Only .py files are read and run."""
+    import py_compile
+
+    root, _ = models
+    compiled = py_compile.compile(str(root / "mynet.py"), cfile=str(root / "__pycache__" / "mynet.pyc"))
+    plain_bytes = root / "plain.pyc"  # no NUL byte: the parser's error is a SyntaxError, not a ValueError
+    plain_bytes.write_bytes(b"\xa7\r\r\n" + b"\x01" * 12 + b"\xe3system")
+    for path in (compiled, plain_bytes):
+        with pytest.raises(ModelError, match=f"model '{path}:system' is not allowed from the dashboard: {path} is not "
+                                             "Python source"):
+            check_model_allowed(f"{path}:system")
+    (root / "mynet.pyc").write_bytes(plain_bytes.read_bytes())  # the module path finds bytecode too
+    (root / "mynet.py").rename(root / "mynet.txt")
+    with pytest.raises(ModelError, match="is not Python source"):
+        check_model_allowed("mynet:system")
+
+
+REBOUND_LATER = {
+    "in-an-except-block": "class Net:\n    pass\n\n\ntry:\n    raise ValueError\nexcept ValueError:\n"
+                          "    from os import system as Net\n",
+    "in-a-match-case": "def Net():\n    pass\n\n\nmatch 1:\n    case 1:\n        from os import system as Net\n",
+    "by-a-star-import-after-it": "def system(command):\n    pass\n\n\nfrom os import *\n",
+    "in-a-decorator": "class Net:\n    pass\n\n\n@(Net := __import__('os').system).__class__\nclass Other:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize("rebinding", REBOUND_LATER, ids=list(REBOUND_LATER))
+def test_a_definition_the_file_rebinds_anywhere_at_its_top_level_is_refused(models, rebinding):
+    root, _ = models
+    (root / "rebound.py").write_text(REBOUND_LATER[rebinding])
+    attr = "system" if "star" in rebinding else "Net"
+    with pytest.raises(ModelError, match=f"{attr} must be a class or function that rebound.py defines itself .*"
+                                         "the file also binds"):
+        check_model_allowed(f"{root}/rebound.py:{attr}")
+
+
+def test_a_star_import_before_the_definition_leaves_it_the_file_s_own(models):
+    root, _ = models
+    (root / "star_first.py").write_text("from os import *\n\n\ndef system(command):\n    pass\n")
+    check_model_allowed(f"{root}/star_first.py:system")
