@@ -123,6 +123,20 @@ def metric_names(engine: Engine, run_ids: Iterable[int]) -> dict[int, list[str]]
     return found
 
 
+def run_metric_names(engine: Engine, run_id: int) -> list[str]:
+    """The run's logged metric names, sorted, each once, in time that grows with the number of names, not of
+    points: one index seek per name (a recursive query stepping to the next name above the last), where
+    ``SELECT DISTINCT`` reads every point of the run (a million-step run of 10,000 metrics holds billions)."""
+    names = select(func.min(ScriptMetric.name).label("name")).where(ScriptMetric.run_id == run_id).cte(
+        "names", recursive=True)
+    above = names.alias("above")
+    following = (select(func.min(ScriptMetric.name)).where(ScriptMetric.run_id == run_id, ScriptMetric.name > above.c.name)
+                 .scalar_subquery())
+    names = names.union_all(select(following.label("name")).where(above.c.name.is_not(None)))
+    with session_scope(engine) as session:
+        return list(session.scalars(select(names.c.name).where(names.c.name.is_not(None))))
+
+
 def last_point_id(engine: Engine, run_id: int) -> int:
     """The id of the run's newest point (0 for none): it grows with every point, for a live page's tick."""
     with session_scope(engine) as session:
@@ -145,8 +159,9 @@ def read_points(engine: Engine, run_ids: Iterable[int], *, names: Iterable[str] 
 
 def _names_of(session: Session, run_id: int, wanted: list[str] | None) -> list[str]:
     statement = select(ScriptMetric.name).where(ScriptMetric.run_id == run_id).distinct().order_by(ScriptMetric.name)
-    names = list(session.scalars(statement))
-    return names if wanted is None else [name for name in names if name in wanted]
+    if wanted is not None:  # the few a page draws, looked up by the index, not picked from every name of the run
+        statement = statement.where(ScriptMetric.name.in_(wanted))
+    return list(session.scalars(statement))
 
 
 def _points_of(session: Session, run_id: int, name: str, max_points: int | None) -> list[dict[str, Any]]:
