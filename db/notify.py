@@ -19,8 +19,10 @@ warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``
 
 Delivery never holds up the caller: each message gets a thread for each URL, which waits for the
 process's previous message of the same run to that URL (so a run's messages arrive in order) and tries up to
-``ATTEMPTS`` times, ``TIMEOUT_S`` each, waiting ``BACKOFF_S`` between tries; the process waits for
-those threads at exit, so it ends at most about half a minute later when a receiver is down.
+``ATTEMPTS`` times, each try ending within ``TIMEOUT_S`` of wall-clock time however slowly the receiver
+answers (webhook_post.py), waiting ``BACKOFF_S`` between tries; the process waits for those threads at
+exit, so it ends at most about 20 s later when a receiver is down or slow. A redirect is not followed:
+the delivery fails at once, and its line in the log says where the receiver redirects (scheme and host).
 ``lifecycle.finish`` sends the end of every run, from whichever process records it.
 """
 
@@ -31,8 +33,6 @@ import os
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit
 
 from sqlalchemy import Engine, func, select
@@ -40,6 +40,7 @@ from sqlalchemy import Engine, func, select
 from contract.python_process import WEBHOOK_THREAD_NAME
 from db.connection import session_scope
 from db.tables import EpochMetric, Run
+from db.webhook_post import post_json, shown_url, url_problem
 
 WEBHOOKS_ENV = "PARALLAX_WEBHOOKS"
 WEBHOOKS_FILE = "webhooks"  # in PARALLAX_HOME, one URL a line
@@ -95,24 +96,12 @@ def send_test_message() -> dict[str, bool]:
 
 
 def check_webhook_url(url: str) -> str:
-    """``url`` if it is an http(s) URL with a host, else ValueError naming it (shown without its path)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"webhook {shown_url(url)!r} is not allowed: give an http:// or https:// URL with a host")
+    """``url`` if Parallax can post to it (an http(s) URL with a host that an HTTP request can carry as it is),
+    else ValueError naming it by scheme and host only."""
+    problem = url_problem(url.strip())
+    if problem is not None:
+        raise ValueError(f"webhook {shown_url(url.strip())!r} {problem}")
     return url.strip()
-
-
-def shown_url(url: str) -> str:
-    """What a log may say of a webhook: its scheme, host and port, never the path or query that hold its secret."""
-    parts = urlsplit(url)
-    if not parts.hostname:
-        return "(not a URL)"
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    try:
-        port = f":{parts.port}" if parts.port is not None else ""
-    except ValueError:  # a port that is not a number: the host alone
-        port = ""
-    return f"{parts.scheme}://{host}{port}/…"
 
 
 def dashboard_url() -> tuple[str, str]:
@@ -201,36 +190,33 @@ _LAST_DELIVERY: dict[tuple[str, int], threading.Thread] = {}
 def _deliver_after(previous: threading.Thread | None, url: str, message: dict) -> None:
     if previous is not None:
         previous.join()
-    deliver(url, message)
+    try:
+        deliver(url, message)
+    except Exception as exc:  # noqa: BLE001 - a thread's traceback could quote the URL: its type, in one line
+        print(f"parallax: webhook {shown_url(url)} was not told of run {(message.get('run') or {}).get('id')}: "
+              f"{type(exc).__name__}", file=sys.stderr, flush=True)
 
 
 def deliver(url: str, message: dict, *, attempts: int = ATTEMPTS, timeout_s: float = TIMEOUT_S,
             backoff_s: float = BACKOFF_S) -> bool:
-    """POST ``message`` to ``url``, up to ``attempts`` times; whether it was taken (a 2xx answer)."""
+    """POST ``message`` to ``url``, up to ``attempts`` times, each within ``timeout_s``; whether it was taken (a
+    2xx answer). Never raises, and says nothing of the URL but its scheme and host."""
+    run_id = (message.get("run") or {}).get("id")
     try:
         check_webhook_url(url)
     except ValueError as exc:
-        print(f"parallax: {exc}", file=sys.stderr)
+        print(f"parallax: the {message.get('event')} message of run {run_id} was not sent: {exc}", file=sys.stderr,
+              flush=True)
         return False
     body = json.dumps(message).encode()
-    problem = ""
     for attempt in range(1, attempts + 1):
-        request = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", "User-Agent": "parallax"})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                if 200 <= answer.status < 300:
-                    return True
-                problem = f"HTTP {answer.status}"
-        except urllib.error.HTTPError as exc:
-            problem = f"HTTP {exc.code}"
-            if 400 <= exc.code < 500 and exc.code != 429:
-                break  # the receiver refuses this message: sending it again changes nothing
-        except (OSError, ValueError) as exc:
-            problem = type(exc).__name__ if not str(exc) else str(getattr(exc, "reason", exc))
+        answer = post_json(url, body, deadline_s=timeout_s)
+        if answer.taken:
+            return True
+        if not answer.retry:
+            break
         if attempt < attempts:
             time.sleep(backoff_s * attempt)
     print(f"parallax: webhook {shown_url(url)} did not take the {message.get('event')} message of run "
-          f"{message.get('run', {}).get('id')} after {attempt} tr{'ies' if attempt > 1 else 'y'}: {problem}",
-          file=sys.stderr, flush=True)
+          f"{run_id} after {attempt} tr{'ies' if attempt > 1 else 'y'}: {answer.problem}", file=sys.stderr, flush=True)
     return False

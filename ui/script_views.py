@@ -1,6 +1,6 @@
-"""The views of script runs (users' own scripts logging through ``import parallax``): every logged metric
+"""The views of script runs (users' own scripts logging through ``import parallax``): the logged metrics
 charted by step, grouped by the prefix before its first "/" ("train/loss" under "train"), live while the
-script runs; its summary; and, on Compare, the logged metrics beside launched runs' own series, matched by
+script runs (the first ``MAX_CHARTS`` names; a wider run's others through a search box over its names); its summary; and, on Compare, the logged metrics beside launched runs' own series, matched by
 name ("train/loss", "train_loss" and "train loss" are one name).
 
 The figure builders are pure (rows -> DataFrame -> Figure); the functions that draw take the engine.
@@ -27,6 +27,10 @@ POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "min", "max", "n", "n
 NO_PREFIX = "other"
 LIVE_REFRESH_S = 2.0
 MAX_POINTS = 1000  # buckets per metric and run: about two per pixel column of a chart half a screen wide
+# Charts drawn at once on a script run's page: a script may log thousands of names (a metric per layer or
+# unit), and each chart costs the browser; the others are found with the search box over the names.
+MAX_CHARTS = 12
+MAX_CONTENT_SIZED_ROWS = 200  # a summary table longer than this takes the page's width, not its cells'
 # A launched run's own series, under the names a script would log them by (``match_key``).
 ENGINE_STEP_SERIES = ("train_loss", "images_per_s", "lr")
 ENGINE_EPOCH_SERIES = ("train_acc", "val_loss", "val_acc")
@@ -74,6 +78,26 @@ def by_prefix(names: Iterable[str]) -> dict[str, list[str]]:
         prefix = name.split("/", 1)[0] if "/" in name else NO_PREFIX
         groups.setdefault(prefix, []).append(name)
     return dict(sorted(groups.items(), key=lambda item: (item[0] == NO_PREFIX, item[0])))
+
+
+def pick_names(names: list[str], search: str, limit: int = MAX_CHARTS) -> tuple[list[str], int]:
+    """The first ``limit`` of ``names`` holding every word of ``search`` (any case), and how many hold them."""
+    words = search.lower().split()
+    matching = [name for name in names if all(word in name.lower() for word in words)]
+    return matching[:limit], len(matching)
+
+
+def drawn_caption(shown: int, matching: int, total: int, search: str) -> str | None:
+    """What the page says of the charts it drew, where it drew fewer than the names there are."""
+    if not search.strip():
+        return None if shown == total else (f"The first {shown} of {total:,} logged metrics are drawn, in name order; "
+                                            "search the names to draw others.")
+    if not matching:
+        return f"No logged metric name holds {search.strip()!r}."
+    if shown < matching:
+        return (f"{shown} of the {matching:,} metric names holding {search.strip()!r} are drawn: search "
+                "for more of a name to draw the others.")
+    return f"The {matching:,} metric name{'s' * (matching != 1)} holding {search.strip()!r}."
 
 
 def metric_figure(frame: pd.DataFrame, name: str, labels: Mapping[int, str] | None = None,
@@ -130,8 +154,10 @@ def run_section(engine, run) -> None:
     summary = run.measurements.get("summary") or {}
     if summary:
         with st.expander("Summary (the last value of each metric, and what the script set)"):
+            # Sized to its content only where that is a glance: the browser measures every cell to do it, and
+            # a script logging thousands of metrics has a row for each (half a minute for 10,000 on two cores).
             st.dataframe(pd.DataFrame({"value": [str(value) for value in summary.values()]}, index=list(summary)),
-                         width="content")
+                         width="content" if len(summary) <= MAX_CONTENT_SIZED_ROWS else "stretch")
 
 
 def log_wait_line(measurements: Mapping[str, Any]) -> str | None:
@@ -146,13 +172,14 @@ def log_wait_line(measurements: Mapping[str, Any]) -> str | None:
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def bucketed_points(database: str, run_ids: tuple[int, ...], version: tuple, window: tuple[int, int] | None,
-                    max_points: int = MAX_POINTS) -> pd.DataFrame:
-    """``read_points`` of the runs, cached for as long as ``version`` (what each run has stored) stands: a
-    finished run's charts are read once; ``database`` keeps two databases' runs apart."""
+                    names: tuple[str, ...] | None = None, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """``read_points`` of the runs (of ``names`` only, where given), cached for as long as ``version`` (what each
+    run has stored) stands: a finished run's charts are read once; ``database`` keeps two databases' runs apart."""
     from ui import state
 
     first, last = window if window is not None else (None, None)
     return points_frame(script_metrics.read_points(state.engine(), list(run_ids), max_points=max_points,
+                                                   names=None if names is None else list(names),
                                                    first_step=first, last_step=last))
 
 
@@ -176,20 +203,37 @@ def _live_metrics(run_id: int) -> None:
     from ui import state
 
     engine = state.engine()
-    stored, last_step = script_metrics.points_logged(engine, run_id), script_metrics.last_logged_step(engine, run_id)
-    if not stored:
+    names = script_metrics.run_metric_names(engine, run_id)  # the names only: a row each, no value read
+    if not names:
         st.caption("Charts appear when the script logs its first values (parallax.log).")
         return
+    stored, last_step = script_metrics.points_logged(engine, run_id), script_metrics.last_logged_step(engine, run_id)
+    search = ""
+    if len(names) > MAX_CHARTS:
+        search = st.text_input(f"Search the {len(names):,} logged metric names", key=f"script_metric_search_{run_id}",
+                               placeholder="a part of a name, e.g. loss or layer3/ (every word must be in it)", max_chars=200)
+    shown, matching = pick_names(names, search)
+    caption = drawn_caption(len(shown), matching, len(names), search)
+    if caption:
+        st.caption(escape_markdown(caption))
     log_loss = st.session_state.get(state.LOG_LOSS_KEY, False)
     window = step_window(run_id, int(last_step or 0))
-    frame = bucketed_points(str(engine.url), (run_id,), (stored,), window)
-    for prefix, names in by_prefix(frame["name"].unique()).items():
+    frame = bucketed_points(str(engine.url), (run_id,), (stored,), window, tuple(shown)) if shown else points_frame([])
+    for prefix, group in by_prefix(frame["name"].unique()).items():
         st.markdown(f"**{escape_markdown(prefix)}**")
         columns = st.columns(2)
-        for index, name in enumerate(names):
+        for index, name in enumerate(group):
             figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
             columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
-    st.download_button("Download the logged metrics (CSV)", frame[list(POINT_COLUMNS)].to_csv(index=False),
+
+    def every_metric_csv() -> str:  # read when the button is pressed, not at every draw of a wide run
+        first, last = window if window is not None else (None, None)
+        every = points_frame(script_metrics.read_points(state.engine(), [run_id], max_points=MAX_POINTS,
+                                                        first_step=first, last_step=last))
+        return every[list(POINT_COLUMNS)].to_csv(index=False)
+
+    st.download_button("Download the logged metrics (CSV)",
+                       every_metric_csv if len(names) > len(shown) else frame[list(POINT_COLUMNS)].to_csv(index=False),
                        file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
                        icon=":material/download:", key="script_metrics_csv",
                        help="Each bucket's last value, minimum, maximum and count as charted; `parallax export` "

@@ -7,8 +7,11 @@ holds the secret, stays out of the database and the logs.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -167,3 +170,140 @@ def test_webhooks_come_from_the_variable_and_the_homes_file(parallax_home, monke
 def test_a_webhook_that_is_not_an_http_url_is_refused_in_one_line(url):
     with pytest.raises(ValueError, match="is not allowed: give an http:// or https:// URL with a host"):
         notify.check_webhook_url(url)
+
+
+# --- receivers that redirect, trickle, or are named by URLs the HTTP library refuses --------------
+
+
+class Redirecting(Receiver):
+    """A receiver whose webhook path answers ``code`` with a Location on itself (holding the secret too); it keeps
+    every request, by method, that reaches the place it redirects to."""
+
+    def __init__(self, code: int):
+        super().__init__()
+        self.redirected: list[str] = []
+        receiver = self
+        base = self.server.RequestHandlerClass
+
+        class Handler(base):
+            def do_POST(self):
+                if self.path.startswith("/moved/"):
+                    receiver.redirected.append("POST")
+                    return super().do_POST()
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with receiver.arrived:
+                    receiver.posts.append({"path": self.path})
+                    receiver.arrived.notify_all()
+                self.send_response(code)
+                self.send_header("Location", f"/moved/{SECRET}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self):
+                receiver.redirected.append("GET")
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server.RequestHandlerClass = Handler
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_is_not_followed_and_is_said_in_one_line(code, capsys):
+    # urllib followed 301-303 as a GET without the message (the receiver got nothing, the delivery looked
+    # taken), and tried 307/308 three times as a failure.
+    receiver = Redirecting(code)
+    try:
+        assert not notify.deliver(receiver.url, {"event": "run.completed", "run": {"id": 3}}, backoff_s=0.01)
+    finally:
+        receiver.close()
+    assert len(receiver.posts) == 1 and receiver.redirected == []
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    port = receiver.url.split(":")[2].split("/")[0]
+    assert line == (f"parallax: webhook http://127.0.0.1:{port}/… did not take the run.completed message of run 3 after "
+                    f"1 try: HTTP {code}, a redirect to http://127.0.0.1:{port}/…: not followed (it would post the message "
+                    "again without its body); give the webhook's final URL")
+
+
+class Trickling:
+    """A TCP server on 127.0.0.1 that reads a request, then sends ``head`` at once and ``trickle`` one byte every
+    ``pause_s``, for as long as the client stays."""
+
+    def __init__(self, head: bytes, trickle: bytes, pause_s: float = 0.2):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.head, self.trickle, self.pause_s = head, trickle, pause_s
+        self.served = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hooks/{SECRET}"
+
+    def _serve(self):
+        with contextlib.suppress(OSError):
+            connection, _ = self.listener.accept()
+            with connection:
+                connection.recv(65536)
+                self.served.set()
+                connection.sendall(self.head)
+                for byte in self.trickle:
+                    connection.sendall(bytes([byte]))
+                    time.sleep(self.pause_s)
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_receiver_answering_a_byte_at_a_time_is_cut_at_the_deadline(capsys):
+    # Each byte comes well within the per-read timeout: urllib waited for the whole 12 s answer (and the 60
+    # bytes of a longer one, for as long as the receiver liked).
+    receiver = Trickling(b"", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n" + b"X-Slow: " + b"." * 20 + b"\r\n\r\n")
+    started = time.monotonic()
+    try:
+        assert not notify.deliver(receiver.url, {"event": "run.failed", "run": {"id": 5}}, attempts=1, timeout_s=1.0)
+    finally:
+        receiver.close()
+    took_s = time.monotonic() - started
+    assert receiver.served.is_set()
+    assert took_s < 4.0, took_s  # the bound is 1 s; the rest is slack for a loaded machine, not the 12 s answer
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("did not take the run.failed message of run 5 after 1 try: no whole answer within 1 s"), line
+
+
+def test_an_answer_whose_body_trickles_is_taken_at_its_status_without_waiting_for_the_body():
+    receiver = Trickling(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", b"." * 100)
+    started = time.monotonic()
+    try:
+        assert notify.deliver(receiver.url, {"event": "run.completed"}, attempts=1, timeout_s=1.0)
+    finally:
+        receiver.close()
+    assert time.monotonic() - started < 4.0
+
+
+# URLs the HTTP library refuses or cannot read, each holding the secret in the part that must stay unsaid.
+UNSENDABLE = {
+    "space": f"http://127.0.0.1:9/hooks/{SECRET} x",
+    "control": f"http://127.0.0.1:9/hooks/{SECRET}\x01",
+    "not ascii": f"http://127.0.0.1:9/hooks/{SECRET}é",
+    "bad port": f"http://127.0.0.1:99999/hooks/{SECRET}",
+    "port not a number": f"http://127.0.0.1:x{SECRET}/hooks",
+    "unclosed bracket": f"http://[::1/hooks/{SECRET}",
+}
+
+
+@pytest.mark.parametrize("url", list(UNSENDABLE.values()), ids=list(UNSENDABLE))
+def test_a_url_the_http_library_refuses_is_said_by_scheme_and_host_only_and_leaves_no_traceback(
+        url, engine, parallax_home, monkeypatch, capsys):
+    uncaught = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: uncaught.append(args.exc_value))
+    monkeypatch.setenv(notify.WEBHOOKS_ENV, url)
+    run_id = store.create_run(engine, {"dataset": "digits", "model": "resnet18", "strategy": "single"}, status="running")
+    for thread in notify.notify(engine, run_id, "run.failed", "a reason"):
+        thread.join(timeout=30)
+    with pytest.raises(ValueError) as refused:  # the Settings page's check, at saving
+        notify.save_webhooks([url])
+    logged = capsys.readouterr().err
+    said = logged + str(refused.value) + "".join(map(repr, uncaught))
+    assert not uncaught and "Traceback" not in said
+    assert "SECRET" not in said and "hooks" not in said, said
+    (line,) = logged.strip().splitlines()
+    assert line == f"parallax: the run.failed message of run {run_id} was not sent: {refused.value}", line
+    assert not (parallax_home / notify.WEBHOOKS_FILE).exists()

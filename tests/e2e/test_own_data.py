@@ -32,7 +32,7 @@ def train_and_export(home: Path, dataset: Path, *flags: str) -> dict:
     run_id = result.stdout.strip().splitlines()[-1].split()[0].split("=")[1]
     exported = run_cli("export", run_id, home=home)
     assert exported.returncode == 0, exported.stderr
-    return json.loads(exported.stdout)
+    return {**json.loads(exported.stdout), "printed": result.stdout}
 
 
 def write_list(path: Path, rows: list[tuple[str, str]]) -> Path:
@@ -74,11 +74,28 @@ def test_a_list_alone_holds_out_a_stratified_share(tmp_path, home):
     for i in range(12):
         write_png(folder / "img" / f"{i}.png", 20 * i)
         rows.append((f"img/{i}.png", str(i % 2 * 10)))
-    run = train_and_export(home, write_list(folder / "labels.csv", rows), "--val-fraction", "0.5")
+    repeated = rows[:2] + [("./" + rows[2][0], rows[2][1])]  # copies that could land in both splits
+    run = train_and_export(home, write_list(folder / "labels.csv", rows + repeated), "--val-fraction", "0.5")
     assert run["status"] == "completed"
     assert any("held out stratified" in note and "(6 images" in note for note in run["notes"]), run["notes"]
+    dropped = ("dropped 3 lines of labels.csv that repeat an image it lists already under the same label (e.g. line 13 "
+               "repeats line 1)")
+    assert any(note.startswith(dropped) for note in run["notes"]) and f"note: {dropped}" in run["printed"], run["notes"]
     confusion = run["measurements"]["confusion"]
     assert confusion["class_names"] == ["0", "10"] and confusion["support"] == [3, 3]
+
+
+def test_a_list_giving_an_image_two_labels_is_refused_before_the_run(tmp_path, home):
+    folder = tmp_path / "photos"
+    for i in range(4):
+        write_png(folder / "img" / f"{i}.png", i)
+    listed = write_list(folder / "train.csv", [(f"img/{i}.png", "ab"[i % 2]) for i in range(4)] + [("img/1.png", "a")])
+    result = run_cli("run", "--dataset", str(listed), *RUN_FLAGS, home=home, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (f"error: image img/1.png is listed under two labels, b and a ({listed} lines 2 and 5): give each "
+                    "image one label"), line
+    assert "run_id=" not in result.stdout
 
 
 def test_a_list_naming_a_missing_image_is_refused_before_the_run(tmp_path, home):

@@ -142,3 +142,29 @@ def test_a_one_step_spike_among_twenty_thousand_steps_tops_the_chart_and_a_narro
 
 def values_of(encoded) -> list:
     return [value for value in values(encoded) if value is not None]
+
+
+def test_a_run_of_ten_thousand_metrics_draws_the_first_and_finds_the_others_by_name(parallax_home, engine):
+    """Was: every metric read (two queries each) and charted, 10,000 Plotly charts; the page had not drawn after
+    two minutes. The browser's draw is timed in tests/e2e/test_browser_script_run.py."""
+    names = [f"layer{i // 100:03d}/unit{i % 100:02d}" for i in range(10_000)]
+    run_id = add_script_run(engine, names=names, steps=2)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("pages/run.py").run()
+    assert not at.exception, at.exception
+    titles = [plotly.io.from_json(chart.proto.spec).layout.title.text for chart in at.get("plotly_chart")]
+    assert sorted(titles) == names[:12]  # in two columns
+    assert any("The first 12 of 10,000 logged metrics are drawn" in c.value for c in at.caption)
+    (search,) = at.text_input
+    assert search.label == "Search the 10,000 logged metric names"
+
+    search.set_value("UNIT07 layer042").run()
+    titles = [plotly.io.from_json(chart.proto.spec).layout.title.text for chart in at.get("plotly_chart")]
+    assert titles == ["layer042/unit07"]
+    search.set_value("layer099").run()
+    assert len(at.get("plotly_chart")) == 12
+    assert any("12 of the 100 metric names holding 'layer099' are drawn" in c.value for c in at.caption)
+    search.set_value("no such metric").run()
+    assert not at.get("plotly_chart") and any("No logged metric name holds 'no such metric'" in c.value
+                                              for c in at.caption)

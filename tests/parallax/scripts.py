@@ -244,3 +244,12 @@ WITH_CHILD = """
     parallax.log({"train/loss": 0.5})
     parallax.finish()
 """
+
+WIDE = """
+    import parallax
+    names = [f"layer{i // 100:03d}/unit{i % 100:02d}" for i in range(10_000)]  # a metric per unit of a network
+    with parallax.init(project="tests", name="wide") as run:
+        for step in range(3):
+            parallax.log({name: (index + step) / 10_000 for index, name in enumerate(names)}, step=step)
+    print("run_id", run.run_id)
+"""

@@ -34,6 +34,7 @@ from contract.strategy_specs import find
 from contract.user_paths import with_absolute_paths
 from trainer_backend.datasets.roots import check_under_roots
 from contract.python_process import python_command
+from contract.checkpoint_file import DAMAGED_POINT_ADVICE, DamagedFileError, checkpoint_problem
 from contract.storage import RESUME_FILE, write_problem
 from trainer_backend.worker.liveness import cpu_run_slots
 from trainer_backend.worker.model_roots import check_model_allowed, check_model_args_allowed
@@ -159,6 +160,9 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
         raise ValueError(f"run {run_id} has no resume point ({point} is missing): it ended before its first epoch "
                          "finished; launch it again instead")
     moved = _moved(run_id, run.config, devices) if devices is not None else None
+    damage = checkpoint_problem(point)  # refused here, before the run is queued again, not by its ranks
+    if damage is not None:
+        raise DamagedFileError(f"run {run_id}'s resume point {point} {damage}: {DAMAGED_POINT_ADVICE}")
     if not state.reopen(engine, run_id):
         raise ValueError(f"run {run_id} changed while it was being resumed (now {store.get_run(engine, run_id).status})")
     if moved is not None:

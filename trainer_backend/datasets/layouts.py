@@ -8,7 +8,10 @@ A list file (``.csv`` or ``.txt``) holds one ``path,label`` per line, the path r
 folder (a ``.txt`` line without a comma may separate them by spaces, as Caffe's lists do); blank
 lines, ``#`` comments and a first line ``path,label`` are skipped. A list named ``train.csv`` (or
 ``train.txt``) validates on ``val.csv``/``val.txt``/``validation.csv``/``validation.txt`` beside it,
-whose labels must all be labels of the training list. Class names are the folders' names or the
+whose labels must all be labels of the training list. An image is one file however its path is spelled
+(``img/a.png``, ``./img/a.png``, a link to it): listed twice under two labels, in one list or across the
+two, it is refused, naming it, both labels and both lines; listed again under its own label, the repeat
+is dropped and counted in the run's notes, so that no copy of it trains while another validates. Class names are the folders' names or the
 list's labels, sorted (as numbers when every label is a whole number). Every path read goes through
 ``paths.py``: with ``roots`` (the dashboard) a file or link leading outside them is refused.
 """
@@ -19,6 +22,7 @@ import csv
 import hashlib
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from contract.printable import shown_name
@@ -95,10 +99,14 @@ def split_listing(root: Path, train_dir: Path, val_dir: Path, roots: list[Path] 
 
 def list_files_of(list_path: Path, roots: list[Path] | None) -> FolderListing:
     """The listing of a list file, and of its validation list if one lies beside it (``val_list_for``)."""
-    train_rows, train_digest = read_list_file(list_path, roots)
+    train = read_list_file(list_path, roots)
+    train_rows, train_digest = train.rows, train.digest
     labels = sorted({row[1] for row in train_rows}, key=label_order([row[1] for row in train_rows]))
     val_path = val_list_for(list_path)
-    val_rows, val_digest = read_list_file(val_path, roots, known=labels, train_path=list_path) if val_path else ([], "")
+    val = read_list_file(val_path, roots, known=labels, train_path=list_path) if val_path else None
+    val_rows, val_digest = (val.rows, val.digest) if val is not None else ([], "")
+    if val is not None:
+        refuse_two_labels(train, val)
     index = {label: i for i, label in enumerate(labels)}
 
     def by_class(rows):
@@ -113,9 +121,10 @@ def list_files_of(list_path: Path, roots: list[Path] | None) -> FolderListing:
     trained = {(result.st_dev, result.st_ino) for _, _, result in train_rows}
     repeated = [path for path, _, result in val_rows if (result.st_dev, result.st_ino) in trained]
     many = len(repeated) != 1
-    notes = (f"{len(repeated)} image{'s' * many} of {val_path.name} {'are' if many else 'is'} also in {list_path.name} (e.g. "
-             f"{shown_name(os.path.relpath(repeated[0], list_path.parent))}): validation then measures images the "
-             "model trained on",) if repeated else ()
+    notes = tuple(note for note in (train.dropped_note(), val.dropped_note() if val is not None else None) if note)
+    notes += (f"{len(repeated)} image{'s' * many} of {val_path.name} {'are' if many else 'is'} also in {list_path.name} (e.g. "
+              f"{shown_name(os.path.relpath(repeated[0], list_path.parent))}): validation then measures images the "
+              "model trained on",) if repeated else ()
     return FolderListing(
         root=list_path,
         class_names=tuple(labels),
@@ -151,12 +160,57 @@ def label_order(labels: list[str]):
     return lambda label: label
 
 
+@dataclass(frozen=True)
+class ListedImages:
+    """What one list file lists: ``rows`` (image path, label, its stat), each image once; ``lines`` the line each
+    row came from; ``dropped`` the (line, line it repeats) of lines that listed an image again under its label;
+    ``digest`` the sha256 of the file's bytes."""
+
+    path: Path
+    rows: list[tuple[Path, str, os.stat_result]]
+    lines: list[int]
+    dropped: list[tuple[int, int]]
+    digest: str
+
+    def by_image(self) -> dict[tuple[int, int], int]:
+        """Each image (its device and inode: one file however its path is spelled) to its row."""
+        return {(result.st_dev, result.st_ino): index for index, (_, _, result) in enumerate(self.rows)}
+
+    def dropped_note(self) -> str | None:
+        if not self.dropped:
+            return None
+        line, first = self.dropped[0]
+        many = len(self.dropped) != 1
+        return (f"dropped {len(self.dropped)} line{'s' * many} of {self.path.name} that repeat{'' if many else 's'} an "
+                f"image it lists already under the same label (e.g. line {line} repeats line {first}): each image is "
+                "kept once, so that no copy of it trains while another validates")
+
+
+def refuse_two_labels(train: ListedImages, val: ListedImages) -> None:
+    """DatasetError for an image the training and validation lists give different labels."""
+    trained = train.by_image()
+    for index, (_, label, result) in enumerate(val.rows):
+        other = trained.get((result.st_dev, result.st_ino))
+        if other is not None and train.rows[other][1] != label:
+            raise two_labels(train.rows[other][0], (train.path, train.lines[other], train.rows[other][1]),
+                             (val.path, val.lines[index], label))
+
+
+def two_labels(image: Path, first: tuple[Path, int, str], second: tuple[Path, int, str]) -> DatasetError:
+    (first_list, first_line, first_label), (second_list, second_line, second_label) = first, second
+    where = (f"{first_list} lines {first_line} and {second_line}" if first_list == second_list else
+             f"{first_list} line {first_line} and {second_list} line {second_line}")
+    return DatasetError(f"image {shown_name(os.path.relpath(image, first_list.parent))} is listed under two labels, "
+                        f"{shown_name(first_label)} and {shown_name(second_label)} ({where}): give each image one "
+                        "label")
+
+
 def read_list_file(list_path: Path, roots: list[Path] | None, known: list[str] | None = None,
-                   train_path: Path | None = None) -> tuple[list[tuple[Path, str, os.stat_result]], str]:
-    """(image path, label, its stat) of every line of ``list_path``, and the sha256 of its bytes. A line that is
-    not ``path,label``, an image that is missing, not an image file, a folder, a broken link or (with
-    ``roots``) outside them, or (with ``known``, a validation list) a label not among ``known`` raises
-    DatasetError naming the list, the line and the value."""
+                   train_path: Path | None = None) -> ListedImages:
+    """What ``list_path`` lists (``ListedImages``). A line that is not ``path,label``, an image that is missing,
+    not an image file, a folder, a broken link or (with ``roots``) outside them, an image listed again under
+    another label, or (with ``known``, a validation list) a label not among ``known`` raises DatasetError
+    naming the list, the line and the value. An image listed again under its own label is dropped and counted."""
     entry_stat(list_path, roots)  # a missing list, a broken link or a path outside the roots: one line
     with open_checked(list_path, roots) as handle:
         if os.fstat(handle.fileno()).st_size > MAX_LIST_BYTES:
@@ -167,7 +221,8 @@ def read_list_file(list_path: Path, roots: list[Path] | None, known: list[str] |
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"list file {list_path} is not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
-    rows, first = [], True
+    rows, lines, dropped, first = [], [], [], True
+    seen: dict[tuple[int, int], int] = {}  # image (device, inode) -> its row: one file however its path is spelled
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -185,10 +240,19 @@ def read_list_file(list_path: Path, roots: list[Path] | None, known: list[str] |
             raise DatasetError(f"{where}: label {shown_name(label)} is not a label of {train_path.name} (its labels: "
                                f"{', '.join(map(shown_name, known[:20]))}{', ...' if len(known) > 20 else ''})")
         path = list_path.parent / name
-        rows.append((path, label, checked_image(path, where, name, roots)))
+        result = checked_image(path, where, name, roots)
+        first = seen.get((result.st_dev, result.st_ino))
+        if first is not None and rows[first][1] != label:
+            raise two_labels(rows[first][0], (list_path, lines[first], rows[first][1]), (list_path, number, label))
+        if first is not None:
+            dropped.append((number, lines[first]))
+            continue
+        seen[(result.st_dev, result.st_ino)] = len(rows)
+        rows.append((path, label, result))
+        lines.append(number)
     if not rows:
         raise DatasetError(f"list file {list_path} lists no image: give one path,label line per image")
-    return rows, hashlib.sha256(data).hexdigest()
+    return ListedImages(list_path, rows, lines, dropped, hashlib.sha256(data).hexdigest())
 
 
 def split_line(line: str, list_path: Path) -> list[str]:

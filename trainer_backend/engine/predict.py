@@ -26,6 +26,7 @@ from trainer_backend.datasets.folder import list_image_folder, resolve_folder
 from trainer_backend.datasets.image_files import decode_image_file
 from trainer_backend.datasets.tensor_dataset import Normalisation
 from trainer_backend.engine.augment import centre_crop
+from trainer_backend.engine.checkpoint_read import read_checkpoint
 from trainer_backend.engine.models import create_model
 
 # Files decoded and classified together: bounded memory whatever the folder's size.
@@ -46,7 +47,8 @@ class Predictor:
     """A checkpoint's model, ready to classify image files."""
 
     def __init__(self, checkpoint_path: Path, run_id: int):
-        payload = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
+        payload = read_checkpoint(checkpoint_path, f"run {run_id}'s checkpoint",
+                                  "it cannot be used; train the run again (or put back a copy of the file)")
         missing = [key for key in NEEDED_KEYS if key not in payload]
         if missing:
             raise ValueError(f"run {run_id}'s checkpoint {checkpoint_path} lacks {', '.join(missing)}: it was written "

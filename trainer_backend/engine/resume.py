@@ -33,11 +33,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from contract.checkpoint_file import DAMAGED_POINT_ADVICE
 from contract.storage import OLDER_RESUME_FILE, RESUME_FILE, write_remaking_folder
+from trainer_backend.engine.checkpoint_read import read_checkpoint
 from trainer_backend.engine.strategies import Strategy
 from contract.world import torchrun_world
 
 RESUME_EPOCH_FILE = "resume.json"
+POINT_KEYS = ("epoch", "best_acc", "state", "rng", "cuda_rng", "loader_rng")  # what restore reads without a default
 
 
 def restart_count() -> int:
@@ -126,7 +129,7 @@ def restore(folder: Path, strategy: Strategy, model: nn.Module, optimizer, train
     source = points.index(newest)
     # Onto the CPU: the point travels to every rank, and each rank's load_state_dict puts it on
     # that rank's own device (without map_location it would come back on the saving rank's GPU).
-    holder = [torch.load(folder / RESUME_FILE, weights_only=True, map_location="cpu")
+    holder = [read_checkpoint(folder / RESUME_FILE, "resume point", DAMAGED_POINT_ADVICE, needs=POINT_KEYS)
               if strategy.rank == source else None]
     if collective:
         dist.broadcast_object_list(holder, src=source)

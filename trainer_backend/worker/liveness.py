@@ -19,6 +19,7 @@ import time
 
 from db import run_state as state
 from db import store
+from db.connection import retry_when_locked
 from contract.environment import parallax_home, whole_number_from_env
 
 QUEUE_POLL_S = 1.0
@@ -78,10 +79,22 @@ def claim_if_free(engine, run_id: int) -> bool:
         me = next((r for r in active if r.id == run_id), None)
         if me is None or me.status != "queued" or not can_start(run_id, active, cpu_run_slots()):
             return False
-        if not state.claim(engine, run_id):
+        if not _claim(engine, run_id):
             return False
-        store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+        _record_process(engine, run_id)
         return True
+
+
+def _claim(engine, run_id: int) -> bool:
+    # Through the waits every must-land write has: a locked database is waited out, and a full or
+    # read-only one is one line naming it (DatabaseFullError, DatabaseReadOnlyError), never an
+    # OperationalError and its traceback recorded as the run's reason.
+    return retry_when_locked(lambda: state.claim(engine, run_id), what="claim the run")
+
+
+def _record_process(engine, run_id: int) -> None:
+    retry_when_locked(lambda: store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname()),
+                      what="record the run's process")
 
 
 def _claimed_by_me(run: state.ActiveRun) -> bool:
@@ -106,9 +119,9 @@ def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
                 raise ClaimedElsewhere(f"run {run_id} is already {me.status} in process {me.pid} on {me.host}: "
                                        "this worker leaves it to that one")
             if can_start(run_id, active, cpu_run_slots()):
-                if state.claim(engine, run_id):
+                if _claim(engine, run_id):
                     # The claimer is the run's process, whoever started it (a second worker may win).
-                    store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())
+                    _record_process(engine, run_id)
                     return True
                 continue  # claimed or cancelled meanwhile: the next look says which
         if echo and not announced:

@@ -37,6 +37,7 @@ from db.folders import named_run_folder, run_folder_name
 from db.reserve import SpaceReserve
 from contract.environment import database_url
 
+from contract.checkpoint_file import DamagedFileError
 from contract.config import ConfigError, RunConfig
 from contract.model_source import ModelError, with_model_source
 from contract.python_process import leave_without_shutdown
@@ -60,7 +61,7 @@ from trainer_backend.telemetry.recorder import Recorder, run_started_at_s
 # Messages that say all there is to say: shown without a traceback.
 PLAIN_ERRORS = (*USER_ERRORS, DatabaseLockedError)
 PLAIN_FAILURE_TYPES = {DatabaseLockedError.__name__, DatabaseFullError.__name__, DatabaseReadOnlyError.__name__,
-                       "DiskFullError", "UnwritableError"}
+                       "DiskFullError", "UnwritableError", DamagedFileError.__name__}
 # How long the last write of a run (how it ended) waits out a locked database: it matters most,
 # and the worker has nothing else left to do.
 FINAL_WRITE_WAIT_S = 60.0

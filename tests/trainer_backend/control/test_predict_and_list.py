@@ -158,3 +158,29 @@ def test_list_filters_by_status_and_tag_and_shows_accuracy_and_speed(trained):
     assert f"best_val_acc={mine['best_val_acc']:.4f}" in text[0] and f"images_per_s={mine['images_per_s']:.1f}" in text[0]
     refused = run_cli("list", "--status", "done", home=home, timeout=60)
     assert refused.returncode == 2 and "--status 'done' is not allowed: choose from queued" in refused.stderr
+
+
+@pytest.mark.parametrize("damage, words", [("cut in half", "is cut short: its "), ("cut at its end", "is cut short: "),
+                                           ("random bytes", "is not a checkpoint: its "), ("empty", "is empty (0 bytes)"),
+                                           ("a zip of another file", "cannot be read (RuntimeError: ")])
+def test_predict_on_a_damaged_checkpoint_is_one_line_naming_the_file(trained, tmp_path, damage, words):
+    import zipfile
+
+    home, folder, run_id = trained
+    checkpoint = run_dir(home, run_id) / "best.pt"
+    good = checkpoint.read_bytes()
+    if damage == "a zip of another file":
+        with zipfile.ZipFile(tmp_path / "other.zip", "w") as archive:
+            archive.writestr("notes.txt", "not a checkpoint")
+        damaged = (tmp_path / "other.zip").read_bytes()
+    else:
+        damaged = {"cut in half": good[:len(good) // 2], "cut at its end": good[:-30],
+                   "random bytes": os.urandom(len(good)), "empty": b""}[damage]
+    checkpoint.write_bytes(damaged)
+    try:
+        result = run_cli("predict", str(run_id), str(folder / "red" / "00.png"), home=home, timeout=120)
+    finally:
+        checkpoint.write_bytes(good)
+    (line,) = result.stderr.strip().splitlines()  # was a traceback: OSError [Errno 22], UnpicklingError ...
+    assert result.returncode == 2 and line.startswith(f"error: run {run_id}'s checkpoint {checkpoint} {words}"), line
+    assert line.endswith("train the run again (or put back a copy of the file)"), line

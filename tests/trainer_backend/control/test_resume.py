@@ -17,6 +17,7 @@ import torch
 from tests.support import SLEEPER, SLEEPER_ENV, run_cli, run_dir
 from tests.trainer_backend.control.test_lifecycle import assert_group_gone, export, launch, wait_for
 from db import make_engine, store
+from contract.checkpoint_file import DamagedFileError
 from contract.config import RunConfig
 from trainer_backend.control.lifecycle import resume
 from trainer_backend.engine import resume as points
@@ -121,3 +122,74 @@ def test_a_staged_run_resumes_only_on_as_many_devices_as_it_has_stages(parallax_
                                          r"run resumes on as many devices as it has stages \(2\)"):
         resume(run_id, devices="cpu,cpu,cpu")
     assert store.get_run(engine, run_id).status == "failed"  # refused before anything changed
+
+
+def damaged_copies(good: bytes) -> dict[str, bytes]:
+    """A resume point's bytes as a cut copy, a disk error or a wrong file leave them."""
+    return {"cut in half": good[:len(good) // 2], "cut at its end": good[:-30], "random bytes": os.urandom(len(good)),
+            "empty": b""}
+
+
+DAMAGE_WORDS = {"cut in half": "is cut short", "cut at its end": "is cut short", "random bytes": "is not a checkpoint",
+                "empty": "is empty (0 bytes)"}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE_WORDS))
+def test_restoring_a_damaged_resume_point_names_the_file_and_what_is_wrong(tmp_path, damage):
+    save_points(tmp_path, epochs=2, keep=1)
+    point = tmp_path / points.RESUME_FILE
+    point.write_bytes(damaged_copies(point.read_bytes())[damage])
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(DamagedFileError) as raised:  # was OSError: [Errno 22] Invalid argument, UnpicklingError ...
+        points.restore(tmp_path, Strategy(RunConfig(), rank=0), model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+    message = str(raised.value)
+    assert message.startswith(f"resume point {point} {DAMAGE_WORDS[damage]}"), message
+    assert "\n" not in message and message.endswith("launch the run again from its first epoch")
+
+
+def test_a_resume_point_torch_cannot_read_is_named_with_torchs_reason(tmp_path):
+    """A whole archive that is not a checkpoint passes the look at its bytes; torch's own refusal is named."""
+    import zipfile
+
+    save_points(tmp_path, epochs=1, keep=1)
+    with zipfile.ZipFile(tmp_path / points.RESUME_FILE, "w") as archive:
+        archive.writestr("notes.txt", "not a checkpoint")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(DamagedFileError, match=r"^resume point .*resume\.pt cannot be read \(RuntimeError: "):
+        points.restore(tmp_path, Strategy(RunConfig(), rank=0), model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE_WORDS))
+def test_resuming_from_a_damaged_point_is_refused_in_one_line_before_the_run_is_queued(parallax_home, engine, damage):
+    run_id = store.create_run(engine, RunConfig().to_dict(), status="failed")
+    folder = run_dir(parallax_home, run_id)
+    save_points(folder, epochs=1, keep=1)
+    point = folder / points.RESUME_FILE
+    point.write_bytes(damaged_copies(point.read_bytes())[damage])
+    with pytest.raises(DamagedFileError) as refused:
+        resume(run_id)
+    assert str(refused.value).startswith(f"run {run_id}'s resume point {point} {DAMAGE_WORDS[damage]}")
+    assert store.get_run(engine, run_id).status == "failed"  # not queued: nothing started
+
+
+@pytest.mark.processes
+def test_a_resumed_run_whose_point_torch_cannot_read_fails_in_one_line_naming_it(parallax_home, engine):
+    """Past resume's look at the file's bytes (a whole archive), the worker's rank fails reading it: the run ends
+    failed with the file named, no traceback (was: a bare OSError or RuntimeError and its traceback)."""
+    import zipfile
+
+    config = RunConfig(model="parallax_sleeps_each_step", image_size=16, epochs=2).to_dict()
+    run_id = store.create_run(engine, config, status="failed")
+    folder = run_dir(parallax_home, run_id)
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / points.RESUME_FILE, "w") as archive:
+        archive.writestr("notes.txt", "not a checkpoint")
+    (folder / points.RESUME_EPOCH_FILE).write_text(json.dumps({"epoch": 1}))
+    resumed = run_cli("resume", str(run_id), home=parallax_home, timeout=60, env_extra=SLEEPER_ENV)
+    assert resumed.returncode == 0, resumed.stderr
+    run = wait_for(parallax_home, run_id, lambda r: r["status"] not in ("queued", "running"), timeout_s=180,
+                   what="the resumed run's end")
+    assert run["status"] == "failed"
+    assert run["error"].startswith(f"resume point {folder / points.RESUME_FILE} cannot be read (RuntimeError: "), \
+        run["error"]
+    assert "\n" not in run["error"] and "Traceback" not in run["error"]

@@ -257,3 +257,43 @@ def test_inspect_dataset_describes_each_layout(tmp_path):
     assert (info["layout"], info["num_images"], info["num_val_images"], info["problems"]) == (
         "split folder", 9, 3, [])
     assert info["images_per_class"] == {"cat": 3, "dog": 3} and info["image_shape"] == (12, 12)
+
+
+@pytest.mark.parametrize("spelling", ["img/1.png", "./img/1.png", "img/../img/1.png", "link.png"])
+def test_an_image_listed_under_two_labels_is_refused_naming_it_both_labels_and_both_lines(tmp_path, spelling):
+    # Was trained on silently, as two images with two labels.
+    folder = tmp_path / "photos"
+    rows = labelled_images(folder, ["cat", "dog", "cat", "dog"])
+    (folder / "link.png").symlink_to(folder / "img" / "1.png")
+    listed = make_list(folder, "all.csv", rows + [(spelling, "cat")], header=True)
+    expected = (r"image img/1\.png is listed under two labels, dog and cat \(.*all\.csv lines 3 and 6\): give each "
+                r"image one label")
+    with pytest.raises(DatasetError, match=expected):
+        list_dataset(listed)
+    with pytest.raises(DatasetError, match=expected):
+        prepare_data(str(listed), image_size=8)
+
+
+def test_an_image_labelled_one_way_in_train_and_another_in_val_is_refused(tmp_path):
+    folder = tmp_path / "photos"
+    rows = labelled_images(folder, ["cat", "dog"] * 2)
+    train = make_list(folder, "train.csv", rows)
+    make_list(folder, "val.csv", labelled_images(folder, ["dog"], start=10) + [("img/0.png", "dog")])
+    with pytest.raises(DatasetError, match=r"image img/0\.png is listed under two labels, cat and dog \(.*train\.csv "
+                                           r"line 1 and .*val\.csv line 2\)"):
+        list_dataset(train)
+
+
+def test_repeated_lines_are_dropped_and_counted_so_no_image_lands_in_both_splits(tmp_path):
+    # Was: every copy kept, so a held-out share could validate on a copy of an image another copy trained on.
+    folder = tmp_path / "photos"
+    rows = labelled_images(folder, ["a", "b"] * 5)
+    listed = make_list(folder, "all.csv", rows + rows[:3] + [("./" + rows[0][0], "a")])
+    listing = list_dataset(listed)
+    assert listing.num_images == 10
+    data = prepare_data(str(listed), image_size=8, val_fraction=0.4)
+    assert (data.info.num_train, data.info.num_val) == (6, 4)
+    assert not set(stored_values(data.train)) & set(stored_values(data.val))  # each image in one split only
+    assert ("dropped 4 lines of all.csv that repeat an image it lists already under the same label (e.g. line 11 "
+            "repeats line 1): each image is kept once") in " ".join(data.info.warnings)
+    assert inspect_dataset(str(listed))["warnings"][0].startswith("dropped 4 lines of all.csv")
