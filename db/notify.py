@@ -22,7 +22,7 @@ process's previous message of the same run to that URL (so a run's messages arri
 ``ATTEMPTS`` times, each try ending within ``TIMEOUT_S`` of wall-clock time however slowly the receiver
 answers (webhook_post.py), waiting ``BACKOFF_S`` between tries; the process waits for those threads at
 exit, so it ends at most about 20 s later when a receiver is down or slow. A redirect is not followed:
-the delivery fails at once, and its line in the log says where the receiver redirects (scheme and host).
+the delivery fails at once, and its line in the log says where the receiver redirects (scheme, host and port).
 ``lifecycle.finish`` sends the end of every run, from whichever process records it.
 """
 
@@ -97,7 +97,7 @@ def send_test_message() -> dict[str, bool]:
 
 def check_webhook_url(url: str) -> str:
     """``url`` if Parallax can post to it (an http(s) URL with a host that an HTTP request can carry as it is),
-    else ValueError naming it by scheme and host only."""
+    else ValueError naming it by scheme, host and port only."""
     problem = url_problem(url.strip())
     if problem is not None:
         raise ValueError(f"webhook {shown_url(url.strip())!r} {problem}")
@@ -200,7 +200,7 @@ def _deliver_after(previous: threading.Thread | None, url: str, message: dict) -
 def deliver(url: str, message: dict, *, attempts: int = ATTEMPTS, timeout_s: float = TIMEOUT_S,
             backoff_s: float = BACKOFF_S) -> bool:
     """POST ``message`` to ``url``, up to ``attempts`` times, each within ``timeout_s``; whether it was taken (a
-    2xx answer). Never raises, and says nothing of the URL but its scheme and host."""
+    2xx answer). Never raises, and says nothing of the URL but its scheme, host and port."""
     run_id = (message.get("run") or {}).get("id")
     try:
         check_webhook_url(url)

@@ -11,10 +11,10 @@ body is never read.
 
 A redirect is not followed: urllib would turn a redirected POST into a GET without its body, so the
 receiver would get nothing while the delivery looked taken; and a redirect to another host would hand
-it the message. The answer says where it redirects, by scheme and host.
+it the message. The answer says where it redirects, by scheme, host and port.
 
 The URL carries its secret (Slack's and Discord's do, in their path), so nothing here prints, raises or
-returns more of it than its scheme and host (``shown_url``): exceptions of the HTTP library, whose
+returns more of it than its scheme, host and port (``shown_url``): exceptions of the HTTP library, whose
 messages may quote the URL, are named by their type.
 """
 
@@ -53,7 +53,7 @@ def shown_url(url: str) -> str:
 
 
 def url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be a webhook (said by scheme and host only), or None."""
+    """Why ``url`` cannot be a webhook (said by scheme, host and port only), or None."""
     try:
         parts = urlsplit(url)
         host, _ = parts.hostname, parts.port  # .port raises on a port that is not a number in range
