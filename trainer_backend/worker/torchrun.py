@@ -55,7 +55,8 @@ from trainer_backend.engine.strategies import collective_timeout
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
-from trainer_backend.engine.stopping import StoppedAtStep, stop_escalating, stop_on_sigterm, stop_taken
+from trainer_backend.engine.stopping import (StoppedAtStep, stop_escalating, stop_on_sigterm,
+                                             stop_taken, when_blocked)
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import TorchrunWorld, check_joinable, joined_config, local_device, refuse, world_note
 
@@ -200,6 +201,7 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
     return 0
 
 
+
 def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *, echo: bool, folder_name: str,
                resume_job: bool, sampling: Sampling) -> RankSpec:
     """What this process of the job trains: its rank's part of the one run, resumable where torchrun
@@ -339,6 +341,9 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
     status = None
     try:
         started = time.time()
+        # Blocked in a collective past a SIGTERM's grace, rank 0 is ended from the grace's thread: this first.
+        when_blocked(lambda grace_s: record_sigterm(engine, run_id, world, folder_name, started,
+                                                   blocked_after_s=grace_s))
         try:
             # As in a spawned run, the sampler stops and writes what it holds however training ends,
             # and a sampler that fails leaves a note in the run, never a failed rank.
@@ -361,20 +366,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                 note = f"The job was told to stop and stopped {where}"
             store.add_notes(engine, run_id, [note])
         except RunCancelled:
-            # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
-            # stopping the job, which it does when another of its processes has failed.
-            cause = _failure_cause(folder_name, started)
-            if store.get_run(engine, run_id).status == "cancelled":
-                pass
-            elif cause is None and submitted_run_id() is not None:
-                # Slurm's signal (a requeue, a preemption, the time limit): the run stays as it is, for a
-                # requeued job to resume, or for the poll (control/slurm_status.py) to record Slurm's end.
-                store.add_notes(engine, run_id, [f"Slurm stopped attempt {int(os.environ.get('SLURM_RESTART_COUNT') or 0) + 1} "
-                                                 f"of job {world.job_id} (SIGTERM)."])
-            else:
-                _attempt_failed(engine, run_id, world, cause or (
-                    "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
-                    "torchrun's output names it"))
+            record_sigterm(engine, run_id, world, folder_name, started)
         except Exception as exc:
             _record_first()  # as above, where the sampler itself failed to start
             own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
@@ -386,6 +378,28 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
             # at once, even if leaving a process group whose peers are gone would hang.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
+
+
+def record_sigterm(engine, run_id: int, world: TorchrunWorld, folder_name: str, started: float, *,
+                   blocked_after_s: float | None = None) -> None:
+    """How an attempt that a SIGTERM ended is recorded. ``cancel`` marks the run cancelled before it signals;
+    Slurm's (a requeue, a preemption, the time limit) leaves the run as it is, for a requeued job to resume or for
+    the poll (control/slurm_status.py) to record Slurm's end; any other is torchrun stopping the job, which it
+    does when another of its processes has failed. ``blocked_after_s``: rank 0 was still waiting in a collective
+    (on a peer that never came) when the SIGTERM's grace of that many seconds ran out, and ends without a step."""
+    cause = _failure_cause(folder_name, started)
+    why = (f" Rank 0 was blocked in a collective (waiting on a peer) and reached no step within the "
+           f"{blocked_after_s:g} s grace after the signal, so the attempt ended without a resume point at a step."
+           if blocked_after_s is not None else "")
+    if store.get_run(engine, run_id).status == "cancelled":
+        pass
+    elif cause is None and submitted_run_id() is not None:
+        store.add_notes(engine, run_id, [f"Slurm stopped attempt {int(os.environ.get('SLURM_RESTART_COUNT') or 0) + 1} "
+                                         f"of job {world.job_id} (SIGTERM).{why}"])
+    else:
+        _attempt_failed(engine, run_id, world, (cause or (
+            "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
+            "torchrun's output names it")) + (f"\n{why.strip()}" if why else ""))
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from tests.trainer_backend.worker.test_torchrun import assert_matches_a_run_spawned_in_one_go, finish, runs_of, start_agent
-from trainer_backend.engine.stopping import STOP_CHECK_STEPS, STOP_FILE
+from trainer_backend.engine.stopping import STOP_CHECK_ENV, STOP_FILE
 
 pytestmark = pytest.mark.processes
 
@@ -32,7 +32,8 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
     # each attempt's processes, stopped or done, leave without that shutdown, so the job still ends 0.
     env = {"PARALLAX_PLUGINS": "tests.plugins.stop_asking_model,tests.plugins.abort_at_exit",
            "PARALLAX_STEP_POINT_S": "1e-6",  # a point a step
-           "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards)}  # in step ASK_AT of epoch 2
+           "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards),  # in step ASK_AT of epoch 2
+           STOP_CHECK_ENV: "1e-6"}  # a look after every step
     agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"],
                         [*flags, "--devices", "cpu"], env_extra=env)
     ((code, out, err),) = finish([agent])
@@ -46,12 +47,9 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
     stopped = [re.fullmatch(r"The job was told to stop and stopped after step (\d+) of epoch 2, its resume point "
                             r"saved there\.", note) for note in run["notes"]]
     (step,) = [int(m.group(1)) for m in stopped if m] or pytest.fail(f"{run['notes']}\n{err[-3000:]}")
-    # Asked in step ASK_AT of epoch 2: stopped at the first check after it, on both ranks at once.
-    first_check = steps_per_epoch + ASK_AT + (-(steps_per_epoch + ASK_AT)) % STOP_CHECK_STEPS - steps_per_epoch
-    if strategy == "pp":  # its first stage also runs forwards outside the steps (the stages' shape inference)
-        assert (steps_per_epoch + step) % STOP_CHECK_STEPS == 0 and first_check - STOP_CHECK_STEPS <= step < first_check
-    else:
-        assert step == first_check, (step, run["notes"])
+    # Asked in step ASK_AT of epoch 2 (a step early where forwards outside the steps count too: BatchNorm's
+    # re-estimate, a pipeline's shape inference): the look after it asks, the next look's answer stops both ranks.
+    assert ASK_AT - 1 <= step <= ASK_AT + 1, (step, run["notes"])
     assert any(note.startswith(f"Resumed at step {step + 1} of epoch 2, from the point saved when the job was told")
                for note in run["notes"]), run["notes"]
     assert not any((parallax_home / "runs").rglob(STOP_FILE))  # taken: a later attempt does not stop
