@@ -166,6 +166,8 @@ class Decision(NamedTuple):
 DECIDED_KEY = "parallax/decided"
 DATA_READY_KEY = "parallax/data-ready"
 DECISION_WAIT = datetime.timedelta(days=7)
+ATTEMPT_ENDED_KEY = "parallax/attempt-ended"
+ATTEMPT_ENDED_WAIT = datetime.timedelta(minutes=10)  # rank 0 writing a large point on a slow disk
 
 
 def _tell(decision: Decision | None, store) -> Decision:
@@ -197,9 +199,16 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
             train_rank(_rank_spec(joined, world, run_id, url, echo=False, folder_name=decision.folder_name,
                                   resume_job=resume_job, sampling=sampling))
         except StoppedAtStep:
+            _wait_for_rank_0(group_store, decision.attempt)
             return STOPPED_EXIT
     return 0
 
+
+def _wait_for_rank_0(group_store, attempt: str) -> None:
+    """A process that stopped at a step leaves once rank 0 has written the resume point and recorded the stop:
+    torchrun stops the whole job as soon as one process exits other than 0, which would end rank 0 mid-save."""
+    with contextlib.suppress(Exception):  # rank 0 (and the store it serves) gone: nothing to wait for
+        group_store.wait([f"{ATTEMPT_ENDED_KEY}/{attempt}"], ATTEMPT_ENDED_WAIT)
 
 
 def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *, echo: bool, folder_name: str,
@@ -241,7 +250,12 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
     _tell(Decision("train", run_id, 0, folder_name, attempt), group_store)
     if echo:
         announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling, attempt)
+    try:
+        status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling,
+                                   attempt)
+    finally:
+        with contextlib.suppress(Exception):
+            group_store.set(f"{ATTEMPT_ENDED_KEY}/{attempt}", "1")  # processes stopped at a step may leave now
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)

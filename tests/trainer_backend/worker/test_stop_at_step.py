@@ -30,7 +30,11 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
              "--strategy", strategy, "--batch-size", str(batch)]
     # Every process would abort if its interpreter shut down, as one of a gloo world with FSDP sometimes does:
     # each attempt's processes, stopped or done, leave without that shutdown, so the job still ends 0.
-    env = {"PARALLAX_PLUGINS": "tests.plugins.stop_asking_model,tests.plugins.abort_at_exit",
+    # Under ddp rank 0 writes its points 3 s slower (tests/plugins/slow_step_point.py): rank 1, done with its part
+    # of the point at the step long before, must not leave (and have torchrun stop rank 0 mid-save) until then.
+    plugins = "tests.plugins.stop_asking_model,tests.plugins.abort_at_exit" + (
+        ",tests.plugins.slow_step_point" if strategy == "ddp" else "")
+    env = {"PARALLAX_PLUGINS": plugins,
            "PARALLAX_STEP_POINT_S": "1e-6",  # a point a step
            "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards),  # in step ASK_AT of epoch 2
            STOP_CHECK_ENV: "1e-6"}  # a look after every step
