@@ -583,7 +583,10 @@ def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: Ste
         hooks.cut()
         save_step_point(built, epoch, stopped, partial, loader_rng, best_acc)
         raise StoppedAtStep(epoch, stopped.step) from None
-    metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
+    images = round(metrics.images_per_s * metrics.train_time_s)
+    if partial is not None:  # the energy is metered from the resume: per image of the images trained since
+        images -= round(partial["totals"][2])
+    metrics.extra.update(hooks.end_epoch(images=images))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile
         recorder.profiles(profiler.out_dir, config)

@@ -30,10 +30,14 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
              "--strategy", strategy, "--batch-size", str(batch)]
     # Every process would abort if its interpreter shut down, as one of a gloo world with FSDP sometimes does:
     # each attempt's processes, stopped or done, leave without that shutdown, so the job still ends 0.
-    # Under ddp rank 0 writes its points 3 s slower (tests/plugins/slow_step_point.py): rank 1, done with its part
-    # of the point at the step long before, must not leave (and have torchrun stop rank 0 mid-save) until then.
+    # Under ddp: rank 0 writes its points 3 s slower (tests/plugins/slow_step_point.py), and rank 1, done with its
+    # part of the point at the step long before, must not leave (and have torchrun stop rank 0 mid-save) until
+    # then; the batches are flipped and cropped by each rank's own generators, which resume where they were; and
+    # a CPU package counter (tests/plugins/steady_rapl.py) meters each epoch's energy.
     plugins = "tests.plugins.stop_asking_model,tests.plugins.abort_at_exit" + (
-        ",tests.plugins.slow_step_point" if strategy == "ddp" else "")
+        ",tests.plugins.slow_step_point,tests.plugins.steady_rapl" if strategy == "ddp" else "")
+    if strategy == "ddp":
+        flags += ["--augment", "flip,crop"]
     env = {"PARALLAX_PLUGINS": plugins,
            "PARALLAX_STEP_POINT_S": "1e-6",  # a point a step
            "PARALLAX_TEST_ASK_AT": str((steps_per_epoch + ASK_AT) * forwards),  # in step ASK_AT of epoch 2
@@ -67,3 +71,7 @@ def test_a_job_told_to_stop_mid_epoch_resumes_at_the_next_step_and_records_each_
     # Images per second over the epoch's training time in both attempts, not the second attempt's alone.
     second = run["epochs"][1]
     assert second["images_per_s"] * second["train_time_s"] == pytest.approx(DIGITS_TRAIN, rel=0.05)
+    if strategy == "ddp":  # the energy metered from the resume, per image of the images trained since
+        joules, images = sum(second["extra"]["energy_j"].values()), round(second["images_per_s"] * second["train_time_s"])
+        assert joules > 0 and second["extra"]["energy_j_per_image"] == pytest.approx(
+            joules / (images - step * batch), rel=1e-6), second["extra"]
