@@ -33,7 +33,7 @@ from contract.environment import database_url, parallax_home
 
 from contract.config import ConfigError, RunConfig
 from contract.model_source import with_model_source
-from contract.slurm_options import processes_per_node
+from contract.slurm_options import cpus_per_node, processes_per_node
 from contract.strategy_specs import find
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def sbatch_options(config: RunConfig, *, job_name: str, output: Path) -> list[st
     """The #SBATCH lines of a run's job, in the order the script shows them."""
     lines = [f"--job-name={job_name}", f"--output={output}", "--open-mode=append", "--requeue",
              f"--signal=B:USR1@{SIGNAL_LEAD_S}", f"--nodes={config.slurm_nodes}", "--ntasks-per-node=1",
-             f"--cpus-per-task={config.slurm_cpus_per_task}"]
+             f"--cpus-per-task={cpus_per_node(config)}"]
     if config.slurm_gpus_per_node:
         lines.append(f"--gpus-per-node={config.slurm_gpus_per_node}")
     for name, option in (("slurm_partition", "partition"), ("slurm_time", "time"), ("slurm_mem", "mem"),
@@ -198,7 +198,8 @@ rm -f "$RUN_FOLDER/{STOP_REQUEST}"  # an earlier attempt's request that no step 
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
 rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 {q(python)} -m torch.distributed.run \\
+# srun is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={cpus_per_node(config)} {q(python)} -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={processes_per_node(config)} \\
     --rdzv-backend=c10d --rdzv-endpoint="$head_address:$rdzv_port" --rdzv-id="$SLURM_JOB_ID" \\
     -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &

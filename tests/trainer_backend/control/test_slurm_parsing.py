@@ -74,7 +74,48 @@ def test_the_script_asks_for_what_the_config_says_and_meets_at_the_first_nodes_a
                  '--rdzv-id="$SLURM_JOB_ID"', "NodeAddr=", 'exit "$status"', "trap requeue USR1"):
         assert line in script, line
     assert sbatch_options(RunConfig(where="slurm", strategy="ddp"), job_name="j", output=Path("o"))[-1] == \
-        "--cpus-per-task=1"
+        "--cpus-per-task=1"  # one CPU process a node, no loader workers: one core
+
+
+def test_a_gpu_job_asks_for_a_core_per_process_and_loader_worker_and_srun_is_given_them(tmp_path):
+    """2 nodes x 4 GPUs with 2 loader workers each: 4 x (1 + 2) = 12 cores a node, in the header and on srun's
+    line (since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task: without it every rank, the torchrun
+    agent and the loader workers would share one core)."""
+    config = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4,
+                       num_workers=2)
+    script = render_script(config, [17], [tmp_path / "run-17"], job_name="parallax-17", output=tmp_path / "slurm.log")
+    assert "#SBATCH --cpus-per-task=12" in script
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert "--cpus-per-task=12" in srun.split()
+    asked = config.replace(slurm_cpus_per_task=48)  # asked for by number: kept
+    assert "--cpus-per-task=48" in sbatch_options(asked, job_name="j", output=Path("o"))
+
+
+def test_a_cpu_request_under_a_core_per_process_is_refused_with_the_figure():
+    import pytest
+
+    from contract.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"slurm_cpus_per_task 2 is not allowed: it gives each of the 4 GPU training "
+                                          r"processes on a node less than one core; ask for at least 4, or 0 for what "
+                                          r"the run needs \(12: 4 × \(1 \+ 2 loader workers\)\)"):
+        RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4, num_workers=2,
+                  slurm_cpus_per_task=2)
+
+
+def test_a_cluster_job_is_judged_by_its_nodes_not_by_this_machines_cores():
+    """4 loader workers for each of 4 GPU ranks on each of 2 nodes make 36 processes a node, far more than this
+    machine's cores allow a local run: on Slurm the nodes it asks for run them (20 cores each)."""
+    from trainer_backend.control.slurm_job import check_world
+
+    config = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4,
+                       num_workers=4)
+    cpu = RunConfig(where="slurm", strategy="ddp", devices=("cpu",) * 64, slurm_nodes=16)  # 4 a node
+    assert check_world(config).world_size == 8 and check_world(cpu).world_size == 64
+
+    from contract.slurm_options import cpus_per_node
+
+    assert cpus_per_node(config) == 20 and cpus_per_node(cpu) == 4
 
 
 def test_the_log_is_tailed_from_a_byte_offset(tmp_path):
