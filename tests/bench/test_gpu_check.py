@@ -124,6 +124,17 @@ def test_the_sync_counter_counts_what_set_sync_debug_mode_warns_of(monkeypatch):
     assert counter.count is None and modes == ["warn", "default"]  # a CPU leaves the mode alone
 
 
+@pytest.mark.bench  # an engine's two epochs in this process
+def test_the_engines_sync_audit_runs_with_the_guard_the_step_hooks_and_the_stop_check():
+    """The epoch whose synchronising calls gpu-check counts is a run's: the NaN guard, the step hooks (step points
+    written) and the stop check each step, as the trainer wires them (on the CPU the count itself is None)."""
+    from bench.gpu import engine_sync_audit
+
+    audit = engine_sync_audit("test_resnet", 128, 16, device="cpu", data_path="device")
+    assert audit["syncs_per_step"] is None and audit["steps"] == 12
+    assert audit["step_points"] == 2 * audit["steps"] and audit["stop_checks"] == 2 * audit["steps"], audit
+
+
 @pytest.mark.bench
 @pytest.mark.processes
 def test_a_jpeg_folder_of_mixed_sizes_decoded_in_the_workers_and_from_the_cache(parallax_home, db_url, monkeypatch):

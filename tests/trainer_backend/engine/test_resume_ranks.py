@@ -44,16 +44,18 @@ def _draws(inputs: DeviceInputs) -> list[list[float]]:
     return inputs(pixels, train=True).flatten(1)[:, :16].tolist()
 
 
-def _points_world(rank: int, port: int, root: str, out_path: str) -> None:
+def _points_world(rank: int, port: int, root: str, out_path: str, kind: str = "cpu") -> None:
     """Save a point into a folder both ranks read; restore it (1) from there, (2) where rank 1's own folder
     holds an older point. Each time: what the broadcast carried, and whether the weights and every rank's
-    augmentation draws after the point came back as they were."""
-    strategy = make_strategy(CONFIG, rank, store_host="127.0.0.1", store_port=port)
+    augmentation draws after the point came back as they were. ``kind``: "cpu" (gloo) or "cuda" (NCCL, a GPU
+    each: tests/system/test_gpu.py)."""
+    config = CONFIG if kind == "cpu" else CONFIG.replace(devices=("cuda:0", "cuda:1"))
+    strategy = make_strategy(config, rank, store_host="127.0.0.1", store_port=port)
     strategy.setup()
     torch.manual_seed(0)
     model = strategy.wrap(torch.nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy.inputs = DeviceInputs.for_run(CONFIG, lambda pixels: pixels.float(), torch.device("cpu"), rank)
+    strategy.inputs = DeviceInputs.for_run(config, lambda pixels: pixels.float(), strategy.input_device, rank)
     carried = []
     broadcast = dist.broadcast_object_list
 
