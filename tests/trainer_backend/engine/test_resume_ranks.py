@@ -67,6 +67,7 @@ def _points_world(rank: int, port: int, root: str, out_path: str, kind: str = "c
     shared = Path(root, "shared")
     _draws(strategy.inputs)  # the epoch's draws so far
     resume.save_resume_point(shared, strategy, model, optimizer, None, epoch=2, best_acc=0.5)
+    dist.barrier()  # written by rank 0: a restarted job reads it, long after
     weights = [p.detach().clone() for p in model.parameters()]
     expected = _draws(strategy.inputs)  # what the epoch draws after the point
     results = {}
@@ -77,6 +78,7 @@ def _points_world(rank: int, port: int, root: str, out_path: str, kind: str = "c
             shutil.copytree(shared, folder)
             if rank == 1:
                 (folder / resume.RESUME_EPOCH_FILE).write_text(json.dumps({"epoch": 1, "sha256": "0" * 64}))
+            dist.barrier()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(1.0)  # trained on after the point
