@@ -52,6 +52,7 @@ from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, s
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import collective_timeout
+from trainer_backend.engine.divergence import TrainingDiverged
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
@@ -505,6 +506,8 @@ def _failure_cause(folder_name: str, since: float) -> str | None:
     if not failures:
         return None
     first = min(failures, key=lambda f: f["time"])
+    if first.get("type") == TrainingDiverged.__name__:  # one verdict every rank reached together: its own words
+        return first["message"]
     return with_oom_hint(f"rank {first['rank']} raised an exception:\n{first['traceback']}")
 
 
