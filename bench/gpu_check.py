@@ -3,10 +3,14 @@
 With CUDA it first answers whether the engine is the bottleneck of a comparison: the engine
 against bench/gpu.py's hand-written loop on both data paths (the dataset kept on the GPU; the host
 path with loader workers and pinned non-blocking copies), images/s per pair against a target of
-0.98, with each side's synchronising calls per training step. Then it runs a short series of real
+0.98, with each side's synchronising calls per training step (the engine's with the NaN guard, the step
+hooks and the stop check on). Right after the pairs, what a run does besides its steps
+(bench/gpu_run_checks.py): ddp under ``torchrun --standalone`` with ``--max-restarts 1`` (the stop check
+on) against the same job without, a stop and resume at a step over NCCL, NaN stops and skips, the SDK on
+one visible GPU, SIGTERM during a long kernel. Then it runs a short series of real
 runs of the engine on cuda:0 (resnet18 on the digits at 128 px, batch 128, 3 epochs: single in
 bf16, with ``--amp off``, ``--compile`` and ``--channels-last``, ddp and fsdp as worlds of one, fp16
-with ``--grad-clip``, and ddp under ``torchrun --standalone``), prints for each the epochs' training
+with ``--grad-clip``), prints for each the epochs' training
 images/s, the largest step point's images/s (and its ratio to the best epoch's: above 2 a step point
 overstates; epoch 1's own figure is held down by cuDNN's algorithm search in its first step, so it
 is no yardstick), MFU with the peak it divides by, and the peak memory; a JPEG folder of mixed sizes
@@ -78,8 +82,10 @@ TORCHRUN_PAIR: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
 # The time plan on one H200 (10 minutes in all), the product's question first: the engine against
 # the hand-written loop, resnet50 at 160 px, batch 128, 6 epochs of the digits (~0.4 s each), two
 # pairs per data path started in turn (~50 s a pair, most of it each process's start and epoch 1's
-# cuDNN search) plus the engine's sync count per path (~20 s), 4 minutes; the runs above about 25 s
-# each (the compiled one about 60 s), 4 minutes; the JPEG folder (~100 small files) decoded on the
+# cuDNN search) plus the engine's sync count per path (~20 s), 4 minutes; the torchrun pair (~25 s each) and
+# the checks of bench/gpu_run_checks.py (a stopped and resumed job ~40 s, four NaN runs ~10 s each, the SDK
+# script ~15 s, two SIGTERMs ~10 s), an estimated 2.5 minutes, not yet measured on a GPU; the runs above about
+# 25 s each (the compiled one about 60 s), 3.5 minutes; the JPEG folder (~100 small files) decoded on the
 # GPU and from the cache, 2 runs of 2 epochs, 30 s; three estimates on the CPU, 20 s;
 # tests/system/test_gpu.py gets the rest, at least MIN_TEST_S (the whole file takes about 6 minutes
 # on its own: `pytest tests/system/test_gpu.py`).
