@@ -15,7 +15,6 @@ import streamlit as st
 
 from contract import devices as device_info
 from contract.config import RunConfig
-from trainer_backend.control import inspect as ask
 from ui.text import escape_markdown
 
 # Free memory moves while other work runs; suggestions are cached per 256 MB of it.
@@ -25,28 +24,45 @@ FREE_MB_STEP = 256
 @st.cache_data(show_spinner="Estimating the memory per device…", max_entries=128)
 def cached_estimate(config_json: str, num_classes: int, in_chans: int) -> dict:
     """The estimate of a config as a dict (``MemoryEstimate.to_dict``), or {"error": why}."""
-    return ask.estimate_memory(RunConfig.from_dict(json.loads(config_json)), num_classes, in_chans)
+    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
+
+    config = RunConfig.from_dict(json.loads(config_json))
+    try:
+        return estimate_memory(config, num_classes=num_classes, in_chans=in_chans).to_dict()
+    except ValueError as exc:  # a model, batch or split the estimate names
+        return {"error": str(exc)}
+    except Exception as exc:  # an architecture fake tensors cannot step: the form stays usable
+        return {"error": f"{config.model} could not be stepped under fake tensors ({type(exc).__name__}: {exc})"[:400]}
 
 
 @st.cache_data(show_spinner="Estimating what would fit…", max_entries=64)
 def cached_suggestions(config_json: str, num_classes: int, in_chans: int, free_steps: tuple, gpus: tuple) -> list[str]:
+    from trainer_backend.engine.forecast.memory_fit import suggestions
+
     config = RunConfig.from_dict(json.loads(config_json))
     free_mb = {label: steps * FREE_MB_STEP for label, steps in free_steps}
-    return ask.suggestions(config, num_classes, in_chans, free_mb, list(gpus))
+    try:
+        return suggestions(config, num_classes, in_chans, free_mb, list(gpus))
+    except Exception:  # the estimate itself was made; a change that cannot be estimated is not offered
+        return []
 
 
 def device_fits(estimate: dict, free_mb: dict[str, float]) -> list:
-    return ask.fits({label: d["total_mb"] for label, d in estimate["devices"].items()}, free_mb)
+    from trainer_backend.engine.forecast.memory_fit import fits
+
+    return fits({label: d["total_mb"] for label, d in estimate["devices"].items()}, free_mb)
 
 
 def memory_panel(config: RunConfig, num_classes: int, in_chans: int) -> None:
     """The estimate of ``config`` per device against its free memory, with a verdict each."""
+    from trainer_backend.engine.forecast.memory_fit import available_memory_mb
+
     estimate = cached_estimate(json.dumps(config.to_dict(), sort_keys=True), num_classes, in_chans)
     st.markdown("**Will it fit?** Estimated peak memory per device")
     if "error" in estimate:
         st.caption(f"No memory estimate: {escape_markdown(estimate['error'])}")
         return
-    free_mb = ask.available_memory_mb(config)
+    free_mb = available_memory_mb(config)
     rows = device_fits(estimate, free_mb)
     for fit in rows:
         text = f"{fit.device}: {fit.verdict}"
@@ -86,6 +102,8 @@ def estimate_table(estimate: dict) -> list[dict]:
 
 def compare_table(configs: list[RunConfig], num_classes: int, in_chans: int) -> None:
     """Every strategy's estimate side by side: its fullest device, and whether every device fits."""
+    from trainer_backend.engine.forecast.memory_fit import available_memory_mb
+
     rows = []
     for config in configs:
         estimate = cached_estimate(json.dumps(config.to_dict(), sort_keys=True), num_classes, in_chans)
@@ -94,7 +112,7 @@ def compare_table(configs: list[RunConfig], num_classes: int, in_chans: int) -> 
             rows.append({**row, "verdict": f"no estimate: {estimate['error']}"})
             continue
         fullest = max(estimate["devices"].values(), key=lambda d: d["total_mb"])
-        worst = max(device_fits(estimate, ask.available_memory_mb(config)), key=lambda f: f.needed_mb - f.free_mb,
+        worst = max(device_fits(estimate, available_memory_mb(config)), key=lambda f: f.needed_mb - f.free_mb,
                     default=None)
         rows.append({**row, "fullest device GB": round(fullest["total_mb"] / 1024, 2),
                      "state GB": round(

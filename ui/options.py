@@ -1,10 +1,9 @@
 """What the Launch form offers: datasets (built-ins and folders under the data roots), timm
 models with sensible defaults first, and a model's parameter count, all cached.
 
-The full answers need torch and timm, which take 5–10 s to import on a small machine: they come from
-the backend's inspector, a child process (trainer_backend/control/inspect.py), so that this server
-process never imports them. Until the inspector has imported them (``training_stack_loaded``), the form
-is drawn from what needs neither: the built-in datasets' names and the default models.
+The full answers need torch and timm, which take 5–10 s to import on a small machine. Until this
+server process has imported them (``training_stack_loaded``), the form is drawn from what needs
+neither: the built-in datasets' names and the default models.
 
 Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
 ``$PARALLAX_HOME/datasets``; each immediate sub-folder of a root is offered as a dataset, and each
@@ -13,32 +12,38 @@ Data roots come from ``PARALLAX_DATA_ROOTS`` (colon-separated folders), default
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
 from contract.config import RunConfig
-from trainer_backend.control import inspect as ask
-from trainer_backend.control.inspect import data_roots, is_under_roots, offered_lists
+from trainer_backend.datasets.roots import data_roots, is_under_roots, offered_lists
 
 # The default run's model first, so the form opens on it.
 DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficientnet_b0", "convnext_tiny",
                   "test_resnet")
 # trainer_backend.datasets.BUILTIN_DATASETS, which imports torch to be read; a test keeps them equal.
 BUILTIN_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "eurosat")
+# Imported by the full form; the last two import torch.
+TRAINING_STACK = ("timm", "trainer_backend.datasets.prepare", "trainer_backend.engine.models")
 
 
 def training_stack_loaded() -> bool:
-    """Whether the inspector has imported torch, timm and the engine's datasets and models.
+    """Whether this server process has imported torch, timm and the engine's datasets and models.
 
-    One inspector serves every session of the server, so this is the one truth they share."""
-    return ask.ready()
+    Imports are per process, so this is the one truth every session shares. A module another
+    session is still importing counts as loaded: using it waits for that import to end."""
+    return all(name in sys.modules for name in TRAINING_STACK)
 
 
 def load_training_stack() -> None:
-    """Have the inspector import what the full form needs (5–10 s on a small machine, once per server)."""
-    ask.warm_up()
+    """Import what the full form needs (5–10 s on a small machine, once per server process)."""
+    import timm  # noqa: F401
+
+    import trainer_backend.datasets.prepare  # noqa: F401  (the package itself imports its modules on first use)
+    import trainer_backend.engine.models  # noqa: F401
 
 
 def dataset_folders() -> list[str]:
@@ -76,7 +81,7 @@ def dataset_lists() -> list[str]:
 def outside_roots(choice: str) -> str | None:
     """Why the dashboard may not use ``choice`` (a folder outside the data roots), or None."""
     from contract.config import ConfigError
-    from trainer_backend.control.inspect import check_under_roots
+    from trainer_backend.datasets.roots import check_under_roots
 
     if choice in BUILTIN_DATASETS:  # decided here: the check would import torch to learn these names
         return None
@@ -101,7 +106,12 @@ def dataset_label(choice: str) -> str:
 def describe_dataset(choice: str) -> dict[str, Any]:
     """``inspect_dataset`` (no decoding), or {"problems": [message]} when the folder is unusable.
     Only what lies inside the data roots is read, links included."""
-    return ask.describe_dataset(choice, data_roots())
+    from trainer_backend.datasets import DatasetError, inspect_dataset
+
+    try:
+        return inspect_dataset(choice, data_roots())
+    except DatasetError as exc:
+        return {"problems": [str(exc)], "warnings": []}
 
 
 def dataset_summary(info: dict[str, Any]) -> str:
@@ -123,7 +133,7 @@ def dataset_summary(info: dict[str, Any]) -> str:
 
 def memory_problem(info: dict[str, Any], image_size: Any, bands: tuple[int, ...] | None) -> str | None:
     """Why a folder would not fit the decode limit at ``image_size`` (the check the run makes), or None."""
-    from trainer_backend.control.inspect import too_large_decoded
+    from trainer_backend.datasets.limits import too_large_decoded
 
     if info.get("kind") != "folder" or not isinstance(image_size, int) or not info.get("num_images"):
         return None
@@ -139,7 +149,7 @@ def data_on_device_problem(config: RunConfig) -> str | None:
         return None
     from contract.config import data_on_device_problem as problem
     from contract.devices import gpu_free_bytes
-    from trainer_backend.control.inspect import stored_split_size
+    from trainer_backend.datasets import stored_split_size
 
     try:
         stored, _ = stored_split_size(config.dataset, config.stored_size or config.image_size, config.bands,
@@ -161,7 +171,9 @@ def input_channels(info: dict[str, Any], bands: tuple[int, ...] | None) -> int:
 @st.cache_data(show_spinner=False)
 def model_choices() -> list[str]:
     """Every timm architecture, the defaults first."""
-    names = ask.model_names()
+    import timm
+
+    names = timm.list_models()
     defaults = [name for name in DEFAULT_MODELS if name in names]
     return defaults + sorted(set(names) - set(defaults))
 
@@ -170,12 +182,27 @@ def model_choices() -> list[str]:
 def parameter_count(model: str, num_classes: int, in_chans: int) -> int | None:
     """Parameters of ``model`` sized for the dataset, built on the meta device (no memory, no
     weights, instant even for large models). None if the model cannot be built that way."""
-    return ask.parameter_count(model, num_classes, in_chans)
+    import timm
+    import torch
+
+    from trainer_backend.engine.models import count_parameters
+
+    try:
+        with torch.device("meta"):
+            return count_parameters(timm.create_model(model, num_classes=num_classes, in_chans=in_chans))
+    except Exception:  # a few architectures compute values from tensors in __init__, which meta cannot
+        return None
 
 
 def model_problem(model: str) -> str | None:
     """Why timm cannot build ``model`` (with close names), or None."""
-    return ask.model_problem(model)
+    from trainer_backend.engine.models import ModelError, check_model_name
+
+    try:
+        check_model_name(model)
+    except ModelError as exc:
+        return str(exc)
+    return None
 
 
 def format_count(count: int) -> str:

@@ -1,5 +1,5 @@
 """The Launch form's "your own model": its verdict comes from the same child process the command line
-uses (trainer_backend/worker/model_check.py, through trainer_backend/control/inspect.py), so that a broken import, a hang or a crash in the user's
+uses (trainer_backend/worker/model_check.py), so that a broken import, a hang or a crash in the user's
 code never runs in the dashboard's process. The dashboard itself only finds the file and hashes it.
 
     verdict = model_verdict(config)   # Verdict(ok=True, line="model /abs/mynet.py:Net takes num_classes ...")
@@ -40,7 +40,7 @@ def model_verdict(config: RunConfig) -> Verdict:
 @st.cache_data(show_spinner=False, max_entries=64)
 def _checked(model: str, model_args: str, source: str, dataset: str, bands, image_size: int, strategy: str,
              devices: int, *, _config: RunConfig) -> Verdict:
-    from trainer_backend.control.inspect import check_model_before_launch
+    from trainer_backend.worker.model_check import check_model_before_launch
 
     started = time.perf_counter()
     try:

@@ -485,8 +485,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     config = config_from_args(args, sweep=bool(args.strategies))
     with engine_imports():
         from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
-        from trainer_backend.engine.forecast.free_memory import available_memory_mb, fits
-        from trainer_backend.engine.forecast.memory_fit import format_table, table_rows
+        from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits, format_table, table_rows
 
     if args.strategies:
         from trainer_backend.control.lifecycle import sweep_configs

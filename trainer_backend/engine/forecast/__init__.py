@@ -3,9 +3,7 @@
     memory_trace     one training step traced under fake tensors: every tensor's bytes while it lives
     memory_estimate  parameters, gradients, optimizer state, activations and buffers per device, as each
                      strategy places them (``memory_placement`` beside its ``wrap``)
-    free_memory      each device's free memory and whether an estimate fits it, in words (torch-free: the
-                     dashboard reads it in its own process)
-    memory_fit       the changes that would fit, each estimated; the estimate as a text table
+    memory_fit       the estimate against each device's free memory: a verdict, and changes that would fit
 
 The Launch page and the ``estimate`` command ask it; rank 0 stores it beside what the run then measures.
 """
