@@ -21,7 +21,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -248,7 +247,3 @@ def run_checks(run_one, home: Path, db_url: str, timeout_s: float, device: str) 
     for r in rows:
         print("\n".join(table([r])[2:]), flush=True)
     return rows
-
-
-if __name__ == "__main__":
-    sys.exit("run it through bench/gpu_check.py (make gpu-check)")
