@@ -30,6 +30,7 @@ import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -184,11 +185,51 @@ def plain_gpu_loop(model_name: str, epochs: int, batch_size: int, image_size: in
     return {"images_per_s": speeds, "syncs_per_step": syncs}
 
 
+class StepExtras:
+    """What a run's epoch adds to each training step beyond the step itself, as the trainer wires it: the NaN
+    guard (``--on-nonfinite stop``, the default), the step hooks (progress and step points, written to a run in
+    the SQLite file ``folder/audit.db``) and the stop check of a torchrun job (``folder`` is its run folder).
+    ``for_epoch(epoch, loader, optimizer)``: ``train_one_epoch``'s keyword arguments for that epoch; ``close()``
+    writes what the step points hold."""
+
+    def __init__(self, strategy, folder):
+        from db import make_engine, store
+        from trainer_backend.engine.divergence import NonfiniteGuard
+        from trainer_backend.engine.stopping import StopRequest
+        from trainer_backend.telemetry.recorder import Recorder
+        from trainer_backend.telemetry.steps import StepHooks, StepRecorder
+
+        engine = make_engine(f"sqlite:///{Path(folder) / 'audit.db'}")
+        self.run_id = store.create_run(engine, strategy.config.to_dict(), status="running")
+        writer = Recorder(engine, self.run_id)
+        started_at_s = writer.started_at_s()
+        points = StepRecorder(writer, started_at_s, device=strategy.output_device, min_interval_s=0.0)
+        self.hooks = StepHooks(progress=writer.progress, recorder=points, started_at_s=started_at_s,
+                               devices=strategy.devices)
+        self.guard = NonfiniteGuard("stop", strategy)
+        self.stop = StopRequest(Path(folder), strategy, every_s=0.0)  # a look after every optimizer step
+
+    def for_epoch(self, epoch: int, loader, optimizer) -> dict:
+        self.guard.start_epoch(epoch, len(loader), optimizer)
+        self.hooks.start_epoch(epoch, loader, optimizer)
+        return {"guard": self.guard, "on_step": self.hooks, "on_loss": self.hooks.loss,
+                "on_start": self.hooks.begin_training, "stop": self.stop}
+
+    def close(self) -> None:
+        self.hooks.end_epoch(images=0)
+        self.hooks.close()
+
+    def counts(self) -> dict:
+        """What the extras did, that an audit shows they ran: step points written, looks of the stop check."""
+        return {"step_points": self.hooks.recorder.written, "stop_checks": self.stop._calls}
+
+
 def engine_sync_audit(model_name: str, batch_size: int, image_size: int, *, device: str, data_path: str,
                       num_workers: int = HOST_WORKERS) -> dict:
     """The engine's own training epoch (``train_one_epoch`` with the run's loaders, device inputs,
-    model, AMP and gradient scaler, as ``trainer.build_on`` makes them) on one device: synchronising
-    calls per step of its second epoch (None on a CPU), and the steps it took."""
+    model, AMP and gradient scaler, as ``trainer.build_on`` makes them, and the NaN guard, the step hooks and
+    the stop check, as ``StepExtras`` wires them) on one device: synchronising calls per step of its second
+    epoch (None on a CPU), and the steps it took."""
     import torch
 
     from contract.config import RunConfig
@@ -210,12 +251,17 @@ def engine_sync_audit(model_name: str, batch_size: int, image_size: int, *, devi
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     amp_dtype = rank_amp_dtype(config, strategy.input_device)
     scaler = make_grad_scaler(amp_dtype)
-    train_one_epoch(model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler)  # warm-up
-    with SyncCounter(strategy.input_device) as counter:
-        train_one_epoch(model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler)
+    with tempfile.TemporaryDirectory(prefix="parallax-sync-audit-") as folder:
+        extras = StepExtras(strategy, folder)
+        train_one_epoch(model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler,
+                        **extras.for_epoch(1, train_loader, optimizer))  # warm-up
+        with SyncCounter(strategy.input_device) as counter:
+            train_one_epoch(model, train_loader, optimizer, strategy, amp_dtype=amp_dtype, scaler=scaler,
+                            **extras.for_epoch(2, train_loader, optimizer))
+        extras.close()
     steps = len(train_loader)
     return {"syncs_per_step": None if counter.count is None else counter.count / steps, "steps": steps,
-            "on_device": bool(data.train.on_device)}
+            "on_device": bool(data.train.on_device), **extras.counts()}
 
 
 def run_plain(settings: dict, switches: tuple[str, ...] = (), *, device: str = "cuda:0", data_path: str = "device",

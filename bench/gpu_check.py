@@ -3,10 +3,14 @@
 With CUDA it first answers whether the engine is the bottleneck of a comparison: the engine
 against bench/gpu.py's hand-written loop on both data paths (the dataset kept on the GPU; the host
 path with loader workers and pinned non-blocking copies), images/s per pair against a target of
-0.98, with each side's synchronising calls per training step. Then it runs a short series of real
+0.98, with each side's synchronising calls per training step (the engine's with the NaN guard, the step
+hooks and the stop check on). Right after the pairs, what a run does besides its steps
+(bench/gpu_run_checks.py): ddp under ``torchrun --standalone`` with ``--max-restarts 1`` (the stop check
+on) against the same job without, a stop and resume at a step over NCCL, NaN stops and skips, the SDK on
+one visible GPU, SIGTERM during a long kernel. Then it runs a short series of real
 runs of the engine on cuda:0 (resnet18 on the digits at 128 px, batch 128, 3 epochs: single in
 bf16, with ``--amp off``, ``--compile`` and ``--channels-last``, ddp and fsdp as worlds of one, fp16
-with ``--grad-clip``, and ddp under ``torchrun --standalone``), prints for each the epochs' training
+with ``--grad-clip``), prints for each the epochs' training
 images/s, the largest step point's images/s (and its ratio to the best epoch's: above 2 a step point
 overstates; epoch 1's own figure is held down by cuDNN's algorithm search in its first step, so it
 is no yardstick), MFU with the peak it divides by, and the peak memory; a JPEG folder of mixed sizes
@@ -46,6 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import gpu_run_checks  # noqa: E402
 from bench.common import DOCS_PATH, PYTHON, ROOT, child_env, parallax_home  # noqa: E402
 
 BUDGET_S = 600
@@ -66,13 +71,21 @@ RUNS: list[tuple[str, tuple[str, ...]]] = [
     ("ddp, world of one", ("--strategy", "ddp", "--devices", "0", "--amp", "bf16", "--stored-size", STORED_SIZE)),
     ("fsdp, world of one", ("--strategy", "fsdp", "--devices", "0", "--amp", "bf16", "--stored-size", STORED_SIZE)),
     ("single fp16 --grad-clip 1", ("--strategy", "single", "--devices", "0", "--amp", "fp16", "--grad-clip", "1.0")),
-    ("torchrun --standalone, ddp", ("--strategy", "ddp", "--devices", "cuda", "--amp", "bf16")),
+]
+# Run first, right after the pairs: a torchrun job without the stop check (not resumable) and one with it
+# (--max-restarts 1: a look about every 2 s, a resume point each epoch); (name, flags, torchrun's own flags).
+TORCHRUN_PAIR: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
+    ("torchrun --standalone, ddp", ("--strategy", "ddp", "--devices", "cuda", "--amp", "bf16"), ()),
+    ("torchrun --standalone --max-restarts 1, ddp (stop check)", ("--strategy", "ddp", "--devices", "cuda", "--amp",
+                                                                  "bf16"), ("--max-restarts", "1")),
 ]
 # The time plan on one H200 (10 minutes in all), the product's question first: the engine against
 # the hand-written loop, resnet50 at 160 px, batch 128, 6 epochs of the digits (~0.4 s each), two
 # pairs per data path started in turn (~50 s a pair, most of it each process's start and epoch 1's
-# cuDNN search) plus the engine's sync count per path (~20 s), 4 minutes; the runs above about 25 s
-# each (the compiled one about 60 s), 4 minutes; the JPEG folder (~100 small files) decoded on the
+# cuDNN search) plus the engine's sync count per path (~20 s), 4 minutes; the torchrun pair (~25 s each) and
+# the checks of bench/gpu_run_checks.py (a stopped and resumed job ~40 s, four NaN runs ~10 s each, the SDK
+# script ~15 s, two SIGTERMs ~10 s), an estimated 2.5 minutes, not yet measured on a GPU; the runs above about
+# 25 s each (the compiled one about 60 s), 3.5 minutes; the JPEG folder (~100 small files) decoded on the
 # GPU and from the cache, 2 runs of 2 epochs, 30 s; three estimates on the CPU, 20 s;
 # tests/system/test_gpu.py gets the rest, at least MIN_TEST_S (the whole file takes about 6 minutes
 # on its own: `pytest tests/system/test_gpu.py`).
@@ -105,19 +118,20 @@ def nothing_to_check() -> tuple[str, int] | None:
     return None
 
 
-def run_one(name: str, flags: tuple[str, ...], db_url: str, timeout_s: float, workload: tuple[str, ...] | None = None
-            ) -> dict:
+def run_one(name: str, flags: tuple[str, ...], db_url: str, timeout_s: float, workload: tuple[str, ...] | None = None,
+            *, agent: tuple[str, ...] = (), env: dict | None = None) -> dict:
     """One real run to its end, summarised; a failure is summarised too, with its reason.
-    ``workload``: the flags before ``flags`` (WORKLOAD unless given)."""
+    ``workload``: the flags before ``flags`` (WORKLOAD unless given); a run whose name starts with "torchrun" is
+    started by torchrun, with ``agent``'s flags too; ``env``: more of the run's environment."""
     from db import make_engine, store
 
     engine = make_engine(db_url)
     before = {run.id for run in store.list_runs(engine)}
-    command = [*(TORCHRUN if name.startswith("torchrun") else (PYTHON,)), "-m", "trainer_backend", "run",
+    command = [*((*TORCHRUN, *agent) if name.startswith("torchrun") else (PYTHON,)), "-m", "trainer_backend", "run",
                *(WORKLOAD if workload is None else workload), *flags]
     started = time.monotonic()
     try:
-        done = subprocess.run(command, cwd=ROOT, env=child_env(PARALLAX_STEP_POINT_S=STEP_POINT_S),
+        done = subprocess.run(command, cwd=ROOT, env=child_env(PARALLAX_STEP_POINT_S=STEP_POINT_S, **(env or {})),
                               capture_output=True, text=True, timeout=timeout_s)
         output = done.stdout[-2000:] + done.stderr[-3000:]
     except subprocess.TimeoutExpired:
@@ -132,7 +146,9 @@ def summarise(name: str, flags: tuple[str, ...], run: dict, wall_s: float, outpu
     """The figures of one exported run, and what is out of bounds in them."""
     epochs = run["epochs"]
     summary = {"name": name, "flags": " ".join(flags), "status": run["status"], "wall_s": round(wall_s, 1),
-               "problems": []}
+               "problems": [], "error": run.get("error"), "notes": run.get("notes") or [],
+               "epochs_recorded": [e["epoch"] for e in epochs],
+               "skipped_steps": [e["extra"].get("skipped_steps", 0) for e in epochs]}
     if run["status"] != "completed":
         summary["problems"].append(f"ended {run['status']}: {(run.get('error') or '').splitlines()[:1]}")
         summary["output"] = output
@@ -337,7 +353,7 @@ def memory_lines(results: list[dict], estimates: list[dict]) -> list[str]:
 
 
 def section(gpu: str, environment: str, results: list[dict], tests: dict | None, *, paths: dict | None = None,
-            jpeg: dict | None = None, estimates: list[dict] | None = None) -> str:
+            jpeg: dict | None = None, estimates: list[dict] | None = None, checks: list[dict] | None = None) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     flags = " ".join(WORKLOAD[:-1])
     lines = [BEGIN, "## GPU check (`make gpu-check`)", "",
@@ -351,7 +367,11 @@ def section(gpu: str, environment: str, results: list[dict], tests: dict | None,
                   f"({settings}), each started in turn, {PAIRS} pair(s) per data path; images/s is the median of "
                   "the epochs after the first. Synchronising calls are counted with "
                   "`torch.cuda.set_sync_debug_mode(\"warn\")` over one epoch's training steps, its start and end "
-                  "included.", "", *paths_table(paths), ""]
+                  "included, with what a run adds to each step: the NaN guard, the step hooks writing step points "
+                  "and the stop check (a look after every step).", "", *paths_table(paths), ""]
+    if checks:
+        lines += ["What a run does besides its steps (`bench/gpu_run_checks.py`), right after the pairs:", "",
+                  *gpu_run_checks.table(checks), ""]
     if jpeg is not None:
         gap = "—" if jpeg["gap"] is None else f"{jpeg['gap']:.3f}"
         lines += [f"A JPEG folder of {JPEG_CLASSES * JPEG_PER_CLASS} images of mixed sizes ({JPEG_SIZES[0]}–"
@@ -410,7 +430,7 @@ def main() -> int:
     print(f"gpu-check on {gpu} ({environment})", flush=True)
     if shutil.which("nvidia-smi") is None:
         print("gpu-check: nvidia-smi is not on PATH (NVML readings may be missing)", flush=True)
-    results = []
+    results, checks = [], []
     with parallax_home("parallax-gpu-check-") as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         os.environ["PARALLAX_DB_URL"] = db_url
@@ -422,6 +442,13 @@ def main() -> int:
                 paths = {"device": {"skipped": "failed", "problems": [failure]}}
                 print(failure, flush=True)
             print("\n".join(paths_table(paths)), flush=True)
+            # Then what a run does besides its steps (bench/gpu_run_checks.py), the stop check's cost first.
+            for name, flags, agent in TORCHRUN_PAIR:
+                results.append(run_one(name, flags, db_url, RUN_TIMEOUT_S, agent=agent))
+                print("\n".join(table(results[-1:])[2:]), flush=True)
+            if len(results) == 2:
+                checks.append(gpu_run_checks.stop_check_cost(results[0], results[1], gpu_run_checks.pair_ratios(paths)))
+            checks += gpu_run_checks.run_checks(run_one, home, db_url, RUN_TIMEOUT_S, DEVICE)
             for name, flags in RUNS:
                 result = run_one(name, flags, db_url, RUN_TIMEOUT_S)
                 results.append(result)
@@ -437,17 +464,19 @@ def main() -> int:
             os.environ.pop("PARALLAX_DB_URL", None)
     tests = None
     # written before the tests too, so that a check cut off in them keeps its figures
-    write_section(args.docs, section(gpu, environment, results, tests, paths=paths, jpeg=jpeg, estimates=estimates))
+    write_section(args.docs, section(gpu, environment, results, tests, paths=paths, jpeg=jpeg, estimates=estimates,
+                                     checks=checks))
     if not args.no_tests:
         left = max(args.min_test_s, args.budget_s - (time.monotonic() - started))
         print(f"tests/system/test_gpu.py (at most {left:.0f} s) ...", flush=True)
         tests = run_tests(left)
         print(f"tests/system/test_gpu.py: {tests['summary']}", flush=True)
-    write_section(args.docs, section(gpu, environment, results, tests, paths=paths, jpeg=jpeg, estimates=estimates))
+    write_section(args.docs, section(gpu, environment, results, tests, paths=paths, jpeg=jpeg, estimates=estimates,
+                                     checks=checks))
     print("\n".join(table(results)), flush=True)
     print(f"wrote {args.docs} in {time.monotonic() - started:.0f} s", flush=True)
     failed = (any(r["status"] != "completed" or r.get("problems") for r in results) or bool(tests and tests["failed"])
-              or any(part.get("problems") for part in [*paths.values(), jpeg, *estimates]))
+              or any(part.get("problems") for part in [*paths.values(), jpeg, *estimates, *checks]))
     return 1 if failed else 0
 
 

@@ -577,7 +577,8 @@ def _validate_devices(cfg: RunConfig) -> None:
     kinds = {d.split(":")[0] for d in devices}
     if len(kinds) > 1:
         raise ConfigError("devices", f"devices {','.join(devices)} mix CPU and GPU: use one kind")
-    if kinds == {"cpu"} and n > 1:
+    # A Slurm job's processes run on the nodes it asks for, not on this machine (slurm_options.py judges them).
+    if kinds == {"cpu"} and n > 1 and cfg.where != "slurm":
         here = -(-n // cfg.nodes)  # the most any one machine of the job runs
         limit = max_cpu_processes()
         if here > limit:
@@ -619,7 +620,7 @@ def _validate_loader_workers(cfg: RunConfig) -> None:
     """Data-loader workers are processes on the machine too: each training process keeps
     ``num_workers`` for its training loader and as many for its validation loader (both persistent),
     whether it computes on the CPU or feeds a GPU."""
-    if not cfg.num_workers:
+    if not cfg.num_workers or cfg.where == "slurm":  # on Slurm: the nodes' cores it asks for (slurm_options.py)
         return
     ranks = -(-cfg.world_size // cfg.nodes)  # training processes on the busiest machine of the job
     total = ranks * (1 + 2 * cfg.num_workers)

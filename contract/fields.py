@@ -328,9 +328,10 @@ _SLURM_FIELDS = (
     _number("slurm_gpus_per_node", int, 0, "GPUs per node (0: CPU)", "GPUs the job asks for on each node, one "
             "training process each; 0 trains on CPUs.", 0, MAX_SLURM_GPUS_PER_NODE,
             step=1),
-    _number("slurm_cpus_per_task", int, 1, "CPUs per node", "CPU cores the job asks for on each node, "
-            "shared by that node's training processes and their loader workers.", 1, 4096,
-            step=1),
+    _number("slurm_cpus_per_task", int, 0, "CPUs per node (0: what the run needs)", "CPU cores the job asks for "
+            "on each node, shared by that node's training processes and their loader workers, at least one each; 0 "
+            "asks for what the run needs, a core per process and one per loader worker.", 0,
+            4096, step=1),
     Field("slurm_mem", str, None, "Memory per node (e.g. 64G; blank: the default)", "Memory the job asks for on "
           "each node (sbatch --mem), a whole number with an optional K, M, G or T, e.g. 64G; blank takes the "
           "partition's default.", check="_validate_slurm", parse=str),

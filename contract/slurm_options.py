@@ -131,6 +131,13 @@ def check_slurm_options(cfg: Any) -> None:
     if not cfg.uses_cuda and cfg.slurm_gpus_per_node > 0:
         raise _refuse("slurm_gpus_per_node", f"slurm_gpus_per_node {cfg.slurm_gpus_per_node} is not allowed with "
                       "CPU devices: use 0, or --devices cuda")
+    processes = training_processes_per_node(cfg)
+    if cfg.slurm_cpus_per_task and cfg.slurm_cpus_per_task < processes:
+        kind = "GPU" if cfg.uses_cuda else "CPU"
+        raise _refuse("slurm_cpus_per_task", f"slurm_cpus_per_task {cfg.slurm_cpus_per_task} is not allowed: it "
+                      f"gives each of the {processes} {kind} training processes on a node less than one core; ask "
+                      f"for at least {processes}, or 0 for what the run needs ({needed_cpus(cfg)}: "
+                      f"{processes} × (1 + {cfg.num_workers} loader workers))")
     if known.staged and cfg.slurm_nodes * processes_per_node(cfg) < 2:
         raise _refuse("slurm_nodes", f"strategy {cfg.strategy} needs at least 2 processes, one per stage: use 2 or "
                       "more nodes or processes per node")
@@ -143,3 +150,22 @@ def processes_per_node(cfg: Any) -> int:
     if cfg.slurm_gpus_per_node > 0:
         return cfg.slurm_gpus_per_node
     return max(1, len(cfg.devices) // max(1, cfg.slurm_nodes))
+
+
+def training_processes_per_node(cfg: Any) -> int:
+    """The training processes on each node: torchrun's, one per device, under ddp, fsdp and pp; one under single,
+    dp and mp, whatever the devices it uses."""
+    known = find(cfg.strategy)
+    return processes_per_node(cfg) if known is None or known.distributed else 1
+
+
+def needed_cpus(cfg: Any) -> int:
+    """CPU cores a node of the job needs: one for each training process and one for each of its loader workers
+    (the validation loader's workers wait while the training loader's work)."""
+    return training_processes_per_node(cfg) * (1 + cfg.num_workers)
+
+
+def cpus_per_node(cfg: Any) -> int:
+    """The CPU cores the job asks for on each node (sbatch and srun --cpus-per-task): the field's, else what the
+    run needs."""
+    return cfg.slurm_cpus_per_task or needed_cpus(cfg)

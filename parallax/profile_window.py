@@ -9,7 +9,8 @@ Chrome trace), per rank, as for a launched run with ``--profile``.
             ...
             prof.step()                      # after each step; the profiler stops after the window
 
-torch is imported here only, when ``profile`` is entered.
+On a GPU each phase waits for the current CUDA device (``torch.cuda.set_device``) at its end, so that its
+length is its kernels'. torch is imported here only, when ``profile`` is entered.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def profile(*, wait: int = 1, warmup: int = 1, active: int = 3, with_stack: bool
     from trainer_backend.telemetry.profiling import StepProfiler, read_rank_outputs
 
     info = run.info
-    devices = [torch.device("cuda", info.local_rank)] if torch.cuda.is_available() else [torch.device("cpu")]
+    # The device the script trains on is its current one (torch.cuda.set_device): cuda:LOCAL_RANK does not exist
+    # where each task sees one GPU (srun --gpus-per-task), nor on a second machine of an mp.spawn job.
+    devices = [torch.device("cuda", torch.cuda.current_device())] if torch.cuda.is_available() \
+        else [torch.device("cpu")]
     with tempfile.TemporaryDirectory(prefix="parallax-profile-") as folder:
         profiler = StepProfiler(wait=wait, warmup=warmup, active=active, devices=devices, rank=info.rank,
                                 world_size=info.world_size, out_dir=Path(folder), with_stack=with_stack)

@@ -149,24 +149,34 @@ def shared_data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def signals():
-    """SIGTERM's and SIGALRM's handlers and the real-time timer (pytest-timeout's alarm) put back after the test,
-    and the SIGTERM stop's state (engine/stopping.py) cleared before and after it."""
+    """SIGTERM's and SIGALRM's handlers, the real-time timer (pytest-timeout's alarm) and the wakeup file
+    descriptor put back after the test, and the SIGTERM stop's state (engine/stopping.py) cleared before and
+    after it."""
     import signal
 
     from trainer_backend.engine import stopping
 
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
     timer = signal.getitimer(signal.ITIMER_REAL)
-    stopping._signalled.clear()
-    stopping._taken.clear()
+    wakeup = signal.set_wakeup_fd(-1)
+
+    def clear() -> None:
+        stopping._signalled.clear()
+        stopping._taken.clear()
+        stopping._grace.pop("heard", None)
+        stopping._grace.pop("record", None)
+
+    clear()
+    stopping._settled.clear()
     yield
+    stopping._settled.set()  # a grace still kept from this test stands down
+    signal.set_wakeup_fd(wakeup)
     signal.setitimer(signal.ITIMER_REAL, 0)
     for signum, handler in before.items():
         signal.signal(signum, handler)
     if timer[0]:
         signal.setitimer(signal.ITIMER_REAL, *timer)
-    stopping._signalled.clear()
-    stopping._taken.clear()
+    clear()
 
 
 @pytest.fixture

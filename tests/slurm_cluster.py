@@ -7,7 +7,8 @@
 Every daemon runs in the foreground as a child of this process, in a folder of its own (state, spool, logs,
 the munge socket), on ports picked free here, so two test sessions never share one. Debian's packages
 (slurmctld, slurmd, slurm-client, munge: ``scripts/system-deps`` installs them) run it as root without
-systemd or cgroups: ``proctrack/linuxproc``, ``task/none``, no accounting. The scheduler settings make a job
+systemd or cgroups: ``proctrack/linuxproc``, ``task/none`` (or ``task/affinity``, which binds without cgroups),
+no accounting. The scheduler settings make a job
 start within a second of ``sbatch`` and a requeued one within seconds (``cred_expire=10``).
 
 Each node declares more CPUs and memory than the machine has (``SlurmdParameters=config_overrides`` lets slurmd
@@ -65,8 +66,12 @@ def _daemon(name: str) -> str:
 class SlurmCluster:
     """munged + slurmctld + slurmd n1, n2 in ``folder``; ``env`` points Slurm's commands at it."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, cpus_per_node: int = CPUS_PER_NODE, binds_cores: bool = False):
+        """``binds_cores``: each task is bound to the cores Slurm gave it (``task/affinity``, ``TaskPluginParam=
+        Cores``), which needs ``cpus_per_node`` to be at most this machine's cores."""
         self.folder = Path(folder)
+        self.cpus_per_node = cpus_per_node
+        self.task_plugin = "task/affinity\nTaskPluginParam=Cores" if binds_cores else "task/none"
         self.conf = self.folder / "slurm.conf"
         self.processes: list[subprocess.Popen] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -80,7 +85,7 @@ class SlurmCluster:
         state, spool = self.folder / "state", self.folder / "spool"
         for sub in (state, spool, self.folder / "log"):
             sub.mkdir(parents=True, exist_ok=True)
-        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={CPUS_PER_NODE} "
+        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus_per_node} "
                           f"RealMemory={MEMORY_PER_NODE_MB} State=UNKNOWN" for n, p in zip(NODES, node_ports))
         self.conf.write_text(f"""ClusterName=parallaxtest
 SlurmctldHost={host}(127.0.0.1)
@@ -90,7 +95,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.folder / 'munge.socket'},cred_expire=10
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin={self.task_plugin}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000

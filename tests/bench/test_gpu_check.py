@@ -124,6 +124,17 @@ def test_the_sync_counter_counts_what_set_sync_debug_mode_warns_of(monkeypatch):
     assert counter.count is None and modes == ["warn", "default"]  # a CPU leaves the mode alone
 
 
+@pytest.mark.bench  # an engine's two epochs in this process
+def test_the_engines_sync_audit_runs_with_the_guard_the_step_hooks_and_the_stop_check():
+    """The epoch whose synchronising calls gpu-check counts is a run's: the NaN guard, the step hooks (step points
+    written) and the stop check each step, as the trainer wires them (on the CPU the count itself is None)."""
+    from bench.gpu import engine_sync_audit
+
+    audit = engine_sync_audit("test_resnet", 128, 16, device="cpu", data_path="device")
+    assert audit["syncs_per_step"] is None and audit["steps"] == 12
+    assert audit["step_points"] == 2 * audit["steps"] and audit["stop_checks"] == 2 * audit["steps"], audit
+
+
 @pytest.mark.bench
 @pytest.mark.processes
 def test_a_jpeg_folder_of_mixed_sizes_decoded_in_the_workers_and_from_the_cache(parallax_home, db_url, monkeypatch):
@@ -169,6 +180,11 @@ def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monke
                                             ("single --amp off", ("--strategy", "single", "--devices", "cpu",
                                                                   "--amp", "off"))])
     tiny_check(monkeypatch)
+    monkeypatch.setattr(gpu_check, "TORCHRUN_PAIR", [(name, ("--strategy", "ddp", "--devices", "cpu"), agent)
+                                                     for name, _, agent in gpu_check.TORCHRUN_PAIR])
+    checked = []
+    monkeypatch.setattr(gpu_check.gpu_run_checks, "run_checks", lambda run_one, home, db_url, timeout_s, device: (
+        checked.append(device) or [gpu_check.gpu_run_checks.row("NaN at step 30, stand-in", "as asked", [])]))
     docs = parallax_home / "BENCHMARKS.md"
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--no-tests", "--docs", str(docs)])
     assert gpu_check.main() == 1
@@ -180,4 +196,36 @@ def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monke
     assert "The engine against a hand-written loop" in text and "| dataset kept on the GPU |" in text
     assert "host path: loader workers, pinned non-blocking copies |" in text and "from the cache" in text
     assert "| single on the CPU |" in text.split("The memory estimate")[1]
+    # Right after the pairs: the torchrun jobs with and without the stop check, then the other checks.
+    assert checked == ["cpu"] and "| torchrun --standalone --max-restarts 1, ddp (stop check) |" in text
+    assert "| stop check (torchrun --max-restarts 1 against none) |" in text and "| NaN at step 30, stand-in |" in text
     assert re.search(r"single --amp off: the allocator's peak per epoch .* the peak is in epoch [12]\.", text)
+
+
+def test_the_stop_checks_cost_is_judged_against_the_pairs_spread():
+    from bench.gpu_run_checks import stop_check_cost
+
+    without, with_check = {"status": "completed", "epoch_images_per_s": [900.0, 1000.0]}, \
+        {"status": "completed", "epoch_images_per_s": [880.0, 960.0]}
+    assert stop_check_cost(without, with_check, [0.97, 1.02])["problems"] == []  # 0.96, within a spread of 0.05
+    judged = stop_check_cost(without, with_check, [0.99, 1.01])
+    assert judged["ratio"] == pytest.approx(0.96) and "beyond the pairs' spread 0.020" in judged["problems"][0]
+
+
+@pytest.mark.bench
+@pytest.mark.processes
+def test_what_a_run_does_besides_its_steps_checked_on_the_cpu(parallax_home, db_url, monkeypatch):
+    """gpu-check's checks after its pairs (bench/gpu_run_checks.py), on the CPU: a job stopped at a step resumes
+    over gloo; NaN stops and skips, single and torchrun; the SDK script profiles and logs; SIGTERM during a long
+    matrix product ends the process within the grace, rank 0 recording from the grace's thread."""
+    from bench import gpu_run_checks
+
+    monkeypatch.setenv("PARALLAX_DB_URL", db_url)  # as main() sets it, for torchrun's processes
+    rows = gpu_run_checks.run_checks(gpu_check.run_one, parallax_home, db_url, 300, "cpu")
+    assert [r["name"] for r in rows] == [
+        "stop at a step and resume over gloo",
+        *(f"NaN at step 30, --on-nonfinite {action}, {how}" for how in ("single", "torchrun DDP")
+          for action in ("stop", "skip")),
+        "SDK: profile and log on one visible GPU, LOCAL_RANK=3",
+        "SIGTERM during a long CPU matrix product, rank 0", "SIGTERM during a long CPU matrix product, another rank"]
+    assert all(r["problems"] == [] for r in rows), rows

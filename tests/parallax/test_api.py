@@ -79,6 +79,32 @@ def test_a_disabled_run_counts_steps_keeps_its_summary_and_writes_nothing(parall
         run.log({"loss": 0.1})
 
 
+class DeviceScalar:
+    """A one-element CUDA tensor at the point that matters: reading it on the host (``float``) waits for the
+    GPU's queued work. It counts its reads and the thread that made each."""
+
+    def __init__(self, value: float):
+        self.value, self.read_by = value, []
+
+    def __float__(self) -> float:
+        import threading
+
+        self.read_by.append(threading.current_thread().name)
+        return self.value
+
+
+def test_a_tensor_is_read_once_as_log_is_called_on_the_calling_thread(parallax_home):
+    """As W&B does (and docs/OWN_SCRIPT.md says): log reads a tensor's value at the call, on the training
+    thread, once; a CUDA tensor's read waits for the GPU there. Read later in the writer thread, a tensor the
+    script goes on to change in place would be stored with a later value."""
+    import threading
+
+    loss = DeviceScalar(0.25)
+    with parallax.init(project="p", mode="disabled") as run:
+        parallax.log({"loss": loss})
+        assert loss.read_by == [threading.current_thread().name] and run.summary == {"loss": 0.25}
+
+
 def test_config_changes_are_taken_once():
     config = Config({"a": 1})
     assert config.take_change() is None
@@ -181,3 +207,43 @@ def test_ranks_of_one_job_share_a_key_and_other_jobs_do_not(monkeypatch):
     assert group_key(RankInfo(0, 0, 1, 0), {}) == ""  # one process: no group
     with pytest.raises(ValueError, match="RANK='x' is not a whole number"):
         rank_info({"RANK": "x"})
+
+
+def test_profile_waits_for_the_current_gpu_where_each_task_sees_one(engine, monkeypatch):
+    """``srun --gpus-per-task=1``: a task's one visible GPU is cuda:0 whatever its LOCAL_RANK (3 here). The
+    profile's phases wait for that GPU at their end, not for a cuda:3 that does not exist; the window is stored
+    as rank 3's. (The CUDA edge is faked: one visible GPU, whose synchronize refuses another ordinal.)"""
+    from types import SimpleNamespace
+
+    import torch
+
+    from contract.config import RunConfig
+    from db import profiles, store
+    from parallax import endings
+    from parallax.profile_window import profile
+
+    waited = []
+
+    def synchronize(device=None):
+        index = torch.device(device).index if device is not None else 0
+        if index >= torch.cuda.device_count():
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        waited.append(index)
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    run_id = store.create_run(engine, RunConfig().to_dict(), status="running")
+    run = SimpleNamespace(mode="online", run_id=run_id, info=rank_info({"RANK": "3", "LOCAL_RANK": "3",
+                                                                         "WORLD_SIZE": "4"}), _engine=engine)
+    monkeypatch.setattr(endings, "current", lambda: run)
+    with profile(wait=0, warmup=0, active=2) as prof:
+        for _ in range(2):
+            with prof.range("forward"):
+                torch.ones(64).sum()
+            prof.step()
+    assert len(waited) >= 2 and set(waited) == {0}  # each phase's end (and torch.profiler's own stop)
+    assert profiles.profiled_runs(engine, [run_id]) == {run_id}
+    assert [trace["rank"] for trace in profiles.list_traces(engine, run_id)] == [3]

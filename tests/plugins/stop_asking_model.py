@@ -24,7 +24,9 @@ class AsksToStop(nn.Module):
         if self.training and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
             self.forwards += 1
             if self.forwards == int(os.environ["PARALLAX_TEST_ASK_AT"]):
-                (folder,) = [p for p in (parallax_home() / "runs").rglob("run-*") if p.is_dir()]
+                # This run's folder: the one whose rank 0 started last (a home may hold other runs' folders).
+                pids = list((parallax_home() / "runs").rglob("run-*/rank0.pid"))
+                folder = max(pids, key=lambda pid: pid.stat().st_mtime).parent
                 (folder / STOP_FILE).touch()
         return x
 

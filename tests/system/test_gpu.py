@@ -491,11 +491,31 @@ def nvml_gpus_by_torch_index() -> dict[int, object]:
     return {s.index: pynvml.nvmlDeviceGetHandleByUUID(s.uuid) for s in statuses}
 
 
+class GpusSeen:
+    """Which processes NVML saw on which GPU while a run trained, polled every 0.2 s.
+
+    ``by_rank``: per rank, the cuda indices its process appeared on; None where NVML names none of the run's
+    processes: in a container NVML reports the host's PIDs, which the container's PID namespace does not show.
+    ``most_at_once``: per cuda index, the most processes NVML saw on it in one poll, which needs no PIDs of ours."""
+
+    def __init__(self, by_rank: dict[int, set[int]] | None, most_at_once: dict[int, int]):
+        self.by_rank, self.most_at_once = by_rank, most_at_once
+
+    def assert_each_rank_on(self, wanted: list[int]) -> None:
+        """Rank r made a context on GPU ``wanted[r]`` only. Where the PIDs are hidden (a container): each of
+        those GPUs held one process at a time and the others none, so no rank made a second context (which
+        rank sat on which GPU is then left to the run's own record of its devices)."""
+        if self.by_rank is not None:
+            assert self.by_rank == {rank: {index} for rank, index in enumerate(wanted)}, self.by_rank
+            return
+        assert {index: count for index, count in self.most_at_once.items() if count} == \
+            {index: 1 for index in wanted}, self.most_at_once
+
+
 def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | None = None,
-                        timeout_s: float = 600) -> tuple[dict, dict[int, set[int]]]:
+                        timeout_s: float = 600) -> tuple[dict, GpusSeen]:
     """Run ``command`` (a ``trainer_backend run`` or a torchrun of one) to its end while NVML is asked
-    every 0.2 s which processes hold a context on which GPU. Returns the run and, per rank, the
-    cuda indices its process appeared on."""
+    every 0.2 s which processes hold a context on which GPU (``GpusSeen``)."""
     import os
     import subprocess
     import time
@@ -508,6 +528,7 @@ def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | No
     env = {**os.environ, "PARALLAX_HOME": str(home), "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     env.pop("PARALLAX_DB_URL", None)
     seen: dict[int, set[int]] = {}
+    most_at_once = {index: 0 for index in handles}
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
         deadline = time.monotonic() + timeout_s
@@ -516,10 +537,12 @@ def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | No
                 assert time.monotonic() < deadline, "the run did not end in time"
                 for index, handle in handles.items():
                     try:
-                        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                            seen.setdefault(process.pid, set()).add(index)
+                        processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
                     except pynvml.NVMLError:
-                        pass
+                        continue
+                    most_at_once[index] = max(most_at_once[index], len({p.pid for p in processes}))
+                    for process in processes:
+                        seen.setdefault(process.pid, set()).add(index)
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:
@@ -532,9 +555,9 @@ def train_watching_gpus(home, command: list[str], tmp_path, env_extra: dict | No
     assert run["status"] == "completed", run["error"]
     folder = run_dir(home, run["run_id"])
     pids = {int(p.name[len("rank"):-len(".pid")]): int(p.read_text()) for p in folder.glob("rank*.pid")}
-    if not any(pid in seen for pid in pids.values()):
-        pytest.skip("NVML names none of the run's processes (a PID namespace hides them)")
-    return run, {rank: seen.get(pid, set()) for rank, pid in pids.items()}
+    by_rank = {rank: seen.get(pid, set()) for rank, pid in pids.items()} \
+        if any(pid in seen for pid in pids.values()) else None
+    return run, GpusSeen(by_rank, most_at_once)
 
 
 def engine_command(*flags: str) -> list[str]:
@@ -551,8 +574,7 @@ def test_each_rank_makes_a_context_on_its_own_gpu_only(parallax_home, tmp_path, 
     on GPU rank % count (cuda:0 for rank 0 of --devices 1,0)."""
     run, gpus = train_watching_gpus(parallax_home, engine_command("--strategy", strategy, "--devices", devices,
                                                                   "--batch-size", "128"), tmp_path)
-    wanted = [int(d) for d in devices.split(",")]
-    assert gpus == {rank: {index} for rank, index in enumerate(wanted)}, gpus
+    gpus.assert_each_rank_on([int(d) for d in devices.split(",")])
 
 
 @two_gpus
@@ -603,9 +625,12 @@ def test_step_points_never_outrun_the_training_on_a_gpu(parallax_home):
 @two_gpus
 def test_model_parallel_step_losses_are_read_after_their_copy_lands(parallax_home):
     """mp: the losses and their host copy are on the last stage's GPU, and so is the event guarding it:
-    a point read before its copy landed would hold pinned memory's stale values."""
-    run = train(parallax_home, "--strategy", "mp", "--devices", "0,1", "--epochs", "2",
-                env_extra={"PARALLAX_STEP_POINT_S": "0.05"})
+    a point read before its copy landed would hold pinned memory's stale values. The last stage sleeps on its
+    GPU each step (tests/plugins/slow_last_stage.py), so that an event on the first stage's GPU would pass
+    before the copy lands every time, not only when a race is lost."""
+    run = train(parallax_home, "--strategy", "mp", "--devices", "0,1", "--epochs", "2", "--model",
+                "parallax_slow_last_stage", "--image-size", "16",
+                env_extra={"PARALLAX_STEP_POINT_S": "0.05", "PARALLAX_PLUGINS": "tests.plugins.slow_last_stage"})
     steps, _ = series_of(parallax_home, run)
     assert steps and all(math.isfinite(s["train_loss"]) and s["train_loss"] > 0 for s in steps)
     for epoch in run["epochs"]:
@@ -701,13 +726,17 @@ def test_nvml_readings_follow_cuda_visible_devices_given_as_a_uuid_and_as_a_subs
     from tests.support import ROOT
     from contract import devices
     statuses = devices.gpu_statuses()
-    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses) or os.environ.get("CUDA_VISIBLE_DEVICES"):
-        pytest.skip("needs NVML, whole GPUs and no CUDA_VISIBLE_DEVICES of the test's own")
+    if not statuses or any(s.uuid.startswith("MIG-") for s in statuses):
+        pytest.skip("needs NVML and whole GPUs (a MIG slice has no NVML readings of its own)")
     last = statuses[-1]
+    # Where this test itself runs under CUDA_VISIBLE_DEVICES (every Slurm node sets it), cuda:N is the N-th GPU
+    # that list names: the child is given that entry, not N, which would name another GPU.
+    visible_here = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    by_index = visible_here[last.index] if visible_here else str(last.index)
     probe = ("import json, torch\nfrom contract import devices\n"
              "print(json.dumps([[s.index, s.uuid] for s in devices.gpu_statuses()] + "
              "[str(torch.cuda.get_device_properties(0).uuid)]))")
-    for visible in (last.uuid, str(last.index)):
+    for visible in (last.uuid, by_index):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": devices.DEVICE_ORDER}
         done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=120)
@@ -737,7 +766,7 @@ def test_torchrun_maps_local_ranks_to_gpus_and_a_restart_resumes(parallax_home, 
     assert [e["epoch"] for e in run["epochs"]] == [1, 2, 3]
     assert "Resumed at epoch 2 after restart 1 of the torchrun job, from the checkpoint of epoch 1." in run["notes"]
     assert set(run["epochs"][-1]["peak_memory_mb"]) == {"cuda:0", "cuda:1"}
-    assert gpus == {0: {0}, 1: {1}}, gpus  # LOCAL_RANK r on cuda:r, and nowhere else
+    gpus.assert_each_rank_on([0, 1])  # LOCAL_RANK r on cuda:r, and nowhere else
 
 
 # --- the memory estimate against the allocator's peak ---
@@ -878,12 +907,15 @@ def test_a_gpu_decode_leaves_the_gradients_of_the_step_queued_before_it_intact(t
     assert wrong == 0, f"{wrong} of 30 steps had their gradients overwritten by the decode behind them"
 
 
-def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """One epoch of ``data`` (a PreparedData) on the config's GPU as the engine builds it, then its
-    validation, with CUDA's sync debug mode at "error" from the first training step to the last and
-    through validation: any blocking copy or read of the device raises. (The epoch's own synchronising
-    reads of the clock, before the first step and after the last, are outside it.)"""
+def one_epoch_under_sync_debug(data, config, folder) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """One epoch of ``data`` (a PreparedData) on the config's GPU as the engine builds it, with what a run adds
+    to each step (the NaN guard, the step hooks writing step points to a run, the stop check: bench/gpu.py's
+    StepExtras, in ``folder``), then its validation, with CUDA's sync debug mode at "error" from the first
+    training step to the last and through validation: any blocking copy or read of the device raises. (The
+    epoch's own synchronising reads of the clock, before the first step and after the last, are outside it.)"""
     from unittest import mock
+
+    from bench.gpu import StepExtras
 
     from trainer_backend.engine import loop
     from trainer_backend.engine.inputs import DeviceInputs
@@ -905,15 +937,27 @@ def one_epoch_under_sync_debug(data, config) -> tuple[list[int], torch.Tensor, t
         torch.cuda.set_sync_debug_mode(0)
         synchronize(devices)
 
+    extras = StepExtras(strategy, folder)
+    wired = extras.for_epoch(1, train_loader, optimizer)
+    hooks, begin = wired.pop("on_step"), wired.pop("on_start")
+
+    def on_step(step: int, total_steps: int) -> None:
+        steps.append(step)
+        hooks(step, total_steps)
+
+    def on_start() -> None:
+        begin()
+        torch.cuda.set_sync_debug_mode("error")
+
     try:
         with mock.patch.object(loop, "synchronize", clock_read):
-            totals, _ = train_one_epoch(model, train_loader, optimizer, strategy,
-                                        on_step=lambda step, _: steps.append(step),
-                                        on_start=lambda: torch.cuda.set_sync_debug_mode("error"))
+            totals, _ = train_one_epoch(model, train_loader, optimizer, strategy, on_step=on_step, on_start=on_start,
+                                        **wired)
         torch.cuda.set_sync_debug_mode("error")
         val_totals = validate(model, val_loader, strategy)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    extras.close()
     return steps, totals.cpu(), val_totals.cpu()
 
 
@@ -931,7 +975,7 @@ def test_a_dataset_kept_on_the_gpu_trains_and_validates_without_a_sync(parallax_
     host = load_data(config)
     device = torch.device("cuda:0")
     data = PreparedData(host.train.to_device(device), host.val.to_device(device), host.info)
-    steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
+    steps, totals, val_totals = one_epoch_under_sync_debug(data, config, parallax_home)
     assert len(steps) >= 20 and totals[2].item() == len(data.train)
     assert val_totals[2].item() == len(data.val) and val_totals[3:].sum().item() == len(data.val)
 
@@ -961,7 +1005,7 @@ def test_jpegs_of_mixed_sizes_decoded_on_the_gpu_train_and_validate_without_a_sy
     data, note = place_decoding(prepare_data(str(folder), image_size=32, decode="workers"), torch.device("cuda:0"),
                                 workers=1)
     assert data.train.output == "encoded", note
-    steps, totals, val_totals = one_epoch_under_sync_debug(data, config)
+    steps, totals, val_totals = one_epoch_under_sync_debug(data, config, parallax_home)
     assert len(steps) == 20 and totals[2].item() == len(data.train) == 160
     assert val_totals[2].item() == len(data.val) == 40
 
@@ -1012,3 +1056,232 @@ def test_the_batchnorm_re_estimate_reads_nothing_on_the_host():
         torch.cuda.set_sync_debug_mode(0)
     expected = torch.stack([model[0](images).mean(dim=(0, 2, 3)) for images, _ in batches]).mean(dim=0)
     assert torch.allclose(model[1].running_mean, expected, atol=1e-4)
+
+
+# --- the stop check, SIGTERM's grace, resume, the SDK and the NaN guard as GPUs run them ---
+
+def nccl_world_of_one(tmp_path):
+    """This process as a world of one on cuda:0 over NCCL, torn down by the caller."""
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    return dist
+
+
+@one_gpu
+def test_the_stop_check_reads_nothing_on_the_host_on_the_steps_path(tmp_path, signals):
+    """60 optimizer steps with a look after each, its all-reduce over NCCL, under sync debug mode "error" (any
+    blocking copy or read raises): the request is taken two looks after it was made, on the step after."""
+    from types import SimpleNamespace
+
+    from trainer_backend.engine.stopping import STOP_FILE, StopRequest
+
+    dist = nccl_world_of_one(tmp_path)
+    try:
+        stop = StopRequest(tmp_path, SimpleNamespace(output_device=torch.device("cuda:0"), is_main=True), every_s=0.0)
+        model = torch.nn.Linear(64, 64).cuda()
+        x = torch.randn(256, 64, device="cuda")
+        stopped = None
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(1, 61):
+                model(x).square().mean().backward()
+                if step == 30:
+                    (tmp_path / STOP_FILE).touch()
+                if stop(step, 100):
+                    stopped = step
+                    break
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert stopped == 31
+    finally:
+        dist.destroy_process_group()
+
+
+SIGTERM_IN_A_KERNEL = """
+import os, signal, sys, time, torch
+from trainer_backend.engine import stopping
+recorded = sys.argv[1]
+escalate = (lambda signum, frame: None) if sys.argv[2] == "rank0" else None
+stopping.stop_on_sigterm(escalate, grace_s=float(sys.argv[3]))
+stopping.when_blocked(lambda grace_s: open(recorded, "w").write(f"blocked {grace_s}"))
+torch.cuda._sleep(10)  # the context, before the clock
+print("in the kernel", flush=True)
+torch.cuda._sleep(int(60 * 1.5e9))  # about a minute of one kernel
+torch.cuda.synchronize()  # the main thread waits in C for it
+"""
+
+
+def sigterm_during_a_kernel(tmp_path, role: str, grace_s: float = 2.0) -> tuple[int, float, str]:
+    """A process in a minute-long CUDA kernel gets SIGTERM: (its exit status, seconds to its end, what it
+    recorded from the grace's thread)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import ROOT
+
+    recorded = tmp_path / f"{role}.txt"
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_A_KERNEL, str(recorded), role, str(grace_s)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "in the kernel", child.stderr.read()
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        os.kill(child.pid, signal.SIGTERM)
+        code = child.wait(timeout=60)
+        return code, time.monotonic() - signalled, recorded.read_text() if recorded.exists() else ""
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+@one_gpu
+@pytest.mark.processes
+@pytest.mark.parametrize("role", ["rank0", "other"])
+def test_a_sigterm_during_a_long_cuda_kernel_ends_the_process_within_the_grace(tmp_path, role):
+    """Python's SIGTERM handler waits for the kernel (a minute); the grace's thread does not: rank 0 records
+    from it and ends with 128 + SIGTERM, any other rank by SIGALRM, each within the grace and 2 s."""
+    import signal
+
+    code, took_s, recorded = sigterm_during_a_kernel(tmp_path, role)
+    assert took_s <= 2.0 + 2.0, took_s
+    if role == "rank0":
+        assert code == 128 + signal.SIGTERM and recorded == "blocked 2.0", (code, recorded)
+    else:
+        assert code == -signal.SIGALRM and recorded == "", (code, recorded)
+
+
+@two_gpus
+@pytest.mark.processes
+def test_two_nccl_ranks_restore_a_point_each_can_read_without_sending_it_through_the_gpus(tmp_path):
+    from tests.support import run_world
+    from tests.trainer_backend.engine.test_resume_ranks import WORLD_TIMEOUT_S, _points_world
+
+    out = tmp_path / "rank0.json"
+    run_world(_points_world, 2, str(tmp_path), str(out), "cuda", timeout_s=WORLD_TIMEOUT_S)
+    for rank in json.loads(out.read_text())["ranks"]:
+        shared = rank["shared"]
+        assert shared["carried"] == [] and shared["start_epoch"] == 3 and shared["weights"] and shared["draws"], rank
+        assert rank["rank 1 lacks it"]["weights"] and rank["rank 1 lacks it"]["draws"], rank
+
+
+PROFILED_SCRIPT = """
+import json, sys, torch, parallax
+run = parallax.init(project="gpu", name="one visible GPU")
+model = torch.nn.Linear(256, 256).cuda()
+x = torch.randn(512, 256, device="cuda")
+with parallax.profile(wait=0, warmup=0, active=2) as prof:
+    for step in range(2):
+        with prof.range("forward"):
+            loss = model(x).square().mean()
+        loss.backward()
+        prof.step()
+torch.cuda.synchronize()
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    for step in range(5):
+        parallax.log({"loss": loss * step})
+    torch.cuda.set_sync_debug_mode(0)
+print(json.dumps({"run_id": run.run_id, "expected": [float(loss) * step for step in range(5)],
+                  "syncs": sum("synchroniz" in str(w.message) for w in caught)}))
+parallax.finish()
+"""
+
+
+@one_gpu
+@pytest.mark.processes
+def test_the_sdk_profiles_the_one_gpu_a_task_sees_and_reads_a_cuda_tensor_once_per_log(parallax_home, tmp_path):
+    """As under srun --gpus-per-task: one visible GPU, LOCAL_RANK=3. The profile's phases wait for cuda:0 (the
+    current device), and the window is stored; log reads a CUDA tensor once per call, on the calling thread
+    (docs/OWN_SCRIPT.md), and stores its value."""
+    import os
+    import subprocess
+    import sys
+
+    from db import make_engine, profiles, script_metrics
+    from tests.support import ROOT
+
+    script = tmp_path / "train.py"
+    script.write_text(PROFILED_SCRIPT)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "CUDA_VISIBLE_DEVICES": visible, "LOCAL_RANK": "3",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PARALLAX_DB_URL", None)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    engine = make_engine(f"sqlite:///{parallax_home / 'parallax.db'}")
+    assert profiles.profiled_runs(engine, [result["run_id"]]) == {result["run_id"]}
+    assert result["syncs"] == 5  # one read a call, on the training thread
+    values = [p["value"] for p in script_metrics.read_points(engine, [result["run_id"]], max_points=None)]
+    assert values == pytest.approx(result["expected"], rel=1e-6)
+
+
+@two_gpus
+@pytest.mark.parametrize("nan_step", [0, 30])
+def test_the_nan_guard_under_model_parallel_reads_its_check_after_the_copy_on_the_last_gpu(parallax_home, nan_step):
+    """mp over two GPUs, the last stage sleeping on its GPU each step (tests/plugins/slow_last_stage.py): a
+    finite run is never stopped (a read before the copy lands would see pinned memory's stale bytes), and a NaN
+    at step 30 (epoch 2, step 7) stops the run naming that step."""
+    flags = ("run", "--dataset", "digits", "--model", "parallax_slow_last_stage", "--image-size", "16",
+             "--batch-size", "64", "--epochs", "3", "--strategy", "mp", "--devices", "0,1", "--bn-stats-images", "0",
+             "--on-nonfinite", "stop")
+    result = run_cli(*flags, home=parallax_home, env_extra={"PARALLAX_PLUGINS": "tests.plugins.slow_last_stage",
+                                                           "PARALLAX_TEST_NAN_STEP": str(nan_step)})
+    run = run_of(parallax_home, result)
+    if nan_step == 0:
+        assert run["status"] == "completed" and [e["epoch"] for e in run["epochs"]] == [1, 2, 3], run["error"]
+    else:
+        assert run["status"] == "failed" and run["error"].startswith("loss became NaN at epoch 2 step 7"), run["error"]
+        assert [e["epoch"] for e in run["epochs"]] == [1]
+
+
+@one_gpu
+def test_a_job_stopped_at_a_step_on_a_gpu_resumes_as_an_uninterrupted_twin_trains(parallax_home):
+    """torchrun on one GPU (NCCL) with --max-restarts 1, told to stop in epoch 2 (the file Slurm's warning
+    touches): the next attempt continues at the next step with every rank's augmentation generators where they
+    were, each epoch is recorded once and matches a twin never stopped (to GPU round-off), and the resumed
+    epoch's energy is divided by the images trained since the resume."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+    from tests.trainer_backend.worker.test_torchrun import runs_of
+    from trainer_backend.engine.stopping import STOP_CHECK_ENV
+
+    flags = ["--dataset", "digits", "--model", "parallax_asks_to_stop", "--image-size", "32", "--epochs", "3",
+             "--strategy", "ddp", "--batch-size", "32", "--augment", "flip,crop", "--bn-stats-images", "0"]
+    env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PARALLAX_PLUGINS": "tests.plugins.stop_asking_model",
+           "PARALLAX_TEST_ASK_AT": str(45 + 7), STOP_CHECK_ENV: "1e-6"}
+    env.pop("PARALLAX_DB_URL", None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           "--max-restarts", "1", "-m", "trainer_backend", "run", *flags, "--devices", "cuda"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (run,) = runs_of(parallax_home)
+    assert run["status"] == "completed" and [e["epoch"] for e in run["epochs"]] == [1, 2, 3], run["error"]
+    assert any(n.startswith("The job was told to stop and stopped after step") for n in run["notes"]), run["notes"]
+    twin = run_cli("run", *flags, "--devices", "0", home=parallax_home, env_extra={
+        "PARALLAX_PLUGINS": "tests.plugins.stop_asking_model", "PARALLAX_TEST_ASK_AT": "0"})
+    assert twin.returncode == 0, twin.stderr
+    straight = run_of(parallax_home, twin)
+    for resumed, uninterrupted in zip(run["epochs"], straight["epochs"], strict=True):
+        for field in ("train_loss", "val_loss"):  # redrawn augmentations would move them by percents
+            assert resumed[field] == pytest.approx(uninterrupted[field], rel=2e-3), (resumed["epoch"], field)
+        for field in ("train_acc", "val_acc"):  # a few images either way at most
+            assert resumed[field] == pytest.approx(uninterrupted[field], abs=3e-3), (resumed["epoch"], field)
+    second = run["epochs"][1]
+    joules = sum((second["extra"].get("energy_j") or {}).values())
+    if joules:  # NVML's energy counter
+        step = int(next(n for n in run["notes"] if n.startswith("Resumed at step")).split()[3]) - 1
+        images = round(second["images_per_s"] * second["train_time_s"]) - step * 32
+        assert second["extra"]["energy_j_per_image"] == pytest.approx(joules / images, rel=1e-6)

@@ -592,7 +592,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"run {args.run_id} has no best checkpoint ({checkpoint}): it finished no epoch "
                                 "with a validation accuracy")
     with engine_imports():
-        from trainer_backend.engine.predict import Predictor
+        from trainer_backend.control.predict import Predictor
 
     predictor = Predictor(checkpoint, args.run_id)
     if args.folder is not None:

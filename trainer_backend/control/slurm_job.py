@@ -34,7 +34,7 @@ from contract.environment import database_url, parallax_home
 from contract.config import ConfigError, RunConfig
 from contract.model_source import with_model_source
 from contract.sbatch_parsing import sbatch_word
-from contract.slurm_options import processes_per_node
+from contract.slurm_options import cpus_per_node, processes_per_node
 from contract.strategy_specs import find
 from contract.user_paths import with_absolute_paths
 from contract.world import SUBMITTED_RUN_ENV
@@ -152,7 +152,7 @@ def sbatch_options(config: RunConfig, *, job_name: str, output: Path) -> list[st
     # The log's path is written as sbatch reads it back: a home with blanks or a # stays one path.
     lines = [f"--job-name={job_name}", f"--output={sbatch_word(str(output))}", "--open-mode=append", "--requeue",
              f"--signal=B:USR1@{SIGNAL_LEAD_S}", f"--nodes={config.slurm_nodes}", "--ntasks-per-node=1",
-             f"--cpus-per-task={config.slurm_cpus_per_task}"]
+             f"--cpus-per-task={cpus_per_node(config)}"]
     if config.slurm_gpus_per_node:
         lines.append(f"--gpus-per-node={config.slurm_gpus_per_node}")
     for name, option in (("slurm_partition", "partition"), ("slurm_time", "time"), ("slurm_mem", "mem"),
@@ -220,16 +220,18 @@ trap requeue USR1
 rm -f "$RUN_FOLDER/{STOP_REQUEST}"  # an earlier attempt's request that no step took
 """
     if one_task(config):
-        # single, dp and mp: one process over the node's devices, as `parallax run` trains it, without torchrun.
+        # single, dp and mp: one process over the node's devices, as `parallax run` trains it, without torchrun;
+        # srun is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
         launch = f"""
-srun --kill-on-bad-exit=1 --ntasks=1 {q(python)} -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
+srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task={cpus_per_node(config)} {q(python)} -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
 """
     else:
         launch = f"""
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
 rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 {q(python)} -m torch.distributed.run \\
+# srun is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={cpus_per_node(config)} {q(python)} -m torch.distributed.run \\
     --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={processes_per_node(config)} \\
     --rdzv-backend=c10d --rdzv-endpoint="$head_address:$rdzv_port" --rdzv-id="$SLURM_JOB_ID" \\
     -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &

@@ -40,6 +40,18 @@ KINDS = ("NaN", "+inf", "-inf")
 CUDA_CHECK_EVERY = 16
 
 
+def start_host_copy(tensor: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A copy of ``tensor`` (on GPU ``device``) into pinned host memory, started without waiting, and the event
+    after it on ``device``'s current stream: the host reads the copy once the event has passed. Not the current
+    device's stream: under model parallel that is the first stage's GPU, while the copy runs on the last's,
+    and an event there could pass before the copy lands (a stale read)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype).pin_memory()
+    host.copy_(tensor, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return host, event
+
+
 class TrainingDiverged(ValueError):
     """The training loss became NaN or infinite under ``--on-nonfinite stop``: its message is the run's reason;
     ``epoch``, ``step`` and ``total_steps`` say where, for the run's progress."""
@@ -118,12 +130,7 @@ class NonfiniteGuard:
             self._decide(self._reduced().tolist())
             return
         landed = self._in_flight
-        reduced = self._reduced()
-        host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
-        host.copy_(reduced, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._in_flight = host, event
+        self._in_flight = start_host_copy(self._reduced(), self.device)
         if last:  # the epoch ends here: this check's answer is read now (the epoch's end waits anyway)
             landed = self._in_flight
         if landed is not None:

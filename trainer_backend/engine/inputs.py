@@ -55,6 +55,21 @@ class DeviceInputs:
         return cls(normalise, device, augment=augment, channels_last=config.channels_last,
                    train_size=config.image_size if cropping else None, crop_generator=generator)
 
+    def generator_states(self) -> list[torch.Tensor]:
+        """Where the augmentation and crop generators are in their draws (CPU tensors), for a resume point: a
+        resumed epoch then draws what an uninterrupted one would."""
+        return [generator.get_state() for generator in self._generators()]
+
+    def set_generator_states(self, states: list[torch.Tensor]) -> None:
+        generators = self._generators()
+        if len(states) == len(generators):  # a resume point of the same run: the same augmentations
+            for generator, state in zip(generators, states):
+                generator.set_state(state)
+
+    def _generators(self) -> list[torch.Generator]:
+        return [g for g in (self.augment.generator if self.augment is not None else None, self.crop_generator)
+                if g is not None]
+
     def __call__(self, pixels: torch.Tensor, *, train: bool = False) -> torch.Tensor:
         images = self.normalise(pixels.to(self.device, non_blocking=True))
         if self.train_size is not None:

@@ -591,7 +591,10 @@ def train_and_validate(built: Built, recorder: Recorder | NoRecorder, hooks: Ste
         # The progress bar stops where the reason says, not at the step last recorded a few seconds before.
         recorder.progress(diverged.epoch, diverged.step, diverged.total_steps, now=True)
         raise
-    metrics.extra.update(hooks.end_epoch(images=round(metrics.images_per_s * metrics.train_time_s)))
+    images = round(metrics.images_per_s * metrics.train_time_s)
+    if partial is not None:  # the energy is metered from the resume: per image of the images trained since
+        images -= round(partial["totals"][2])
+    metrics.extra.update(hooks.end_epoch(images=images))
     if profiler is not None:
         strategy.barrier()  # every rank has written its profile
         recorder.profiles(profiler.out_dir, config)

@@ -55,10 +55,12 @@ from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, s
 from trainer_backend.worker.preflight import USER_ERRORS, announce, preflight, run_notes, with_oom_hint
 from trainer_backend.telemetry.sampler import SystemSampler
 from trainer_backend.engine.strategies import collective_timeout
+from trainer_backend.engine.divergence import TrainingDiverged
 from trainer_backend.engine.loop import with_resolved_amp
 from trainer_backend.engine.trainer import RankSpec, load_data, read_rank_failures
 from trainer_backend.engine.trainer import main as train_rank
-from trainer_backend.engine.stopping import StoppedAtStep, stop_escalating, stop_on_sigterm, stop_taken
+from trainer_backend.engine.stopping import (StoppedAtStep, stop_escalating, stop_on_sigterm,
+                                             stop_taken, when_blocked)
 from trainer_backend.telemetry.recorder import run_started_at_s
 from contract.world import (SUBMITTED_RUN_ENV, TorchrunWorld, check_joinable, joined_config, local_device, refuse,
                             world_note)
@@ -169,6 +171,8 @@ class Decision(NamedTuple):
 DECIDED_KEY = "parallax/decided"
 DATA_READY_KEY = "parallax/data-ready"
 DECISION_WAIT = datetime.timedelta(days=7)
+ATTEMPT_ENDED_KEY = "parallax/attempt-ended"
+ATTEMPT_ENDED_WAIT = datetime.timedelta(minutes=10)  # rank 0 writing a large point on a slow disk
 
 
 def _tell(decision: Decision | None, store) -> Decision:
@@ -200,8 +204,16 @@ def _follow(joined: RunConfig, world: TorchrunWorld, url: str, resume_job: bool,
             train_rank(_rank_spec(joined, world, run_id, url, echo=False, folder_name=decision.folder_name,
                                   resume_job=resume_job, sampling=sampling))
         except StoppedAtStep:
+            _wait_for_rank_0(group_store, decision.attempt)
             return STOPPED_EXIT
     return 0
+
+
+def _wait_for_rank_0(group_store, attempt: str) -> None:
+    """A process that stopped at a step leaves once rank 0 has written the resume point and recorded the stop:
+    torchrun stops the whole job as soon as one process exits other than 0, which would end rank 0 mid-save."""
+    with contextlib.suppress(Exception):  # rank 0 (and the store it serves) gone: nothing to wait for
+        group_store.wait([f"{ATTEMPT_ENDED_KEY}/{attempt}"], ATTEMPT_ENDED_WAIT)
 
 
 def _rank_spec(joined: RunConfig, world: TorchrunWorld, run_id: int, url: str, *, echo: bool, folder_name: str,
@@ -243,7 +255,12 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
     _tell(Decision("train", run_id, 0, folder_name, attempt), group_store)
     if echo:
         announce(run_id, joined, info, notes)
-    status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling, attempt)
+    try:
+        status = _train_and_record(engine, run_id, url, joined, world, echo, folder_name, resume_job, sampling,
+                                   attempt)
+    finally:
+        with contextlib.suppress(Exception):
+            group_store.set(f"{ATTEMPT_ENDED_KEY}/{attempt}", "1")  # processes stopped at a step may leave now
     run = store.get_run(engine, run_id)
     if status not in ("completed", "running"):
         print(f"error: {run.error or ''}", file=sys.stderr, flush=True)
@@ -383,6 +400,9 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
     status = None
     try:
         started = time.time()
+        # Blocked in a collective past a SIGTERM's grace, rank 0 is ended from the grace's thread: this first.
+        when_blocked(lambda grace_s: record_sigterm(engine, run_id, world, folder_name, started,
+                                                   blocked_after_s=grace_s))
         try:
             # As in a spawned run, the sampler stops and writes what it holds however training ends,
             # and a sampler that fails leaves a note in the run, never a failed rank.
@@ -405,20 +425,7 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
                 note = f"The job was told to stop and stopped {where}"
             store.add_notes(engine, run_id, [note])
         except RunCancelled:
-            # `cancel` marks the run cancelled before it signals; any other SIGTERM is torchrun
-            # stopping the job, which it does when another of its processes has failed.
-            cause = _failure_cause(folder_name, started)
-            if store.get_run(engine, run_id).status == "cancelled":
-                pass
-            elif cause is None and submitted_run_id() is not None:
-                # Slurm's signal (a requeue, a preemption, the time limit): the run stays as it is, for a
-                # requeued job to resume, or for the poll (control/slurm_status.py) to record Slurm's end.
-                store.add_notes(engine, run_id, [f"Slurm stopped attempt {int(os.environ.get('SLURM_RESTART_COUNT') or 0) + 1} "
-                                                 f"of job {world.job_id} (SIGTERM)."])
-            else:
-                _attempt_failed(engine, run_id, world, cause or (
-                    "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
-                    "torchrun's output names it"))
+            record_sigterm(engine, run_id, world, folder_name, started)
         except Exception as exc:
             _record_first()  # as above, where the sampler itself failed to start
             own = f"rank 0 raised an exception:\n{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
@@ -430,6 +437,28 @@ def _train_and_record(engine, run_id: int, url: str, joined: RunConfig, world: T
             # at once, even if leaving a process group whose peers are gone would hang.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return status
+
+
+def record_sigterm(engine, run_id: int, world: TorchrunWorld, folder_name: str, started: float, *,
+                   blocked_after_s: float | None = None) -> None:
+    """How an attempt that a SIGTERM ended is recorded. ``cancel`` marks the run cancelled before it signals;
+    Slurm's (a requeue, a preemption, the time limit) leaves the run as it is, for a requeued job to resume or for
+    the poll (control/slurm_status.py) to record Slurm's end; any other is torchrun stopping the job, which it
+    does when another of its processes has failed. ``blocked_after_s``: rank 0 was still waiting in a collective
+    (on a peer that never came) when the SIGTERM's grace of that many seconds ran out, and ends without a step."""
+    cause = _failure_cause(folder_name, started)
+    why = (f" Rank 0 was blocked in a collective (waiting on a peer) and reached no step within the "
+           f"{blocked_after_s:g} s grace after the signal, so the attempt ended without a resume point at a step."
+           if blocked_after_s is not None else "")
+    if store.get_run(engine, run_id).status == "cancelled":
+        pass
+    elif cause is None and submitted_run_id() is not None:
+        store.add_notes(engine, run_id, [f"Slurm stopped attempt {int(os.environ.get('SLURM_RESTART_COUNT') or 0) + 1} "
+                                         f"of job {world.job_id} (SIGTERM).{why}"])
+    else:
+        _attempt_failed(engine, run_id, world, (cause or (
+            "torchrun stopped rank 0 (SIGTERM), most likely because another process of the job failed; "
+            "torchrun's output names it")) + (f"\n{why.strip()}" if why else ""))
 
 
 @contextlib.contextmanager
@@ -523,6 +552,8 @@ def _failure_cause(folder_name: str, since: float) -> str | None:
     if not failures:
         return None
     first = min(failures, key=lambda f: f["time"])
+    if first.get("type") == TrainingDiverged.__name__:  # one verdict every rank reached together: its own words
+        return first["message"]
     return with_oom_hint(f"rank {first['rank']} raised an exception:\n{first['traceback']}")
 
 

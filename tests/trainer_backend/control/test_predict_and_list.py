@@ -86,7 +86,7 @@ def test_predict_uses_the_runs_preprocessing_and_model(trained):
     import torch
 
     from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.predict import Predictor
+    from trainer_backend.control.predict import Predictor
 
     home, folder, run_id = trained
     checkpoint, _, engine_inputs = engine_view(home, run_id)

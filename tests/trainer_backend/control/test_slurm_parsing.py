@@ -79,7 +79,48 @@ def test_the_script_asks_for_what_the_config_says_and_meets_at_the_first_nodes_a
                  '--rdzv-id="$SLURM_JOB_ID"', "NodeAddr=", 'exit "$status"', "trap requeue USR1"):
         assert line in script, line
     assert sbatch_options(RunConfig(where="slurm", strategy="ddp"), job_name="j", output=Path("o"))[-1] == \
-        "--cpus-per-task=1"
+        "--cpus-per-task=1"  # one CPU process a node, no loader workers: one core
+
+
+def test_a_gpu_job_asks_for_a_core_per_process_and_loader_worker_and_srun_is_given_them(tmp_path):
+    """2 nodes x 4 GPUs with 2 loader workers each: 4 x (1 + 2) = 12 cores a node, in the header and on srun's
+    line (since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task: without it every rank, the torchrun
+    agent and the loader workers would share one core)."""
+    config = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4,
+                       num_workers=2)
+    script = render_script(config, [17], [tmp_path / "run-17"], job_name="parallax-17", output=tmp_path / "slurm.log")
+    assert "#SBATCH --cpus-per-task=12" in script
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert "--cpus-per-task=12" in srun.split()
+    asked = config.replace(slurm_cpus_per_task=48)  # asked for by number: kept
+    assert "--cpus-per-task=48" in sbatch_options(asked, job_name="j", output=Path("o"))
+
+
+def test_a_cpu_request_under_a_core_per_process_is_refused_with_the_figure():
+    import pytest
+
+    from contract.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"slurm_cpus_per_task 2 is not allowed: it gives each of the 4 GPU training "
+                                          r"processes on a node less than one core; ask for at least 4, or 0 for what "
+                                          r"the run needs \(12: 4 × \(1 \+ 2 loader workers\)\)"):
+        RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4, num_workers=2,
+                  slurm_cpus_per_task=2)
+
+
+def test_a_cluster_job_is_judged_by_its_nodes_not_by_this_machines_cores():
+    """4 loader workers for each of 4 GPU ranks on each of 2 nodes make 36 processes a node, far more than this
+    machine's cores allow a local run: on Slurm the nodes it asks for run them (20 cores each)."""
+    from trainer_backend.control.slurm_job import check_world
+
+    config = RunConfig(where="slurm", strategy="ddp", devices="cuda", slurm_nodes=2, slurm_gpus_per_node=4,
+                       num_workers=4)
+    cpu = RunConfig(where="slurm", strategy="ddp", devices=("cpu",) * 64, slurm_nodes=16)  # 4 a node
+    assert check_world(config).world_size == 8 and check_world(cpu).world_size == 64
+
+    from contract.slurm_options import cpus_per_node
+
+    assert cpus_per_node(config) == 20 and cpus_per_node(cpu) == 4
 
 
 @pytest.mark.parametrize("strategy, devices", [("single", "cuda"), ("dp", "cuda"), ("mp", "0,1")])
@@ -87,8 +128,11 @@ def test_a_one_process_strategy_is_a_one_task_job_without_torchrun(tmp_path, str
     config = RunConfig(where="slurm", strategy=strategy, devices=devices, slurm_gpus_per_node=2, max_requeues=2)
     script = render_script(config, [17], [tmp_path / "run-17"], job_name="parallax-17", output=tmp_path / "slurm.log")
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert srun == (f"srun --kill-on-bad-exit=1 --ntasks=1 {shlex.quote(sys.executable)} -m trainer_backend run "
-                    '--config "$RUN_FOLDER/slurm-config.json" --quiet &')
+    # One training process, whatever its GPUs: a core for it and one per loader worker, given to srun too.
+    cpus = 1 + config.num_workers
+    assert srun == (f"srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task={cpus} {shlex.quote(sys.executable)} -m "
+                    'trainer_backend run --config "$RUN_FOLDER/slurm-config.json" --quiet &')
+    assert f"#SBATCH --cpus-per-task={cpus}" in script
     assert "torch.distributed.run" not in script and "rdzv" not in script and "head_address" not in script
     # What the views and the requeue rely on is the same script as ddp's: the job's lines, its log, its trap.
     for line in ("#SBATCH --job-name=parallax-17", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
@@ -98,9 +142,11 @@ def test_a_one_process_strategy_is_a_one_task_job_without_torchrun(tmp_path, str
     ddp = render_script(config.replace(strategy="ddp", devices="cuda"), [17], [tmp_path / "run-17"],
                         job_name="parallax-17", output=tmp_path / "slurm.log")
     assert "torch.distributed.run" in ddp and "--ntasks=1 " not in ddp
+    # The same header but for the cores: ddp's node runs a process per GPU, this one process.
     assert script.split("\nsrun ")[0] == ddp.split("\nhead_node=")[0].replace(
         "One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous).",
-        f"One task: {strategy} trains in one process, without torchrun.")
+        f"One task: {strategy} trains in one process, without torchrun.").replace(
+        f"--cpus-per-task={2 * cpus}", f"--cpus-per-task={cpus}")
     assert script.split(" --quiet &\n")[1] == ddp.split(" --quiet &\n")[1]
 
 

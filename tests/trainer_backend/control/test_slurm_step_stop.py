@@ -23,7 +23,8 @@ from trainer_backend.engine import stopping
 pytestmark = pytest.mark.processes
 
 EPOCHS, STEPS = 8, 23  # digits' 1437 training images in batches of 64
-ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model", "PARALLAX_STEP_POINT_S": "1e-6"}  # a point every step
+ENV = {"PARALLAX_PLUGINS": "tests.plugins.sleeping_model", "PARALLAX_STEP_POINT_S": "1e-6",  # a point every step
+       "PARALLAX_STOP_CHECK_S": "0.2"}  # a look every few steps: the stop comes well inside a 23-step epoch
 RUN_WITHIN_S = 300.0  # a job's processes import torch and timm on a shared 2-core machine
 
 

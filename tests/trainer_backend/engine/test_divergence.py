@@ -83,6 +83,63 @@ def test_skip_is_refused_for_pipelines_in_one_line():
         RunConfig(on_nonfinite="ignore")
 
 
+class FakeStream:
+    def __init__(self, index: int):
+        self.index = index
+
+
+class FakeEvent:
+    """torch.cuda.Event as the guard uses it: ``record`` on a stream (the current device's when none is given),
+    ``synchronize`` before the host reads what it guards; each call is written to ``log``."""
+
+    log: list = []
+
+    def record(self, stream=None):
+        self.stream = stream if stream is not None else torch.cuda.current_stream()
+        FakeEvent.log.append(("record", self.stream.index))
+
+    def synchronize(self):
+        FakeEvent.log.append(("synchronize", self.stream.index))
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch):
+    """The CUDA edge of a model-parallel rank: cuda:0 is the current device (the first stage's), each device has
+    its own current stream, and pinned memory is plain host memory."""
+    FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: FakeStream(torch.cuda.current_device() if device is None
+                                                       else torch.device(device).index))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    return FakeEvent.log
+
+
+def test_under_model_parallel_the_checks_copy_is_awaited_on_the_output_devices_stream(two_fake_gpus):
+    """The losses, the guard's state and its copy to the host are on the last stage's GPU (cuda:1): the event
+    the host waits on before reading the copy must follow it there, at every check and at the epoch's last step,
+    where the copy is read at once."""
+    def on_the_output_gpu(watch: NonfiniteGuard) -> NonfiniteGuard:
+        """The guard's tensors stay on the CPU; its device says where they would be."""
+        watch.device, watch.on_cuda, watch.check_every = torch.device("cuda:1"), True, 16
+        return watch
+
+    watch = on_the_output_gpu(guard("stop", steps=40))
+    for step in range(1, 41):
+        watch.observe(step, torch.tensor(1.0))
+        watch.check(step)
+    assert two_fake_gpus == [("record", 1), ("record", 1), ("synchronize", 1), ("record", 1), ("synchronize", 1)]
+    watch = on_the_output_gpu(guard("stop", epoch=3, steps=16))
+    for step in range(1, 17):
+        watch.observe(step, torch.tensor(float("nan") if step == 15 else 1.0))
+        if step < 16:
+            watch.check(step)
+    with pytest.raises(TrainingDiverged, match="step 15"):
+        watch.check(16)  # the epoch's last: read as soon as the copy on cuda:1 has landed
+    assert two_fake_gpus[-2:] == [("record", 1), ("synchronize", 1)]
+
+
 def run_and_export(home, *flags: str, nan_step: int, nan_rank: int = 0, webhook: str = "") -> dict:
     env = {"PARALLAX_PLUGINS": "tests.plugins.nan_model", "PARALLAX_TEST_NAN_STEP": str(nan_step),
            "PARALLAX_TEST_NAN_RANK": str(nan_rank), "PARALLAX_WEBHOOKS": webhook}

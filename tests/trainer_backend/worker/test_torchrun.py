@@ -275,7 +275,7 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
         raise RuntimeError("[gloo] Connection closed by peer")
 
     def slow_failure_cause(folder_name, since):  # a loaded machine: the record outlasts the grace
-        assert signal.getitimer(signal.ITIMER_REAL)[0] == 0, "the escalation is still armed as the failure is recorded"
+        assert stopping._settled.is_set(), "the escalation is still armed as the failure is recorded"
         time.sleep(3 * grace_s)
         return "rank 1 raised an exception:\nRuntimeError: deliberate failure in rank 1"
 
@@ -422,3 +422,20 @@ def test_only_a_restarted_attempt_or_resume_job_carries_on_in_an_earlier_run(par
     store.set_status(engine, old, "lost")
     assert _open_run(engine, joined, world, ["h"], [], restarted=False, resume_job=True) == (old, "running")
     dispose_engines()
+
+
+def test_a_nan_stop_is_recorded_in_its_own_words_not_as_a_traceback(parallax_home, engine):
+    """Every rank of a torchrun job raises TrainingDiverged at the same step (engine/divergence.py): the run's
+    error is that one line, as for a spawned run, not rank 0's traceback."""
+    from db.folders import run_folder, run_folder_name
+    from trainer_backend.engine.divergence import TrainingDiverged
+    from trainer_backend.engine.trainer import leave_failure_note
+
+    run_id = store.create_run(engine, RunConfig().to_dict(), status="running")
+    folder = run_folder(engine, run_id, create=True)
+    reason = "loss became NaN at epoch 2 step 7 (lr 0.001); the run stopped there (--on-nonfinite stop)"
+    try:
+        raise TrainingDiverged(reason)
+    except TrainingDiverged as exc:
+        leave_failure_note(folder, 0, exc)
+    assert torchrun_worker._failure_cause(run_folder_name(engine, run_id), since=0) == reason
