@@ -11,7 +11,7 @@ host only.
 Each message is one JSON object that three kinds of receiver read: generic fields (``event``, ``run``:
 id, link, status, reason, strategy, model, dataset, best accuracy, duration), Slack's ``text`` and
 Discord's ``content`` (the same one line). ``event`` is ``run.completed``, ``run.failed``,
-``run.cancelled``, ``run.lost``, ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
+``run.cancelled``, ``run.lost``, ``run.pruned`` (a search's trial ended early by its pruner), ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
 warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``.
 
 Delivery never holds up the caller: each message gets a thread for each URL, which waits for the
@@ -43,7 +43,7 @@ WEBHOOKS_FILE = "webhooks"  # in PARALLAX_HOME, one URL a line
 DASHBOARD_URL_ENV = "PARALLAX_DASHBOARD_URL"  # where links in messages point
 DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
 ATTEMPTS, TIMEOUT_S, BACKOFF_S = 3, 5.0, 1.0
-EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.diverged", "run.stalled")
+EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.pruned", "run.diverged", "run.stalled")
 
 
 def webhook_urls() -> list[str]:
