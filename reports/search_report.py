@@ -74,7 +74,9 @@ def trials_frame(engine, url: str, search: SearchRecord, study=None) -> pd.DataF
     for trial in study.get_trials(deepcopy=False):
         run = runs.get(trial.number) or {}
         run_id = run.get("id")
-        values = trial.values if trial.values is not None else [None] * len(value_columns(space))
+        # A pruned trial's value in Optuna is its last reported epoch's figure, not the objective: left out.
+        complete = trial.state.name == "COMPLETE" and trial.values is not None
+        values = trial.values if complete else [None] * len(value_columns(space))
         check = checks.get(run_id, {})
         rows.append({
             "trial": trial.number, "state": trial.state.name, **dict(zip(value_columns(space), values)),
@@ -191,8 +193,8 @@ def pareto_figure(frame: pd.DataFrame, space: SearchSpace) -> go.Figure:
 
 
 def importances(study, space: SearchSpace) -> tuple[dict[str, float] | None, str | None]:
-    """Each parameter's importance to the (first) objective, by Optuna's PED-ANOVA evaluator (fast, no model
-    fitted); None and the reason where it cannot be told yet."""
+    """Each parameter's importance to the objective (with two, to reaching the Pareto front), by Optuna's PED-ANOVA
+    evaluator (fast, no model fitted); None and the reason where it cannot be told yet."""
     import optuna
 
     if study is None:
@@ -201,9 +203,8 @@ def importances(study, space: SearchSpace) -> tuple[dict[str, float] | None, str
     if len(complete) < 2:
         return None, f"{len(complete)} completed trial(s): importances need two at least"
     try:
-        found = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-            target=(lambda t: t.values[0]) if len(space.directions) > 1 else None)
+        # With two objectives PED-ANOVA judges the parameters by the trials nearest the Pareto front.
+        found = optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         return None, f"not computed: {exc}"
     return {name: float(value) for name, value in found.items()}, None
