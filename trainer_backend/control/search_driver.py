@@ -154,6 +154,15 @@ class Driver:
             release_driver(self.engine, self.search_id, status)
         return status
 
+    def tell(self, trial, values=None, **options) -> None:
+        """``study.tell``. The grid sampler asks the study to stop once its last point is told, which Optuna allows
+        only inside ``optimize``: the trial is stored before it asks, and the driver stops on its own budget."""
+        try:
+            self.study.tell(trial, values, **options)
+        except RuntimeError as exc:
+            if "Study.stop" not in str(exc):
+                raise
+
     def ask_to_stop(self, *_) -> None:
         self.stop_asked = True
 
@@ -211,7 +220,7 @@ class Driver:
 
                 config = config.replace(epochs=speed_epochs(config, self.space.timed_steps))
         except ConfigError as exc:  # the space was checked before the search started: a drawn value still broke a rule
-            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            self.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             self.echo(f"trial={trial.number} failed before launch: {described(values)}: {one_line(exc)}")
             return None
         return trial, values, config
@@ -227,7 +236,7 @@ class Driver:
             run_id = launch(config, db_url=self.url, data_roots=self.data_roots,
                             search_trial=(self.search_id, trial.number))
         except Exception as exc:  # noqa: BLE001 - a launch that cannot start (disk full, sbatch refused): the trial says why
-            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            self.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             self.echo(f"trial={trial.number} could not be launched: {one_line(exc)}")
             return
         trial.set_user_attr(RUN_KEY, run_id)
@@ -250,7 +259,7 @@ class Driver:
                                    search_trials=[(self.search_id, trial.number) for trial, _, _ in drawn])
         except Exception as exc:  # noqa: BLE001 - sbatch refused: every trial says why
             for trial, _, _ in drawn:
-                self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+                self.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             self.echo(f"trials {drawn[0][0].number}-{drawn[-1][0].number} could not be submitted: {one_line(exc)}")
             return
         for (trial, values, config), run_id in zip(drawn, run_ids):
@@ -266,7 +275,7 @@ class Driver:
         for trial in self.study.get_trials(deepcopy=False, states=(states.RUNNING,)):
             run = runs.get(trial.number)
             if run is None:
-                self.study.tell(trial.number, state=states.FAIL)
+                self.tell(trial.number, state=states.FAIL)
                 self.echo(f"trial={trial.number} failed: its driver stopped before its run was recorded")
                 continue
             if trial.user_attrs.get(RUN_KEY) != run["id"]:
@@ -285,7 +294,7 @@ class Driver:
         for number, followed in list(self.followed.items()):
             run = store.get_run(self.engine, followed.run_id)
             if run is None:  # deleted while it trained
-                self.study.tell(number, state=self.optuna.trial.TrialState.FAIL)
+                self.tell(number, state=self.optuna.trial.TrialState.FAIL)
                 del self.followed[number]
                 continue
             epochs = store.read_epoch_metrics(self.engine, [followed.run_id])
@@ -328,16 +337,16 @@ class Driver:
         states = self.optuna.trial.TrialState
         number = followed.number
         if run.status == "pruned":
-            self.study.tell(number, state=states.PRUNED)
+            self.tell(number, state=states.PRUNED)
             self.echo(f"trial={number} run_id={run.id} status=pruned epochs={len(epochs)}")
             return
         values = objective_values(self.space, epochs) if run.status == "completed" else None
         if values is None:
-            self.study.tell(number, state=states.FAIL)
+            self.tell(number, state=states.FAIL)
             why = one_line((run.error or "it recorded no figure to judge it by").splitlines()[0])
             self.echo(f"trial={number} run_id={run.id} status={run.status}: {why}")
             return
-        self.study.tell(number, list(values))
+        self.tell(number, list(values))
         shown = ", ".join("not reached" if math.isinf(v) else f"{v:.4g}" for v in values)
         self.echo(f"trial={number} run_id={run.id} status=completed {self.space.objective}={shown}")
 
@@ -351,7 +360,7 @@ class Driver:
                 cancel(followed.run_id, db_url=self.url)
             except CancelNotDelivered as exc:
                 self.echo(f"error: {exc}")
-            self.study.tell(number, state=self.optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self.tell(number, state=self.optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self.echo(f"trial={number} run_id={followed.run_id} cancelled: the search was stopped")
             del self.followed[number]
 
