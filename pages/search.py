@@ -66,6 +66,10 @@ def driver_line(search) -> None:
         st.warning(f"This search's driver (process {search.driver_pid} on {escape_markdown(search.driver_host)}) is "
                    "not running here: its trials still training go on, but none is judged or started. Resume carries "
                    "on from where it is.", icon=":material/warning:")
+    elif search.status == "running":
+        st.info("No driver has taken this search yet: one started from here records itself within seconds (if none "
+                f"does, its log `search-{search.id}.log` beside the runs' folders says why). Resume starts one.",
+                icon=":material/hourglass_top:")
     else:
         st.info("This search was stopped. Resume carries on: trials still training are followed again and new ones "
                 "drawn up to its budget.", icon=":material/pause_circle:")

@@ -8,6 +8,7 @@ page's Search mode, which checks every value as the command line does and starts
 
 from __future__ import annotations
 
+import socket
 import time
 
 import optuna
@@ -18,7 +19,7 @@ from contract.search_space import SearchSpace, parse_param
 from db import store
 from db import run_state as state
 from db.search_study import forget_storages, study_storage
-from db.searches import create_search, get_search, list_searches, trial_runs
+from db.searches import claim_driver, create_search, get_search, list_searches, release_driver, trial_runs
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
 from trainer_backend.control.search import stop_search
@@ -57,6 +58,8 @@ def make_search(engine, url: str, space: SearchSpace, trials: list[tuple[dict, s
                 trial.report(epoch["val_acc"], epoch["epoch"])
         study.tell(trial, list(values) if state_name == "COMPLETE" else None,
                    state=optuna.trial.TrialState[state_name])
+    claim_driver(engine, search_id)  # as a driver leaves a search it has finished
+    release_driver(engine, search_id, "finished")
     return search_id
 
 
@@ -131,7 +134,7 @@ def test_a_search_whose_driver_is_gone_is_offered_for_resuming(search_db):
 
     with session_scope(engine) as session:  # its driver was killed: the row still names it
         session.execute(update(Search).where(Search.id == search_id).values(status="running", driver_pid=2**22 + 1,
-                                                                             driver_host="elsewhere"))
+                                                                             driver_host=socket.gethostname()))
     at = open_page("pages/search.py", search=str(search_id))
     assert any("is not running here" in w.value for w in at.warning)
     assert at.button(key="resume_search").label == "Resume the search"
