@@ -1,15 +1,17 @@
-"""Remake the README's three screenshots from the runs a new user makes, in a real dashboard and browser.
+"""Remake the README's four screenshots from the runs a new user makes, in a real dashboard and browser.
 
 A fresh dashboard (its own PARALLAX_HOME in a temporary folder) is started and Debian's chromium
 drives it through playwright as a user would: on Launch, Compare strategies with the form's default
 sweep (resnet18 on the digits: single, ddp, mp and pp on two CPU devices) and wait for all of it;
 then the two-process DDP run's page, its numbers, notes, epoch charts and time per rank ->
 docs/img/run-page.png, and further down the same page its per-step and system charts ->
-docs/img/run-steps-system.png; then Compare with the sweep's runs -> docs/img/compare-page.png.
-A few minutes on 2 cores (the four runs train one after the other).
+docs/img/run-steps-system.png; then Compare with the sweep's runs -> docs/img/compare-page.png; then the
+README's search (``parallax search``, 8 trials, the median pruner) and its Search page -> docs/img/search-page.png.
+Several minutes on 2 cores (the runs train one after the other).
 
     .venv/bin/python docs/screenshots.py
     .venv/bin/python docs/screenshots.py --home /tmp/shots --runs 1,2,3,4   # again from kept runs
+    .venv/bin/python docs/screenshots.py --search-only                      # only the search and its page
 """
 
 from __future__ import annotations
@@ -182,7 +184,32 @@ def ddp_run(home: Path, run_ids: list[int]) -> int:
     return ddp[0]
 
 
-def shoot_all(home: Path, kept_runs: list[int]) -> None:
+# The README's search, as written there.
+README_SEARCH = ("search", "--param", "lr=1e-4:1e-1:log", "--param", "batch_size=32,64,128", "--trials", "8",
+                 "--pruner", "median")
+
+
+def search_page(page, url: str, home: Path) -> None:
+    """The README's search, run from the command line to its end, then its Search page down to its charts."""
+    from playwright.sync_api import expect
+
+    env = {**os.environ, "PARALLAX_HOME": str(home)}
+    env.pop("PARALLAX_DB_URL", None)
+    done = subprocess.run([sys.executable, "-m", "trainer_backend", *README_SEARCH], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=RUN_MS / 1000)
+    if done.returncode != 0:
+        sys.exit(f"error: the README's search failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    search_id = re.search(r"search_id=(\d+) status=finished", done.stdout).group(1)
+    page.goto(f"{url}/search?search={search_id}")
+    expect(page.locator(".st-key-search_parallel .js-plotly-plot .main-svg")).to_have_count(1, timeout=UI_MS)
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    last = page.locator(".st-key-search_parallel").bounding_box()
+    print(f"search #{search_id} -> {shoot(page, 'search-page.png', bottom_px=last['y'] + last['height'] + 20)}",
+          flush=True)
+
+
+def shoot_all(home: Path, kept_runs: list[int], search_only: bool = False) -> None:
     from playwright.sync_api import sync_playwright
 
     server, url = start_dashboard(home)
@@ -191,9 +218,11 @@ def shoot_all(home: Path, kept_runs: list[int]) -> None:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_MS)
-            sweep = kept_runs or default_sweep(page, url)
-            run_page(page, url, ddp_run(home, sweep))
-            compare(page, sweep)
+            if not search_only:
+                sweep = kept_runs or default_sweep(page, url)
+                run_page(page, url, ddp_run(home, sweep))
+                compare(page, sweep)
+            search_page(page, url, home)
             browser.close()
     finally:
         server.terminate()
@@ -205,17 +234,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--home", type=Path, help="PARALLAX_HOME to use and keep (default: a temporary one)")
     parser.add_argument("--runs", default="", help="shoot these runs of --home (a sweep's) instead of launching a sweep")
+    parser.add_argument("--search-only", action="store_true", help="only the README's search and its Search page")
     args = parser.parse_args()
     kept_runs = [int(n) for n in args.runs.split(",") if n.strip()]
     wait_for_chromium()
     if args.home is not None:
         args.home.mkdir(parents=True, exist_ok=True)
-        shoot_all(args.home, kept_runs)
+        shoot_all(args.home, kept_runs, args.search_only)
         return
     with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
         home = Path(scratch) / "parallax_home"
         home.mkdir()
-        shoot_all(home, kept_runs)
+        shoot_all(home, kept_runs, args.search_only)
 
 
 if __name__ == "__main__":
