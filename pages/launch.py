@@ -30,7 +30,7 @@ from contract.config import (CPU_PROCESSES_PER_CORE,
 from contract.model_source import is_custom_model
 from contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from trainer_backend.control.search import create_search, start_detached_driver
+from trainer_backend.control.search_lifecycle import create_search, start_detached_driver
 from ui import launch_memory, memory_views, options, own_model, search_form, slurm_views, state
 from contract.fields import SLURM_SECTION
 from ui import torchrun_command as torchrun_ui

@@ -18,7 +18,7 @@ from db.run_state import ACTIVE_STATUSES
 from db.searches import get_search, list_searches, trial_runs
 from reports.search_report import (MEMORY_NOTE, answer, best_so_far_figure, display_frame, importance_figure,
                                    importances, load_study, parallel_figure, pareto_figure, search_html, trials_frame)
-from trainer_backend.control.search import check_resumable, start_detached_driver, stop_search
+from trainer_backend.control.search_lifecycle import check_resumable, start_detached_driver, stop_search
 from ui import launch_memory, live, options, state
 from ui.text import escape_markdown
 

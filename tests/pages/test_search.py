@@ -22,7 +22,7 @@ from db.search_study import forget_storages, study_storage
 from db.searches import claim_driver, create_search, get_search, list_searches, release_driver, trial_runs
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
-from trainer_backend.control.search import stop_search
+from trainer_backend.control.search_lifecycle import stop_search
 from trainer_backend.control.search_driver import suggest
 
 APP = str(ROOT / "app.py")

@@ -74,7 +74,7 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
 def run_search_command(args: argparse.Namespace, config_for, open_database) -> int:
     """The command's body: ``config_for(sweep)`` builds the base config from the flags (``sweep``: its strategy is
     the sweeps' base, where the search draws the strategy), ``open_database`` opens (or explains) the database."""
-    from trainer_backend.control.search import check_resumable, create_search, drive, start_detached_driver
+    from trainer_backend.control.search_lifecycle import check_resumable, create_search, drive, start_detached_driver
 
     if args.report is not None and args.report.is_dir():
         raise ValueError(f"--report {args.report} is a folder: give the path of the HTML file to write")

@@ -1,4 +1,4 @@
-"""Searches from the command line and the dashboard: check one, record it, drive it (here, or in a detached
+"""A search's life from the command line and the dashboard: check one, record it, drive it (here, or in a detached
 process that outlives the dashboard), resume it, stop it.
 
     search_id = create_search(base, space)                    # every value checked first; nothing started
