@@ -191,17 +191,23 @@ README_SEARCH = ("search", "--param", "lr=1e-4:1e-1:log", "--param", "batch_size
 
 def search_page(page, url: str, home: Path) -> None:
     """The README's search, run from the command line to its end, then its Search page down to its charts."""
-    from playwright.sync_api import expect
+    from db import make_engine
+    from db.searches import list_searches
 
-    env = {**os.environ, "PARALLAX_HOME": str(home)}
-    env.pop("PARALLAX_DB_URL", None)
-    done = subprocess.run([sys.executable, "-m", "trainer_backend", *README_SEARCH], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=RUN_MS / 1000)
-    if done.returncode != 0:
-        sys.exit(f"error: the README's search failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    search_id = re.search(r"search_id=(\d+) status=finished", done.stdout).group(1)
+    finished = [s.id for s in list_searches(make_engine(f"sqlite:///{home / 'parallax.db'}")) if s.status == "finished"]
+    if finished:  # a kept --home: its search again
+        search_id = finished[0]
+    else:
+        env = {**os.environ, "PARALLAX_HOME": str(home)}
+        env.pop("PARALLAX_DB_URL", None)
+        done = subprocess.run([sys.executable, "-m", "trainer_backend", *README_SEARCH], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=RUN_MS / 1000)
+        if done.returncode != 0:
+            sys.exit(f"error: the README's search failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        print(done.stdout, flush=True)
+        search_id = int(re.search(r"search_id=(\d+) status=finished", done.stdout).group(1))
     page.goto(f"{url}/search?search={search_id}")
-    expect(page.locator(".st-key-search_parallel .js-plotly-plot .main-svg")).to_have_count(1, timeout=UI_MS)
+    page.locator(".st-key-search_parallel .js-plotly-plot .main-svg").first.wait_for(timeout=UI_MS)
     wait_idle(page)
     page.wait_for_timeout(1500)
     last = page.locator(".st-key-search_parallel").bounding_box()

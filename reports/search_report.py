@@ -27,7 +27,7 @@ from contract.search_space import OBJECTIVES, SearchSpace, described
 from db import store
 from db.search_study import study_storage
 from db.searches import SearchRecord, get_search, trial_runs
-from reports.charts import base_figure
+from reports.charts import base_figure, fit_y_axis
 from reports.memory_check import estimate_check_frame
 from reports.report_html import DASHBOARD_COLORS, REPORT_CSS, charts_html
 from reports.scaling import epochs_frame
@@ -133,7 +133,9 @@ def best_so_far(frame: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
 
 def best_so_far_figure(frame: pd.DataFrame, space: SearchSpace) -> go.Figure:
     label = OBJECTIVE_LABELS.get(value_columns(space)[0], value_columns(space)[0])
-    figure = base_figure("Best so far", "Trial finished at (UTC)", label, percent=value_columns(space)[0] == "val_acc")
+    # The legend sits where an x title would: the title says what the axis is.
+    figure = base_figure("Best so far, by when each trial finished (UTC)", "", label,
+                         percent=value_columns(space)[0] == "val_acc")
     if len(space.directions) > 1:
         return figure
     history = best_so_far(frame, space)
@@ -144,7 +146,7 @@ def best_so_far_figure(frame: pd.DataFrame, space: SearchSpace) -> go.Figure:
                                 marker=dict(color=DASHBOARD_COLORS[1]), text=[f"trial {t}" for t in history["trial"]]))
     figure.add_trace(go.Scatter(x=history["finished_at"], y=history["best"], mode="lines", line_shape="hv",
                                 name="best so far", line=dict(color=DASHBOARD_COLORS[0])))
-    return figure
+    return fit_y_axis(figure)
 
 
 def parallel_figure(frame: pd.DataFrame, space: SearchSpace) -> go.Figure:
@@ -154,7 +156,8 @@ def parallel_figure(frame: pd.DataFrame, space: SearchSpace) -> go.Figure:
     column = value_columns(space)[0]
     done = done[done[column].map(lambda v: isinstance(v, (int, float)) and math.isfinite(v))]
     figure = go.Figure()
-    figure.update_layout(title="Parallel coordinates (completed trials)", height=340, margin=dict(l=60, r=60, t=60, b=20))
+    # The axes' labels sit above them: room between them and the title.
+    figure.update_layout(title="Parallel coordinates (completed trials)", height=380, margin=dict(l=60, r=60, t=110, b=20))
     if done.empty:
         return figure
     dimensions = []
