@@ -64,6 +64,7 @@ def test_the_search_page_draws_its_answer_and_charts_and_launches_the_best_setti
 
             offline = browser.new_context(viewport=PAGE, offline=True)
             reader = offline.new_page()
+            reader.set_default_timeout(UI_MS)  # as every page here: a 4 MB page of inline plotly.js to load
             reader.goto(report.as_uri())
             reader.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=UI_MS)
             assert "Best: trial 1 (lr=0.003, batch_size=64)" in reader.inner_text("body")
