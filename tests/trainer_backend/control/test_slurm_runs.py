@@ -401,7 +401,9 @@ def a_search_as_one_array(s: Scenario):
     most_running, arrays = 0, set()
     while driver.is_alive() and not STOP.is_set():
         runs = trial_runs(s.engine, 1) if list_searches(s.engine) else {}
-        arrays = {slurm_info(store.get_run(s.engine, r["id"]))["array_job_id"] for r in runs.values()} - {None}
+        # A run is recorded before sbatch answers, and its job's ids after: read where they are there.
+        arrays = {(slurm_info(store.get_run(s.engine, r["id"])) or {}).get("array_job_id")
+                  for r in runs.values()} - {None}
         running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%F"], env=s.cluster.env,
                                  capture_output=True, text=True, timeout=10).stdout.split()
         most_running = max(most_running, sum(job in arrays for job in running))
