@@ -1,8 +1,8 @@
 """Parallax dashboard entry point: ``make run`` (or ``streamlit run app.py`` from this folder).
 
-Seven pages: Launch a run (or a sweep of strategies), watch one Run live, browse all Runs, Compare runs
-and strategies, read a strategy Sweep's scaling report, dig into a run's Profiler output, and the home's
-Settings (the webhooks told when a run ends).
+Eight pages: Launch a run (or a sweep of strategies, or a search), watch one Run live, browse all Runs, Compare
+runs and strategies, read a strategy Sweep's scaling report, follow a Search's trials, dig into a run's Profiler
+output, and the home's Settings (the webhooks told when a run ends).
 Runs started here are detached processes: they go on when the browser tab or the dashboard closes.
 
 This file has two lives. ``streamlit run app.py`` imports it as a module, finds ``app`` below and serves it
@@ -21,8 +21,8 @@ from db.access import open_database
 from db.connection import masked_url
 from contract.environment import database_url, keep_files_private, parallax_home
 from ui import auth, serving
-from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SETTINGS_PAGE, SWEEP_PAGE,
-                      return_to_requested_page)
+from ui.state import (COMPARE_PAGE, LAUNCH_PAGE, PROFILER_PAGE, RUN_PAGE, RUNS_PAGE, SEARCH_PAGE, SETTINGS_PAGE,
+                      SWEEP_PAGE, return_to_requested_page)
 
 
 def show_dashboard() -> None:
@@ -45,6 +45,7 @@ def show_dashboard() -> None:
         st.Page(RUNS_PAGE, title="Runs", icon=":material/table_rows:"),
         st.Page(COMPARE_PAGE, title="Compare", icon=":material/compare_arrows:"),
         st.Page(SWEEP_PAGE, title="Sweeps", icon=":material/stacked_bar_chart:"),
+        st.Page(SEARCH_PAGE, title="Search", icon=":material/travel_explore:"),
         st.Page(PROFILER_PAGE, title="Profiler", icon=":material/speed:"),
         st.Page(SETTINGS_PAGE, title="Settings", icon=":material/settings:"),
     ])

@@ -14,7 +14,7 @@ host only.
 Each message is one JSON object that three kinds of receiver read: generic fields (``event``, ``run``:
 id, link, status, reason, strategy, model, dataset, best accuracy, duration), Slack's ``text`` and
 Discord's ``content`` (the same one line). ``event`` is ``run.completed``, ``run.failed``,
-``run.cancelled``, ``run.lost``, ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
+``run.cancelled``, ``run.lost``, ``run.pruned`` (a search's trial ended early by its pruner), ``run.diverged`` (a NaN loss the run trained on, ``--on-nonfinite
 warn``; one that stops it is ``run.failed`` with that reason) or ``run.stalled``.
 
 Delivery never holds up the caller: each message gets a thread for each URL, which waits for the
@@ -51,7 +51,7 @@ DASHBOARD_URL_FILE = "dashboard-url"
 DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8501"
 MAX_URL_LENGTH = 2048
 ATTEMPTS, TIMEOUT_S, BACKOFF_S = 3, 5.0, 1.0
-EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.diverged", "run.stalled")
+EVENTS = ("run.completed", "run.failed", "run.cancelled", "run.lost", "run.pruned", "run.diverged", "run.stalled")
 
 
 def webhook_urls() -> list[str]:

@@ -109,10 +109,12 @@ def create_run(
     notes: list[str] | None = None,
     world_size: int = 1,
     sweep_id: int | None = None,
+    search_trial: tuple[int, int] | None = None,
 ) -> int:
     """Insert a run for ``config`` (a RunConfig as a dict) and return its id.
 
-    strategy, model, dataset and tags are copied from the config into their own columns.
+    strategy, model, dataset and tags are copied from the config into their own columns; ``search_trial``,
+    (search id, trial number), makes the run a trial of a search in the same write.
     """
     _check_status(status)
     missing = [key for key in CONFIG_COLUMNS if not config.get(key)]
@@ -132,6 +134,8 @@ def create_run(
         user_note="",
         world_size=world_size,
         sweep_id=sweep_id,
+        search_id=search_trial[0] if search_trial else None,
+        search_trial=search_trial[1] if search_trial else None,
         measurements={VERSION_KEY: parallax_version()},  # a database shared with other versions says whose run
     )
     with session_scope(engine) as session:

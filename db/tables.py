@@ -30,8 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-RUN_STATUSES: tuple[str, ...] = ("queued", "running", "completed", "failed", "cancelled", "lost")
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "lost"})
+# "pruned": a trial of a search that the search's pruner ended early, its epochs kept (control/search_driver.py).
+RUN_STATUSES: tuple[str, ...] = ("queued", "running", "completed", "failed", "cancelled", "lost", "pruned")
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled", "lost", "pruned"})
+SEARCH_STATUSES: tuple[str, ...] = ("running", "finished", "stopped")
 
 # Named constraints let later migrations drop or alter them by name, which SQLite's
 # batch mode needs (it cannot address an unnamed constraint).
@@ -103,6 +105,34 @@ class Sweep(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
+class Search(Base):
+    """A search over a config's fields: its trials are runs (``Run.search_id``), the study that draws them is
+    Optuna's, in the same database under ``study_name`` (db/search_study.py). ``driver_pid``/``driver_host``: the
+    process that launches and judges its trials now, None while none does."""
+
+    __tablename__ = "searches"
+    __table_args__ = (
+        CheckConstraint("status IN (" + ", ".join(f"'{status}'" for status in SEARCH_STATUSES) + ")", name="status"),
+        UniqueConstraint("study_name"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    kind: Mapped[str] = mapped_column(String(16))  # "hyper" (the best hyperparameters) or "speed" (the fastest settings)
+    study_name: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16))
+    # The base RunConfig every trial starts from, and the search's own settings (contract/search_space.py).
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    space: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # What was decided before any trial started (configurations skipped, and why), and what happened since.
+    notes: Mapped[list[str]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    driver_pid: Mapped[int | None] = mapped_column(Integer)
+    driver_host: Mapped[str | None] = mapped_column(String(255))
+    driver_start: Mapped[str | None] = mapped_column(String(64))  # run_state.process_start of the driver
+
+
 class Run(Base):
     """One training run: its configuration, lifecycle and the process that executes it."""
 
@@ -158,6 +188,9 @@ class Run(Base):
     # Who trains it: "engine" (launched through Parallax) or "script" (a user's own script logging through
     # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
     kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
+    # A trial of a search: the search, and the trial's number in its study.
+    search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id", ondelete="SET NULL"), index=True)
+    search_trial: Mapped[int | None] = mapped_column(Integer)
 
     # The run's figures (db.run_figures), kept as its epochs are written (store.log_epoch), so that the Runs
     # page sorts, filters and pages 100,000 runs in the database without reading an epoch.

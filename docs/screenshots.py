@@ -9,11 +9,13 @@ docs/img/run-steps-system.png; then Compare with the sweep's runs -> docs/img/co
 Then a history logged from scripts (``import parallax``: forty trials of a tuning sweep and one run of
 200,000 steps whose loss has a one-step spike and a NaN): the Runs page searched and filtered ->
 docs/img/runs-search.png, and the long run's loss chart, its band and its NaN mark ->
-docs/img/banded-chart.png. A few minutes on 2 cores (the four runs train one after the other).
+docs/img/banded-chart.png. Then the README's search (``parallax search``, 8 trials, the median pruner) and its
+Search page -> docs/img/search-page.png. Several minutes on 2 cores (the runs train one after the other).
 
     .venv/bin/python docs/screenshots.py
     .venv/bin/python docs/screenshots.py --home /tmp/shots --runs 1,2,3,4   # again from kept runs
-    .venv/bin/python docs/screenshots.py --history-only                     # the last two shots alone
+    .venv/bin/python docs/screenshots.py --history-only                     # the Runs search and the banded chart
+    .venv/bin/python docs/screenshots.py --search-only                      # only the search and its page
 """
 
 from __future__ import annotations
@@ -242,7 +244,39 @@ def ddp_run(home: Path, run_ids: list[int]) -> int:
     return ddp[0]
 
 
-def shoot_all(home: Path, kept_runs: list[int], *, history_only: bool = False) -> None:
+# The README's search, as written there.
+README_SEARCH = ("search", "--param", "lr=1e-4:1e-1:log", "--param", "batch_size=32,64,128", "--trials", "8",
+                 "--pruner", "median")
+
+
+def search_page(page, url: str, home: Path) -> None:
+    """The README's search, run from the command line to its end, then its Search page down to its charts."""
+    from db import make_engine
+    from db.searches import list_searches
+
+    finished = [s.id for s in list_searches(make_engine(f"sqlite:///{home / 'parallax.db'}")) if s.status == "finished"]
+    if finished:  # a kept --home: its search again
+        search_id = finished[0]
+    else:
+        env = {**os.environ, "PARALLAX_HOME": str(home)}
+        env.pop("PARALLAX_DB_URL", None)
+        done = subprocess.run([sys.executable, "-m", "trainer_backend", *README_SEARCH], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=RUN_MS / 1000)
+        if done.returncode != 0:
+            sys.exit(f"error: the README's search failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        print(done.stdout, flush=True)
+        search_id = int(re.search(r"search_id=(\d+) status=finished", done.stdout).group(1))
+    page.goto(f"{url}/search?search={search_id}")
+    page.locator(".st-key-search_parallel .js-plotly-plot .main-svg").first.wait_for(timeout=UI_MS)
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    last = page.locator(".st-key-search_parallel").bounding_box()
+    print(f"search #{search_id} -> {shoot(page, 'search-page.png', bottom_px=last['y'] + last['height'] + 20)}",
+          flush=True)
+
+
+def shoot_all(home: Path, kept_runs: list[int], *, history_only: bool = False,
+              search_only: bool = False) -> None:
     from playwright.sync_api import sync_playwright
 
     server, url = start_dashboard(home)
@@ -251,11 +285,14 @@ def shoot_all(home: Path, kept_runs: list[int], *, history_only: bool = False) -
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport=VIEWPORT)
             page.set_default_timeout(UI_MS)
-            if not history_only:
+            if not history_only and not search_only:
                 sweep = kept_runs or default_sweep(page, url)
                 run_page(page, url, ddp_run(home, sweep))
                 compare(page, sweep)
-            history_shots(page, url, logged_history(home))
+            if not search_only:
+                history_shots(page, url, logged_history(home))
+            if not history_only:
+                search_page(page, url, home)
             browser.close()
     finally:
         server.terminate()
@@ -268,17 +305,18 @@ def main() -> None:
     parser.add_argument("--home", type=Path, help="PARALLAX_HOME to use and keep (default: a temporary one)")
     parser.add_argument("--runs", default="", help="shoot these runs of --home (a sweep's) instead of launching a sweep")
     parser.add_argument("--history-only", action="store_true", help="only the Runs search and the banded chart")
+    parser.add_argument("--search-only", action="store_true", help="only the README's search and its Search page")
     args = parser.parse_args()
     kept_runs = [int(n) for n in args.runs.split(",") if n.strip()]
     wait_for_chromium()
     if args.home is not None:
         args.home.mkdir(parents=True, exist_ok=True)
-        shoot_all(args.home, kept_runs, history_only=args.history_only)
+        shoot_all(args.home, kept_runs, history_only=args.history_only, search_only=args.search_only)
         return
     with tempfile.TemporaryDirectory(prefix="parallax-screenshots-") as scratch:
         home = Path(scratch) / "parallax_home"
         home.mkdir()
-        shoot_all(home, kept_runs, history_only=args.history_only)
+        shoot_all(home, kept_runs, history_only=args.history_only, search_only=args.search_only)
 
 
 if __name__ == "__main__":

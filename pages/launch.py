@@ -6,7 +6,9 @@ adds the pickers whose choices come from the data roots, timm and the machine (d
 strategy, devices), and the checks and captions around them.
 
 In "Compare strategies" mode the form takes several strategies instead of one: each one's config
-is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page.
+is checked (``sweep_configs``), and Launch starts them as one sweep and opens the Sweep page. In "Search" mode
+the form's config is the search's base, and the fields to vary, the objective and the budget follow
+(ui/search_form.py); Launch records the search, starts its driver in the background and opens the Search page.
 
 The first time a server process draws this page it has not imported torch and timm yet (5–10 s on
 a small machine): the form is drawn at once from the built-in datasets and the default models,
@@ -29,7 +31,8 @@ from contract.config import lr_warning as recipe_lr_warning
 from contract.model_source import is_custom_model
 from contract.strategy_specs import find, spec, sweep_base_for
 from trainer_backend.control.lifecycle import launch, launch_sweep, parse_device_counts, sweep_configs
-from ui import launch_memory, memory_views, options, own_model, slurm_views, state
+from trainer_backend.control.search_lifecycle import create_search, start_detached_driver
+from ui import launch_memory, memory_views, options, own_model, search_form, slurm_views, state
 from contract.fields import SLURM_SECTION
 from ui import torchrun_command as torchrun_ui
 from ui.field_widgets import draw_form, field_widget
@@ -41,7 +44,7 @@ state.enter_through_app("pages/launch.py")
 DEFAULTS = RunConfig()  # the CLI's defaults: one source for both
 # What the form starts from: DEFAULTS, or this browser session's last launch, or a run loaded from its page.
 START = launch_memory.form_start()
-ONE_RUN, SWEEP = "One run", "Compare strategies"
+ONE_RUN, SWEEP, SEARCH = "One run", "Compare strategies", "Search"
 DEVICE_KINDS = ["GPUs", "CPU processes"]
 SWEEP_PICKED_KEY = "sweep_strategies_picked"  # the user chose the sweep's strategies: they no longer follow the devices
 
@@ -309,9 +312,12 @@ st.caption(f"The defaults train {DEFAULTS.model} on the bundled handwritten digi
            "one CPU process: a quick run that works on any machine. Every value is checked as you change it.")
 if START.said:
     st.info(START.said, icon=":material/content_copy:")
-mode = st.radio("What to launch", [ONE_RUN, SWEEP], horizontal=True, key="launch_mode", index=int(START.sweeping),
-                captions=["one strategy", "a sweep: the same training under several strategies, with a scaling report"])
+mode = st.radio("What to launch", [ONE_RUN, SWEEP, SEARCH], horizontal=True, key="launch_mode",
+                index=int(START.sweeping), captions=[
+                    "one strategy", "a sweep: the same training under several strategies, with a scaling report",
+                    "a search: trials over ranges of fields, the best kept (or the fastest settings that fit)"])
 sweeping = mode == SWEEP
+searching = mode == SEARCH
 full = options.training_stack_loaded()  # else a quick first draw, with what needs neither torch nor timm
 
 # What the page's own widgets leave for the checks below them.
@@ -367,7 +373,20 @@ for name, message in errors.items():
 if config is not None and "lr" not in errors and (lr_warning := recipe_lr_warning(config)):
     slots["lr"].warning(escape_markdown(in_form_words(lr_warning)), icon=":material/warning:")
 
-if sweeping:
+if searching:
+    space, search_errors = search_form.search_section(None if errors else config)
+    if st.button(f"Launch the search ({space.trials if space else '…'} trials)", type="primary",
+                 icon=":material/rocket_launch:", disabled=bool(errors or search_errors or space is None),
+                 help="Its driver runs in the background: the search goes on when this tab or the dashboard closes."):
+        try:
+            search_id = create_search(config, space, data_roots=options.data_roots())
+            start_detached_driver(search_id, data_roots=options.data_roots())
+        except Exception as exc:  # a search that cannot start (a model that fails its check, disk full) must say why
+            st.error(f"The search could not be started: {escape_markdown(exc)}")
+        else:
+            launch_memory.remember(launch_memory.FormStart(config))
+            state.open_search(search_id)
+elif sweeping:
     planned = len(sweep_strategies)
     if config is not None and not errors:
         planned = len(sweep_configs(config, sweep_strategies, device_counts))

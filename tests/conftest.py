@@ -32,9 +32,11 @@ support.keep_session_environment()  # what the engine's server for run_cli and r
 # --no-loadscope-reorder) each file goes whole to the next worker with two tests or fewer left to run;
 # starting the long ones first keeps a worker from being handed a two-minute file when the rest of the
 # suite is almost done. The Slurm runs go first of all: their jobs mostly sleep, so they overlap the other
-# worker's files instead of waiting out a minute-long time limit at the end.
-LONGEST_FILES = ("trainer_backend/control/test_slurm_runs.py", "e2e/test_docs_as_written.py", "bench/test_run_all_smoke.py",
-                 "e2e/test_browser.py", "system/test_faults.py",
+# worker's files instead of waiting out a minute-long time limit at the end; the search's trials (which sleep too)
+# next.
+LONGEST_FILES = ("trainer_backend/control/test_slurm_runs.py", "trainer_backend/control/test_search.py",
+                 "e2e/test_docs_as_written.py", "trainer_backend/control/test_speed_search.py",
+                 "bench/test_run_all_smoke.py", "e2e/test_browser.py", "system/test_faults.py",
                  "trainer_backend/control/test_lifecycle.py", "e2e/test_training.py",
                  "trainer_backend/worker/test_torchrun.py", "ui/test_serving.py", "system/test_wrong_process.py",
                  "ui/test_auth_login.py", "trainer_backend/engine/forecast/test_memory_estimate.py",

@@ -35,7 +35,7 @@ LINK_WINDOW_S = 6 * 3600
 # a live chart is half a screen wide (pages/run.py's LIVE_MAX_POINTS).
 MAX_POINTS = 600
 FEED_HEIGHT_PX = 360
-TERMINAL = ("completed", "failed", "cancelled", "lost")
+TERMINAL = ("completed", "failed", "cancelled", "lost", "pruned")
 
 
 def _signature(run_id: int, expires: int) -> str:

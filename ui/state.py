@@ -26,8 +26,9 @@ RUNS_PAGE = "pages/runs.py"
 COMPARE_PAGE = "pages/compare.py"
 PROFILER_PAGE = "pages/profiler.py"
 SWEEP_PAGE = "pages/sweep.py"
+SEARCH_PAGE = "pages/search.py"
 SETTINGS_PAGE = "pages/settings.py"
-ALL_PAGES = (LAUNCH_PAGE, RUN_PAGE, RUNS_PAGE, COMPARE_PAGE, PROFILER_PAGE, SWEEP_PAGE)
+ALL_PAGES = (LAUNCH_PAGE, RUN_PAGE, RUNS_PAGE, COMPARE_PAGE, PROFILER_PAGE, SWEEP_PAGE, SEARCH_PAGE)
 
 APP_RAN_KEY = "app_entry_ran"  # set by app.py on every run of this session
 RETURN_TO_KEY = "return_to_page"  # (page, query params) to reopen once app.py has set up navigation
@@ -35,6 +36,7 @@ RUN_ID_KEY = "run_id"  # the run the Run page shows
 COMPARE_IDS_KEY = "compare_ids"  # the runs the Compare page starts with
 SWEEP_ID_KEY = "sweep_id"  # the sweep the Sweep page shows
 LOG_LOSS_KEY = "loss_log_scale"  # the Run page's switch: its loss charts (a script's too) on a log axis
+SEARCH_ID_KEY = "search_id"  # the search the Search page shows
 URL_SYNCED_KEY = "url_synced"  # {param: what this session last put in the address for it}
 
 
@@ -146,6 +148,12 @@ def open_sweep(sweep_id: int) -> None:
     """Go to the Sweep page showing ``sweep_id`` (?sweep=N)."""
     st.session_state[SWEEP_ID_KEY] = int(sweep_id)
     st.switch_page(SWEEP_PAGE, query_params={"sweep": int(sweep_id)})
+
+
+def open_search(search_id: int) -> None:
+    """Go to the Search page showing ``search_id`` (?search=N)."""
+    st.session_state[SEARCH_ID_KEY] = int(search_id)
+    st.switch_page(SEARCH_PAGE, query_params={"search": int(search_id)})
 
 
 def requested_id(param: str, session_key: str) -> int | None:

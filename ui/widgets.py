@@ -12,11 +12,12 @@ from db.store import RunRecord, RunSummary
 
 STATUS_COLORS = {
     "queued": "gray", "running": "blue", "completed": "green",
-    "failed": "red", "cancelled": "orange", "lost": "violet",
+    "failed": "red", "cancelled": "orange", "lost": "violet", "pruned": "gray",
 }
 STATUS_ICONS = {
     "queued": ":material/schedule:", "running": ":material/autorenew:", "completed": ":material/check_circle:",
     "failed": ":material/error:", "cancelled": ":material/cancel:", "lost": ":material/help:",
+    "pruned": ":material/content_cut:",
 }
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 64 * 1024

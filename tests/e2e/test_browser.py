@@ -160,7 +160,8 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
             page.goto(f"{dashboard}/compare")
             expect(page.get_by_role("heading", name="Compare runs")).to_be_visible(timeout=UI_MS)
             expect(page.get_by_test_id("stSidebarNav").get_by_role("link")).to_have_text(  # icon name, then title
-                [re.compile(f"{title}$") for title in ("Launch", "Run", "Runs", "Compare", "Sweeps", "Profiler", "Settings")])
+                [re.compile(f"{title}$") for title in ("Launch", "Run", "Runs", "Compare", "Sweeps", "Search", "Profiler",
+                                                                     "Settings")])
 
             ddp_id = user.launch_from_form(strategy="ddp", epochs=2, shot="01-launch-ddp-form")
             user.watch_until_completed(ddp_id, 2, "02-ddp-run-completed")

@@ -3,6 +3,7 @@
     parallax run --dataset digits --model resnet18 --strategy ddp --devices cpu,cpu \\
         --epochs 5 --batch-size 128 --lr 1e-3
     parallax launch --strategy ddp --devices cpu,cpu --epochs 20   # returns at once
+    parallax search --param lr=1e-4:1e-1:log --param batch_size=32,64 --trials 8 --pruner median
     parallax cancel 8
     parallax list --status completed --tag baseline --json   # one JSON object a line
     parallax predict 7 photo.png          # a class per image, with the run's preprocessing
@@ -197,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "--devices); single runs once, on one device")
     sweep.add_argument("--target-acc", type=float, default=0.9, help="for 'time to target accuracy' (default 0.9)")
     sweep.add_argument("--report", type=path_arg, help="also write the report as a self-contained HTML file")
+    search = sub.add_parser("search", help="search fields for the best validation accuracy (or the fastest settings "
+                            "that fit, --speed): each trial an ordinary run, drawn by Optuna, hopeless ones pruned")
+    _add_config_flags(search)
+    from trainer_backend.control.search_command import add_search_flags
+
+    add_search_flags(search)
     estimate = sub.add_parser("estimate", help="peak memory per device of a run's flags, before launching: "
                               "parameters, gradients, optimizer state, activations, communication buffers; "
                               "no GPU touched, no weights read")
@@ -248,16 +255,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)
-    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "cancel": _cmd_cancel, "resume": _cmd_resume,
+    commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "search": _cmd_search, "cancel": _cmd_cancel, "resume": _cmd_resume,
                 "worker": _cmd_worker, "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate,
                 "predict": _cmd_predict}
     try:
         load_plugins()
-        if args.command in ("run", "launch", "sweep"):
+        if args.command in ("run", "launch", "sweep", "search"):
             from trainer_backend.control.lifecycle import check_environment
 
             check_environment()  # a bad PARALLAX_* number: one line before any run is recorded
-        if args.command in ("launch", "sweep") and _under_torchrun():
+        if args.command in ("launch", "sweep", "search") and _under_torchrun():
             raise ValueError(f"'{args.command}' starts background runs on this machine; under torchrun use "
                              "'run', which joins torchrun's world")
         return commands[args.command](args)
@@ -426,6 +433,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         write_export(args.report, sweep_html(engine, sweep_id, target_acc=args.target_acc).encode(), "sweep report")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0 if (table["status"] == "completed").all() else 1
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from trainer_backend.control.search_command import run_search_command
+
+    return run_search_command(args, lambda sweep: config_from_args(args, sweep=sweep), open_database)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

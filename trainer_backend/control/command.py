@@ -29,6 +29,7 @@ USAGE = """usage: parallax COMMAND ...
   run             train in the foreground; ends with 'run_id=N status=S'
   launch          start a run in the background
   sweep           run one config under several strategies
+  search          search fields for the best accuracy, or the fastest settings that fit (--speed)
   cancel          stop a queued or running run
   export          print a run as JSON (or --csv FOLDER)
   list            one line per run, newest first, with best accuracy and images/s (--status, --tag, --json)

@@ -68,7 +68,7 @@ def log_path(engine, run_id: int) -> Path:
 
 
 def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None,
-           data_roots: list[Path] | None = None) -> int:
+           data_roots: list[Path] | None = None, search_trial: tuple[int, int] | None = None) -> int:
     """Record the run as queued and start its detached worker; returns the run id at once.
 
     With ``data_roots`` (the dashboard passes them) a dataset folder outside them, or a model of your own
@@ -77,7 +77,8 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     an argv list holding only the run id and these paths: no config value ever reaches a shell.
 
     The worker runs in the project's folder: a relative SQLite file, data root, dataset folder or model
-    file is made absolute here, where the caller meant it, before anything checks it."""
+    file is made absolute here, where the caller meant it, before anything checks it. ``search_trial``: (search
+    id, trial number) of a search's trial, recorded with the run."""
     check_environment()
     config = with_absolute_paths(config)
     if data_roots is not None:
@@ -86,12 +87,12 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     if config.where == "slurm":
         from trainer_backend.control.slurm_job import submit
 
-        return submit(config, db_url=db_url, sweep_id=sweep_id)
+        return submit(config, db_url=db_url, sweep_id=sweep_id, search_trial=search_trial)
     config = with_model_source(config)
     url = absolute_database_url(database_url(db_url))
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
-                              sweep_id=sweep_id)
+                              sweep_id=sweep_id, search_trial=search_trial)
     start_worker(engine, url, run_id, data_roots)
     return run_id
 
@@ -292,6 +293,17 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     is gone, or whose pid now belongs to another process (``is_run_process``), is not signalled; one of another user
     raises CancelNotDelivered (the run is marked cancelled all the same, and stops itself at its
     next heartbeat)."""
+    return _end_early(run_id, "cancelled", "cancelled by the user", db_url=db_url, grace_s=grace_s)
+
+
+def prune(run_id: int, reason: str, *, db_url: str | None = None, grace_s: float = CANCEL_GRACE_S) -> str:
+    """End the trial run ``run_id`` as ``pruned`` (its search's pruner judged it hopeless; ``reason`` says why),
+    every process of it stopped as ``cancel`` stops them and every epoch it recorded kept; returns its final
+    status (the end it had reached first, where it ended meanwhile)."""
+    return _end_early(run_id, "pruned", reason, db_url=db_url, grace_s=grace_s)
+
+
+def _end_early(run_id: int, status: str, reason: str, *, db_url: str | None, grace_s: float) -> str:
     engine = make_engine(db_url)
     run = store.get_run(engine, run_id)
     if run is None:
@@ -301,12 +313,12 @@ def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GR
     if (run.config or {}).get("where") == "slurm":
         from trainer_backend.control.slurm_job import cancel_job
 
-        state.finish(engine, run_id, "cancelled", error="cancelled by the user")
+        state.finish(engine, run_id, status, error=reason)
         cancel_job(engine, run)
         return store.get_run(engine, run_id).status
     # Marked before the signal: the run's own process then records nothing over it, and a
     # torchrun job tells this cancel from torchrun's own SIGTERM (and does not resume it).
-    if state.finish(engine, run_id, "cancelled", error="cancelled by the user") and run.pid and run.host == socket.gethostname():
+    if state.finish(engine, run_id, status, error=reason) and run.pid and run.host == socket.gethostname():
         try:
             if is_run_process(run.pid, run_id, run.measurements.get(state.PROCESS_START_KEY)):
                 _signal_run(run.pid, grace_s)

@@ -255,33 +255,38 @@ def _prepare(config: RunConfig) -> RunConfig:
     return with_model_source(with_absolute_paths(config))
 
 
-def submit(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None) -> int:
+def submit(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None,
+           search_trial: tuple[int, int] | None = None) -> int:
     """Record the run as queued, render its script and submit it; returns the run id at once."""
-    return submit_array([config], db_url=db_url, sweep_id=sweep_id)[0]
+    return submit_array([config], db_url=db_url, sweep_id=sweep_id,
+                        search_trials=None if search_trial is None else [search_trial])[0]
 
 
 def submit_array(configs: list[RunConfig], *, db_url: str | None = None, sweep_id: int | None = None,
-                 array_limit: int = 0) -> list[int]:
+                 array_limit: int = 0, search_trials: list[tuple[int, int]] | None = None) -> list[int]:
     """Submit one job for one config, else one job array (``--array=0-K%M``, M = ``array_limit``, 0: none),
     task i training configs[i] (the array takes the first config's Slurm options). Every config is checked
     and the database judged reachable before any run is recorded; a refused sbatch fails every run it recorded,
-    with sbatch's words."""
+    with sbatch's words. ``search_trials``: each config's (search id, trial number), for a search's trials."""
     configs = [_prepare(c) for c in configs]
     url = absolute_database_url(database_url(db_url))
     check_database_reachable(url)
     engine = make_engine(url)
+    trials = search_trials or [None] * len(configs)
     run_ids = [store.create_run(engine, c.to_dict(), status="queued", world_size=check_world(c).world_size,
-                                sweep_id=sweep_id) for c in configs]
+                                sweep_id=sweep_id, search_trial=trial) for c, trial in zip(configs, trials)]
     folders = [run_folder(engine, run_id, create=True) for run_id in run_ids]
     for config, folder in zip(configs, folders):
         (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1))
     first = configs[0]
     many = len(configs) > 1
-    output = (folders[0].parent / f"sweep-{sweep_id}-task-%a.log") if many else folders[0] / LOG_FILE
+    # A search may submit several arrays (one more when it is resumed): each named from its first trial.
+    group = f"sweep-{sweep_id}" if search_trials is None else f"search-{search_trials[0][0]}-trial-{search_trials[0][1]}"
+    output = (folders[0].parent / f"{group}-task-%a.log") if many else folders[0] / LOG_FILE
     logs = [output.with_name(output.name.replace("%a", str(i))) for i in range(len(configs))]
     for log in logs:
         log.touch()  # the Run page tails it before the job starts
-    name = f"parallax-sweep-{sweep_id}" if many else f"parallax-{run_ids[0]}"
+    name = f"parallax-{group}" if many else f"parallax-{run_ids[0]}"
     script = render_script(first, run_ids, folders, job_name=name, output=output)
     for folder in folders:
         (folder / SCRIPT_FILE).write_text(script)

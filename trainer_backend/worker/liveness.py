@@ -134,7 +134,7 @@ def wait_for_turn(engine, run_id: int, echo: bool = True) -> bool:
 class Heartbeat:
     """Beats from the run's main process every few seconds, whatever the training is doing.
 
-    A beat that finds the run cancelled stops it as ``cancel``'s signal would (SIGTERM to this
+    A beat that finds the run cancelled (or pruned by its search) stops it as ``cancel``'s signal would (SIGTERM to this
     process, whose ``install_cancel_handler`` turns it into RunCancelled): a cancel from another
     machine sharing the database can mark the run but cannot signal it."""
 
@@ -149,7 +149,7 @@ class Heartbeat:
                 if state.heartbeat(self._engine, self._run_id):
                     continue
                 # Not stamped: the run has ended meanwhile, or the database was locked.
-                if store.get_run(self._engine, self._run_id).status == "cancelled":
+                if store.get_run(self._engine, self._run_id).status in ("cancelled", "pruned"):
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
             except Exception:  # a locked or unreachable database must not end the run

@@ -3,7 +3,8 @@ line: a 1-node and a 2-node DDP run (one rank per node, gloo on CPU) complete wi
 runs, one process each, are one-task jobs without torchrun that requeue, cancel and resume alike; a failing job
 fails with its reason and Slurm's exit code; cancels while pending and while running; a requeued job resumes
 and records each epoch once; a sweep is one job array, two tasks at a time; any number of readers cost one
-squeue per interval; a job stopped by its time limit ends TIMEOUT with its resume point kept.
+squeue per interval; a job stopped by its time limit ends TIMEOUT with its resume point kept; a search of 3 trials
+is one job array, 2 at a time, its driver following each trial to its end.
 
 The jobs run at once. Each scenario below (``@scenario``) is what one test did alone: it submits its job, acts
 on it (cancels, requeues, signals) and asserts as it goes. The module's fixture starts every scenario in a
@@ -35,6 +36,7 @@ import pytest
 from contract.config import RunConfig
 from db import dispose_engines, make_engine, store
 from db.folders import run_folder
+from db.searches import list_searches, trial_runs
 from tests.slurm_cluster import SlurmCluster
 from tests.support import SLEEPER, run_cli, start_engine_server
 from trainer_backend.control import slurm_status
@@ -442,6 +444,41 @@ def a_sweep_as_one_array(s: Scenario):
 
 def test_a_sweep_is_one_job_array_running_two_at_a_time(scenarios):
     outcome(scenarios, "a_sweep_as_one_array")
+
+
+@scenario
+def a_search_as_one_array(s: Scenario):
+    """A search of 3 trials, 2 at once: one job array, each task a trial's run, the driver following them."""
+    finished: dict = {}
+    driver = threading.Thread(target=lambda: finished.update(result=run_cli(
+        "search", *ON_SLURM, *SLEEPER, "--devices", "cpu", "--epochs", "2", "--param", "lr=0.001,0.003,0.01",
+        "--sampler", "grid", "--trials", "3", "--at-once", "2", home=s.home, timeout=2 * RUN_WITHIN_S,
+        env_extra={"PARALLAX_PLUGINS": PLUGINS, "PARALLAX_DB_URL": s.url})))
+    driver.start()
+    most_running, arrays = 0, set()
+    while driver.is_alive() and not STOP.is_set():
+        runs = trial_runs(s.engine, 1) if list_searches(s.engine) else {}
+        # A run is recorded before sbatch answers, and its job's ids after: read where they are there.
+        arrays = {(slurm_info(store.get_run(s.engine, r["id"])) or {}).get("array_job_id")
+                  for r in runs.values()} - {None}
+        running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%F"], env=s.cluster.env,
+                                 capture_output=True, text=True, timeout=10).stdout.split()
+        most_running = max(most_running, sum(job in arrays for job in running))
+        time.sleep(POLL_EVERY_S)
+    driver.join()
+    result = finished["result"]
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = trial_runs(s.engine, 1)
+    assert len(arrays) == 1 and len(runs) == 3
+    assert [run["status"] for _, run in sorted(runs.items())] == ["completed"] * 3
+    assert sorted(run["config"]["lr"] for run in runs.values()) == [0.001, 0.003, 0.01]  # the grid, each once
+    assert most_running == 2
+    assert all(s.epochs(run["id"]) == [1, 2] for run in runs.values())
+    assert result.stdout.splitlines()[-1] == "search_id=1 status=finished"
+
+
+def test_a_search_is_one_job_array_its_driver_follows_two_at_a_time(scenarios):
+    outcome(scenarios, "a_search_as_one_array")
 
 
 @scenario
