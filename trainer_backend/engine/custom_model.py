@@ -189,9 +189,14 @@ def check_custom_model(name: str, model_args: dict | None, *, num_classes: int, 
 @torch.no_grad()
 def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int, image_size: int,
                  device: torch.device | None = None) -> None:
-    """One forward of a fake batch; the output must be (batch, num_classes) logits."""
+    """One forward of a fake batch in evaluation mode, then one in training mode (which leaves BatchNorm's
+    running statistics moved: the model checked is not the one trained); each output must be
+    (batch, num_classes) logits. Some models return more in training: torchvision's googlenet and
+    inception_v3 add their auxiliary classifiers' logits, which the loss cannot take."""
     path = source_file(name)
     probe = torch.zeros(PROBE_BATCH, in_chans, image_size, image_size, device=device)
+    batch = f"a {PROBE_BATCH}x{in_chans}x{image_size}x{image_size} batch"
+    expected = (PROBE_BATCH, num_classes)
     was_training = model.training
     model.eval()
     try:
@@ -201,17 +206,41 @@ def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int
         hint = (f"; its first convolution takes {conv.in_channels} channel(s) and the dataset has {in_chans}: choose "
                 f"{conv.in_channels} bands with --bands (multi-band files), a dataset of that many channels, or a "
                 "model that takes in_chans" if conv is not None and conv.in_channels != in_chans
-                and input_channels(model, in_chans) == in_chans else "")
-        raise ModelError(f"model {name!r}: raises in forward on a {PROBE_BATCH}x{in_chans}x{image_size}x"
-                           f"{image_size} batch: {_why(exc, path)}{hint}") from None
+                and input_channels(model, in_chans) == in_chans else _too_small_hint(exc))
+        raise ModelError(f"model {name!r}: raises in forward on {batch}: {_why(exc, path)}{hint}") from None
     finally:
         model.train(was_training)
-    expected = (PROBE_BATCH, num_classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ModelError(f"model {name!r}: wrong output shape: a {PROBE_BATCH}x{in_chans}x{image_size}x{image_size} "
-                           f"batch gave {got}, the dataset needs {expected} (batch, {num_classes} classes); take "
-                           "num_classes in its arguments or size its last layer for the dataset")
+        raise ModelError(f"model {name!r}: wrong output shape: {batch} gave {got}, the dataset needs {expected} "
+                         f"(batch, {num_classes} classes); take num_classes in its arguments or size its last layer "
+                         "for the dataset")
+    # torchvision's GoogLeNet and Inception3: auxiliary classifiers that run in training only, on the middle layers.
+    aux = ('; turn its auxiliary classifiers off with {"aux_logits": false} in its model arguments'
+           if getattr(model, "aux_logits", None) is True else "")
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=[]):  # its dropout's draws leave the run's seeded ones as they were
+            out = model(probe)
+    except Exception as exc:
+        raise ModelError(f"model {name!r}: raises in forward in training mode on {batch} (evaluation mode works): "
+                         f"{_why(exc, path)}{aux or _too_small_hint(exc)}") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model {name!r}: in training mode {batch} gives {got}, not the {expected} logits it gives "
+                         "in evaluation mode, and the loss takes those alone"
+                         f"{aux or '; return the logits alone in training too (wrap it in a module of your own)'}")
+
+
+# What torch says where the images are smaller than a model's layers take.
+TOO_SMALL = ("Kernel size can't be greater than actual input size", "Output size is too small")
+
+
+def _too_small_hint(exc: BaseException) -> str:
+    return "; the images are too small for it: try a larger image size" if any(
+        text in str(exc) for text in TOO_SMALL) else ""
 
 
 def _why(exc: BaseException, path: str) -> str:

@@ -313,3 +313,19 @@ def test_sizes_given_in_model_args_are_passed_and_checked_against_the_dataset(ne
     with pytest.raises(ModelError, match="model 'resnet18': model_args gives num_classes 5, but the dataset has 3"):
         create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 5})
     assert create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 3}).num_classes == 3
+
+
+def test_a_model_that_returns_more_than_logits_in_training_is_refused_naming_the_fix():
+    """torchvision's googlenet gives a tensor in evaluation and, in training, its auxiliary classifiers' logits too,
+    which the loss cannot take: refused before launch, naming the argument that turns them off."""
+    googlenet = "torchvision.models:googlenet"
+    with pytest.raises(ModelError) as caught:
+        check(googlenet, image_size=32)
+    assert str(caught.value) == (
+        f"model '{googlenet}': in training mode a 2x1x32x32 batch gives GoogLeNetOutputs, not the (2, 10) logits it "
+        'gives in evaluation mode, and the loss takes those alone; turn its auxiliary classifiers off with '
+        '{"aux_logits": false} in its model arguments')
+    assert check(googlenet, {"aux_logits": False}, image_size=32) == ("num_classes",)
+    with pytest.raises(ModelError, match=r"raises in forward on a 2x1x16x16 batch: .*; the images are too small for "
+                                         "it: try a larger image size$"):
+        check("torchvision.models:inception_v3", {"aux_logits": False})
