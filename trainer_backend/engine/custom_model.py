@@ -95,7 +95,8 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                        in_chans: int) -> tuple[nn.Module, tuple[str, ...]]:
     """(the network, the names of SIZED_BY it was given). Where the callable takes ``**kwargs`` it is offered
     both sizes, and built again without one its model's class refuses (torchvision's take num_classes, not
-    in_chans); sizes given in ``model_args`` are the user's and always passed, once checked against the dataset.
+    in_chans), or without both where it raises otherwise with them (its output's width is then checked); sizes
+    given in ``model_args`` are the user's and always passed, once checked against the dataset.
     A model not given in_chans whose first convolution takes more channels than a 1-channel dataset has sees
     each grey image as that many equal channels (``fit_input_channels``)."""
     factory = load_callable(name)
@@ -114,19 +115,25 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                          'object, e.g. {"depth": 34} (num_classes and in_chans come from the dataset)') from None
     except ValueError:
         pass  # no signature to check against
+    failure: str | None = None  # its first failure that no refused size explains: what the user is shown
     while True:
         try:
             model = factory(**args)
             break
-        except TypeError as exc:
-            # Offered through **kwargs and refused by the class they reach: built again without it.
-            refused = [n for n in SIZED_BY if n in args and n not in declared and n not in insisted
-                       and f"unexpected keyword argument '{n}'" in str(exc)]
-            if not refused:
-                raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
-            del args[refused[0]]
         except Exception as exc:
-            raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
+            offered = [n for n in SIZED_BY if n in args and n not in declared and n not in insisted]
+            refused = [n for n in offered if isinstance(exc, TypeError)
+                       and f"unexpected keyword argument '{n}'" in str(exc)]
+            if refused:  # offered through **kwargs and refused by the class they reach: built again without it
+                del args[refused[0]]
+                continue
+            failure = failure or f"model {name!r}: raises when built with {args}: {_why(exc, path)}"
+            if not offered:
+                raise ModelError(failure) from None
+            # Refused some other way (a ValueError naming unknown options, say): the sizes were only offered,
+            # so it is built once more without them, and its output's width is checked instead.
+            for size in offered:
+                del args[size]
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {name!r}: not a module: calling it gave a {type(model).__name__}, not an "
                            "nn.Module")

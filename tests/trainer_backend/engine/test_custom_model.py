@@ -329,3 +329,36 @@ def test_a_model_that_returns_more_than_logits_in_training_is_refused_naming_the
     with pytest.raises(ModelError, match=r"raises in forward on a 2x1x16x16 batch: .*; the images are too small for "
                                          "it: try a larger image size$"):
         check("torchvision.models:inception_v3", {"aux_logits": False})
+
+
+def test_a_factory_whose_kwargs_refuse_the_offered_sizes_some_other_way_is_built_without_them(tmp_path):
+    """num_classes and in_chans are only offered to a **kwargs: one that refuses them otherwise than Python's
+    'unexpected keyword argument' (a ValueError naming unknown options) is built again without them and has its
+    output's width checked, as a model taking neither is; a model that fails for a reason of its own is named with
+    the arguments it was first built with."""
+    path = tmp_path / "strict.py"
+    path.write_text(textwrap.dedent("""
+        from torch import nn
+
+        class Strict(nn.Module):
+            def __init__(self, **options):
+                super().__init__()
+                unknown = sorted(set(options) - {"width"})
+                if unknown:
+                    raise ValueError(f"unknown options {unknown}")
+                self.body = nn.Sequential(nn.Flatten(), nn.LazyLinear(options.get("width", 10)))
+
+            def forward(self, x):
+                return self.body(x)
+
+        def broken(**options):
+            raise RuntimeError("a bug of its own")
+    """))
+    assert check(f"{path}:Strict") == ()
+    with pytest.raises(ModelError) as caught:
+        check(f"{path}:Strict", {"width": 7})
+    assert "wrong output shape: a 2x1x16x16 batch gave (2, 7)" in str(caught.value)
+    with pytest.raises(ModelError) as caught:
+        check(f"{path}:broken")
+    assert str(caught.value) == (f"model '{path}:broken': raises when built with {{'num_classes': 10, 'in_chans': 1}}: "
+                                 "RuntimeError: a bug of its own (at strict.py:16 in broken)")
