@@ -138,7 +138,7 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
         raise ModelError(f"model {name!r}: not a module: calling it gave a {type(model).__name__}, not an "
                            "nn.Module")
     if "in_chans" in args and "in_chans" not in declared and "in_chans" not in insisted:
-        conv = first_convolution(model)
+        conv = stem_convolution(model, in_chans)
         if conv is not None and conv.in_channels != in_chans:
             del args["in_chans"]  # taken by a **kwargs that drops it (torchvision's MobileNetV3): not given
     given = tuple(n for n in SIZED_BY if n in args)
@@ -153,6 +153,41 @@ def first_convolution(model: nn.Module) -> nn.Conv2d | None:
     return next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.in_channels > 0), None)
 
 
+class _StemReached(Exception):
+    """Raised by ``stem_convolution``'s probe where the forward reaches its first convolution."""
+
+
+STEM_PROBE_SIZE = 64  # pixels a side: what the layers before a stem may check (a patch size, a minimum) pass
+
+
+def stem_convolution(model: nn.Module, in_chans: int) -> nn.Conv2d | None:
+    """The convolution that takes the model's input. The first one made is that in every torchvision and timm
+    CNN; where it does not take the dataset's ``in_chans`` (a model may make its head before its stem), a
+    forward of a zero batch is run up to the first convolution it reaches, and stopped there, so that nothing
+    past the layers before the stem runs. Where that forward fails first, the first one made stands."""
+    first = first_convolution(model)
+    if first is None or first.in_channels == in_chans:
+        return first
+    reached: list[nn.Conv2d] = []
+
+    def stop(module: nn.Module, args: tuple) -> None:
+        reached.append(module)
+        raise _StemReached
+
+    handles = [m.register_forward_pre_hook(stop) for m in model.modules()
+               if isinstance(m, nn.Conv2d) and m.in_channels > 0]
+    weight = first.weight
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, in_chans, STEM_PROBE_SIZE, STEM_PROBE_SIZE, device=weight.device, dtype=weight.dtype))
+    except Exception:  # _StemReached, or the forward failed before any convolution
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return reached[0] if reached else first
+
+
 def input_channels(model: nn.Module, in_chans: int) -> int:
     """The channels ``model`` takes: ``in_chans`` (the dataset's), or more where grey images are repeated."""
     return getattr(model, REPEATED_TO, in_chans)
@@ -164,12 +199,14 @@ def repeat_channels(channels: int, module: nn.Module, args: tuple) -> tuple:
 
 
 def fit_input_channels(model: nn.Module, in_chans: int) -> None:
-    """Make ``model``, not given in_chans, take a grey dataset's images: where its first convolution takes C
+    """Make ``model``, not given in_chans, take a grey dataset's images: where its stem convolution takes C
     channels and the dataset has 1, each image is given as C equal channels (what torchvision's
     Grayscale(num_output_channels=C) does). Any other difference is left to the forward check, which names it
-    (``check_output``): the first convolution made is not always the first one run."""
-    conv = first_convolution(model)
-    if conv is None or conv.in_channels == in_chans or in_chans != 1:
+    (``check_output``)."""
+    if in_chans != 1:
+        return
+    conv = stem_convolution(model, in_chans)
+    if conv is None or conv.in_channels == in_chans:
         return
     model.register_forward_pre_hook(functools.partial(repeat_channels, conv.in_channels))
     setattr(model, REPEATED_TO, conv.in_channels)

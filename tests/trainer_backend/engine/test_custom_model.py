@@ -362,3 +362,28 @@ def test_a_factory_whose_kwargs_refuse_the_offered_sizes_some_other_way_is_built
         check(f"{path}:broken")
     assert str(caught.value) == (f"model '{path}:broken': raises when built with {{'num_classes': 10, 'in_chans': 1}}: "
                                  "RuntimeError: a bug of its own (at strict.py:16 in broken)")
+
+
+def test_a_grey_model_that_makes_its_head_before_its_stem_is_given_its_images_as_they_are(tmp_path):
+    """The convolution grey images are repeated for is the stem, the one the forward reaches first: a model made
+    for 1 channel whose __init__ makes a 16-channel head first trains on digits as it did (it was given each image
+    as 16 equal channels, which its stem refused)."""
+    from trainer_backend.engine.custom_model import input_channels
+
+    path = tmp_path / "head_first.py"
+    path.write_text(textwrap.dedent("""
+        from torch import nn
+
+        class HeadFirst(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Conv2d(16, 10, 1)
+                self.stem = nn.Conv2d(1, 16, 3, padding=1)
+                self.pool = nn.AdaptiveAvgPool2d(1)
+
+            def forward(self, x):
+                return self.pool(self.head(self.stem(x).relu())).flatten(1)
+    """))
+    assert check(f"{path}:HeadFirst") == ()
+    model, _ = build_custom_model(f"{path}:HeadFirst", None, num_classes=10, in_chans=1)
+    assert input_channels(model, 1) == 1 and model(torch.rand(2, 1, 16, 16)).shape == (2, 10)
