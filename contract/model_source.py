@@ -51,9 +51,19 @@ def source_file(name: str) -> str:
         return path
     found = _find_without_importing(location, name)
     if found is None or not found.origin or not os.path.isfile(found.origin):
-        raise ModelError(f"model {name!r}: not importable: no module named {location!r} on the path "
-                         "(the working folder, PYTHONPATH and installed packages)")
+        raise ModelError(f"model {name!r}: not importable: no module named {location!r} on the path a run's "
+                         "worker imports from (Parallax's folder, PYTHONPATH and installed packages)")
     return os.path.abspath(found.origin)
+
+
+def module_file_in(name: str, folder: str) -> str | None:
+    """The file in ``folder`` that module path ``name`` (``pkg.mod:Attr``) names, where there is one: what a
+    user standing in ``folder`` means, which a launched worker, running elsewhere, does not import."""
+    location, _, attr = name.rpartition(SEPARATOR)
+    if not location or is_file_path(location) or not all(p.isidentifier() for p in location.split(".")):
+        return None
+    base = os.path.join(folder, *location.split("."))
+    return next((f for f in (base + ".py", os.path.join(base, "__init__.py")) if os.path.isfile(f)), None)
 
 
 def _find_without_importing(location: str, name: str):

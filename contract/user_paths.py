@@ -23,8 +23,15 @@ from contract.model_source import SEPARATOR, is_custom_model, is_file_path
 
 def user_path(text: str, cwd: str | None = None) -> str:
     """``text`` (relative, ``~``, with ``..``) as an absolute, normalised path against ``cwd`` (default: this
-    process's working folder); symbolic links are kept as typed."""
-    return os.path.normpath(os.path.join(cwd or os.getcwd(), os.path.expanduser(text)))
+    process's working folder), naming what the system would open. Symbolic links are kept as typed, except
+    those a ``..`` leaves: ``link/..`` is the parent of where the link points, as the system reads it, not the
+    folder that holds the link, so the part up to the last ``..`` is resolved."""
+    path = os.path.join(cwd or os.getcwd(), os.path.expanduser(text))
+    parts = path.split(os.sep)
+    if os.pardir in parts:
+        last = len(parts) - 1 - parts[::-1].index(os.pardir)
+        path = os.path.join(os.path.realpath(os.sep.join(parts[:last + 1]) or os.sep), *parts[last + 1:])
+    return os.path.normpath(path)
 
 
 def absolute_dataset(dataset: str, cwd: str | None = None) -> str:

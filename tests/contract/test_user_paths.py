@@ -28,3 +28,18 @@ def test_names_stay_names_and_paths_become_absolute(tmp_path):
     assert absolute_model("torchvision.models:resnet18", here) == "torchvision.models:resnet18"
     assert absolute_model("my_net.py:Net", here) == f"{tmp_path}/my_net.py:Net"
     assert with_absolute_paths(RunConfig(), here) == RunConfig()
+
+
+def test_dot_dot_after_a_symbolic_link_is_where_the_system_goes(tmp_path):
+    """``data/../x``, with ``data`` a link to another disk's folder, is the x beside that folder, as ``ls`` and
+    ``open`` read it (it was the x beside the link); links a ``..`` does not leave are kept as typed."""
+    (tmp_path / "disk" / "datasets" / "flowers").mkdir(parents=True)
+    (tmp_path / "disk" / "other").mkdir()
+    here = tmp_path / "work"
+    here.mkdir()
+    (here / "data").symlink_to(tmp_path / "disk" / "datasets")
+    assert user_path("data/../other", str(here)) == f"{tmp_path}/disk/other"
+    assert Path(user_path("data/../other", str(here))).samefile(here / "data/../other")
+    assert user_path("data/flowers", str(here)) == f"{here}/data/flowers"  # kept as typed
+    assert user_path("data/flowers/../flowers", str(here)) == f"{tmp_path}/disk/datasets/flowers"
+    assert user_path("../work/data", str(here)) == f"{here}/data"

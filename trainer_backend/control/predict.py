@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from contract.model_source import ModelError, is_custom_model, model_source
 from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.folder import list_image_folder, resolve_folder
 from trainer_backend.datasets.image_files import decode_image_file
@@ -34,6 +35,26 @@ BATCH_FILES = 64
 NEEDED_KEYS = ("model", "model_name", "model_kwargs", "class_names", "preprocessing")
 SIZES = ("num_classes", "in_chans")  # the dataset's, passed by create_model: not model arguments of the user's
 GREY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as PIL's convert("L") and torchvision's Grayscale
+
+
+def weights_do_not_fit(run_id: int, payload: dict, exc: RuntimeError) -> str:
+    """Why run ``run_id``'s weights do not load into the model built from its checkpoint now: for your own
+    model, mostly its file edited since the run trained it (the run recorded its SHA-256)."""
+    name = payload["model_name"]
+    recorded = (payload.get("config") or {}).get("model_source") or ""
+    why = ""
+    if recorded and is_custom_model(name):
+        try:
+            now = model_source(name)
+        except ModelError:
+            now = ""
+        if now != recorded:
+            path, _, digest = recorded.rpartition(" ")
+            why = (f": {path} changed since the run trained it (recorded {digest}, now "
+                   f"{now.rpartition(' ')[2] or 'missing'}); put back the file the run trained to use its weights")
+    detail = " ".join(str(exc).split())
+    return (f"run {run_id}'s weights do not fit the model {name!r} builds now "
+            f"({detail[:300]}{'…' if len(detail) > 300 else ''}){why}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,10 @@ class Predictor:
                       **{key: value for key, value in kwargs.items() if key not in SIZES}}
         self.model = create_model(payload["model_name"], num_classes=len(self.class_names), in_chans=self.in_chans,
                                   model_args=model_args)
-        self.model.load_state_dict(payload["model"])
+        try:
+            self.model.load_state_dict(payload["model"])
+        except RuntimeError as exc:  # the model built now is not the one trained: name why, in one line
+            raise ValueError(weights_do_not_fit(run_id, payload, exc)) from None
         self.model.eval()
         mean, std = torch.tensor(self.prep["mean"]), torch.tensor(self.prep["std"])
         self._normalise = {dtype: Normalisation(mean, std, stored_dtype=dtype) for dtype in (torch.uint8, torch.float16)}

@@ -162,14 +162,28 @@ def sbatch_options(config: RunConfig, *, job_name: str, output: Path) -> list[st
     return lines + list(config.slurm_extra)
 
 
+def task_processes(config: RunConfig) -> int:
+    """How a job starts ``config``'s run: 0 for one task without torchrun (single, dp, mp), else the processes
+    torchrun starts on each node."""
+    return 0 if one_task(config) else processes_per_node(config)
+
+
 def render_script(config: RunConfig, run_ids: list[int], folders: list[Path], *, job_name: str, output: Path,
-                  python: str = sys.executable) -> str:
-    """The batch script of one run, or of a job array whose task i trains ``run_ids[i]`` in ``folders[i]``."""
+                  python: str = sys.executable, task_configs: list[RunConfig] | None = None) -> str:
+    """The batch script of one run, or of a job array whose task i trains ``run_ids[i]`` in ``folders[i]``.
+    ``config`` gives the job's #SBATCH lines; ``task_configs`` (one per task, default ``config``) say how each
+    task starts its run: a sweep's array may mix one-task strategies with torchrun's, and device counts."""
     q = shlex.quote
     header = "\n".join(f"#SBATCH {line}" for line in sbatch_options(config, job_name=job_name, output=output))
     task = '"${SLURM_ARRAY_TASK_ID:-0}"'
-    how = (f"One task: {config.strategy} trains in one process, without torchrun." if one_task(config) else
-           "One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous).")
+    processes = [task_processes(c) for c in task_configs or [config]]
+    if len(set(processes)) > 1:
+        how = ("Each task as its run needs: single, dp and mp in one process without torchrun, the others a "
+               "torchrun agent per node (c10d rendezvous at the first node's address).")
+    elif processes[0] == 0:
+        how = f"One task: {config.strategy} trains in one process, without torchrun."
+    else:
+        how = "One task per node, each a torchrun agent; they meet at the first node's address (c10d rendezvous)."
     script = f"""#!/bin/bash
 {header}
 # Rendered by Parallax (trainer_backend/control/slurm_job.py); docs/SLURM.md explains each line.
@@ -219,23 +233,32 @@ requeue() {{
 trap requeue USR1
 rm -f "$RUN_FOLDER/{STOP_REQUEST}"  # an earlier attempt's request that no step took
 """
-    if one_task(config):
-        # single, dp and mp: one process over the node's devices, as `parallax run` trains it, without torchrun;
-        # srun is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
-        launch = f"""
-srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task={cpus_per_node(config)} {q(python)} -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
-"""
-    else:
-        launch = f"""
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    # single, dp and mp: one process over the node's devices, as `parallax run` trains it, without torchrun. srun
+    # is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
+    cpus = cpus_per_node(config)
+    alone = (f"srun --kill-on-bad-exit=1 --ntasks=1 --cpus-per-task={cpus} {q(python)} -m trainer_backend run "
+             f'--config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &\n')
+
+    def torchrun(per_node: str) -> str:
+        return f"""head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_address=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | head -n 1 | cut -d= -f2)
 rdzv_port=$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))
-# srun is given the CPUs again: since Slurm 22.05 a step does not inherit sbatch's --cpus-per-task.
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={cpus_per_node(config)} {q(python)} -m torch.distributed.run \\
-    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={processes_per_node(config)} \\
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task={cpus} {q(python)} -m torch.distributed.run \\
+    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={per_node} \\
     --rdzv-backend=c10d --rdzv-endpoint="$head_address:$rdzv_port" --rdzv-id="$SLURM_JOB_ID" \\
     -m trainer_backend run --config "$RUN_FOLDER/{CONFIG_FILE}" --quiet &
 """
+    if len(set(processes)) > 1:
+        # One script for every task of the array, each started as its own run needs.
+        launch = f"""
+TASK_PROCESSES=({' '.join(map(str, processes))})  # per task: torchrun's processes per node; 0: one, without torchrun
+processes=${{TASK_PROCESSES[{task}]}}
+if (( processes == 0 )); then
+{alone}else
+{torchrun('"$processes"')}fi
+"""
+    else:
+        launch = "\n" + (alone if processes[0] == 0 else torchrun(str(processes[0])))
     return script + launch + """srun_pid=$!
 # A trapped signal ends `wait` early: wait again until srun itself has ended, and exit with its status.
 wait "$srun_pid"
@@ -287,7 +310,7 @@ def submit_array(configs: list[RunConfig], *, db_url: str | None = None, sweep_i
     for log in logs:
         log.touch()  # the Run page tails it before the job starts
     name = f"parallax-{group}" if many else f"parallax-{run_ids[0]}"
-    script = render_script(first, run_ids, folders, job_name=name, output=output)
+    script = render_script(first, run_ids, folders, job_name=name, output=output, task_configs=configs)
     for folder in folders:
         (folder / SCRIPT_FILE).write_text(script)
     argv = ["sbatch", "--parsable"]

@@ -95,7 +95,8 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                        in_chans: int) -> tuple[nn.Module, tuple[str, ...]]:
     """(the network, the names of SIZED_BY it was given). Where the callable takes ``**kwargs`` it is offered
     both sizes, and built again without one its model's class refuses (torchvision's take num_classes, not
-    in_chans); sizes given in ``model_args`` are the user's and always passed, once checked against the dataset.
+    in_chans), or without both where it raises otherwise with them (its output's width is then checked); sizes
+    given in ``model_args`` are the user's and always passed, once checked against the dataset.
     A model not given in_chans whose first convolution takes more channels than a 1-channel dataset has sees
     each grey image as that many equal channels (``fit_input_channels``)."""
     factory = load_callable(name)
@@ -114,24 +115,30 @@ def build_custom_model(name: str, model_args: dict | None, *, num_classes: int,
                          'object, e.g. {"depth": 34} (num_classes and in_chans come from the dataset)') from None
     except ValueError:
         pass  # no signature to check against
+    failure: str | None = None  # its first failure that no refused size explains: what the user is shown
     while True:
         try:
             model = factory(**args)
             break
-        except TypeError as exc:
-            # Offered through **kwargs and refused by the class they reach: built again without it.
-            refused = [n for n in SIZED_BY if n in args and n not in declared and n not in insisted
-                       and f"unexpected keyword argument '{n}'" in str(exc)]
-            if not refused:
-                raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
-            del args[refused[0]]
         except Exception as exc:
-            raise ModelError(f"model {name!r}: raises when built with {args}: {_why(exc, path)}") from None
+            offered = [n for n in SIZED_BY if n in args and n not in declared and n not in insisted]
+            refused = [n for n in offered if isinstance(exc, TypeError)
+                       and f"unexpected keyword argument '{n}'" in str(exc)]
+            if refused:  # offered through **kwargs and refused by the class they reach: built again without it
+                del args[refused[0]]
+                continue
+            failure = failure or f"model {name!r}: raises when built with {args}: {_why(exc, path)}"
+            if not offered:
+                raise ModelError(failure) from None
+            # Refused some other way (a ValueError naming unknown options, say): the sizes were only offered,
+            # so it is built once more without them, and its output's width is checked instead.
+            for size in offered:
+                del args[size]
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {name!r}: not a module: calling it gave a {type(model).__name__}, not an "
                            "nn.Module")
     if "in_chans" in args and "in_chans" not in declared and "in_chans" not in insisted:
-        conv = first_convolution(model)
+        conv = stem_convolution(model, in_chans)
         if conv is not None and conv.in_channels != in_chans:
             del args["in_chans"]  # taken by a **kwargs that drops it (torchvision's MobileNetV3): not given
     given = tuple(n for n in SIZED_BY if n in args)
@@ -146,6 +153,41 @@ def first_convolution(model: nn.Module) -> nn.Conv2d | None:
     return next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.in_channels > 0), None)
 
 
+class _StemReached(Exception):
+    """Raised by ``stem_convolution``'s probe where the forward reaches its first convolution."""
+
+
+STEM_PROBE_SIZE = 64  # pixels a side: what the layers before a stem may check (a patch size, a minimum) pass
+
+
+def stem_convolution(model: nn.Module, in_chans: int) -> nn.Conv2d | None:
+    """The convolution that takes the model's input. The first one made is that in every torchvision and timm
+    CNN; where it does not take the dataset's ``in_chans`` (a model may make its head before its stem), a
+    forward of a zero batch is run up to the first convolution it reaches, and stopped there, so that nothing
+    past the layers before the stem runs. Where that forward fails first, the first one made stands."""
+    first = first_convolution(model)
+    if first is None or first.in_channels == in_chans:
+        return first
+    reached: list[nn.Conv2d] = []
+
+    def stop(module: nn.Module, args: tuple) -> None:
+        reached.append(module)
+        raise _StemReached
+
+    handles = [m.register_forward_pre_hook(stop) for m in model.modules()
+               if isinstance(m, nn.Conv2d) and m.in_channels > 0]
+    weight = first.weight
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, in_chans, STEM_PROBE_SIZE, STEM_PROBE_SIZE, device=weight.device, dtype=weight.dtype))
+    except Exception:  # _StemReached, or the forward failed before any convolution
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return reached[0] if reached else first
+
+
 def input_channels(model: nn.Module, in_chans: int) -> int:
     """The channels ``model`` takes: ``in_chans`` (the dataset's), or more where grey images are repeated."""
     return getattr(model, REPEATED_TO, in_chans)
@@ -157,12 +199,14 @@ def repeat_channels(channels: int, module: nn.Module, args: tuple) -> tuple:
 
 
 def fit_input_channels(model: nn.Module, in_chans: int) -> None:
-    """Make ``model``, not given in_chans, take a grey dataset's images: where its first convolution takes C
+    """Make ``model``, not given in_chans, take a grey dataset's images: where its stem convolution takes C
     channels and the dataset has 1, each image is given as C equal channels (what torchvision's
     Grayscale(num_output_channels=C) does). Any other difference is left to the forward check, which names it
-    (``check_output``): the first convolution made is not always the first one run."""
-    conv = first_convolution(model)
-    if conv is None or conv.in_channels == in_chans or in_chans != 1:
+    (``check_output``)."""
+    if in_chans != 1:
+        return
+    conv = stem_convolution(model, in_chans)
+    if conv is None or conv.in_channels == in_chans:
         return
     model.register_forward_pre_hook(functools.partial(repeat_channels, conv.in_channels))
     setattr(model, REPEATED_TO, conv.in_channels)
@@ -189,9 +233,14 @@ def check_custom_model(name: str, model_args: dict | None, *, num_classes: int, 
 @torch.no_grad()
 def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int, image_size: int,
                  device: torch.device | None = None) -> None:
-    """One forward of a fake batch; the output must be (batch, num_classes) logits."""
+    """One forward of a fake batch in evaluation mode, then one in training mode (which leaves BatchNorm's
+    running statistics moved: the model checked is not the one trained); each output must be
+    (batch, num_classes) logits. Some models return more in training: torchvision's googlenet and
+    inception_v3 add their auxiliary classifiers' logits, which the loss cannot take."""
     path = source_file(name)
     probe = torch.zeros(PROBE_BATCH, in_chans, image_size, image_size, device=device)
+    batch = f"a {PROBE_BATCH}x{in_chans}x{image_size}x{image_size} batch"
+    expected = (PROBE_BATCH, num_classes)
     was_training = model.training
     model.eval()
     try:
@@ -201,17 +250,41 @@ def check_output(name: str, model: nn.Module, *, num_classes: int, in_chans: int
         hint = (f"; its first convolution takes {conv.in_channels} channel(s) and the dataset has {in_chans}: choose "
                 f"{conv.in_channels} bands with --bands (multi-band files), a dataset of that many channels, or a "
                 "model that takes in_chans" if conv is not None and conv.in_channels != in_chans
-                and input_channels(model, in_chans) == in_chans else "")
-        raise ModelError(f"model {name!r}: raises in forward on a {PROBE_BATCH}x{in_chans}x{image_size}x"
-                           f"{image_size} batch: {_why(exc, path)}{hint}") from None
+                and input_channels(model, in_chans) == in_chans else _too_small_hint(exc))
+        raise ModelError(f"model {name!r}: raises in forward on {batch}: {_why(exc, path)}{hint}") from None
     finally:
         model.train(was_training)
-    expected = (PROBE_BATCH, num_classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ModelError(f"model {name!r}: wrong output shape: a {PROBE_BATCH}x{in_chans}x{image_size}x{image_size} "
-                           f"batch gave {got}, the dataset needs {expected} (batch, {num_classes} classes); take "
-                           "num_classes in its arguments or size its last layer for the dataset")
+        raise ModelError(f"model {name!r}: wrong output shape: {batch} gave {got}, the dataset needs {expected} "
+                         f"(batch, {num_classes} classes); take num_classes in its arguments or size its last layer "
+                         "for the dataset")
+    # torchvision's GoogLeNet and Inception3: auxiliary classifiers that run in training only, on the middle layers.
+    aux = ('; turn its auxiliary classifiers off with {"aux_logits": false} in its model arguments'
+           if getattr(model, "aux_logits", None) is True else "")
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=[]):  # its dropout's draws leave the run's seeded ones as they were
+            out = model(probe)
+    except Exception as exc:
+        raise ModelError(f"model {name!r}: raises in forward in training mode on {batch} (evaluation mode works): "
+                         f"{_why(exc, path)}{aux or _too_small_hint(exc)}") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelError(f"model {name!r}: in training mode {batch} gives {got}, not the {expected} logits it gives "
+                         "in evaluation mode, and the loss takes those alone"
+                         f"{aux or '; return the logits alone in training too (wrap it in a module of your own)'}")
+
+
+# What torch says where the images are smaller than a model's layers take.
+TOO_SMALL = ("Kernel size can't be greater than actual input size", "Output size is too small")
+
+
+def _too_small_hint(exc: BaseException) -> str:
+    return "; the images are too small for it: try a larger image size" if any(
+        text in str(exc) for text in TOO_SMALL) else ""
 
 
 def _why(exc: BaseException, path: str) -> str:

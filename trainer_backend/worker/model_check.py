@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from contract.config import RunConfig
-from contract.model_source import ModelError, is_custom_model
+from contract.model_source import ModelError, is_custom_model, module_file_in
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECK_TIMEOUT_S = 120.0  # importing torch and timm is most of it (seconds); a hung import ends here
@@ -79,8 +79,18 @@ def check_model_before_launch(config: RunConfig, *, timeout_s: float = CHECK_TIM
             raise ModelError(f"model {config.model!r}: its check ended without a verdict "
                              f"({_exit_status(child.returncode)}): {output.last_line()}")
     if verdict.get("error"):
-        raise ModelError(verdict["error"])
+        raise ModelError(verdict["error"] + _in_your_folder(config.model, verdict["error"]))
     return verdict.get("note", "")
+
+
+def _in_your_folder(model: str, error: str) -> str:
+    """Where a module path that was not found is a file in the folder the command runs in: how to give it."""
+    found = module_file_in(model, os.getcwd()) if ": not importable: no module named" in error else None
+    if found is None:
+        return ""
+    relative = os.path.relpath(found, os.getcwd())
+    return (f"; {found} is in the folder you run this in, which a module path is not imported from: give the file "
+            f"({relative}:{model.rpartition(':')[2]}), or put its folder on PYTHONPATH")
 
 
 class OutputTail:

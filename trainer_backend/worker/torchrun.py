@@ -238,6 +238,7 @@ def _lead(joined: RunConfig, world: TorchrunWorld, hosts: list[str], url: str, e
     except USER_ERRORS as exc:
         _tell(Decision("stop", None, 2), group_store)
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        fail_submitted_run(url, exc)
         return 2
     except BaseException:
         _tell(Decision("stop", None, 1), group_store)
@@ -342,6 +343,7 @@ def _lead_alone(config: RunConfig, world: TorchrunWorld, url: str, echo: bool) -
         folder_name = run_folder_name(engine, run_id)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        fail_submitted_run(url, exc)
         return 2
     if status != "running":  # a requeued job whose run has ended meanwhile (a cancel)
         print(f"run_id={run_id} status={status}", flush=True)
@@ -354,6 +356,19 @@ def _lead_alone(config: RunConfig, world: TorchrunWorld, url: str, echo: bool) -
         print(f"error: {store.get_run(engine, run_id).error or ''}", file=sys.stderr, flush=True)
     print(f"run_id={run_id} status={status}", flush=True)
     return 0 if status == "completed" else 1
+
+
+def fail_submitted_run(url: str, exc: BaseException) -> None:
+    """The run a Slurm job was submitted for, refused before it trains (its data, its model, a file changed
+    since the launch), ends failed with the reason: Slurm's poll would know only the job's exit code."""
+    run_id = submitted_run_id()
+    if run_id is None:
+        return
+    try:
+        state.finish(make_engine(url), run_id, "failed", error=str(exc))
+    except Exception as unrecorded:  # the database may be what failed: the job's log keeps the reason
+        print(f"error: run {run_id}'s failure is not recorded ({type(unrecorded).__name__}: {unrecorded})",
+              file=sys.stderr, flush=True)
 
 
 def submitted_run_id() -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -148,6 +149,24 @@ def test_a_one_process_strategy_is_a_one_task_job_without_torchrun(tmp_path, str
         f"One task: {strategy} trains in one process, without torchrun.").replace(
         f"--cpus-per-task={2 * cpus}", f"--cpus-per-task={cpus}")
     assert script.split(" --quiet &\n")[1] == ddp.split(" --quiet &\n")[1]
+
+
+def test_a_sweeps_array_starts_each_task_as_its_own_strategy_needs(tmp_path):
+    """A sweep of single, ddp and mp is one array: each task is started as its run needs, whichever comes first
+    (one script, rendered from the first run's options, once ran every task as the first's strategy)."""
+    base = RunConfig(where="slurm", strategy="single", devices="cpu")
+    tasks = [base, base.replace(strategy="ddp", devices="cpu,cpu"), base.replace(strategy="mp", devices="cpu,cpu"),
+             base.replace(strategy="ddp", devices=",".join(["cpu"] * 4))]
+    script = render_script(base, [1, 2, 3, 4], [tmp_path / f"run-{i}" for i in range(1, 5)], job_name="sweep",
+                           output=tmp_path / "sweep-%a.log", task_configs=tasks)
+    assert "TASK_PROCESSES=(0 2 0 4)" in script
+    alone, torchrun = script.split("if (( processes == 0 )); then\n")[1].split("\nelse\n")
+    assert alone.startswith("srun --kill-on-bad-exit=1 --ntasks=1 ") and "torch.distributed.run" not in alone
+    assert 'torch.distributed.run' in torchrun and '--nproc-per-node="$processes"' in torchrun
+    assert subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True).returncode == 0
+    uniform = render_script(base, [1, 2], [tmp_path / "a", tmp_path / "b"], job_name="sweep",
+                            output=tmp_path / "sweep-%a.log", task_configs=[base, base.replace(seed=1)])
+    assert "TASK_PROCESSES" not in uniform and "--ntasks=1 " in uniform
 
 
 def test_the_log_is_tailed_from_a_byte_offset(tmp_path):

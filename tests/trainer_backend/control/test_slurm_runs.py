@@ -2,9 +2,10 @@
 line: a 1-node and a 2-node DDP run (one rank per node, gloo on CPU) complete with every epoch; single and mp
 runs, one process each, are one-task jobs without torchrun that requeue, cancel and resume alike; a failing job
 fails with its reason and Slurm's exit code; cancels while pending and while running; a requeued job resumes
-and records each epoch once; a sweep is one job array, two tasks at a time; any number of readers cost one
-squeue per interval; a job stopped by its time limit ends TIMEOUT with its resume point kept; a search of 3 trials
-is one job array, 2 at a time, its driver following each trial to its end.
+and records each epoch once; a sweep is one job array, two tasks at a time, each started as its strategy needs
+(single's one process, ddp's torchrun); any number of readers cost one squeue per interval; a job stopped by its
+time limit ends TIMEOUT with its resume point kept; a search of 3 trials is one job array, 2 at a time, its driver
+following each trial to its end.
 
 The jobs run at once. Each scenario below (``@scenario``) is what one test did alone: it submits its job, acts
 on it (cancels, requeues, signals) and asserts as it goes. The module's fixture starts every scenario in a
@@ -420,9 +421,11 @@ def test_an_mp_run_on_slurm_is_cancelled_and_resumed_by_a_new_job(scenarios):
 def a_sweep_as_one_array(s: Scenario):
     base = RunConfig(dataset="digits", model="parallax_sleeps_each_step", image_size=16, where="slurm",
                      strategy="ddp", batch_size=64, epochs=2)
-    sweep_id = store.create_sweep(s.engine, base.to_dict(), ["ddp"] * 4)
-    run_ids = submit_array([base.replace(seed=seed) for seed in range(4)], db_url=s.url, sweep_id=sweep_id,
-                           array_limit=2)
+    # single first, as a sweep lists it: each task starts as its own strategy needs, one process or torchrun's.
+    strategies = ["single", "ddp", "single", "ddp"]
+    sweep_id = store.create_sweep(s.engine, base.to_dict(), strategies)
+    run_ids = submit_array([base.replace(seed=seed, strategy=strategy) for seed, strategy in enumerate(strategies)],
+                           db_url=s.url, sweep_id=sweep_id, array_limit=2)
     array_ids = {slurm_info(store.get_run(s.engine, r))["array_job_id"] for r in run_ids}
     assert len(array_ids) == 1
     most_running = 0
@@ -437,7 +440,7 @@ def a_sweep_as_one_array(s: Scenario):
         if all(status not in ("queued", "running") for status in statuses):
             break
         time.sleep(POLL_EVERY_S)
-    assert statuses == ["completed"] * 4
+    assert statuses == ["completed"] * 4, [store.get_run(s.engine, r).error for r in run_ids]
     assert most_running == 2
     assert all(s.epochs(r) == [1, 2] for r in run_ids)
 

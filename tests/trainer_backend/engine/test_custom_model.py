@@ -313,3 +313,77 @@ def test_sizes_given_in_model_args_are_passed_and_checked_against_the_dataset(ne
     with pytest.raises(ModelError, match="model 'resnet18': model_args gives num_classes 5, but the dataset has 3"):
         create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 5})
     assert create_model("resnet18", num_classes=3, in_chans=1, model_args={"num_classes": 3}).num_classes == 3
+
+
+def test_a_model_that_returns_more_than_logits_in_training_is_refused_naming_the_fix():
+    """torchvision's googlenet gives a tensor in evaluation and, in training, its auxiliary classifiers' logits too,
+    which the loss cannot take: refused before launch, naming the argument that turns them off."""
+    googlenet = "torchvision.models:googlenet"
+    with pytest.raises(ModelError) as caught:
+        check(googlenet, image_size=32)
+    assert str(caught.value) == (
+        f"model '{googlenet}': in training mode a 2x1x32x32 batch gives GoogLeNetOutputs, not the (2, 10) logits it "
+        'gives in evaluation mode, and the loss takes those alone; turn its auxiliary classifiers off with '
+        '{"aux_logits": false} in its model arguments')
+    assert check(googlenet, {"aux_logits": False}, image_size=32) == ("num_classes",)
+    with pytest.raises(ModelError, match=r"raises in forward on a 2x1x16x16 batch: .*; the images are too small for "
+                                         "it: try a larger image size$"):
+        check("torchvision.models:inception_v3", {"aux_logits": False})
+
+
+def test_a_factory_whose_kwargs_refuse_the_offered_sizes_some_other_way_is_built_without_them(tmp_path):
+    """num_classes and in_chans are only offered to a **kwargs: one that refuses them otherwise than Python's
+    'unexpected keyword argument' (a ValueError naming unknown options) is built again without them and has its
+    output's width checked, as a model taking neither is; a model that fails for a reason of its own is named with
+    the arguments it was first built with."""
+    path = tmp_path / "strict.py"
+    path.write_text(textwrap.dedent("""
+        from torch import nn
+
+        class Strict(nn.Module):
+            def __init__(self, **options):
+                super().__init__()
+                unknown = sorted(set(options) - {"width"})
+                if unknown:
+                    raise ValueError(f"unknown options {unknown}")
+                self.body = nn.Sequential(nn.Flatten(), nn.LazyLinear(options.get("width", 10)))
+
+            def forward(self, x):
+                return self.body(x)
+
+        def broken(**options):
+            raise RuntimeError("a bug of its own")
+    """))
+    assert check(f"{path}:Strict") == ()
+    with pytest.raises(ModelError) as caught:
+        check(f"{path}:Strict", {"width": 7})
+    assert "wrong output shape: a 2x1x16x16 batch gave (2, 7)" in str(caught.value)
+    with pytest.raises(ModelError) as caught:
+        check(f"{path}:broken")
+    assert str(caught.value) == (f"model '{path}:broken': raises when built with {{'num_classes': 10, 'in_chans': 1}}: "
+                                 "RuntimeError: a bug of its own (at strict.py:16 in broken)")
+
+
+def test_a_grey_model_that_makes_its_head_before_its_stem_is_given_its_images_as_they_are(tmp_path):
+    """The convolution grey images are repeated for is the stem, the one the forward reaches first: a model made
+    for 1 channel whose __init__ makes a 16-channel head first trains on digits as it did (it was given each image
+    as 16 equal channels, which its stem refused)."""
+    from trainer_backend.engine.custom_model import input_channels
+
+    path = tmp_path / "head_first.py"
+    path.write_text(textwrap.dedent("""
+        from torch import nn
+
+        class HeadFirst(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Conv2d(16, 10, 1)
+                self.stem = nn.Conv2d(1, 16, 3, padding=1)
+                self.pool = nn.AdaptiveAvgPool2d(1)
+
+            def forward(self, x):
+                return self.pool(self.head(self.stem(x).relu())).flatten(1)
+    """))
+    assert check(f"{path}:HeadFirst") == ()
+    model, _ = build_custom_model(f"{path}:HeadFirst", None, num_classes=10, in_chans=1)
+    assert input_channels(model, 1) == 1 and model(torch.rand(2, 1, 16, 16)).shape == (2, 10)

@@ -294,6 +294,27 @@ def test_a_slurm_sigterm_as_training_fails_does_not_cut_rank_0s_record_of_the_fa
     assert "deliberate failure in rank 1" in run.error, run.error
 
 
+@pytest.mark.usefixtures("signals")
+def test_a_slurm_run_refused_before_it_trains_ends_failed_with_the_reason(engine, db_url, monkeypatch, tmp_path):
+    """A Slurm job's one task (single) whose model file was edited while the job waited is refused by its
+    preflight: the run ends failed with that reason (it was left to the poll, which knows only 'Slurm job N ended
+    FAILED (exit code 2)'; the reason was in the job's log alone)."""
+    from contract.model_source import with_model_source
+    from trainer_backend.control.slurm_job import check_world
+
+    net = tmp_path / "my_net.py"
+    net.write_text("from tests.plugins.tiny_net import TinyNet as Net\n")
+    config = with_model_source(RunConfig(dataset="digits", model=f"{net}:Net", image_size=16, epochs=1,
+                                         where="slurm", strategy="single"))
+    run_id = store.create_run(engine, config.to_dict(), status="queued")
+    net.write_text(net.read_text() + "# edited while the job waited\n")
+    monkeypatch.setenv("PARALLAX_RUN_ID", str(run_id))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert torchrun_worker.run_one_task_job(check_world(config), db_url=db_url, echo=False) == 2
+    run = store.get_run(engine, run_id)
+    assert run.status == "failed" and "its file changed after the run was launched" in run.error, run.error
+
+
 def test_a_single_device_strategy_under_torchrun_is_refused_in_one_line(parallax_home):
     agent = start_agent(parallax_home, ["--standalone", "--nproc-per-node", "2"],
                         [*TINY, "--strategy", "single", "--devices", "cpu"])
