@@ -12,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test processes side by side: much of the suite waits on subprocesses, servers and a browser starting,
 # and on runs that sleep while a test acts on them, which overlap; three keep 2 cores busy (docs/HOW_IT_IS_BUILT.md, Tests).
-# A test file stays on one worker, so its module fixtures are built once.
+# A test file stays on one test worker, so its module fixtures are built once.
 TEST_WORKERS ?= 3
 PORT ?= 8501
 ADDRESS ?= 127.0.0.1
@@ -83,7 +83,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed requirements-bench.txt
 bench: $(VENV)/.installed-bench
 	$(PY) bench/run_all.py
 
-# make gpu-check - on a machine with CUDA: the engine against a hand-written GPU loop on both data paths, a
+# make gpu-check - on a machine with CUDA: Parallax against a hand-written GPU loop on both data paths, a
 # short series of real runs on cuda:0 and tests/system/test_gpu.py (about 10 minutes on one H200), written to
 # docs/BENCHMARKS.md; without CUDA one line says so.
 # Installs nothing: it runs under $(PY) where that exists, else python3 (make gpu-check PY=python3).

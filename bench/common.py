@@ -1,9 +1,9 @@
-"""What every benchmark script shares to run the engine: the flags (``parse_args``), a fresh
-PARALLAX_HOME, timed subprocesses, the engine's command line and its exported runs.
+"""What every benchmark script shares to run Parallax: the flags (``parse_args``), a fresh
+PARALLAX_HOME, timed subprocesses, Parallax's command line and its exported runs.
 
     args = parse_args(__doc__)
     with parallax_home() as home:
-        run = run_engine(digits_workload(args.quick), db_url)
+        run = run_parallax(digits_workload(args.quick), db_url)
 
 The rest lives beside it: ``stats`` (A/B alternation, summaries, targets), ``report`` (the
 ``Report``, results.json, docs/BENCHMARKS.md), ``machine`` (CPU share, machine description) and
@@ -109,7 +109,7 @@ def run_timed(command: list[str], *, timeout: float = 600, env: dict[str, str] |
     return Timed(seconds, done.stdout, done.stderr)
 
 
-def engine_command(*args: str, db_url: str | None = None) -> list[str]:
+def parallax_command(*args: str, db_url: str | None = None) -> list[str]:
     """``python -m trainer_backend [--db URL] ARGS``."""
     db = ["--db", db_url] if db_url else []
     return [PYTHON, "-m", "trainer_backend", *db, *args]
@@ -125,12 +125,12 @@ def run_id_from(output: str) -> int:
 
 def export_run(run_id: int, db_url: str | None = None) -> dict[str, Any]:
     """What ``python -m trainer_backend export N`` prints, parsed."""
-    done = run_timed(engine_command("export", str(run_id), db_url=db_url))
+    done = run_timed(parallax_command("export", str(run_id), db_url=db_url))
     return json.loads(done.stdout)
 
 
 def digits_workload(quick: bool, epochs: int = 3) -> dict[str, Any]:
-    """The training work the engine benchmarks share: resnet18 on digits at 32x32, batch 128.
+    """The training work Parallax benchmarks share: resnet18 on digits at 32x32, batch 128.
 
     Quick: one epoch of timm's tiny test_resnet at 16x16, enough to show that the script runs."""
     if quick:
@@ -138,12 +138,12 @@ def digits_workload(quick: bool, epochs: int = 3) -> dict[str, Any]:
     return {"dataset": "digits", "model": "resnet18", "epochs": epochs, "batch_size": 128, "image_size": 32}
 
 
-def run_engine(settings: dict[str, Any], db_url: str, *extra: str, strategy: str = "single",
+def run_parallax(settings: dict[str, Any], db_url: str, *extra: str, strategy: str = "single",
                devices: str = "cpu") -> dict[str, Any]:
     """One foreground ``trainer_backend run``: its wall time, run id and the epochs it recorded."""
     from db import make_engine, store
 
-    done = run_timed(engine_command(
+    done = run_timed(parallax_command(
         "run", "--dataset", settings["dataset"], "--model", settings["model"], "--strategy", strategy,
         "--devices", devices, "--epochs", str(settings["epochs"]), "--batch-size", str(settings["batch_size"]),
         "--image-size", str(settings["image_size"]), "--quiet",

@@ -10,8 +10,8 @@ same stratified 80/20 training split (4,000 images) in shuffled batches of 128 a
   (``num_workers=0``) and with 2 loader workers (one per core);
 - Parallax: ``trainer_backend.datasets.prepare_data`` (decodes the folder once, in a process pool,
   into a cache under PARALLAX_HOME; later calls load the cache) and a DataLoader with
-  ``collate_batch`` (one gather per batch, pixels as stored), as the engine builds it, plus the
-  normalisation the engine does on the training device (here the CPU, so it is counted).
+  ``collate_batch`` (one gather per batch, pixels as stored), as Parallax builds it, plus the
+  normalisation Parallax does on the training device (here the CPU, so it is counted).
 
 Figure: images/s delivered to the training loop (every batch taken, nothing trained). Parallax's
 first epoch pays the decode; it is timed separately from a cold cache (decode and save, then the

@@ -5,7 +5,7 @@ noise, so nothing compresses away in memory), and a tiny folder of as many image
 same number of steps, so that a run's growth over time (allocator, copy-on-write in forked
 helpers) falls on both and only the pixels differ.
 
-- Memory: the engine trains one epoch of test_resnet at 16 px from the folder stored at its
+- Memory: Parallax trains one epoch of test_resnet at 16 px from the folder stored at its
   own size (``--stored-size``), as ``single`` and as ``ddp`` on 1, 2 and 4 CPU processes, loading
   in the training process (the default; a forked loader worker's copy-on-write growth of the
   interpreter's own heap over a long epoch would be counted as data). Every 0.2 s the PSS (proportional set size: a page shared by k
@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from bench.common import ROOT, child_env, engine_command, parallax_home, parse_args  # noqa: E402
+from bench.common import ROOT, child_env, parallax_command, parallax_home, parse_args  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
 from trainer_backend.datasets import ImageTensorDataset, collate_batch, prepare_data  # noqa: E402
@@ -85,8 +85,8 @@ def tree_pss(root: psutil.Process) -> int:
 
 
 def peak_pss_of_run(arguments: list[str], timeout_s: float = 1200) -> int:
-    """Run the engine with ``arguments`` and return the peak of its process tree's summed PSS."""
-    child = subprocess.Popen(engine_command("run", "--quiet", *arguments), cwd=ROOT, env=child_env(),
+    """Run Parallax with ``arguments`` and return the peak of its process tree's summed PSS."""
+    child = subprocess.Popen(parallax_command("run", "--quiet", *arguments), cwd=ROOT, env=child_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, watched = 0, psutil.Process(child.pid)
     done = threading.Event()

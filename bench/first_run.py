@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate, at_least, at_most  # noqa: E402
 from bench.common import (  # noqa: E402
-    engine_command,
+    parallax_command,
     export_run,
     parallax_home,
     parse_args,
@@ -37,7 +37,7 @@ QUICK_FLAGS = ("--model", "test_resnet", "--image-size", "16", "--epochs", "1")
 
 
 def default_run(db_url: str, quick: bool, *extra: str) -> dict:
-    done = run_timed(engine_command("run", "--dataset", "digits", "--quiet", *(QUICK_FLAGS if quick else ()),
+    done = run_timed(parallax_command("run", "--dataset", "digits", "--quiet", *(QUICK_FLAGS if quick else ()),
                                     *extra, db_url=db_url))
     run = export_run(run_id_from(done.stdout), db_url)
     if run["status"] != "completed":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import engine_command, parallax_home, parse_args, prime_dataset_cache, run_timed  # noqa: E402
+from bench.common import parallax_command, parallax_home, parse_args, prime_dataset_cache, run_timed  # noqa: E402
 from bench.report import Report  # noqa: E402
 
 KEY, TITLE = "forecast", "Scaling forecast"
@@ -41,7 +41,7 @@ def one_sweep(db_url: str, workload: dict, target: int) -> dict:
     from db import make_engine
     from reports.scaling_forecast import sweep_forecast
 
-    done = run_timed(engine_command(
+    done = run_timed(parallax_command(
         "sweep", "--strategies", "single,ddp", "--device-counts", f"{CALIBRATION},{target}", "--dataset", "digits",
         "--model", workload["model"], "--image-size", str(workload["image_size"]), "--epochs", str(workload["epochs"]),
         "--batch-size", str(workload["batch_size"]), "--bn-stats-images", "0", "--target-acc", "0.5",

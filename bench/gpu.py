@@ -2,20 +2,20 @@
 
 Both train timm resnet50 from scratch on the digits upsampled to 224x224 (1 band), batch 64, Adam
 (lr 1e-3), under AMP (bf16 on compute capability 8.0 and later, else fp16 with a gradient scaler,
-as the engine's ``--amp auto``), with cudnn.benchmark on, 3 epochs, on each of two data paths: the
+as Parallax's ``--amp auto``), with cudnn.benchmark on, 3 epochs, on each of two data paths: the
 dataset kept on the GPU as uint8 (the hand-written loop gathers each batch there by a permutation
 drawn there), and the host path (uint8 batches from 2 loader workers, pinned, copied with
-``non_blocking``; the engine with ``--data-on-device off``, where it has that switch). Both normalise
+``non_blocking``; Parallax with ``--data-on-device off``, where it has that switch). Both normalise
 on the GPU. The hand-written loop times each epoch between two ``torch.cuda.synchronize()`` calls;
-the engine records its own synchronised epoch times. Each side's synchronising calls per training
-step are counted over one epoch under ``torch.cuda.set_sync_debug_mode("warn")`` (the engine's
+Parallax records its own synchronised epoch times. Each side's synchronising calls per training
+step are counted over one epoch under ``torch.cuda.set_sync_debug_mode("warn")`` (Parallax's
 ``train_one_epoch`` in a process of its own). Figures are
 training images/s over the epochs after the first (the first carries cuDNN's algorithm search and
-the allocator's growth), each contender started in turn, and the engine's images/s over the
-hand-written loop's, pair by pair. The speed switches get the same comparison: the engine with
+the allocator's growth), each contender started in turn, and Parallax's images/s over the
+hand-written loop's, pair by pair. The speed switches get the same comparison: Parallax with
 ``--channels-last`` and with ``--channels-last --compile`` against the hand-written loop with the
 same switches (model and batches in channels_last; ``torch.compile`` on the model, whose
-compilation falls in the first epoch and so outside the figures); the engine's target there is 0.98
+compilation falls in the first epoch and so outside the figures); Parallax's target there is 0.98
 of the hand loop. Where CUDA is absent the benchmark is skipped.
 
     python bench/gpu.py              # full: 5 repeats of each
@@ -36,11 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BENCH_DIR, PYTHON, later_epochs, parallax_home, parse_args, run_engine, run_timed  # noqa: E402
+from bench.common import BENCH_DIR, PYTHON, later_epochs, parallax_home, parse_args, run_parallax, run_timed  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate, at_least, pair_ratios  # noqa: E402
 
-KEY, TITLE = "gpu", "GPU throughput (engine vs hand-written loop)"
+KEY, TITLE = "gpu", "GPU throughput (Parallax vs hand-written loop)"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 NO_CUDA = "no CUDA device on this machine (torch.cuda.is_available() is False)"
 # Engine flags of each speed-switch comparison; the hand loop applies the same switches.
@@ -53,7 +53,7 @@ def workload(quick: bool) -> dict:
     return {"dataset": "digits", "model": "resnet50", "epochs": 3, "batch_size": 64, "image_size": 224}
 
 
-# The two data paths, each compared engine against hand loop: the dataset kept whole on the GPU
+# The two data paths, each compared Parallax against hand loop: the dataset kept whole on the GPU
 # (batches gathered there by a permutation drawn there), and the host path (uint8 batches from
 # loader workers, pinned, copied with non_blocking, normalised on the GPU).
 DATA_PATHS = {"device": "dataset kept on the GPU", "host": "host path: loader workers, pinned non-blocking copies"}
@@ -62,7 +62,7 @@ SYNC_WARNING = "synchroniz"  # in the text of the warning torch.cuda.set_sync_de
 
 
 def digits_uint8(image_size: int):
-    """The training split as the engine's cache holds it: uint8 pixels (1 x S x S, the digits
+    """The training split as Parallax's cache holds it: uint8 pixels (1 x S x S, the digits
     upsampled as bench/plain_loop.py does), labels, and the mean and std of its pixels in [0, 1]."""
     import numpy as np
     import torch
@@ -117,7 +117,7 @@ def plain_gpu_loop(model_name: str, epochs: int, batch_size: int, image_size: in
     """Train as a user would by hand; returns each epoch's training images/s and the synchronising
     calls per step of the last epoch (None on a CPU). ``data_path`` "device" keeps the split on
     ``device`` and gathers each batch there; "host" feeds uint8 batches from ``num_workers`` loader
-    workers, pinned and copied with ``non_blocking``. On a CPU both run, without AMP (as the engine's
+    workers, pinned and copied with ``non_blocking``. On a CPU both run, without AMP (as Parallax's
     ``--amp auto`` there), so that the loop and its figures are exercised without a GPU."""
     import torch
     import torch.nn.functional as F
@@ -194,8 +194,8 @@ class StepExtras:
 
     def __init__(self, strategy, folder):
         from db import make_engine, store
-        from trainer_backend.engine.divergence import NonfiniteGuard
-        from trainer_backend.engine.stopping import StopRequest
+        from trainer_backend.rank.divergence import NonfiniteGuard
+        from trainer_backend.rank.stopping import StopRequest
         from trainer_backend.telemetry.recorder import Recorder
         from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 
@@ -224,20 +224,20 @@ class StepExtras:
         return {"step_points": self.hooks.recorder.written, "stop_checks": self.stop._calls}
 
 
-def engine_sync_audit(model_name: str, batch_size: int, image_size: int, *, device: str, data_path: str,
+def parallax_sync_audit(model_name: str, batch_size: int, image_size: int, *, device: str, data_path: str,
                       num_workers: int = HOST_WORKERS) -> dict:
-    """The engine's own training epoch (``train_one_epoch`` with the run's loaders, device inputs,
+    """Parallax's own training epoch (``train_one_epoch`` with the run's loaders, device inputs,
     model, AMP and gradient scaler, as ``trainer.build_on`` makes them, and the NaN guard, the step hooks and
     the stop check, as ``StepExtras`` wires them) on one device: synchronising calls per step of its second
     epoch (None on a CPU), and the steps it took."""
     import torch
 
     from contract.config import RunConfig
-    from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import make_grad_scaler, rank_amp_dtype, train_one_epoch
-    from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.strategies import Strategy
-    from trainer_backend.engine.trainer import build_loaders, keep_on_device, load_data
+    from trainer_backend.rank.inputs import DeviceInputs
+    from trainer_backend.rank.loop import make_grad_scaler, rank_amp_dtype, train_one_epoch
+    from trainer_backend.rank.models import create_model
+    from trainer_backend.rank.strategies import Strategy
+    from trainer_backend.rank.trainer import build_loaders, keep_on_device, load_data
 
     config = RunConfig(dataset="digits", model=model_name, batch_size=batch_size, image_size=image_size,
                        devices=(device,), num_workers=num_workers if data_path == "host" else 0, bn_stats_images=0)
@@ -274,16 +274,16 @@ def run_plain(settings: dict, switches: tuple[str, ...] = (), *, device: str = "
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_engine_syncs(settings: dict, *, device: str, data_path: str) -> dict:
-    """``engine_sync_audit`` in a process of its own (sync debug mode is process-wide)."""
-    done = run_timed([PYTHON, str(BENCH_DIR / "gpu.py"), "--engine-syncs", "--model", settings["model"],
+def run_parallax_syncs(settings: dict, *, device: str, data_path: str) -> dict:
+    """``parallax_sync_audit`` in a process of its own (sync debug mode is process-wide)."""
+    done = run_timed([PYTHON, str(BENCH_DIR / "gpu.py"), "--parallax-syncs", "--model", settings["model"],
                       "--batch-size", str(settings["batch_size"]), "--image-size", str(settings["image_size"]),
                       "--device", device, "--data-path", data_path])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def engine_path_flags(data_path: str, device: str) -> tuple[str, ...]:
-    """The engine's flags for ``data_path``: on a GPU ``--data-on-device on`` or ``off`` (a dataset that
+def parallax_path_flags(data_path: str, device: str) -> tuple[str, ...]:
+    """Parallax's flags for ``data_path``: on a GPU ``--data-on-device on`` or ``off`` (a dataset that
     fits is kept on the GPU otherwise); on a CPU the data is always in host memory."""
     if data_path == "device":
         return ("--data-on-device", "on") if device != "cpu" else ()
@@ -293,18 +293,18 @@ def engine_path_flags(data_path: str, device: str) -> tuple[str, ...]:
 
 def compare_paths(settings: dict, db_url: str, repeats: int, *, device: str = "cuda:0",
                   label: str = KEY) -> dict[str, dict]:
-    """The engine against the hand-written loop on each data path: same model, data, batch and
+    """Parallax against the hand-written loop on each data path: same model, data, batch and
     switches, started in turn; images/s (median of the epochs after the first) of each run, the
     ratio of each pair, and each side's synchronising calls per training step."""
     devices = "cpu" if device == "cpu" else device.split(":")[-1]
     results: dict[str, dict] = {}
     for path in DATA_PATHS:
-        flags = engine_path_flags(path, device)
+        flags = parallax_path_flags(path, device)
         workers = HOST_WORKERS if path == "host" else 0
         plain_syncs: list = []
 
         def engine(flags=flags) -> float:
-            run = run_engine(settings, db_url, "--amp", "auto", *flags, devices=devices)
+            run = run_parallax(settings, db_url, "--amp", "auto", *flags, devices=devices)
             return statistics.median(later_epochs([e["images_per_s"] for e in run["epochs"]]))
 
         def plain(path=path, workers=workers, plain_syncs=plain_syncs) -> float:
@@ -312,10 +312,10 @@ def compare_paths(settings: dict, db_url: str, repeats: int, *, device: str = "c
             plain_syncs.append(result["syncs_per_step"])
             return statistics.median(later_epochs(result["images_per_s"]))
 
-        pair = alternate({"engine": engine, "plain": plain}, repeats, label=f"{label} {path} ")
-        results[path] = {"engine": pair["engine"], "plain": pair["plain"],
-                         "ratios": pair_ratios(pair["engine"], pair["plain"]),
-                         "engine_syncs_per_step": run_engine_syncs(settings, device=device,
+        pair = alternate({"parallax": engine, "plain": plain}, repeats, label=f"{label} {path} ")
+        results[path] = {"parallax": pair["parallax"], "plain": pair["plain"],
+                         "ratios": pair_ratios(pair["parallax"], pair["plain"]),
+                         "parallax_syncs_per_step": run_parallax_syncs(settings, device=device,
                                                                    data_path=path)["syncs_per_step"],
                          "plain_syncs_per_step": plain_syncs[-1]}
     return results
@@ -330,11 +330,11 @@ def main() -> int:
         parser.add_argument("--image-size", type=int, default=224)
         parser.add_argument("--channels-last", action="store_true", help="with --plain: channels_last")
         parser.add_argument("--compile", action="store_true", help="with --plain: torch.compile the model")
-        parser.add_argument("--engine-syncs", action="store_true",
-                            help="count the engine's synchronising calls per training step alone; prints one JSON line")
-        parser.add_argument("--device", default="cuda:0", help="with --plain or --engine-syncs")
+        parser.add_argument("--parallax-syncs", action="store_true",
+                            help="count Parallax's synchronising calls per training step alone; prints one JSON line")
+        parser.add_argument("--device", default="cuda:0", help="with --plain or --parallax-syncs")
         parser.add_argument("--data-path", choices=sorted(DATA_PATHS), default="device",
-                            help="with --plain or --engine-syncs: the dataset kept on the device, or the host path")
+                            help="with --plain or --parallax-syncs: the dataset kept on the device, or the host path")
         parser.add_argument("--workers", type=int, default=0, help="with --plain: loader workers of the host path")
 
     args = parse_args(__doc__, flags)
@@ -343,8 +343,8 @@ def main() -> int:
                                         channels_last=args.channels_last, compile_model=args.compile,
                                         device=args.device, data_path=args.data_path, num_workers=args.workers)))
         return 0
-    if args.engine_syncs:
-        print(json.dumps(engine_sync_audit(args.model, args.batch_size, args.image_size, device=args.device,
+    if args.parallax_syncs:
+        print(json.dumps(parallax_sync_audit(args.model, args.batch_size, args.image_size, device=args.device,
                                            data_path=args.data_path)))
         return 0
 
@@ -361,26 +361,26 @@ def main() -> int:
     with parallax_home() as home:
         paths = compare_paths(settings, f"sqlite:///{home / 'parallax.db'}", args.repeats)
     for path, result in paths.items():
-        report.add(f"{DATA_PATHS[path]}: engine, images/s", result["engine"], unit="images/s")
+        report.add(f"{DATA_PATHS[path]}: Parallax, images/s", result["parallax"], unit="images/s")
         report.add(f"{DATA_PATHS[path]}: hand-written loop, images/s", result["plain"], unit="images/s")
-        report.ratio(f"{DATA_PATHS[path]}: engine / hand-written, images/s", result["engine"], result["plain"],
+        report.ratio(f"{DATA_PATHS[path]}: Parallax / hand-written, images/s", result["parallax"], result["plain"],
                      target=at_least(0.98))
-        report.note(f"{DATA_PATHS[path]}: synchronising calls per training step: engine "
-                    f"{result['engine_syncs_per_step']}, hand-written {result['plain_syncs_per_step']}")
+        report.note(f"{DATA_PATHS[path]}: synchronising calls per training step: Parallax "
+                    f"{result['parallax_syncs_per_step']}, hand-written {result['plain_syncs_per_step']}")
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         for name, switches in SWITCH_SETS.items():
-            def engine_with(switches=switches) -> float:
-                run = run_engine(settings, db_url, "--amp", "auto", *switches, devices="0")
+            def parallax_with(switches=switches) -> float:
+                run = run_parallax(settings, db_url, "--amp", "auto", *switches, devices="0")
                 return statistics.median(later_epochs([e["images_per_s"] for e in run["epochs"]]))
 
             def plain_with(switches=switches) -> float:
                 return statistics.median(later_epochs(run_plain(settings, switches)["images_per_s"]))
 
-            pair = alternate({"engine": engine_with, "plain": plain_with}, args.repeats, label=f"{KEY} {name} ")
-            report.add(f"{name}: engine, images/s", pair["engine"], unit="images/s", headline=False)
+            pair = alternate({"parallax": parallax_with, "plain": plain_with}, args.repeats, label=f"{KEY} {name} ")
+            report.add(f"{name}: Parallax, images/s", pair["parallax"], unit="images/s", headline=False)
             report.add(f"{name}: hand-written loop, images/s", pair["plain"], unit="images/s", headline=False)
-            report.ratio(f"{name}: engine / hand-written, images/s", pair["engine"], pair["plain"],
+            report.ratio(f"{name}: Parallax / hand-written, images/s", pair["parallax"], pair["plain"],
                          target=at_least(0.98))
     report.finish(args)
     return 0

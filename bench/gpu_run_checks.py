@@ -1,9 +1,9 @@
-"""What ``make gpu-check`` (bench/gpu_check.py) runs right after its engine-vs-hand pairs: the parts of a run
+"""What ``make gpu-check`` (bench/gpu_check.py) runs right after its Parallax-vs-hand pairs: the parts of a run
 besides its training steps, on the GPU, each a pass or a problem in one table row.
 
 - the stop check's cost: a torchrun job with ``--max-restarts 1`` (resumable: a look at the stop request about
   every 2 s, a resume point each epoch) against the same job without (``stop_check_cost``, from two of
-  gpu_check's runs), within the spread of the engine-vs-hand pairs;
+  gpu_check's runs), within the spread of Parallax-vs-hand pairs;
 - a job told to stop mid-epoch over NCCL, resumed at the next step by torchrun's restart, each epoch once;
 - a NaN at step 30 under ``--on-nonfinite stop`` and ``skip``, single and torchrun DDP;
 - the SDK on one visible GPU with ``LOCAL_RANK=3``: ``parallax.profile`` stores its window, and ``log`` of a
@@ -45,7 +45,7 @@ def row(name: str, result: str, problems: list[str]) -> dict:
 
 def stop_check_cost(without: dict, with_check: dict, pair_ratios: list[float]) -> dict:
     """The resumable torchrun job's best epoch images/s against the plain one's: a problem where it is lower
-    by more than the spread of the engine-vs-hand pairs' ratios (their max - min), measured minutes before."""
+    by more than the spread of Parallax-vs-hand pairs' ratios (their max - min), measured minutes before."""
     spread = (max(pair_ratios) - min(pair_ratios)) if len(pair_ratios) > 1 else DEFAULT_SPREAD
     name = "stop check (torchrun --max-restarts 1 against none)"
     rates = [max(r.get("epoch_images_per_s") or [0]) for r in (with_check, without)]
@@ -163,7 +163,7 @@ def sdk_on_one_gpu(home: Path, db_url: str, timeout_s: float = 300) -> dict:
 
 KERNEL_SCRIPT = """
 import sys, torch
-from trainer_backend.engine import stopping
+from trainer_backend.rank import stopping
 recorded, role, grace_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 stopping.stop_on_sigterm((lambda signum, frame: None) if role == "rank0" else None, grace_s=grace_s)
 stopping.when_blocked(lambda grace_s: open(recorded, "w").write(f"blocked {grace_s:g}"))
@@ -230,7 +230,7 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def pair_ratios(paths: dict) -> list[float]:
-    """Every engine-vs-hand pair's ratio, both data paths."""
+    """Every Parallax-vs-hand pair's ratio, both data paths."""
     return [ratio for result in paths.values() for ratio in result.get("ratios", [])]
 
 

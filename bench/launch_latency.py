@@ -4,17 +4,17 @@
 ``single`` run and a ``ddp`` run on two CPU processes, in turn, five times each (resnet18 on
 digits, dataset cache already built). This process then polls the run's row every 50 ms: the
 first step is when the recorded progress reaches step 1. Each run is cancelled as soon as it has
-taken its first step. On the way the timeline marks when ``launch`` returned, when the worker
-claimed the run (its interpreter started and imported the engine), when its checks before
+taken its first step. On the way the timeline marks when ``launch`` returned, when the supervisor
+claimed the run (its interpreter started and imported the training code), when its checks before
 training ended (the "run_id=N ..." line in its log: dataset and model built once), and when the
 training process (or rank 0) started (its ``rank0.pid`` file).
 
-Where the time goes inside those phases is measured apart: the import time of the worker's
+Where the time goes inside those phases is measured apart: the import time of the supervisor's
 modules (``python -X importtime``), loading the dataset cache, building the model, and for DDP
 the parts of a rank's start (``torch.multiprocessing.spawn`` to the rank's first line, the rest
 of its imports, gloo rendezvous, data, model and DDP wrap), timed in two spawned probe ranks: a
-rank on a GPU starts so; a CPU run's ranks fork from a fork of the worker, which has the
-engine imported.
+rank on a GPU starts so; a CPU run's ranks fork from a fork of the supervisor, which has the
+Parallax imported.
 
     python bench/launch_latency.py            # full: 5 launches of each
     python bench/launch_latency.py --quick    # one of each, tiny model
@@ -38,7 +38,7 @@ from bench.common import (  # noqa: E402
     ROOT,
     child_env,
     digits_workload,
-    engine_command,
+    parallax_command,
     parallax_home,
     parse_args,
     run_id_from,
@@ -50,7 +50,7 @@ from bench.stats import alternate, at_most  # noqa: E402
 
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
 POLL_S = 0.05
-PHASES = ("launch returned", "worker claimed the run", "checks before training done", "training process started",
+PHASES = ("launch returned", "supervisor claimed the run", "checks before training done", "training process started",
           "first step")
 
 
@@ -62,7 +62,7 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
 
     engine = make_engine(db_url)
     started = time.perf_counter()
-    done = run_timed(engine_command(
+    done = run_timed(parallax_command(
         "launch", "--dataset", settings["dataset"], "--model", settings["model"], "--strategy", strategy,
         "--devices", devices, "--epochs", "1", "--batch-size", str(settings["batch_size"]),
         "--image-size", str(settings["image_size"]), db_url=db_url))
@@ -81,7 +81,7 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
             if run.status in ("failed", "lost", "cancelled", "completed") and not (run.progress_step or 0) >= 1:
                 raise RuntimeError(f"run {run_id} ended {run.status} before its first step: {run.error}")
             if run.status != "queued":
-                marks.setdefault("worker claimed the run", now)
+                marks.setdefault("supervisor claimed the run", now)
             if announce in _read(folder / "run.log"):
                 marks.setdefault("checks before training done", now)
             if (folder / "rank0.pid").exists():
@@ -90,10 +90,10 @@ def launch_to_first_step(settings: dict, strategy: str, devices: str, db_url: st
                 marks["first step"] = now
             time.sleep(POLL_S)
     finally:
-        # The detached worker is not our child: count its CPU as ours, not as other people's load.
-        worker = store.get_run(engine, run_id).pid
-        if worker:
-            cpu.count_as_own(process_tree_cpu_s(worker))
+        # The detached supervisor is not our child: count its CPU as ours, not as other people's load.
+        supervisor = store.get_run(engine, run_id).pid
+        if supervisor:
+            cpu.count_as_own(process_tree_cpu_s(supervisor))
         cancel(run_id, db_url=db_url)  # waits until every process of the run is gone
     # A mark first seen in the same poll as a later one happened no later than it.
     for earlier, later in zip(PHASES[-2::-1], PHASES[:0:-1]):
@@ -111,8 +111,8 @@ def _read(path: Path) -> str:
 IMPORT_PACKAGES = ("torch", "timm", "torchvision", "sklearn", "scipy", "pandas", "sqlalchemy", "alembic")
 
 
-def import_times(module: str = "trainer_backend.worker.runner") -> dict[str, float]:
-    """Import seconds of ``module`` (by default what the worker imports): 'total', and for each
+def import_times(module: str = "trainer_backend.supervisor.runner") -> dict[str, float]:
+    """Import seconds of ``module`` (by default what the supervisor imports): 'total', and for each
     package in IMPORT_PACKAGES the cumulative time where it is first imported, which includes
     what it pulls in first (so these overlap and do not add up)."""
     done = subprocess.run([PYTHON, "-X", "importtime", "-c", f"import {module}"], cwd=ROOT,
@@ -137,8 +137,8 @@ def probe_rank(rank: int, port: int, world_size: int, settings: dict, out_dir: s
     import torch.distributed as dist
 
     from trainer_backend.datasets import prepare_data
-    from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.trainer import main  # noqa: F401  (the rest of a rank's imports)
+    from trainer_backend.rank.models import create_model
+    from trainer_backend.rank.trainer import main  # noqa: F401  (the rest of a rank's imports)
 
     imported = time.time()
     torch.set_num_threads(1)
@@ -169,7 +169,7 @@ def rank_start_parts(settings: dict) -> dict[str, float]:
     slowest = {key: max(rank[key] for rank in ranks) for key in ranks[0]}
     return {
         "spawn to the rank's first line (interpreter, torch import)": slowest["entered"] - spawned,
-        "rest of the rank's imports (timm, sqlalchemy, engine)": slowest["imported"] - slowest["entered"],
+        "rest of the rank's imports (timm, SQLAlchemy, the training code)": slowest["imported"] - slowest["entered"],
         "gloo rendezvous (init_process_group)": slowest["joined"] - slowest["imported"],
         "dataset cache load": slowest["loaded"] - slowest["joined"],
         "model build and DDP wrap": slowest["wrapped"] - slowest["loaded"],
@@ -179,7 +179,7 @@ def rank_start_parts(settings: dict) -> dict[str, float]:
 def single_start_parts(settings: dict) -> dict[str, float]:
     """Seconds to load the dataset cache and build the model in this (warm) process."""
     from trainer_backend.datasets import prepare_data
-    from trainer_backend.engine.models import create_model
+    from trainer_backend.rank.models import create_model
 
     start = time.perf_counter()
     data = prepare_data(settings["dataset"], image_size=settings["image_size"])
@@ -212,7 +212,7 @@ def main() -> None:
             "single": lambda: launch_to_first_step(settings, "single", "cpu", db_url, home, report.cpu),
             "ddp": lambda: launch_to_first_step(settings, "ddp", "cpu,cpu", db_url, home, report.cpu),
         }, args.repeats)
-        imports = import_times("db" if args.quick else "trainer_backend.worker.runner")
+        imports = import_times("db" if args.quick else "trainer_backend.supervisor.runner")
         singles = single_start_parts(settings)
         ranks = rank_start_parts(settings)
 
@@ -224,7 +224,7 @@ def main() -> None:
         for phase in PHASES:
             values = [phase_lengths(m)[phase] for m in runs[strategy]]
             report.add(f"{strategy}: {phase} (phase length)", values, unit=" s", headline=False)
-    report.add("imports of the worker (python -X importtime)", [imports.get("total", 0.0)], unit=" s",
+    report.add("imports of the supervisor (python -X importtime)", [imports.get("total", 0.0)], unit=" s",
                headline=False)
     for package in IMPORT_PACKAGES:
         if package in imports:
@@ -236,21 +236,21 @@ def main() -> None:
         report.add(f"ddp rank: {part}", [seconds], unit=" s", headline=False)
     if "timm" in imports:
         report.note(
-            f"The worker's imports take {imports['total']:.1f} s: torch {imports.get('torch', 0):.1f} s, timm "
+            f"The supervisor's imports take {imports['total']:.1f} s: torch {imports.get('torch', 0):.1f} s, timm "
             f"{imports['timm']:.1f} s (of which torchvision {imports.get('torchvision', 0):.1f} s: timm's "
             "feature-extraction helpers import torchvision.models, which imports torch._dynamo and sympy), "
             f"SQLAlchemy and Alembic {imports.get('sqlalchemy', 0) + imports.get('alembic', 0):.1f} s. "
             + ("scikit-learn is not imported: the dataset's split is cached with its pixels. " if "sklearn" not in
                imports else f"scikit-learn {imports['sklearn']:.1f} s. ")
             + "A DDP rank on a GPU is a new interpreter (spawn) and pays the same imports again; CPU ranks are "
-              "forked from a fork of the worker, which has them already.")
+              "forked from a fork of the supervisor, which has them already.")
     report.details.update({"imports": imports, "timelines": runs, "single_parts": singles, "rank_parts": ranks})
     report.note(f"Decoding the digits into the dataset cache (first run on a machine only) took "
                 f"{report.details['dataset_decode_s']:.2f} s; every launch above found the cache.")
-    report.note("Phases: 'launch returned' is the launch command's own process; 'worker claimed the run' is "
-                "the detached worker's interpreter start and imports; 'checks before training done' is the "
+    report.note("Phases: 'launch returned' is the launch command's own process; 'supervisor claimed the run' is "
+                "the detached supervisor's interpreter start and imports; 'checks before training done' is the "
                 "preflight (dataset and model built once, a probe forward); for ddp 'training process started' "
-                "is starting the ranks (on CPU forked from a fork of the worker, which has the engine imported); "
+                "is starting the ranks (on CPU forked from a fork of the supervisor, which has the training code imported); "
                 "'first step' is the rank's data, model, rendezvous and the step itself.")
     report.finish(args)
 

@@ -1,10 +1,10 @@
-"""Against PyTorch Lightning: the engine's training throughput next to ``lightning.Trainer``'s.
+"""Against PyTorch Lightning: Parallax's training throughput next to ``lightning.Trainer``'s.
 
 The same model, data, split, batch and optimizer (bench/lightning_loop.py, resnet18 on digits at
-32x32, batch 128, Adam, 2 epochs, CPU), the engine and Lightning started in turn five times each
-(in make bench, in one rotation with the other benchmarks that share the engine's runs).
+32x32, batch 128, Adam, 2 epochs, CPU), Parallax and Lightning started in turn five times each
+(in make bench, in one rotation with the other benchmarks that share Parallax's runs).
 Compared: training images/s of the second epoch, each as its own side records it (the
-engine's ``images_per_s``; Lightning's from a callback timing the training batches). Lightning is
+Parallax's ``images_per_s``; Lightning's from a callback timing the training batches). Lightning is
 installed from requirements-bench.txt; the product does not depend on it.
 
     python bench/lightning_compare.py            # full: 5 repeats
@@ -48,13 +48,13 @@ def contenders(settings: dict, db_url: str) -> dict:
 
 
 def fill(report: Report, runs: dict, context) -> None:
-    engine_speed = [epoch_field(r, "images_per_s") for r in runs["engine"]]
+    parallax_speed = [epoch_field(r, "images_per_s") for r in runs["parallax"]]
     lightning_speed = [statistics.median(later_epochs([e["images_per_s"] for e in r["epochs"]]))
                        for r in runs["lightning"]]
-    report.ratio("training images/s, engine / Lightning", engine_speed, lightning_speed, target=at_least(1.0))
-    report.add("engine training images/s (epochs 2+)", engine_speed, headline=False)
+    report.ratio("training images/s, Parallax / Lightning", parallax_speed, lightning_speed, target=at_least(1.0))
+    report.add("Parallax training images/s (epochs 2+)", parallax_speed, headline=False)
     report.add("Lightning training images/s (epochs 2+)", lightning_speed, headline=False)
-    report.add("engine process", [r["wall_s"] for r in runs["engine"]], unit=" s", headline=False)
+    report.add("Parallax process", [r["wall_s"] for r in runs["parallax"]], unit=" s", headline=False)
     report.add("Lightning process", [r["wall_s"] for r in runs["lightning"]], unit=" s", headline=False)
     report.settings["lightning"] = runs["lightning"][0]["lightning"]
 

@@ -56,7 +56,7 @@ class DigitsClassifier(L.LightningModule):
 
 
 class TrainTimer(L.Callback):
-    """Training time per epoch, measured like the engine's: the loop over the training batches."""
+    """Training time per epoch, measured like Parallax's: the loop over the training batches."""
 
     def __init__(self) -> None:
         self.epochs: list[dict] = []

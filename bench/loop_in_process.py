@@ -1,18 +1,18 @@
-"""The training loop alone, in one process: the engine's steps interleaved with bench/plain_loop.py's.
+"""The training loop alone, in one process: Parallax's steps interleaved with bench/plain_loop.py's.
 
-One process, one model, one optimizer. The engine's ``train_one_epoch`` runs as it does in a run:
-fed by the engine's cached dataset and loader, with the run's real progress writes to SQLite (at
+One process, one model, one optimizer. Parallax's ``train_one_epoch`` runs as it does in a run:
+fed by Parallax's cached dataset and loader, with the run's real progress writes to SQLite (at
 most one a second) and its heartbeat thread beating every 5 s. Its step callback, after the progress
 write, takes one step of the hand-written loop (bench/plain_loop.py's ``train_step`` on its own
 TensorDataset and DataLoader), so the loops alternate step by step: engine, plain, engine, plain …
-(every other epoch plain first, with one plain step before the engine's epoch). Each side's time is
+(every other epoch plain first, with one plain step before Parallax's epoch). Each side's time is
 the sum of its own intervals, so both see the same weights, threads and allocator and, to within a
 step, the same moment of the machine. Whole epochs of one loop drift by tens of per cent on a shared
 2-core machine; adjacent steps do not.
 
-The plain step leaves its gradients in place (it zeroes them before its backward pass, the engine
-after its optimizer step), so they are dropped between a plain step and the next engine step,
-outside both clocks: otherwise the engine's backward pass would add into them, an extra pass over
+The plain step leaves its gradients in place (it zeroes them before its backward pass, Parallax
+after its optimizer step), so they are dropped between a plain step and the next Parallax step,
+outside both clocks: otherwise Parallax's backward pass would add into them, an extra pass over
 every parameter that costs about 7 % of a step and is no part of either loop.
 
     python bench/loop_in_process.py --epochs 8 --batch-size 128 --image-size 32
@@ -39,12 +39,12 @@ from torch.utils.data import DataLoader  # noqa: E402
 from bench.plain_loop import build_model, load_digits_split, train_step  # noqa: E402
 from db import make_engine, store  # noqa: E402
 from contract.config import RunConfig  # noqa: E402
-from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
-from trainer_backend.worker.liveness import Heartbeat  # noqa: E402
-from trainer_backend.engine.confusion import accumulate  # noqa: E402
-from trainer_backend.engine.loop import train_one_epoch  # noqa: E402
-from trainer_backend.engine.strategies import Strategy  # noqa: E402
-from trainer_backend.engine.trainer import build_loaders, load_data  # noqa: E402
+from trainer_backend.rank.inputs import DeviceInputs  # noqa: E402
+from trainer_backend.supervisor.liveness import Heartbeat  # noqa: E402
+from trainer_backend.rank.confusion import accumulate  # noqa: E402
+from trainer_backend.rank.loop import train_one_epoch  # noqa: E402
+from trainer_backend.rank.strategies import Strategy  # noqa: E402
+from trainer_backend.rank.trainer import build_loaders, load_data  # noqa: E402
 from trainer_backend.telemetry.recorder import PROGRESS_INTERVAL_S, Recorder  # noqa: E402
 
 
@@ -72,12 +72,12 @@ class PlainSteps:
 
 def interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain: PlainSteps,
                       plain_first: bool) -> dict:
-    """One engine epoch and one plain epoch, step by step (plain, engine, … when ``plain_first``,
+    """One Parallax epoch and one plain epoch, step by step (plain, engine, … when ``plain_first``,
     else engine, plain, …); each side's own time and images."""
     engine_steps: list[float] = []
     plain_steps: list[float] = []
     plain_images = 0
-    resume = 0.0  # when the engine's clock restarts: after the last plain step
+    resume = 0.0  # when Parallax's clock restarts: after the last plain step
 
     def plain_step() -> None:
         nonlocal plain_images, resume
@@ -89,7 +89,7 @@ def interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain
 
     def after_engine_step(step: int, total: int) -> None:
         nonlocal resume
-        progress(step, total)  # the engine's own work: part of its step
+        progress(step, total)  # Parallax's own work: part of its step
         engine_steps.append(time.perf_counter() - resume)
         if plain_first and step == total:
             resume = time.perf_counter()
@@ -102,9 +102,9 @@ def interleaved_epoch(model, engine_loader, optimizer, strategy, progress, plain
         resume = time.perf_counter()
     totals, _ = train_one_epoch(model, engine_loader, optimizer, strategy, on_step=after_engine_step)
     engine_steps[-1] += time.perf_counter() - resume  # the epoch's end, after its last step
-    return {"plain_first": plain_first, "engine_s": sum(engine_steps), "plain_s": sum(plain_steps),
-            "engine_images": int(totals[2].item()), "plain_images": plain_images,
-            "engine_steps_s": engine_steps, "plain_steps_s": plain_steps}
+    return {"plain_first": plain_first, "parallax_s": sum(engine_steps), "plain_s": sum(plain_steps),
+            "parallax_images": int(totals[2].item()), "plain_images": plain_images,
+            "parallax_steps_s": engine_steps, "plain_steps_s": plain_steps}
 
 
 def main() -> None:
@@ -153,11 +153,11 @@ def per_call_s(call, repeats: int) -> float:
 
 
 def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epochs: list[dict]) -> dict:
-    """What the engine's step does that the plain step does not, timed piece by piece: its data
+    """What Parallax's step does that the plain step does not, timed piece by piece: its data
     path against the plain one, summing loss and accuracy on the device, and the progress write
     (about one a second, so its cost per step is spread over the steps of a second)."""
-    step_s = statistics.median(s for epoch in epochs for s in epoch["engine_steps_s"])
-    data_engine = per_call_s(lambda: list(engine_loader), 3) / len(engine_loader)
+    step_s = statistics.median(s for epoch in epochs for s in epoch["parallax_steps_s"])
+    data_parallax = per_call_s(lambda: list(engine_loader), 3) / len(engine_loader)
     data_plain = per_call_s(lambda: list(plain_loader), 3) / len(plain_loader)
     images, labels = strategy.to_device(*next(iter(engine_loader)))
     with torch.no_grad():
@@ -168,7 +168,7 @@ def engine_own_work(engine_loader, plain_loader, model, strategy, progress, epoc
     steps = len(engine_loader)
     write = per_call_s(lambda: progress(steps, steps), 20)  # the last step always writes
     writes_per_step = min(1.0, step_s / PROGRESS_INTERVAL_S)
-    parts = {"data path, engine minus plain": data_engine - data_plain, "loss and accuracy sums": sums,
+    parts = {"data path, Parallax minus plain": data_parallax - data_plain, "loss and accuracy sums": sums,
              "progress write (amortised)": write * writes_per_step}
     return {"step_s": step_s, "parts_s": parts, "share": sum(parts.values()) / step_s,
             "progress_write_s": write}

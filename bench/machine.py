@@ -19,14 +19,14 @@ class CpuShare:
 
     /proc/stat gives the whole machine's busy time; getrusage gives this process's and its
     reaped children's. The difference is what everything else used. Processes we start but do
-    not reap (a launched run's detached worker) are added with ``count_as_own``."""
+    not reap (a launched run's detached supervisor) are added with ``count_as_own``."""
 
     def __init__(self) -> None:
         self._start = self._read()
         self._extra_own_s = 0.0
 
     def count_as_own(self, cpu_seconds: float) -> None:
-        """CPU time of processes this benchmark started but does not reap (a launched worker)."""
+        """CPU time of processes this benchmark started but does not reap (a launched supervisor)."""
         self._extra_own_s += cpu_seconds
 
     @staticmethod

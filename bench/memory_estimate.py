@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PYTHON, ROOT, child_env, engine_command, parse_args, run_timed  # noqa: E402
+from bench.common import PYTHON, ROOT, child_env, parallax_command, parse_args, run_timed  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_most  # noqa: E402
 
@@ -42,10 +42,10 @@ def estimate_all(workload: dict) -> dict:
     import timm  # noqa: F401  the imports an estimate needs, outside the timing
     import torch.distributed.pipelining  # noqa: F401
 
-    import trainer_backend.engine.trainer  # noqa: F401
+    import trainer_backend.rank.trainer  # noqa: F401
     from contract.config import RunConfig
     from trainer_backend.control.lifecycle import sweep_configs
-    from trainer_backend.engine.forecast.memory_estimate import estimate_memory
+    from trainer_backend.rank.forecast.memory_estimate import estimate_memory
 
     base = RunConfig(model=workload["model"], image_size=workload["image_size"], batch_size=workload["batch_size"],
                      strategy="mp", devices=("cpu", "cpu"))
@@ -79,7 +79,7 @@ def main() -> None:
         result = one_process(workload)
         inside.append(result["seconds"])
         largest = result["largest_mb"]
-        done = run_timed(engine_command(
+        done = run_timed(parallax_command(
             "estimate", "--model", workload["model"], "--image-size", str(workload["image_size"]),
             "--batch-size", str(workload["batch_size"]), "--devices", "cpu,cpu", "--dataset", "cifar10",
             "--strategies", ",".join(STRATEGIES), "--json"), timeout=600)

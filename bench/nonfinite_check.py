@@ -1,7 +1,7 @@
 """What watching the training loss for NaN and infinity costs a step (``--on-nonfinite stop``, the default).
 
-One process, one model, one optimizer: the engine's ``train_one_epoch`` on digits, fed by the engine's own
-dataset and loader, epochs with the guard (``engine/divergence.py``) and without it in turn (A B A B, every
+One process, one model, one optimizer: Parallax's ``train_one_epoch`` on digits, fed by Parallax's own
+dataset and loader, epochs with the guard (``rank/divergence.py``) and without it in turn (A B A B, every
 other round B first), on the same weights. Figures: the step time with the guard over the step time
 without it, pair by pair, and the guard's own time on the training thread per step (its ``observe`` and
 ``check`` timed around each call). On a CPU the check reads its flag every step, which costs nothing to
@@ -26,12 +26,12 @@ from bench.common import parse_args  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_most  # noqa: E402
 from contract.config import RunConfig  # noqa: E402
-from trainer_backend.engine.divergence import NonfiniteGuard  # noqa: E402
-from trainer_backend.engine.inputs import DeviceInputs  # noqa: E402
-from trainer_backend.engine.loop import train_one_epoch  # noqa: E402
-from trainer_backend.engine.models import create_model  # noqa: E402
-from trainer_backend.engine.strategies import Strategy  # noqa: E402
-from trainer_backend.engine.trainer import build_loaders, load_data  # noqa: E402
+from trainer_backend.rank.divergence import NonfiniteGuard  # noqa: E402
+from trainer_backend.rank.inputs import DeviceInputs  # noqa: E402
+from trainer_backend.rank.loop import train_one_epoch  # noqa: E402
+from trainer_backend.rank.models import create_model  # noqa: E402
+from trainer_backend.rank.strategies import Strategy  # noqa: E402
+from trainer_backend.rank.trainer import build_loaders, load_data  # noqa: E402
 
 KEY, TITLE = "nonfinite_check", "The NaN check's cost per step (--on-nonfinite stop)"
 METHOD = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]

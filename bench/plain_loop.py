@@ -1,4 +1,4 @@
-"""A hand-written PyTorch training loop: the baseline the engine's overhead is measured against.
+"""A hand-written PyTorch training loop: the baseline Parallax's overhead is measured against.
 
 It does the work of ``python -m trainer_backend run --dataset digits --model resnet18 --batch-size 128``:
 scikit-learn's digits upsampled to 32x32, a stratified 80/20 split (seed 0), normalised with the

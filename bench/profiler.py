@@ -3,7 +3,7 @@
 An unprofiled and a profiled run (``--profile``: torch.profiler over the default window of the
 first epoch, 1 step skipped, 1 warm-up, 3 kept, shapes and memory on) of the same work (resnet18
 on digits at 32x32, batch 128, 2 epochs) are started in turn, five times each (in make bench, in
-one rotation with the other benchmarks that share the engine's runs). Figures:
+one rotation with the other benchmarks that share Parallax's runs). Figures:
 
 - later-epoch throughput: the profiled run's training images/s in epoch 2 over the unprofiled
   run's, pair by pair;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import epoch_field, run_engine  # noqa: E402
+from bench.common import epoch_field, run_parallax  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, pair_ratios  # noqa: E402
 
@@ -53,7 +53,7 @@ def kept_step_ms(db_url: str, run_id: int) -> float:
 
 
 def contenders(settings: dict, db_url: str) -> dict:
-    return {"profiled": lambda: run_engine(settings, db_url, "--profile")}
+    return {"profiled": lambda: run_parallax(settings, db_url, "--profile")}
 
 
 def fill(report: Report, runs: dict, context) -> None:
@@ -62,7 +62,7 @@ def fill(report: Report, runs: dict, context) -> None:
     defaults = RunConfig()
     window = defaults.profile_wait + defaults.profile_warmup + defaults.profile_active
     report.settings["profile window (steps)"] = window
-    plain, profiled = runs["engine"], runs["profiled"]
+    plain, profiled = runs["parallax"], runs["profiled"]
     kept = [kept_step_ms(context.db_url, r["run_id"]) for r in profiled]
     report.ratio("later-epoch images/s, profiled / unprofiled", [epoch_field(r, "images_per_s") for r in profiled],
                  [epoch_field(r, "images_per_s") for r in plain], target=at_least(0.98))

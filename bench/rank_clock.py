@@ -1,13 +1,13 @@
-"""Rank-clock cost: what the engine's rank-time telemetry adds to a DDP or FSDP training step, beside
+"""Rank-clock cost: what Parallax's rank-time telemetry adds to a DDP or FSDP training step, beside
 what DDP and FSDP themselves add to a bare module.
 
-The engine times each rank's wait in collectives with hooks of its own (telemetry/rank_times.py): under
+Parallax times each rank's wait in collectives with hooks of its own (telemetry/rank_times.py): under
 DDP a Python comm hook around DDP's all-reduce and two forward pre-hooks, under FSDP hooks on either
 side of FSDP's on every sharded block. They run on the host every step, so they matter where steps
 are short: a small model on a fast GPU is host-bound. Measured in one process, a world of one on gloo
 (CPU, one thread), timm's test_resnet at 16x16, batch 8 (steps of about 10 ms, most of them host
 work): the bare module, the module under DDP and under FSDP as a hand-written script wraps it, and
-under each as the engine's strategies wrap it (its DDP and FSDP ``wrap``: the same wrappers and the
+under each as Parallax's strategies wrap it (its DDP and FSDP ``wrap``: the same wrappers and the
 rank clock). Each figure is the median over 200 steps of the difference between a step of one and
 the step of the other right beside it (steps interleaved one by one, after 20 warm-up steps each).
 
@@ -34,7 +34,7 @@ WARMUP_STEPS = 20
 
 def build(kind: str, strategies: dict):
     """(model, optimizer, clock) for ``kind``: "bare", "ddp" / "fsdp" (hand-wrapped, no clock), or
-    "engine ddp" / "engine fsdp" (the engine's own wrap, the clock included)."""
+    "Parallax ddp" / "Parallax fsdp" (Parallax's own wrap, the clock included)."""
     import timm
     import torch
     from torch import nn
@@ -50,13 +50,13 @@ def build(kind: str, strategies: dict):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        from trainer_backend.engine.strategies.fsdp import sharded_blocks
+        from trainer_backend.rank.strategies.fsdp import sharded_blocks
 
         mesh = init_device_mesh("cpu", (1,))
         for block in sharded_blocks(model):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    elif kind.startswith("engine "):
+    elif kind.startswith("Parallax "):
         strategy = strategies[kind.split()[1]]
         model, clock = strategy.wrap(model), strategy.rank_clock
     return model, torch.optim.Adam(model.parameters(), lr=1e-3), clock
@@ -87,11 +87,11 @@ def paired_ms(first, second, steps: int, batch) -> float:
 
 def main() -> None:
     args = parse_args(__doc__)
-    report = Report("rank_clock", "Rank-clock cost (the engine's telemetry under DDP and FSDP)", method=METHOD)
+    report = Report("rank_clock", "Rank-clock cost (Parallax's telemetry under DDP and FSDP)", method=METHOD)
     import torch
 
     from contract.config import RunConfig
-    from trainer_backend.engine.strategies.registry import make_strategy
+    from trainer_backend.rank.strategies.registry import make_strategy
 
     torch.set_num_threads(1)
     steps = 20 if args.quick else 200
@@ -100,10 +100,10 @@ def main() -> None:
     strategies["ddp"].setup()  # the process group of one that both wrap in
     torch.set_num_threads(1)  # setup gives a process its share of the cores
     batch = (torch.randn(BATCH, 1, IMAGE_SIZE, IMAGE_SIZE), torch.randint(0, 10, (BATCH,)))
-    pairs = {"DDP over the bare module": ("bare", "ddp"), "the rank clock over DDP": ("ddp", "engine ddp"),
-             "FSDP over the bare module": ("bare", "fsdp"), "the rank clock over FSDP": ("fsdp", "engine fsdp")}
+    pairs = {"DDP over the bare module": ("bare", "ddp"), "the rank clock over DDP": ("ddp", "Parallax ddp"),
+             "FSDP over the bare module": ("bare", "fsdp"), "the rank clock over FSDP": ("fsdp", "Parallax fsdp")}
     results: dict[str, list[float]] = {name: [] for name in pairs}
-    models = {kind: build(kind, strategies) for kind in ("bare", "ddp", "fsdp", "engine ddp", "engine fsdp")}
+    models = {kind: build(kind, strategies) for kind in ("bare", "ddp", "fsdp", "Parallax ddp", "Parallax fsdp")}
     for _ in range(args.repeats):
         for name, (first, second) in pairs.items():
             results[name].append(paired_ms(models[first], models[second], steps, batch))

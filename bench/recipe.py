@@ -3,7 +3,7 @@
 A EuroSAT-layout folder is generated (10 class folders of 13-band 64x64 uint16 TIFFs, as
 bench/data_pipeline.py writes them), made harder than that benchmark's so that the two runs can
 differ: every class shares the same band levels and is told apart only by a texture (stripes of
-its own orientation and frequency, at a random phase) under noise. The engine trains resnet18 on
+its own orientation and frequency, at a random phase) under noise. Parallax trains resnet18 on
 it at 32x32 (bands 3,2,1), batch 128, Adam 1e-3, the same epochs and seed, twice: with the bare
 defaults and with the recipe ``--augment flip,crop --lr-schedule cosine --warmup-epochs 1``.
 Figures are the validation accuracy of each at the last epoch and at its best, over rounds with
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import tifffile  # noqa: E402
 
-from bench.common import parallax_home, parse_args, run_engine  # noqa: E402
+from bench.common import parallax_home, parse_args, run_parallax  # noqa: E402
 from bench.data_pipeline import BANDS, CLASSES, SIZE  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate  # noqa: E402
@@ -74,11 +74,11 @@ def main() -> None:
         rounds = iter([seed for seed in seeds for _ in ('defaults', 'recipe')])
         with parallax_home() as home:
             db_url = f"sqlite:///{home / 'parallax.db'}"
-            # Each round's two runs share a seed (weights, split, shuffle); run_engine validates on
-            # running averages, so both use the engine's default BatchNorm re-estimation here.
+            # Each round's two runs share a seed (weights, split, shuffle); run_parallax validates on
+            # running averages, so both use Parallax's default BatchNorm re-estimation here.
             runs = alternate({
-                "defaults": lambda: run_engine(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512"),
-                "recipe": lambda: run_engine(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512",
+                "defaults": lambda: run_parallax(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512"),
+                "recipe": lambda: run_parallax(settings, db_url, "--seed", str(next(rounds)), "--bn-stats-images", "512",
                                              *recipe),
             }, args.repeats, label=f"{KEY} ")
     finally:

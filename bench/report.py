@@ -1,8 +1,8 @@
 """A benchmark's report: rows of measured values against targets, printed, merged into
 results.json, and rendered into docs/BENCHMARKS.md.
 
-    report = Report("engine_overhead", "Engine overhead", method="...")
-    report.ratio("whole process, engine / plain", times["engine"], times["plain"], target=at_most(1.10))
+    report = Report("overhead", "Parallax overhead", method="...")
+    report.ratio("whole process, Parallax / plain", times["parallax"], times["plain"], target=at_most(1.10))
     report.finish(args)
 """
 

@@ -7,9 +7,9 @@
     python bench/run_all.py --quick               # tiny settings; writes to a temporary folder, not docs/
 
 Each benchmark runs in its own process, one after the other, so that none inherits another's
-threads, imports or memory, except the four that compare something with the engine's own run
+threads, imports or memory, except the four that compare something with Parallax's own run
 (engine overhead, Lightning, profiler, DDP on CPU): they run together in bench/shared_runs.py,
-one rotation that shares the engine's runs among them. Take figures on a quiet machine: the 1-minute load average is
+one rotation that shares Parallax's runs among them. Take figures on a quiet machine: the 1-minute load average is
 printed first, and each benchmark records how busy other processes kept the cores.
 """
 
@@ -33,7 +33,7 @@ from bench.report import read_results, render_markdown  # noqa: E402
 
 # Order of the table; each is bench/<name>.py and its key in results.json. "gpu" measures only
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.
-BENCHMARKS = ("engine_overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
+BENCHMARKS = ("overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
               "profiler", "ddp_cpu", "first_run", "watch_cost", "time_to_interactive", "series_cost", "series_read",
               "forecast", "switches", "recipe", "memory_estimate", "data_scale", "gpu", "nonfinite_check", "sdk_log", "history",
               "rank_clock", "search")
@@ -44,19 +44,19 @@ What Parallax costs and what it buys, measured on this project's reference machi
 no GPU). `make bench` installs the benchmark extras (`requirements-bench.txt`: PyTorch Lightning,
 which Parallax itself does not use) and runs `bench/run_all.py`, which runs every script in
 `bench/`, writes `bench/results.json` and rewrites this file. Each script also runs alone:
-`python bench/engine_overhead.py` (`--quick` for a tiny check that it runs, `--repeats N`).
+`python bench/overhead.py` (`--quick` for a tiny check that it runs, `--repeats N`).
 
 How the figures are taken: every contender is measured at least 5 times, and contenders that are
 compared run in turn within one invocation (A B A B …), so that slow drifts of the machine fall on
-both. The four benchmarks that compare something with the engine's own run (1, 2, 7 and 8) share
-those engine runs: one rotation starts the engine run and then each one's contender (engine, plain
-script, Lightning, profiled run, DDP run, engine, …), and each pairs its contender with the engine
+both. The four benchmarks that compare something with Parallax's own run (1, 2, 7 and 8) share
+those Parallax runs: one rotation starts the Parallax run and then each one's contender (Parallax, plain
+script, Lightning, profiled run, DDP run, Parallax, …), and each pairs its contender with the Parallax
 run of the same round. A figure is the median, with the smallest and largest of the repeats; a
 comparison is quoted as the median of the ratios of pairs run in the same round. Training throughput
 is taken from the epochs after the first, which carry one-off costs (allocator growth, kernel
 selection). Every benchmark works in its own temporary `PARALLAX_HOME`.
 
-What is measured: the engine against a hand-written PyTorch loop and against PyTorch Lightning, the
+What is measured: Parallax against a hand-written PyTorch loop and against PyTorch Lightning, the
 cached data pipeline against decoding TIFFs on every access, dashboard render times with 500 runs,
 the cost of database writes, launch latency (and where it goes), the profiler's cost, what DDP on CPU
 buys, the default run's time and accuracy, and a whole run's memory over its dataset's decoded size
@@ -88,7 +88,7 @@ $ PYTHONPATH=/opt/wheels make gpu-check PY=python3
 
 `make test` (three pytest-xdist workers) ran 1,179 tests. It is bound by the CPU: it needs about 714
 CPU-seconds (a serial run, 2026-11-27), the two cores are 96 to 99 % busy under three workers, and a
-fourth gains nothing (410 s against 400 s). A run's worker importing torch and timm costs 3.5 to 4 s of
+fourth gains nothing (410 s against 400 s). A run's supervisor importing torch and timm costs 3.5 to 4 s of
 CPU. Its time follows the machine's speed: 400 to 445 s on 2 cores where `import torch` took 1.5 to
 2.0 s (five runs, four of them fresh-clone CI runs, 2026-11-27), and 755 s the same morning, where it
 took 3.7 s. `make test-fast`: 771 tests, 38 to 45 s on 2 cores (2026-11-27).

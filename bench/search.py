@@ -6,7 +6,7 @@ the same order. Figures: the training seconds of every trial (their recorded epo
 epochs trained, pruned over unpruned, and the best validation accuracy each search found (equal when the best
 trial was not pruned). Overhead: a search of N trials that differ only in their seed (``--sampler grid``, one at a
 time) against the same N configs launched one after another with ``parallax launch``, each waited for until it
-ends (a trial is such a launched run: the same detached worker, whose OpenMP threads sleep while they wait where a
+ends (a trial is such a launched run: the same detached supervisor, whose OpenMP threads sleep while they wait where a
 foreground ``parallax run``'s spin), alternated (A B A B); the overhead per trial is (the search's wall time - the
 launched runs' wall time) / N: its driver's start (Optuna's import, the study) and its half-second poll.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import engine_command, parallax_home, parse_args, prime_dataset_cache, run_timed  # noqa: E402
+from bench.common import parallax_command, parallax_home, parse_args, prime_dataset_cache, run_timed  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate, at_least  # noqa: E402
 
@@ -62,7 +62,7 @@ def launched_and_ended(settings: dict, epochs: int, seed: str, db_url: str) -> f
     from db import make_engine, store
 
     started = time.perf_counter()
-    done = run_timed(engine_command("launch", *base_flags(settings, epochs), "--seed", seed, db_url=db_url))
+    done = run_timed(parallax_command("launch", *base_flags(settings, epochs), "--seed", seed, db_url=db_url))
     run_id = int(done.stdout.split("run_id=")[1].split()[0])
     engine = make_engine(db_url)
     while (run := store.get_run(engine, run_id)).status in ("queued", "running"):
@@ -88,7 +88,7 @@ def main() -> None:
                 str(len(settings["rates"])), "--bn-stats-images", "0"]
         outcome = {}
         for pruner in ("median", "none"):
-            done = run_timed(engine_command("search", *base_flags(settings, settings["epochs"]), *grid, "--pruner",
+            done = run_timed(parallax_command("search", *base_flags(settings, settings["epochs"]), *grid, "--pruner",
                                             pruner, db_url=db_url), timeout=3600)
             outcome[pruner] = searched(db_url, search_id_from(done.stdout))
             print(f"{KEY} pruner {pruner}: {outcome[pruner]}", flush=True)
@@ -106,7 +106,7 @@ def main() -> None:
         seeds = [str(seed) for seed in range(trials)]
 
         def one_search() -> float:
-            return run_timed(engine_command("search", *base_flags(settings, epochs), "--param",
+            return run_timed(parallax_command("search", *base_flags(settings, epochs), "--param",
                                             "seed=" + ",".join(seeds), "--sampler", "grid", "--trials", str(trials),
                                             db_url=db_url), timeout=3600).seconds
 

@@ -35,7 +35,7 @@ def instrumented_run(settings: dict, environment: dict[str, str]) -> dict:
     from db import make_engine, store
     from contract.config import RunConfig
     from trainer_backend.telemetry.energy import EnergyMeter
-    from trainer_backend.worker.runner import execute_run
+    from trainer_backend.supervisor.runner import execute_run
     from trainer_backend.telemetry.sampler import SystemSampler
     from trainer_backend.telemetry.steps import StepRecorder
 

@@ -1,11 +1,11 @@
-"""The benchmarks that measure something against the engine's own ``single`` run, in one rotation.
+"""The benchmarks that measure something against Parallax's own ``single`` run, in one rotation.
 
-Engine overhead (plain script), Lightning, the profiler (a profiled run) and DDP on CPU each
+Parallax overhead (plain script), Lightning, the profiler (a profiled run) and DDP on CPU each
 compare their contender with the same foreground ``trainer_backend run``: resnet18 on digits at
 32x32, batch 128, Adam, 2 epochs, torch's default threads. Run together, they share those engine
-runs: one rotation starts the engine run and then each benchmark's contenders in turn (engine,
+runs: one rotation starts the Parallax run and then each benchmark's contenders in turn (Parallax,
 plain, Lightning, profiled, ddp, engine, plain, …), five times, and each benchmark pairs its
-contender with the engine run of the same round. Run alone, a benchmark rotates the engine run
+contender with Parallax run of the same round. Run alone, a benchmark rotates Parallax run
 with its own contenders only.
 
     python bench/shared_runs.py                                    # all four
@@ -14,7 +14,7 @@ with its own contenders only.
 
 A benchmark module taking part defines ``KEY``, ``TITLE``, ``METHOD``, ``contenders(settings,
 db_url)`` (its runs, by name), ``fill(report, runs, context)`` (its figures, from its runs and the
-engine's under ``runs["engine"]``) and optionally ``unavailable()`` (a reason to skip, or None).
+engine's under ``runs["parallax"]``) and optionally ``unavailable()`` (a reason to skip, or None).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from collections.abc import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import digits_workload, parallax_home, parse_args, prime_dataset_cache, run_engine  # noqa: E402
+from bench.common import digits_workload, parallax_home, parse_args, prime_dataset_cache, run_parallax  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate  # noqa: E402
 
-MEMBERS = ("engine_overhead", "lightning_compare", "profiler", "ddp_cpu")
-ENGINE = "engine"
+MEMBERS = ("overhead", "lightning_compare", "profiler", "ddp_cpu")
+PARALLAX = "parallax"
 
 
 @dataclass
@@ -71,7 +71,7 @@ def run(modules: list[ModuleType], description: str = __doc__) -> None:
     with parallax_home() as home:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         prime_dataset_cache(settings, args.quick)
-        contenders: dict[str, Callable[[], Any]] = {ENGINE: lambda: run_engine(settings, db_url)}
+        contenders: dict[str, Callable[[], Any]] = {PARALLAX: lambda: run_parallax(settings, db_url)}
         for module in reports:
             own = module.contenders(settings, db_url)
             clash = set(own) & set(contenders)
@@ -82,7 +82,7 @@ def run(modules: list[ModuleType], description: str = __doc__) -> None:
         context = Context(settings, db_url, args.quick)
         for module, report in reports.items():
             report.settings = {**settings, "repeats": args.repeats,
-                               "engine runs shared with": ", ".join(k for k in shared_with if k != module.KEY)
+                               "Parallax runs shared with": ", ".join(k for k in shared_with if k != module.KEY)
                                or "none"}
             module.fill(report, runs, context)
             report.finish(args)

@@ -1,7 +1,7 @@
 """Repeats and statistics for the benchmarks: A/B alternation, summaries and targets.
 
-    times = alternate({"plain": run_plain, "engine": run_engine}, repeats=5)
-    summarize(times["engine"])          # median, min, max, n
+    times = alternate({"plain": run_plain, "parallax": run_parallax}, repeats=5)
+    summarize(times["parallax"])          # median, min, max, n
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Speed switches on this CPU: what channels_last, torch.compile, augmentation and loader workers
 do to training images/s.
 
-The engine trains resnet18 on the digits at 32x32, batch 128, 3 epochs, one process (as
-bench/engine_overhead.py), once with the defaults and once with each switch alone:
+Parallax trains resnet18 on the digits at 32x32, batch 128, 3 epochs, one process (as
+bench/overhead.py), once with the defaults and once with each switch alone:
 ``--channels-last``; ``--compile`` (its compile warm-up, recorded by the run in
 ``measurements.compile_time_s``, is reported on its own and is outside every epoch); ``--augment
 flip,crop`` (the cost of augmenting each training batch on the device); ``--num-workers 2`` (the
@@ -27,7 +27,7 @@ from bench.common import (  # noqa: E402
     parallax_home,
     parse_args,
     prime_dataset_cache,
-    run_engine,
+    run_parallax,
 )
 from bench.report import Report  # noqa: E402
 from bench.stats import alternate  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
         db_url = f"sqlite:///{home / 'parallax.db'}"
         prime_dataset_cache(settings, args.quick)
         switches = {name: flags for name, flags in SWITCHES.items() if not args.quick or name in QUICK_SWITCHES}
-        runs = alternate({name: (lambda flags=flags: run_engine(settings, db_url, *flags))
+        runs = alternate({name: (lambda flags=flags: run_parallax(settings, db_url, *flags))
                           for name, flags in switches.items()}, args.repeats, label=f"{KEY} ")
     speeds = {name: [epoch_field(run, "images_per_s") for run in results] for name, results in runs.items()}
     report.add("defaults: training images/s", speeds["defaults"], unit=" images/s", headline=False)

@@ -5,7 +5,7 @@ The dashboard is started as ``make run`` starts it (bench/browser.py: ``parallax
 project folder, its .streamlit/config.toml, nothing added). Phases, each a window of ``--window``
 seconds in which the Streamlit server's CPU time (its process tree, from /proc) per second of wall
 time is measured, i.e. cores, with the browser's (chromium and the playwright driver), the run's
-(its worker and ranks), and everything else on the machine (/proc/stat's busy time less all of
+(its supervisor and ranks), and everything else on the machine (/proc/stat's busy time less all of
 these and this process):
 
 1. no tab open; 2. one tab settled on the Launch page (3 s after its heading shows, then until a second
@@ -16,7 +16,7 @@ these and this process):
 3. a real run trains (resnet18 on digits, 32 px, batch 128, ``python -m trainer_backend launch``);
    after its first epoch, windows alternate: unwatched (no tab) and watched (one headless chromium
    tab on the run's page, opened and settled for 3 s before the window starts); the run's training
-   throughput is the engine's images/s of every epoch that began and ended inside the window. At the
+   throughput is Parallax's images/s of every epoch that began and ended inside the window. At the
    end of each watched window the page must still show its five charts, redrawn for an epoch that
    landed while it was watched;
 4. the run is cancelled, and one tab settles (as in 2.) on its finished page.
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.browser import (CHROMIUM, CHROMIUM_ARGS, EPOCH_CHART_KEYS, EPOCH_CHARTS, browser_missing,  # noqa: E402
                            dashboard_server, make_run_command)
-from bench.common import engine_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
+from bench.common import parallax_command, parallax_home, parse_args, run_id_from, run_timed  # noqa: E402
 from bench.machine import CpuShare, child_pids, memory_mb, process_tree_cpu_s, torch_files_mapped  # noqa: E402
 from bench.report import Report  # noqa: E402
 from bench.stats import at_least, at_most  # noqa: E402
@@ -168,7 +168,7 @@ class Watch:
             time.sleep(0.5)
 
     def _run_cpu_s(self) -> float:
-        """CPU seconds of the run's worker and its ranks (0 before a run, or once it has ended)."""
+        """CPU seconds of the run's supervisor and its ranks (0 before a run, or once it has ended)."""
         from db import store
 
         run = store.get_run(self.engine, self.run_id) if self.run_id else None
@@ -342,7 +342,7 @@ def main() -> None:
                                   f"PSS {memory['pss_mb']:.0f} MB, torch files mapped {len(memory['torch_files'])}; "
                                   f"its children (the inspector) RSS {memory['children_rss_mb']:.0f} MB", flush=True)
                     launched_at = time.perf_counter()
-                    launched = run_timed(engine_command("launch", "--dataset", "digits", "--batch-size", "128",
+                    launched = run_timed(parallax_command("launch", "--dataset", "digits", "--batch-size", "128",
                                                         *run_flags(args.quick), "--tags", "bench"))
                     run_id = run_id_from(launched.stdout)
                     watch.follow(engine, run_id)
@@ -392,8 +392,12 @@ def add_memory(report: Report, memory: dict) -> None:
 
 
 def add_latency(report: Report, start: dict[str, float], latencies_s: list[float]) -> None:
-    report.add("a recorded step point drawn on the watching page, after it was recorded", latencies_s, unit=" s",
-               target=at_most(2.0))
+    if latencies_s:
+        report.add("a recorded step point drawn on the watching page, after it was recorded", latencies_s, unit=" s",
+                   target=at_most(2.0))
+    else:  # a run that ended or wrote no point in the windows after the watched ones: no figure, and why
+        report.note(f"No step point was recorded in the {LATENCY_MIN_S:g}-second windows after the watched ones "
+                    "(the run ended or wrote none then): the drawing latency of a recorded point is not measured.")
     report.add("launch to the run leaving the queue (an idle machine)", [start["running"]], unit=" s",
                headline=False)
     report.add("launch to its first step point recorded", [start["recorded"]], unit=" s", headline=False)
@@ -406,7 +410,7 @@ def add_latency(report: Report, start: dict[str, float], latencies_s: list[float
                 f"process saw it in the database (polled every {POLL_S:g} s: up to that much later than it was "
                 "written).")
     report.note("Where an idle machine's queue wait went (launch to running, 4.4 s on 2 cores before): the "
-                "launched worker imported torch, timm and the engine (3.9 s) before it claimed the run. It now "
+                "launched supervisor imported torch, timm and the training code (3.9 s) before it claimed the run. It now "
                 "claims it first, then imports: the run holds its devices while it imports, and the page shows it "
                 "running. Launch to first step is unchanged by that (bench/launch_latency.py); its page ticks "
                 f"every {live.QUEUED_REFRESH_S} s while it is queued, for its first {live.QUEUED_FAST_FOR_S} s.")

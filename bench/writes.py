@@ -99,7 +99,7 @@ def instrumented_run(settings: dict) -> dict:
     queue claim, fall into epoch 1: a little pessimistic)."""
     from db import run_state as lifecycle, make_engine, store
     from contract.config import RunConfig
-    from trainer_backend.worker.runner import execute_run
+    from trainer_backend.supervisor.runner import execute_run
 
     calls: list[tuple[str, float]] = []
     originals = {"log_epoch": (store, store.log_epoch), "set_progress": (lifecycle, lifecycle.set_progress),

@@ -142,7 +142,7 @@ class RunConfig:
     image_size: int = _default("image_size")
     # The size the dataset cache stores images at; 0 stores them at image_size. Larger, training
     # batches take random-resized crops of it to image_size on the device (timm's defaults) and
-    # validation a centre crop, as ImageNet recipes do (trainer_backend/engine/inputs.py).
+    # validation a centre crop, as ImageNet recipes do (trainer_backend/rank/inputs.py).
     stored_size: int = _default("stored_size")
     bands: tuple[int, ...] | None = _default("bands")
     band_scale: float | None = _default("band_scale")
@@ -178,7 +178,7 @@ class RunConfig:
     # pixels take at most a tenth of the free memory; "on": wherever they fit; "off": never).
     data_on_device: str = _default("data_on_device")
     # Before each validation, BatchNorm statistics are re-estimated from this many training
-    # images with the current weights (trainer_backend/engine/batchnorm.py); 0 validates on the running
+    # images with the current weights (trainer_backend/rank/batchnorm.py); 0 validates on the running
     # averages, which trail fast-changing weights in short runs.
     bn_stats_images: int = _default("bn_stats_images")
     # The profiler records a window of the first epoch: skip `wait` steps, record and discard
@@ -190,7 +190,7 @@ class RunConfig:
     profile_stack: bool = _default("profile_stack")
     microbatches: int = _default("microbatches")
     pipeline_schedule: str = _default("pipeline_schedule")
-    # The training recipe (trainer_backend/engine/schedule.py): the learning rate follows `lr_schedule`
+    # The training recipe (trainer_backend/rank/schedule.py): the learning rate follows `lr_schedule`
     # per optimizer step after a linear warmup of `warmup_epochs` (fractional allowed); with
     # `scale_lr` the lr given is for a global batch of 256, scaled by effective_batch / 256.
     lr_schedule: str = _default("lr_schedule")
@@ -200,11 +200,11 @@ class RunConfig:
     label_smoothing: float = _default("label_smoothing")
     grad_clip: float = _default("grad_clip")  # max gradient norm; 0 = no clipping
     # What a NaN or infinite training loss does: stop the run, skip the step's update, or warn
-    # (trainer_backend/engine/divergence.py).
+    # (trainer_backend/rank/divergence.py).
     on_nonfinite: str = _default("on_nonfinite")
-    # What a run whose steps stop moving does once its stacks are logged: wait or cancel (worker/stall.py).
+    # What a run whose steps stop moving does once its stacks are logged: wait or cancel (supervisor/stall.py).
     on_stall: str = _default("on_stall")
-    # Resume points kept on disk, the newest first (engine/resume.py); the best epoch's weights are kept apart.
+    # Resume points kept on disk, the newest first (rank/resume.py); the best epoch's weights are kept apart.
     keep_checkpoints: int = _default("keep_checkpoints")
     accumulate_steps: int = _default("accumulate_steps")  # batches whose gradients add up to one optimizer step
     # "none", or a comma list of AUGMENTATIONS, kept in that order (training batches only).

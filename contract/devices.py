@@ -1,5 +1,5 @@
 """The devices this machine can train on: GPUs as NVML sees them (name, memory, live utilisation)
-and the CPU cores worker processes share.
+and the CPU cores training processes share.
 
     for gpu in gpu_statuses():           # [] on a machine without an NVIDIA driver
         print(gpu.index, gpu.name, gpu.memory_total_mb, gpu.utilization_pct)

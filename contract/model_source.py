@@ -52,13 +52,13 @@ def source_file(name: str) -> str:
     found = _find_without_importing(location, name)
     if found is None or not found.origin or not os.path.isfile(found.origin):
         raise ModelError(f"model {name!r}: not importable: no module named {location!r} on the path a run's "
-                         "worker imports from (Parallax's folder, PYTHONPATH and installed packages)")
+                         "supervisor imports from (Parallax's folder, PYTHONPATH and installed packages)")
     return os.path.abspath(found.origin)
 
 
 def module_file_in(name: str, folder: str) -> str | None:
     """The file in ``folder`` that module path ``name`` (``pkg.mod:Attr``) names, where there is one: what a
-    user standing in ``folder`` means, which a launched worker, running elsewhere, does not import."""
+    user standing in ``folder`` means, which a launched supervisor, running elsewhere, does not import."""
     location, _, attr = name.rpartition(SEPARATOR)
     if not location or is_file_path(location) or not all(p.isidentifier() for p in location.split(".")):
         return None
@@ -103,7 +103,7 @@ def model_source(name: str) -> str:
 
 
 def with_model_source(config):
-    """``config`` (a RunConfig) for your own model with its path made absolute (the worker runs in the
+    """``config`` (a RunConfig) for your own model with its path made absolute (the supervisor runs in the
     project's folder) and its source file's SHA-256 recorded, so the run says which code it trained; a
     timm model's config as given."""
     if not is_custom_model(config.model):

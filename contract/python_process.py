@@ -1,6 +1,6 @@
 """How Parallax starts Python processes of its own: the same program from whatever folder it is started in.
 
-    subprocess.Popen(python_command("-m", "trainer_backend", "worker", "7"), env=safe_path_env(env))
+    subprocess.Popen(python_command("-m", "trainer_backend", "supervisor", "7"), env=safe_path_env(env))
     os.execv(sys.executable, python_command("-m", "ui.auth", "hash-password"))
 
 ``python -m module`` puts the current folder first on the import path, so a user's own ``db/``,
@@ -8,8 +8,8 @@
 Parallax's, and the command would die. Python 3.11's ``-P`` (``PYTHONSAFEPATH`` for processes
 that a tool such as torchrun starts) leaves that folder out; on 3.10, which has neither, a module
 is run through ``runpy`` after dropping the folder ``-c`` put first. The command line still reads
-``… -m trainer_backend worker N`` on 3.11 (the form ``lifecycle.is_run_process`` recognises) and
-``… -c <starter> trainer_backend worker N`` on 3.10.
+``… -m trainer_backend supervisor N`` on 3.11 (the form ``lifecycle.is_run_process`` recognises) and
+``… -c <starter> trainer_backend supervisor N`` on 3.10.
 """
 
 from __future__ import annotations

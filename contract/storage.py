@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-# The newest resume point in a run's folder (engine/resume.py writes it; control/lifecycle.py looks for it).
+# The newest resume point in a run's folder (rank/resume.py writes it; control/lifecycle.py looks for it).
 RESUME_FILE = "resume.pt"
 OLDER_RESUME_FILE = "resume-epoch{epoch}.pt"  # an earlier epoch's point, kept under --keep-checkpoints N > 1
 OFFLINE_FORMAT_VERSION = 1  # an offline script run's file: parallax/offline.py writes it, ``parallax sync`` reads it
@@ -114,7 +114,7 @@ def write_remaking_folder(path: Path, what: str, write: Callable[[BinaryIO], Non
     """``write`` into ``path`` through ``writing``; should its folder be deleted before or during the
     write (the run's folder, removed while the run trains), make the folder again and write once more.
     For the files a run rewrites as it goes (its best checkpoint, its resume point): the run notes
-    the folder's loss itself, once an epoch (engine/trainer.keep_run_folder)."""
+    the folder's loss itself, once an epoch (rank/trainer.keep_run_folder)."""
     try:
         with writing(path, what) as handle:
             write(handle)

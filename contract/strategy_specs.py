@@ -1,4 +1,4 @@
-"""Every strategy Parallax trains with, by name, as the dashboard, the CLI, the worker and each rank
+"""Every strategy Parallax trains with, by name, as the dashboard, the CLI, the supervisor and each rank
 must know it: one frozen spec each, the only place that says what a strategy name means.
 
     s = spec(config.strategy)               # ValueError naming the allowed names for any other
@@ -6,7 +6,7 @@ must know it: one frozen spec each, the only place that says what a strategy nam
     s.distributed, s.splits_batch, s.staged # what it does with processes, batches and the model
     s.problem(config)                       # (field, message) of its first rule broken, or None
     s.notes(config)                         # what a user should know about how it runs here
-    s.implementation                        # "module:Class", imported by engine.strategies.registry
+    s.implementation                        # "module:Class", imported by rank.strategies.registry
 
 Torch-free, and beneath the config module (which imports it): the checks and notes read a RunConfig
 and return what they found; the config raises the problems as ConfigErrors.
@@ -29,7 +29,7 @@ Notes = Callable[[RunConfig], list[str]]
 class StrategySpec:
     name: str
     description: str  # one line for the Launch form and --help
-    implementation: str  # "module:Class" of the engine class that runs it, imported when a rank needs it
+    implementation: str  # "module:Class" of the class that runs it, imported when a rank needs it
     distributed: bool = False  # one process per device (a process group; torchrun can start it)
     spans_devices: bool = False  # one process computes on several devices (dp's GPUs, mp's stages)
     splits_batch: bool = False  # the global batch is split over the processes, each training on its share
@@ -147,7 +147,7 @@ def _pipeline_notes(cfg: RunConfig) -> list[str]:
     ]
 
 
-_STRATEGIES = "trainer_backend.engine.strategies"
+_STRATEGIES = "trainer_backend.rank.strategies"
 SPECS: tuple[StrategySpec, ...] = (
     StrategySpec(
         "single", "One device, one process: the baseline every other strategy is measured against.",

@@ -3,7 +3,7 @@
     user_path("../data/flowers")                       # '/home/ana/data/flowers' when run from /home/ana/work
     with_absolute_paths(RunConfig(dataset="../data/flowers", model="my_net.py:Net"))
 
-A run is trained by other processes in other folders (a launched worker and the model's check run in
+A run is trained by other processes in other folders (a launched supervisor and the model's check run in
 Parallax's own folder, a Slurm job in the run's folder, a sweep's runs later): a relative path means what
 the user meant only where they typed it. So the command line and the dashboard make each path absolute as
 they first read it, before any check, and the run stores it so: ``--dataset ../data/x`` and

@@ -3,7 +3,7 @@ need only that: which strategies can join it, the devices and machines a config 
 
     world = torchrun_world()            # None outside torchrun
     if world is not None and world.joined_by(config):
-        ...                             # trainer_backend.worker.torchrun.run_in_world(config, world)
+        ...                             # trainer_backend.supervisor.torchrun.run_in_world(config, world)
 
 Imports neither torch nor the database: the command line refuses a strategy that cannot join at
 once, and the dashboard's Launch form checks its torchrun command with the same rules.

@@ -5,7 +5,7 @@
         session.execute(...)               # committed on exit, rolled back on error
 
 ``make_engine`` brings the schema to the newest Alembic revision before returning, so the
-dashboard and every worker process can just call it. Opening an up-to-date database costs
+dashboard and every supervisor process can just call it. Opening an up-to-date database costs
 one read of ``alembic_version``. Two backends are supported: SQLite (one machine) and
 PostgreSQL through psycopg 3 (``postgresql+psycopg://user:password@host/db``, shared by
 several machines). A URL that cannot be used raises ``DatabaseUnavailable`` with one line
@@ -43,7 +43,7 @@ except ImportError:  # Windows has no flock; first opens and migrations there ar
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 # busy_timeout (set per connection, see busy_timeout_ms): a writer waits for another writer
-# instead of failing at once. WAL lets the dashboard read while a worker writes;
+# instead of failing at once. WAL lets the dashboard read while a supervisor writes;
 # synchronous=NORMAL is safe under WAL (a power cut can lose the last commits, never corrupt
 # the file) and much faster than FULL. SQLite enforces foreign keys (and so ON DELETE CASCADE)
 # only when asked, per connection.
@@ -109,7 +109,7 @@ def masked_url(url: URL | str) -> str:
 def dispose_engines(*, forget: bool = True) -> None:
     """Close the pooled connections of every cached engine and forget the engines (tests use this
     between databases). ``forget=False`` keeps them, to connect again when next used: before a fork
-    that outlives the moment (worker.rank_server), so that the child holds no open database. SQLite
+    that outlives the moment (supervisor.rank_server), so that the child holds no open database. SQLite
     keeps what a process has locked per process, and a forked copy of that record would let the
     child's own connections believe they hold locks they do not."""
     with _engines_lock:
@@ -146,7 +146,7 @@ def sqlite_file(url: URL) -> Path | None:
 
 def absolute_database_url(text: str) -> str:
     """``text`` with a relative SQLite file made absolute against this process's working directory,
-    for a URL handed to another process (a launched worker) that runs elsewhere; others unchanged."""
+    for a URL handed to another process (a launched supervisor) that runs elsewhere; others unchanged."""
     try:
         url = make_url(text)
     except ArgumentError:
@@ -419,7 +419,7 @@ def schema_head() -> str:
     """The newest revision in MIGRATIONS_DIR, from the scripts' names (``NNNN_what.py``, revision
     ``NNNN``; tests/db/test_connection_upgrades.py holds it to Alembic's own head). A database already
     there is recognised from it with one read, without importing Alembic: about 0.2 s of CPU in
-    every process that opens the database (each CLI command, worker and rank), most of which find
+    every process that opens the database (each CLI command, supervisor and rank), most of which find
     nothing to migrate."""
     return max(path.name.split("_", 1)[0] for path in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
 

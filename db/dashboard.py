@@ -46,7 +46,7 @@ class RunFilters:
     models: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = ()  # "engine" (launched) or "script" (import parallax)
+    kinds: tuple[str, ...] = ()  # "launched" (by Parallax) or "script" (import parallax)
     where: str = ""
     text: str = ""
 

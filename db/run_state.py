@@ -1,6 +1,6 @@
 """Run state changes that can race, and finding runs whose process has died.
 
-Several processes touch a run's state: its worker, a ``cancel`` from another terminal, the
+Several processes touch a run's state: its supervisor, a ``cancel`` from another terminal, the
 dashboard marking a dead run ``lost``. Every change from an active state (queued, running) is a
 conditional UPDATE, so the first writer wins and a finished run is never reopened or relabelled.
 
@@ -27,7 +27,7 @@ from db.notify import notify
 ACTIVE_STATUSES = ("queued", "running")
 HEARTBEAT_INTERVAL_S = 5.0  # how often a run's main process beats (trainer_backend.control.lifecycle.Heartbeat)
 # Six missed beats: a run whose heartbeat is older is gone. Long enough for a slow write or a
-# worker still starting up (its launcher stamped created_at), short enough that a dead run on
+# supervisor still starting up (its launcher stamped created_at), short enough that a dead run on
 # another machine frees its place within half a minute.
 STALE_AFTER = timedelta(seconds=6 * HEARTBEAT_INTERVAL_S)
 # On this host a live pid outweighs a late heartbeat: beats are skipped while another process

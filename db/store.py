@@ -83,7 +83,7 @@ class RunRecord:
     hosts: list[str]
     elastic_run_id: str | None
     measurements: dict[str, Any]
-    kind: str = "engine"
+    kind: str = "launched"
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class RunSummary:
     created_at: datetime
     finished_at: datetime | None
     tags: list[str]
-    kind: str = "engine"
+    kind: str = "launched"
 
 
 def create_run(

@@ -185,9 +185,9 @@ class Run(Base):
     progress_total_steps: Mapped[int | None] = mapped_column(Integer)
     # Runs launched together to compare strategies on one config.
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True)
-    # Who trains it: "engine" (launched through Parallax) or "script" (a user's own script logging through
+    # Who trains it: "launched" (launched through Parallax) or "script" (a user's own script logging through
     # ``import parallax``; its metrics are in script_metrics, its config is the script's own).
-    kind: Mapped[str] = mapped_column(String(16), default="engine", server_default=text("'engine'"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="launched", server_default=text("'launched'"), index=True)
     # A trial of a search: the search, and the trial's number in its study.
     search_id: Mapped[int | None] = mapped_column(ForeignKey("searches.id", ondelete="SET NULL"), index=True)
     search_trial: Mapped[int | None] = mapped_column(Integer)

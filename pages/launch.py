@@ -127,7 +127,7 @@ def choose_devices(strategy: str) -> tuple[str, ...]:
         st.caption(f"One CPU process, using all {cores} cores.")
         return ("cpu",)
     label = ("CPU devices (processes or model stages)" if known is None else "CPU model stages (one process)"
-             if one_process_staged else "CPU devices" if known.scatters_batch else "CPU worker processes")
+             if one_process_staged else "CPU devices" if known.scatters_batch else "CPU training processes")
     try:
         most = max_cpu_processes()
     except ConfigError as exc:  # PARALLAX_MAX_CPU_PROCESSES is not a number: say so, offer the default
@@ -348,7 +348,7 @@ if sweeping:
         errors.setdefault("strategy", "Pick at least two strategies to compare.")
 if model_problem:
     errors["model"] = model_problem
-if own and not values["model"]:  # the engine's "give a timm model name" is not what this field takes
+if own and not values["model"]:  # Parallax's "give a timm model name" is not what this field takes
     errors["model"] = EMPTY_OWN_MODEL
 if own and config is not None and not errors.keys() & {"model", "model_args"}:
     with verdict_slot, st.spinner("Checking your model in a separate process…"):

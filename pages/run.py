@@ -1,5 +1,5 @@
 """Run: one run's status, progress and charts, live while it trains (per epoch, and per step and
-second: loss, images/s, CPU, memory, GPU utilisation and power); its log, the engine's notes, its
+second: loss, images/s, CPU, memory, GPU utilisation and power); its log, Parallax's notes, its
 error; Cancel; and the best checkpoint to download. ``?run=N`` in the URL picks the run.
 
 The page leads with the run's numbers; every note about the run is gathered below them, once

@@ -61,8 +61,8 @@ def table_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame({
         "run": [r["id"] for r in rows],
         "status": [r["status"] for r in rows],
-        # "script": a user's own script logging through `import parallax`; "engine": launched by Parallax.
-        "trained by": [r.get("kind", "engine") for r in rows],
+        # "script": a user's own script logging through `import parallax`; "launched": launched by Parallax.
+        "trained by": [r.get("kind", "launched") for r in rows],
         "strategy": [r["strategy"] for r in rows],
         "devices": [",".join(r["devices"]) for r in rows],
         "model": [r["model"] for r in rows],

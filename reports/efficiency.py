@@ -1,4 +1,4 @@
-"""Where a run's time and memory go, from what the engine records per epoch: MFU and achieved
+"""Where a run's time and memory go, from what Parallax records per epoch: MFU and achieved
 TFLOP/s, each rank's train/data/compute/comm-wait time, stragglers, and the memory each device
 holds (parameters, gradients, optimizer state, activations and the rest).
 
@@ -99,7 +99,7 @@ def _float(value: Any) -> float:
 
 def stragglers(ranks: pd.DataFrame, recorded: list[Any] | None = None) -> list[int]:
     """Ranks whose training time was at least 10 % above the median rank's for two epochs running
-    (of one run's ``ranks_frame``), together with any the engine named itself (``recorded``)."""
+    (of one run's ``ranks_frame``), together with any Parallax named itself (``recorded``)."""
     slow_streak: dict[int, int] = {}
     found = {int(r["rank"]) if isinstance(r, dict) else int(r) for r in (recorded or [])
              if isinstance(r, (int, dict)) and (not isinstance(r, dict) or "rank" in r)}

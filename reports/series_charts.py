@@ -230,7 +230,7 @@ def system_charts_for(system: pd.DataFrame) -> list[str]:
 def missing_series(devices: list[str], active: bool, steps: pd.DataFrame, system: pd.DataFrame,
                    *, own_steps: bool = False) -> list[str]:
     """One line for each kind of chart the Run page cannot draw for this run, saying why. ``own_steps``: a
-    script's run, whose steps are the metrics it logged (charted apart), never the engine's step points."""
+    script's run, whose steps are the metrics it logged (charted apart), never Parallax's step points."""
     if own_steps:
         return [] if not system.empty else (
             ["System charts appear with the script's first samples."] if active

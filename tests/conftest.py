@@ -20,30 +20,33 @@ from tests import pg_server, support
 from tests.support import SharedRuns, run_cli, session_folder
 
 # The test workers share the cores, and each starts training processes that size their threads to
-# the cores. libgomp's threads spin while they wait, taking the cores from the other worker's
+# the cores. libgomp's threads spin while they wait, taking the cores from the other test worker's
 # processes; threads that sleep made the training-heavy files 23 % faster (113 s -> 88 s on 2
 # cores). Set before torch is first imported here and inherited by every process a test starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-support.keep_session_environment()  # what the engine's server for run_cli and run_world starts with
+support.keep_session_environment()  # what the rank server for run_cli and run_world starts with
 
 
 # The longest test files (paths under tests/), longest first: their wall time in a whole `make test`
 # (2026-11-27, 2 cores). Under pytest-xdist (make test: --dist loadfile, in collection order with
-# --no-loadscope-reorder) each file goes whole to the next worker with two tests or fewer left to run;
-# starting the long ones first keeps a worker from being handed a two-minute file when the rest of the
+# --no-loadscope-reorder) each file goes whole to the next test worker with two tests or fewer left to run;
+# starting the long ones first keeps a test worker from being handed a two-minute file when the rest of the
 # suite is almost done. The Slurm runs go first of all: their jobs mostly sleep, so they overlap the other
-# worker's files instead of waiting out a minute-long time limit at the end; the search's trials (which sleep too)
+# test worker's files instead of waiting out a minute-long time limit at the end; the search's trials (which sleep too)
 # next.
 LONGEST_FILES = ("trainer_backend/control/test_slurm_runs.py", "trainer_backend/control/test_search.py",
                  "e2e/test_docs_as_written.py", "trainer_backend/control/test_speed_search.py",
                  "bench/test_run_all_smoke.py", "e2e/test_browser.py", "system/test_faults.py",
                  "trainer_backend/control/test_lifecycle.py", "e2e/test_training.py",
-                 "trainer_backend/worker/test_torchrun.py", "ui/test_serving.py", "system/test_wrong_process.py",
-                 "ui/test_auth_login.py", "trainer_backend/engine/forecast/test_memory_estimate.py",
+                 "trainer_backend/supervisor/test_torchrun.py", "ui/test_serving.py", "system/test_wrong_process.py",
+                 "ui/test_auth_login.py", "trainer_backend/rank/forecast/test_memory_estimate.py",
                  "trainer_backend/control/test_cli_bad_input.py", "db/test_reserve_full_disks.py", "db/test_store.py",
                  "db/test_folders.py", "reports/test_sweep.py", "trainer_backend/telemetry/test_profiling.py",
-                 "trainer_backend/engine/strategies/test_pp_fsdp.py", "e2e/test_browser_memory_estimate.py")
+                 "trainer_backend/rank/strategies/test_pp_fsdp.py", "e2e/test_browser_memory_estimate.py")
 TESTS = Path(__file__).resolve().parent
+# Files whose tests are independent of one another and long each (every guide's examples run in a shell of their
+# own): under --dist loadfile each of their tests is a unit of its own, so the test workers share them.
+SPLIT_FILES = ("e2e/test_docs_as_written.py",)
 
 
 # Tiers. `make test-fast` runs the tests that start no process (no subprocess, rank, server, database cluster
@@ -108,6 +111,21 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(pytest.mark.processes)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but each test of SPLIT_FILES a unit of its own (pytest-xdist's hook)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    split = tuple(f"{TESTS.name}/{name}::" for name in SPLIT_FILES)
+
+    class FilesAndSplitTests(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(split) else super()._split_scope(nodeid)
+
+    return FilesAndSplitTests(config, log)
+
+
 # Library probes that are not the test's processes (ctypes asks ldconfig where a library is).
 PROBES = {"ldconfig", "uname"}
 
@@ -143,7 +161,7 @@ def pytest_runtest_protocol(item, nextitem):
 def shared_data_dir(tmp_path_factory) -> Path:
     """One dataset folder for every test's home and every process a test starts: digits is decoded
     and split once per suite instead of once per home (each decode imports scikit-learn, about 2 s
-    of CPU per run). Every worker of ``make test`` shares it; the cache writes under a lock."""
+    of CPU per run). Every test worker of ``make test`` shares it; the cache writes under a lock."""
     folder = session_folder(tmp_path_factory, "shared-data")
     os.environ["PARALLAX_DATA_DIR"] = str(folder)
     return folder
@@ -152,11 +170,11 @@ def shared_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def signals():
     """SIGTERM's and SIGALRM's handlers, the real-time timer (pytest-timeout's alarm) and the wakeup file
-    descriptor put back after the test, and the SIGTERM stop's state (engine/stopping.py) cleared before and
+    descriptor put back after the test, and the SIGTERM stop's state (rank/stopping.py) cleared before and
     after it."""
     import signal
 
-    from trainer_backend.engine import stopping
+    from trainer_backend.rank import stopping
 
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGALRM)}
     timer = signal.getitimer(signal.ITIMER_REAL)

@@ -106,7 +106,7 @@ def create_database(server: URL) -> URL:
 
 
 def drop_database(server: URL, database: URL) -> None:
-    # FORCE: a test's engine or a killed worker may still hold a connection.
+    # FORCE: a test's engine or a killed supervisor may still hold a connection.
     _admin(server, f'DROP DATABASE IF EXISTS "{database.database}" WITH (FORCE)')
 
 

@@ -51,9 +51,9 @@ def run_python(argv: list[str], *, env: dict[str, str], timeout: float, fresh: b
     """``python *argv`` (``-m module ...`` or ``-c code ...``) as a process of its own in the checkout's root
     with ``env``, as ``subprocess.run(capture_output=True, text=True)`` returns it.
 
-    The process is forked from the engine's server (``runner.engine_forkserver``, one per test worker, as
+    The process is forked from the rank server (``runner.engine_forkserver``, one per test worker, as
     ``run_world``'s are), made what a new interpreter would be (``_as_new_interpreter``), then runs ``argv``:
-    it does not import torch, timm and the engine again (about 5 s of CPU). Where ``env`` differs from the
+    it does not import torch, timm and the training code again (about 5 s of CPU). Where ``env`` differs from the
     server's in a variable that something may read as it loads (any but ``FORKABLE``), or with
     ``fresh=True``, it executes a new interpreter in its place."""
     command = [sys.executable, *argv]
@@ -83,12 +83,12 @@ _SESSION_ENVIRONMENT: dict[str, str] = {}
 
 
 def keep_session_environment() -> None:
-    """Remember the environment the engine's server is to start with (conftest, before any test runs)."""
+    """Remember the environment the rank server is to start with (conftest, before any test runs)."""
     _SESSION_ENVIRONMENT.update(os.environ)
 
 
 def start_engine_server() -> None:
-    """Start the engine's server now, if it is not running. ``run_cli`` starts it on first use, swapping
+    """Start the rank server now, if it is not running. ``run_cli`` starts it on first use, swapping
     ``os.environ`` for the moment it takes: call this first where threads will run ``run_cli`` at once."""
     _engine_server()
 
@@ -99,7 +99,7 @@ def _engine_server():
     not one a test has changed for itself, which every later fork would then differ from."""
     from multiprocessing import forkserver
 
-    from trainer_backend.worker.runner import engine_forkserver
+    from trainer_backend.supervisor.runner import engine_forkserver
 
     context = engine_forkserver()
     if forkserver._forkserver._forkserver_pid is not None or not _SESSION_ENVIRONMENT:
@@ -173,7 +173,7 @@ def _as_new_interpreter() -> None:
     import multiprocessing.resource_tracker
     from multiprocessing import context
 
-    from trainer_backend.worker import rank_server
+    from trainer_backend.supervisor import rank_server
 
     context._default_context._actual_context = None
     multiprocessing.process._parent_process = None
@@ -239,13 +239,13 @@ class SharedRuns:
             self.home.mkdir(parents=True, exist_ok=True)
             saved = self.home.with_name(f"{self.home.name}-{name}.json")
             with open(saved.with_suffix(".lock"), "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the test worker dies
                 if not saved.exists():
                     run = train_and_export(self.home, *SHARED_RUNS[name])
                     cli = run["_cli"]
                     run["_cli"] = {"args": cli.args, "returncode": cli.returncode, "stdout": cli.stdout,
                                    "stderr": cli.stderr}
-                    # Renamed into place: a worker killed while writing leaves no half a file behind.
+                    # Renamed into place: a test worker killed while writing leaves no half a file behind.
                     partial = saved.with_suffix(".part")
                     partial.write_text(json.dumps(run))
                     os.replace(partial, saved)
@@ -256,7 +256,7 @@ class SharedRuns:
 
 
 def session_folder(tmp_path_factory, name: str) -> Path:
-    """A folder of this test session that every worker of ``make test`` sees (their temporary
+    """A folder of this test session that every test worker of ``make test`` sees (their temporary
     folders share a parent); the session's own temporary folder without workers."""
     base = tmp_path_factory.getbasetemp()
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
@@ -266,7 +266,7 @@ def run_world(target, nprocs: int, *args, timeout_s: float) -> None:
     """Run ``target(rank, store_port, *args)`` in ``nprocs`` processes that meet at a TCP store served
     here; every process is killed if they have not all finished in ``timeout_s``.
 
-    The processes start as a run's CPU ranks do: forked from the engine's server (one per test worker,
+    The processes start as a run's CPU ranks do: forked from the rank server (one per test worker,
     ``runner.engine_forkserver``), each with ``os.environ`` set to this process's as it is now, as a
     spawned one would have it (what libraries read at import is the server's). They end as the
     engine's ranks end, without interpreter shutdown (see ``leave_as_a_rank``)."""
@@ -313,7 +313,7 @@ def leave_with_results(rank: int, results: dict, out_path: str) -> None:
 
 
 def leave_as_a_rank() -> None:
-    """End a ``run_world`` process as the engine's ranks end (trainer_backend.worker.runner): without
+    """End a ``run_world`` process as Parallax's ranks end (trainer_backend.supervisor.runner): without
     interpreter shutdown, where gloo's and FSDP's C++ destructors can abort a finished rank."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -326,11 +326,11 @@ def evaluate_checkpoint(home: Path, run: dict) -> tuple[dict, float, float, int]
     import torch
 
     from contract.config import RunConfig
-    from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import validate
-    from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.strategies import Strategy
-    from trainer_backend.engine.trainer import build_loaders, load_data
+    from trainer_backend.rank.inputs import DeviceInputs
+    from trainer_backend.rank.loop import validate
+    from trainer_backend.rank.models import create_model
+    from trainer_backend.rank.strategies import Strategy
+    from trainer_backend.rank.trainer import build_loaders, load_data
 
     checkpoint = torch.load(run_dir(home, run["run_id"]) / "best.pt", weights_only=True)
     config = RunConfig.from_dict({**run["config"], "strategy": "single", "devices": ["cpu"]})

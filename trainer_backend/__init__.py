@@ -1,9 +1,9 @@
 """Parallax's training backend, in rooms by the process each part runs in.
 
     dashboard (pages) / CLI ─▶ control      validate, launch, cancel, delete          (no torch at import)
-                                  │ detached process: python -m trainer_backend worker N
+                                  │ detached process: python -m trainer_backend supervisor N
                                   ▼
-                               worker       claim the run, preflight, start the ranks, sample, record the end
+                               supervisor       claim the run, preflight, start the ranks, sample, record the end
                                   │ spawned / forked ranks, or torchrun's
                                   ▼
                                engine       one rank: build (datasets, models, strategies) -> train -> teardown

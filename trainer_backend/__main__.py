@@ -8,7 +8,7 @@ import sys
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 # Before torch is imported: CUDA reads the order once, when it starts. Every process Parallax
-# starts (the CLI, a launched run's worker, its spawned ranks, torchrun's ranks) comes through here.
+# starts (the CLI, a launched run's supervisor, its spawned ranks, torchrun's ranks) comes through here.
 from contract.devices import pin_cuda_device_order  # noqa: E402
 
 pin_cuda_device_order()

@@ -29,7 +29,7 @@ SERIES_REFRESH_S = 10
 EPOCH_REDRAW_S = 30
 
 
-# A run just launched is watched for the moment it leaves the queue: on an idle machine its worker claims it
+# A run just launched is watched for the moment it leaves the queue: on an idle machine its supervisor claims it
 # within a second. Its page ticks this often while it is queued, for at most QUEUED_FAST_FOR_S after it was
 # created (a run that waits for busy devices then ticks every REFRESH_S, as any other).
 QUEUED_REFRESH_S = 1

@@ -29,7 +29,7 @@ DEFAULT_MODELS = (RunConfig.model, "resnet50", "mobilenetv3_small_100", "efficie
 
 
 def training_stack_loaded() -> bool:
-    """Whether the inspector has imported torch, timm and the engine's datasets and models.
+    """Whether the inspector has imported torch, timm and the training code's datasets and models.
 
     One inspector serves every session of the server, so this is the one truth they share."""
     return ask.ready()

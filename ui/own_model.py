@@ -1,8 +1,8 @@
 """The Launch form's "your own model": its verdict comes from the same child process the command line
-uses (trainer_backend/worker/model_check.py, through trainer_backend/control/inspect.py), so that a broken
+uses (trainer_backend/supervisor/model_check.py, through trainer_backend/control/inspect.py), so that a broken
 import, a hang or a crash in the user's code never runs in the dashboard's process. The dashboard itself only
 finds the file and hashes it, and starts no check for a model outside the model folders the machine's owner set
-(worker/model_roots.py).
+(supervisor/model_roots.py).
 
     verdict = model_verdict(config)   # Verdict(ok=True, line="model /abs/mynet.py:Net takes num_classes ...")
 

@@ -1,4 +1,4 @@
-"""The Run page's notes, in one place below its numbers: what the engine said about the run (AMP, the
+"""The Run page's notes, in one place below its numbers: what Parallax said about the run (AMP, the
 validation split, energy, the memory breakdown on CPU), why a figure is missing, and what this version
 knows of a run a newer one recorded. Each is said once, on a line of its own, however many times it
 was recorded (a resumed run records its notes again) or however many views found it.
@@ -38,7 +38,7 @@ def notes_label(count: int) -> str:
 def show_notes(lines: list[str], warnings: Iterable[str | None] = (), *, expanded: bool = False) -> None:
     """The warnings (things that went wrong while the run trained) in sight, then the notes in one
     section, collapsed unless ``expanded`` (a failed run's notes may say why): a page that leads with
-    the run's numbers, not with what the engine chose for it. A paragraph per note, each as written."""
+    the run's numbers, not with what Parallax chose for it. A paragraph per note, each as written."""
     for warning in distinct_notes(warnings):
         st.warning(escape_markdown(warning), icon=":material/warning:")
     if lines:

@@ -24,7 +24,7 @@ _FLAG = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 
 
 def in_form_words(message: str) -> str:
-    """A message the engine words for the command line, in the form's words: each field's flag
+    """A message Parallax words for the command line, in the form's words: each field's flag
     (``--model-args``) is the field's label, and the command is ``parallax``."""
     def label(match: re.Match) -> str:
         field = FIELDS.get(match.group(1).replace("-", "_"))

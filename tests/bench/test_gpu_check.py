@@ -62,13 +62,13 @@ def test_its_runs_figures_and_docs_section_on_real_cpu_runs(parallax_home, db_ur
     section = gpu_check.section("NVIDIA Example 80GB", "1 GPU(s) visible", [single, torchrun], {"summary": "3 passed"})
     assert "**NVIDIA Example 80GB**" in section and "| single |" in section and "3 passed" in section
     docs = parallax_home / "BENCHMARKS.md"
-    docs.write_text("# Benchmarks\n\n## 1. Engine overhead\n")
+    docs.write_text("# Benchmarks\n\n## 1. Parallax overhead\n")
     gpu_check.write_section(docs, section)
     gpu_check.write_section(docs, section.replace("3 passed", "4 passed"))  # a second check replaces the first
     text = docs.read_text()
     assert text.count(gpu_check.BEGIN) == 1 and "4 passed" in text and text.startswith("# Benchmarks\n\n## 1.")
     # make bench rewrites the file from its results: the section stays.
-    rendered = gpu_check.keep_section(text, "# Benchmarks\n\n## 1. Engine overhead (new)\n")
+    rendered = gpu_check.keep_section(text, "# Benchmarks\n\n## 1. Parallax overhead (new)\n")
     assert "(new)" in rendered and rendered.count(gpu_check.BEGIN) == 1 and "4 passed" in rendered
 
 
@@ -89,15 +89,15 @@ def tiny_check(monkeypatch):
 @pytest.mark.processes
 def test_the_engine_against_the_hand_written_loop_on_both_data_paths_on_the_cpu(parallax_home, db_url, monkeypatch):
     """The comparison gpu-check makes on a GPU, made on the CPU: both loops train, each pair's
-    ratio is the engine's images/s over the hand loop's, and the sync counts are None (no CUDA)."""
+    ratio is Parallax's images/s over the hand loop's, and the sync counts are None (no CUDA)."""
     tiny_check(monkeypatch)
     paths = gpu_check.compare_with_hand_loop(db_url)
     assert set(paths) == {"device", "host"}
     for result in paths.values():
-        assert len(result["engine"]) == len(result["plain"]) == len(result["ratios"]) == gpu_check.PAIRS
-        assert all(v > 0 for v in result["engine"] + result["plain"])
-        assert result["ratios"] == [e / p for e, p in zip(result["engine"], result["plain"])]
-        assert result["engine_syncs_per_step"] is None and result["plain_syncs_per_step"] is None
+        assert len(result["parallax"]) == len(result["plain"]) == len(result["ratios"]) == gpu_check.PAIRS
+        assert all(v > 0 for v in result["parallax"] + result["plain"])
+        assert result["ratios"] == [e / p for e, p in zip(result["parallax"], result["plain"])]
+        assert result["parallax_syncs_per_step"] is None and result["plain_syncs_per_step"] is None
         below = statistics.median(result["ratios"]) < gpu_check.TARGET_RATIO
         assert bool(result["problems"]) == below
     rows = gpu_check.paths_table(paths)
@@ -124,13 +124,13 @@ def test_the_sync_counter_counts_what_set_sync_debug_mode_warns_of(monkeypatch):
     assert counter.count is None and modes == ["warn", "default"]  # a CPU leaves the mode alone
 
 
-@pytest.mark.bench  # an engine's two epochs in this process
+@pytest.mark.bench  # a Parallax run's two epochs in this process
 def test_the_engines_sync_audit_runs_with_the_guard_the_step_hooks_and_the_stop_check():
     """The epoch whose synchronising calls gpu-check counts is a run's: the NaN guard, the step hooks (step points
     written) and the stop check each step, as the trainer wires them (on the CPU the count itself is None)."""
-    from bench.gpu import engine_sync_audit
+    from bench.gpu import parallax_sync_audit
 
-    audit = engine_sync_audit("test_resnet", 128, 16, device="cpu", data_path="device")
+    audit = parallax_sync_audit("test_resnet", 128, 16, device="cpu", data_path="device")
     assert audit["syncs_per_step"] is None and audit["steps"] == 12
     assert audit["step_points"] == 2 * audit["steps"] and audit["stop_checks"] == 2 * audit["steps"], audit
 
@@ -193,7 +193,7 @@ def test_the_whole_check_on_a_machine_that_says_it_has_cuda(parallax_home, monke
     text = docs.read_text()
     assert "**NVIDIA Example 80GB**" in text and "a CPU peak on a GPU run" in text and "test_gpu.py" not in text
     # The comparison with the hand-written loop, the JPEG losses, the estimate and --amp off's epochs.
-    assert "The engine against a hand-written loop" in text and "| dataset kept on the GPU |" in text
+    assert "Parallax against a hand-written loop" in text and "| dataset kept on the GPU |" in text
     assert "host path: loader workers, pinned non-blocking copies |" in text and "from the cache" in text
     assert "| single on the CPU |" in text.split("The memory estimate")[1]
     # Right after the pairs: the torchrun jobs with and without the stop check, then the other checks.

@@ -1,5 +1,5 @@
 """The benchmark scripts still run: each process of ``make bench`` with --quick (tiny settings, one
-repeat), two at a time; the four benchmarks that share the engine's runs run as one process there.
+repeat), two at a time; the four benchmarks that share Parallax's runs run as one process there.
 
 This checks the scripts, not the figures: ``make bench`` measures. Each script must exit 0 and
 leave its entry in the results file, with figures or a reason it skipped (e.g. Lightning not

@@ -99,7 +99,7 @@ def test_a_machine_without_a_driver_has_no_gpus(fake_nvml):  # noqa: F811
 
 
 def test_every_parallax_process_numbers_cuda_devices_by_pci_bus(parallax_home):
-    """The CLI (and so a launched run's worker, its spawned ranks and torchrun's ranks, which all
+    """The CLI (and so a launched run's supervisor, its spawned ranks and torchrun's ranks, which all
     start as ``python -m trainer_backend``) pins the order before torch is imported, even over
     the caller's own setting."""
     probe = ("import os, runpy, sys\n"

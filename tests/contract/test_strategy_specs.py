@@ -16,9 +16,9 @@ from contract import config as config_module
 from contract.config import STRATEGIES, RunConfig, strategy_notes
 from contract.strategy_specs import (SPECS, STRATEGY_SPECS, baseline, find, memory_saver, spec,
                                                     sweep_base_for)
-from trainer_backend.engine.strategies import Strategy
-from trainer_backend.engine.strategies.process_group import ProcessGroup
-from trainer_backend.engine.strategies.registry import strategy_class
+from trainer_backend.rank.strategies import Strategy
+from trainer_backend.rank.strategies.process_group import ProcessGroup
+from trainer_backend.rank.strategies.registry import strategy_class
 
 from tests.support import run_python
 
@@ -44,7 +44,7 @@ def _defined_strategy_classes() -> dict[str, type]:
     """Every class in the strategies' modules that runs a strategy (it sets its own ``name``)."""
     found = {}
     for module_name in STRATEGY_MODULES:
-        module = importlib.import_module(f"trainer_backend.engine.strategies.{module_name}")
+        module = importlib.import_module(f"trainer_backend.rank.strategies.{module_name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, Strategy) and cls.__module__ == module.__name__ and "name" in vars(cls):
                 assert cls.name not in found, f"two classes run {cls.name}: {found[cls.name]} and {cls}"
@@ -95,7 +95,7 @@ def test_a_specs_process_and_batch_flags_agree_with_its_class(name, monkeypatch)
 
 @pytest.mark.processes
 def test_the_pipeline_module_is_imported_only_for_a_pipeline():
-    code = ("import sys\nfrom trainer_backend.engine.strategies.registry import strategy_class\n"
+    code = ("import sys\nfrom trainer_backend.rank.strategies.registry import strategy_class\n"
             "[strategy_class(n) for n in ('single', 'dp', 'ddp', 'mp', 'fsdp')]\n"
             "print('torch.distributed.pipelining' in sys.modules)\nstrategy_class('pp')\n"
             "print('torch.distributed.pipelining' in sys.modules)")

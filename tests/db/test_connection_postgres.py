@@ -48,7 +48,7 @@ def test_a_cli_run_records_into_postgresql(parallax_home, postgres_url):
     assert store.get_run(db.make_engine(postgres_url), int(run_id)).model == "test_resnet"
 
 
-def test_a_launched_worker_gets_the_url_without_showing_its_password(parallax_home, postgres_url):
+def test_a_launched_supervisor_gets_the_url_without_showing_its_password(parallax_home, postgres_url):
     password = make_url(postgres_url).password
     result = run_cli("--db", postgres_url, "launch", "--dataset", "digits", "--model", "test_resnet",
                      "--image-size", "16", "--epochs", "1", home=parallax_home)
@@ -58,7 +58,7 @@ def test_a_launched_worker_gets_the_url_without_showing_its_password(parallax_ho
     pid = store.get_run(engine, run_id).pid
     try:
         command_line = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
-        assert "worker" in command_line and password and password not in command_line  # ps shows argv to all
+        assert "supervisor" in command_line and password and password not in command_line  # ps shows argv to all
     finally:
         assert run_cli("--db", postgres_url, "cancel", str(run_id), home=parallax_home).returncode == 0
     assert store.get_run(engine, run_id).status == "cancelled"

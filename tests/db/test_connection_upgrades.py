@@ -1,6 +1,7 @@
 """Upgrades: a database written by the first schema (revision 0001, ``fixtures/parallax-0001.db``,
 made by ``fixtures/make_parallax_0001.py``) opens with today's code, is migrated to the head,
-and keeps every row; and the migration scripts form one line with exactly one head.
+and keeps every row; the migration scripts form one line with exactly one head; and 0014 makes the runs of
+the old kind `engine` `launched`, and back.
 
     .venv/bin/python -m pytest tests/db/test_connection_upgrades.py -q
 """
@@ -13,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 
 from alembic.script import ScriptDirectory
@@ -163,3 +165,36 @@ def test_a_scripts_values_of_one_row_each_are_packed_on_upgrade_every_one_kept(b
         assert sum(b["n"] for b in buckets) == 1500 and sum(b["nonfinite"] for b in buckets) == 1
     finally:
         dispose_engines()
+
+
+def test_runs_of_the_old_kind_engine_are_launched_after_0014_and_back_after_its_downgrade(backend_db_url):
+    import sqlalchemy as sa
+    from alembic import command
+
+    engine = sa.create_engine(backend_db_url)
+    config = alembic_config(backend_db_url)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0013")
+    runs = sa.Table("runs", sa.MetaData(), autoload_with=engine)
+    base = {"created_at": datetime(2026, 1, 2, tzinfo=timezone.utc), "status": "completed", "strategy": "single", "model": "resnet18",
+            "dataset": "digits", "config": {}}
+    with engine.begin() as connection:
+        connection.execute(runs.insert(), [{**base, "kind": "engine"}, {**base, "kind": "script"}])
+        connection.execute(runs.insert().values(**base))  # the column's default at 0013
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0014")
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id)).scalars().all() == [
+            "launched", "script", "launched"]
+        connection.execute(runs.insert().values(**base))
+        connection.commit()
+        assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id.desc())).scalars().first() == "launched"
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0013")
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id)).scalars().all() == [
+            "engine", "script", "engine", "engine"]
+    engine.dispose()

@@ -90,7 +90,7 @@ def png_set(folder: Path) -> Path:
 
 
 def test_relative_paths_given_to_launch_mean_the_callers_directory(tmp_path, parallax_home, monkeypatch):
-    """The worker runs in the project's folder; a relative database, dataset or data root must
+    """The supervisor runs in the project's folder; a relative database, dataset or data root must
     still mean the folder the caller was in: from the CLI, and from launch() (the dashboard's way)."""
     from trainer_backend.control.lifecycle import launch
 
@@ -107,7 +107,7 @@ def test_relative_paths_given_to_launch_mean_the_callers_directory(tmp_path, par
         run = wait_until_ended(url, run_id)
         assert run.status == "completed", run.error
         assert run.config["dataset"] == str(elsewhere / "data" / "set")
-        assert not (ROOT / f"{name}.db").exists()  # nothing was created where the worker runs
+        assert not (ROOT / f"{name}.db").exists()  # nothing was created where the supervisor runs
     db.dispose_engines()
 
 

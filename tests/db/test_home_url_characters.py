@@ -32,7 +32,7 @@ def test_the_database_lands_inside_a_home_named_with_url_characters(tmp_path, mo
     monkeypatch.delenv("PARALLAX_DB_URL", raising=False)
     url = database_url()
     assert sqlite_file(make_url(url)) == home / "parallax.db"
-    assert make_url(absolute_database_url(url)).database == str(home / "parallax.db")  # as a worker is handed it
+    assert make_url(absolute_database_url(url)).database == str(home / "parallax.db")  # as a supervisor is handed it
     db.make_engine()
     assert (home / "parallax.db").is_file()
     assert sorted(os.listdir(tmp_path / "place")) == [name]  # nothing beside the home

@@ -104,7 +104,7 @@ def test_a_run_on_another_host_is_judged_by_its_heartbeat_not_its_pid(engine):
     silent = store.create_run(engine, CONFIG)
     store.set_process(engine, silent, pid=os.getpid(), host="gpu-node-8")
     beat_seconds_ago(engine, silent, state.STALE_AFTER.total_seconds() + 5)
-    starting = store.create_run(engine, CONFIG, status="queued")  # launched, its worker not beating yet
+    starting = store.create_run(engine, CONFIG, status="queued")  # launched, its supervisor not beating yet
     store.set_process(engine, starting, pid=dead_pid(), host="gpu-node-9")
 
     assert state.mark_lost_runs(engine) == [silent]

@@ -1,7 +1,7 @@
 """Per-step points and system samples, from the database to what users see: the downsampled reads,
 ``export`` (JSON and ``--csv``), the chart helpers, the sweep report's utilisation and energy rows,
 and the Run and Compare pages (Streamlit's AppTest). Rows are written with ``db.series`` into a
-real SQLite file, as the engine writes them.
+real SQLite file, as Parallax writes them.
 
     .venv/bin/python -m pytest tests/db/test_series_pages.py -q
 """

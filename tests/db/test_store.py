@@ -36,7 +36,7 @@ EXPORT_EXTRA_KEYS = {
 }
 
 
-HEAD = "0013"  # the newest migration; a new one bumps this
+HEAD = "0014"  # the newest migration; a new one bumps this
 
 
 def epoch_metrics(epoch: int, **overrides) -> dict:
@@ -335,7 +335,7 @@ def test_profiles_keep_a_large_trace_byte_for_byte(engine):
     assert profiles.profiled_runs(engine) == set()
 
 
-# --- a worker writing while the dashboard reads ---------------------------------------------
+# --- a supervisor writing while the dashboard reads ---------------------------------------------
 
 WRITER_EPOCHS = 30
 

@@ -165,7 +165,7 @@ def test_new_user_launches_ddp_and_single_runs_and_compares_their_speed(dashboar
 
             ddp_id = user.launch_from_form(strategy="ddp", epochs=2, shot="01-launch-ddp-form")
             user.watch_until_completed(ddp_id, 2, "02-ddp-run-completed")
-            notes = page.get_by_test_id("stExpander").filter(has_text="Notes (")  # the engine's notes, below the numbers
+            notes = page.get_by_test_id("stExpander").filter(has_text="Notes (")  # Parallax's notes, below the numbers
             notes.get_by_text("Notes (").click()
             expect(notes.get_by_text("DDP on CPU: 2 processes on gloo")).to_be_visible(timeout=UI_MS)
             # The checkpoint is a link the server streams (it may open a tab of its own for the download).

@@ -49,7 +49,7 @@ def add_run(engine, sweep_id: int, strategy: str, images_per_s: float, n_devices
 
 @pytest.fixture(scope="module")
 def sweep_dashboard(tmp_path_factory):
-    """A sweep of three runs, recorded as its worker would, and the dashboard on it."""
+    """A sweep of three runs, recorded as its supervisor would, and the dashboard on it."""
     home = tmp_path_factory.mktemp("home")
     engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp", "fsdp"])
@@ -136,7 +136,7 @@ def test_the_sweeps_page_waits_for_its_runs_and_names_the_fastest_when_they_end(
             visitor.wait_idle()
             visitor.shoot("sweep-waiting-for-its-runs")
 
-            # The run ends, as its worker would record it: the open page redraws by itself (its 10 s timer).
+            # The run ends, as its supervisor would record it: the open page redraws by itself (its 10 s timer).
             store.log_epoch(engine, ddp_id, {"epoch": 2, "images_per_s": 180.0, "epoch_time_s": 2.0,
                                              "train_time_s": 1.8, "val_acc": 0.6, "peak_memory_mb": {"cpu": 500.0}})
             store.set_status(engine, ddp_id, "completed")

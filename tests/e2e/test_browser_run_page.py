@@ -107,7 +107,7 @@ def test_the_run_page_says_a_runs_state_once_and_cancel_asks_first(dashboard):
 
 
 def finished_run(engine, home, losses: list[float]) -> int:
-    """A completed two-epoch run as the engine records it, with a tiny model's best checkpoint."""
+    """A completed two-epoch run as Parallax records it, with a tiny model's best checkpoint."""
     run_id = store.create_run(engine, {"dataset": "digits", "model": "test_resnet", "strategy": "single",
                                        "devices": ["cpu"], "batch_size": 64, "epochs": len(losses)},
                               status="completed")

@@ -39,7 +39,7 @@ def dashboard(tmp_path):
 
 
 def launched_run(engine) -> int:
-    """A finished launched run with its per-step loss, as the engine records them."""
+    """A finished launched run with its per-step loss, as Parallax records them."""
     config = {"dataset": "digits", "model": "resnet18", "strategy": "single", "devices": ["cpu"], "batch_size": 64,
               "epochs": 1}
     run_id = store.create_run(engine, config, status="completed")
@@ -109,7 +109,7 @@ SUMMARISED = """
 
 
 def sweep_of_identical_runs(engine) -> list[int]:
-    """A finished sweep's single and ddp runs, as the engine records them: the same work on 1 and 2 devices."""
+    """A finished sweep's single and ddp runs, as Parallax records them: the same work on 1 and 2 devices."""
     from contract.config import RunConfig
 
     sweep_id = store.create_sweep(engine, {"devices": ["cpu", "cpu"]}, ["single", "ddp"])

@@ -132,7 +132,7 @@ def test_a_model_file_that_is_not_there_is_named_where_the_user_stands(user):
 
 
 def test_a_module_path_to_a_package_in_the_users_folder_says_how_to_give_it(user):
-    """`--model mypkg.nets:Net` beside mypkg/: a module path is imported where a run's worker runs, not in the user's
+    """`--model mypkg.nets:Net` beside mypkg/: a module path is imported where a run's supervisor runs, not in the user's
     folder; the refusal says so and gives the file form that works from there (it said 'the working folder', which
     the user took for theirs)."""
     folder, home = user
@@ -142,7 +142,7 @@ def test_a_module_path_to_a_package_in_the_users_folder_says_how_to_give_it(user
     result = run_installed("run", "--model", "mypkg.nets:Net", *SHORT, cwd=folder, home=home, timeout=300)
     assert result.returncode == 2 and "run_id=" not in result.stdout
     assert result.stderr.strip() == (
-        "error: model 'mypkg.nets:Net': not importable: no module named 'mypkg.nets' on the path a run's worker imports "
+        "error: model 'mypkg.nets:Net': not importable: no module named 'mypkg.nets' on the path a run's supervisor imports "
         f"from (Parallax's folder, PYTHONPATH and installed packages); {folder}/mypkg/nets.py is in the folder you run "
         "this in, which a module path is not imported from: give the file (mypkg/nets.py:Net), or put its folder on "
         "PYTHONPATH")

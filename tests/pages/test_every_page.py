@@ -46,7 +46,7 @@ def texts(elements) -> list[str]:
 
 
 def run_notes(at: AppTest) -> list[str]:
-    """The lines of the Run page's Notes section, as the engine or the page wrote them (Markdown escapes undone)."""
+    """The lines of the Run page's Notes section, as Parallax or the page wrote them (Markdown escapes undone)."""
     [notes] = [expander for expander in at.expander if expander.label.startswith(NOTES_LABEL)]
     return [re.sub(r"\\(.)", r"\1", line.value).replace("\u2060", "") for line in notes.markdown]
 
@@ -219,7 +219,7 @@ def test_launch_on_a_gpu_machine_can_still_train_on_cpu_processes(parallax_home,
     at = open_page("pages/launch.py")
     at.radio(key="strategy").set_value("ddp").run()
     at.radio(key="device_kind").set_value("CPU processes").run()
-    assert at.number_input(key="cpu_processes_ddp").label == "CPU worker processes"
+    assert at.number_input(key="cpu_processes_ddp").label == "CPU training processes"
     assert not [d for d in at.dataframe if "utilisation (%)" in d.value]
     assert "Global batch: each of the 2 processes takes 64 images per step." in texts(at.caption)
     assert not at.error and not launch_button(at).disabled
@@ -229,7 +229,7 @@ def test_launch_on_a_cpu_machine_offers_cpu_processes_only(parallax_home):
     at = open_page("pages/launch.py")
     at.radio(key="strategy").set_value("ddp").run()
     assert not [r for r in at.radio if r.key == "device_kind"]
-    assert at.number_input(key="cpu_processes_ddp").label == "CPU worker processes"
+    assert at.number_input(key="cpu_processes_ddp").label == "CPU training processes"
 
 
 def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_home, engine):
@@ -246,7 +246,7 @@ def test_launch_starts_a_real_run_opens_its_page_and_cancel_stops_it(parallax_ho
     run = store.get_run(engine, 1)
     assert run.config["model"] == "test_resnet" and run.config["epochs"] == 1
     assert run.tags == ["smoke", "ui"] and run.user_note == "launched from the form"
-    assert run.pid and group_members(run.pid)  # a real detached worker
+    assert run.pid and group_members(run.pid)  # a real detached supervisor
 
     # AppTest reruns the page it was pointed at, not the one st.switch_page went to: point it there.
     at.switch_page("pages/run.py").run()

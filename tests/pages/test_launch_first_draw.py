@@ -66,7 +66,7 @@ def test_what_the_first_draw_offers_is_what_the_engine_knows():
 
 def test_the_checks_before_a_launch_import_no_torch():
     """``launch`` checks every PARALLAX_* value and the dataset limits first; those checks must not
-    import torch (about 1.2 s), which only the worker needs."""
+    import torch (about 1.2 s), which only the supervisor needs."""
     probe = ("import sys\n"
              "from trainer_backend.control import lifecycle\n"
              "lifecycle.check_environment()\n"

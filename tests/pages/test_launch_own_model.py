@@ -20,7 +20,7 @@ from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 from tests.support import ROOT
 from trainer_backend.control.lifecycle import cancel
 
-pytestmark = pytest.mark.processes  # the check is a child process, and Launch starts a worker
+pytestmark = pytest.mark.processes  # the check is a child process, and Launch starts a supervisor
 
 APP = str(ROOT / "app.py")
 TIMEOUT_S = 240  # the first page imports torch and timm; the child check imports torch again

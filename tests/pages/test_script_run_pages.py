@@ -71,7 +71,7 @@ def test_runs_marks_script_runs_and_filters_them(parallax_home, engine):
     at = open_page("pages/runs.py")
     assert not at.exception, at.exception
     table = at.dataframe[0].value
-    assert dict(zip(table["run"], table["trained by"])) == {launched: "engine", script: "script"}
+    assert dict(zip(table["run"], table["trained by"])) == {launched: "launched", script: "script"}
     assert not any("newer version" in caption.value for caption in at.caption)  # "script" is no newer strategy
     at.multiselect(key="filter_kinds").set_value(["script"]).run()
     assert at.dataframe[0].value["run"].tolist() == [script]

@@ -5,7 +5,7 @@ alone would find epoch 2 better and start gathering the full state dict (a colle
 
 from __future__ import annotations
 
-import trainer_backend.engine.trainer as trainer
+import trainer_backend.rank.trainer as trainer
 
 _validate = trainer.validate
 _calls = {"n": 0}

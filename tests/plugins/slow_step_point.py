@@ -9,7 +9,7 @@ import os
 import time
 
 from contract.storage import RESUME_FILE
-from trainer_backend.engine import resume
+from trainer_backend.rank import resume
 
 _write = resume.write_remaking_folder
 

@@ -1,5 +1,5 @@
 """Test plugin (PARALLAX_PLUGINS=tests.plugins.stop_asking_model): a timm-registered model that, in a torchrun
-job's first attempt, asks the job to stop (as the Slurm batch script does on USR1: engine/stopping.py) at its
+job's first attempt, asks the job to stop (as the Slurm batch script does on USR1: rank/stopping.py) at its
 ``PARALLAX_TEST_ASK_AT``-th training forward. The asking layer comes first, so that it runs in every strategy
 (under pp, on the first stage, once per microbatch)."""
 
@@ -11,7 +11,7 @@ from timm.models import register_model
 from torch import nn
 
 from contract.environment import parallax_home
-from trainer_backend.engine.stopping import STOP_FILE
+from trainer_backend.rank.stopping import STOP_FILE
 from tests.plugins.tiny_net import TinyNet
 
 

@@ -203,12 +203,12 @@ def test_the_dashboard_asks_the_backend_through_control_only():
 
 def test_the_door_check_finds_a_page_reaching_past_control_inside_a_function():
     sources = {"ui.options": "from trainer_backend.control.inspect import data_roots\n"
-                             "def f():\n    from trainer_backend.engine.models import count_parameters\n",
-               "pages.launch": "from trainer_backend import control, datasets\nimport trainer_backend.worker.runner\n",
-               "reports.scaling": "from trainer_backend.engine.models import count_parameters\n"}
+                             "def f():\n    from trainer_backend.rank.models import count_parameters\n",
+               "pages.launch": "from trainer_backend import control, datasets\nimport trainer_backend.supervisor.runner\n",
+               "reports.scaling": "from trainer_backend.rank.models import count_parameters\n"}
     assert dashboard_backend_imports(sources) == [
-        "ui.options:3 imports trainer_backend.engine.models", "pages.launch:1 imports trainer_backend.datasets",
-        "pages.launch:2 imports trainer_backend.worker.runner"]
+        "ui.options:3 imports trainer_backend.rank.models", "pages.launch:1 imports trainer_backend.datasets",
+        "pages.launch:2 imports trainer_backend.supervisor.runner"]
 
 
 def test_pages_and_ui_never_import_torch_distributed():
@@ -224,7 +224,7 @@ def test_pages_and_ui_never_import_torch_distributed():
 # The backend's rooms by process role, highest first (trainer_backend/__init__.py draws them; the contract they all
 # read is the package at the bottom of LAYERS): a module imports
 # from its own room or a lower one, never a higher one.
-ROOMS = ("control", "worker", "engine", "telemetry", "datasets")
+ROOMS = ("control", "supervisor", "rank", "telemetry", "datasets")
 
 
 def room_of(module: str) -> str | None:
@@ -322,8 +322,8 @@ def test_the_top_level_packages_import_only_downward():
 
 def test_the_package_checker_finds_an_arrow_up_inside_a_function():
     sources = {"db.store": "import os\nfrom contract.config import RunConfig\n",
-               "db.tags": "def f():\n    from trainer_backend.worker.tags import parse_tags\n",
+               "db.tags": "def f():\n    from trainer_backend.supervisor.tags import parse_tags\n",
                "reports.sweep_report": "import db\nimport ui.views\n"}
     assert upward_package_imports(sources) == [
-        "db.tags:2 (db) imports trainer_backend.worker.tags (trainer_backend, above it)",
+        "db.tags:2 (db) imports trainer_backend.supervisor.tags (trainer_backend, above it)",
         "reports.sweep_report:2 (reports) imports ui.views (ui, above it)"]

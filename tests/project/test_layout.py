@@ -1,5 +1,5 @@
 """The suite is laid out as the product is (tests/__init__.py): a test file sits in a folder that mirrors a
-product package (``tests/db/``, ``tests/trainer_backend/engine/strategies/`` ...) or in one of the folders for
+product package (``tests/db/``, ``tests/trainer_backend/rank/strategies/`` ...) or in one of the folders for
 what crosses them, and every folder is a package, so that two folders may hold the same file name and a
 spawned rank can import its target's module by name."""
 

@@ -44,9 +44,9 @@ def test_no_module_name_appears_twice_in_the_product():
 def test_the_check_finds_a_name_used_twice(tmp_path):
     for name in ("db/state.py", "trainer_backend/control/state.py", "db/__init__.py", "ui/__init__.py",
                  "db/migrations/versions/0001_initial.py", "contract/0001_initial.py", "bench/draw.py",
-                 "reports/draw.py", "trainer_backend/engine/estimate/__init__.py", "reports/estimate.py"):
+                 "reports/draw.py", "trainer_backend/rank/estimate/__init__.py", "reports/estimate.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     assert names_used_twice(product_modules(tmp_path), tmp_path) == {
-        "estimate": ["reports/estimate.py", "trainer_backend/engine/estimate"],
+        "estimate": ["reports/estimate.py", "trainer_backend/rank/estimate"],
         "state": ["db/state.py", "trainer_backend/control/state.py"]}

@@ -1,5 +1,5 @@
 """A strategy's name is spelt out only by its spec (contract/strategy_specs.py) and the class that
-runs it (trainer_backend/engine/strategies/): everywhere else code asks the spec (``spec(name).staged``,
+runs it (trainer_backend/rank/strategies/): everywhere else code asks the spec (``spec(name).staged``,
 ``baseline()``, ``sweep_base_for(n)``) instead of testing or choosing a name by its string, so that a new strategy,
 or a renamed one, changes one place.
 
@@ -16,7 +16,7 @@ from contract.strategy_specs import STRATEGY_SPECS
 
 PRODUCT = ("app.py", "pages", "ui", "db", "reports", "trainer_backend", "parallax")
 # Where strategy names may be written: their specs, and the classes that run them.
-OWNERS = ("trainer_backend/engine/strategies/", "contract/strategy_specs.py")
+OWNERS = ("trainer_backend/rank/strategies/", "contract/strategy_specs.py")
 
 
 def docstrings(tree: ast.AST) -> set[int]:

@@ -1,4 +1,4 @@
-"""``tests/support.py``'s processes (``run_python``, ``run_cli``): forked from the engine's server, they answer
+"""``tests/support.py``'s processes (``run_python``, ``run_cli``): forked from the rank server, they answer
 as a new interpreter does, take a new interpreter where the test's environment differs from the server's in
 what libraries read as they load, and a timeout ends them as ``subprocess.run``'s ends its process."""
 
@@ -46,7 +46,7 @@ def test_a_run_through_the_forked_cli_trains_as_through_a_new_interpreter(tmp_pa
 PROBE = """
 import json, multiprocessing, sys
 engine_loaded = "torch" in sys.modules
-from trainer_backend.worker import rank_server
+from trainer_backend.supervisor import rank_server
 print(json.dumps({"engine_loaded": engine_loaded, "start_method": multiprocessing.get_start_method(allow_none=True),
                   "parent": multiprocessing.parent_process() is not None, "name": multiprocessing.current_process().name,
                   "may_fork_rank_server": rank_server.can_fork_server(), "argv": sys.argv, "path0": sys.path[0],

@@ -293,7 +293,7 @@ def test_a_straggler_is_a_rank_ten_percent_slower_than_the_median_two_epochs_run
     assert stragglers(epochs([[5.0, 5.0, 5.5], [5.0, 5.0, 5.5]])) == [2]  # 10 % slower, twice
     assert stragglers(epochs([[5.0, 5.0, 5.5], [5.0, 5.0, 5.0], [5.0, 5.0, 5.5]])) == []  # not running
     assert stragglers(epochs([[5.0, 5.0, 5.4], [5.0, 5.0, 5.4]])) == []  # 8 % slower
-    assert stragglers(epochs([[5.0, 5.0]]), recorded=[{"rank": 1}, 0]) == [0, 1]  # named by the engine
+    assert stragglers(epochs([[5.0, 5.0]]), recorded=[{"rank": 1}, 0]) == [0, 1]  # named by Parallax
 
 
 # --- --device-counts -------------------------------------------------------------------------

@@ -27,4 +27,4 @@ def test_a_script_runs_export_holds_every_logged_value_and_its_csv(engine, tmp_p
 def test_a_launched_runs_export_has_no_script_metrics(engine):
     config = {"dataset": "digits", "model": "resnet18", "strategy": "single", "devices": ["cpu"]}
     exported = store.export_run(engine, store.create_run(engine, config))
-    assert exported["kind"] == "engine" and "script_metrics" not in exported
+    assert exported["kind"] == "launched" and "script_metrics" not in exported

@@ -254,9 +254,9 @@ def test_launch_from_the_dashboard_refuses_outside_the_roots_before_any_row(root
     db.dispose_engines()
 
 
-def test_worker_launched_from_the_dashboard_checks_the_roots_again(roots, parallax_home, db_url):
+def test_supervisor_launched_from_the_dashboard_checks_the_roots_again(roots, parallax_home, db_url):
     """A run row whose dataset was changed to a folder outside the roots after launch fails with the reason."""
-    from trainer_backend.worker.runner import work
+    from trainer_backend.supervisor.runner import work
 
     root, outside = roots
     engine = db.make_engine(db_url)
@@ -316,10 +316,10 @@ def test_the_dashboard_launches_sweeps_and_resumes_no_model_outside_the_model_fo
     db.dispose_engines()
 
 
-def test_a_worker_launched_from_the_dashboard_checks_the_model_again(roots, outside_model, db_url):
+def test_a_supervisor_launched_from_the_dashboard_checks_the_model_again(roots, outside_model, db_url):
     """A queued row whose model lies outside the model folders (changed after launch) fails with the reason,
     without importing it."""
-    from trainer_backend.worker.runner import work
+    from trainer_backend.supervisor.runner import work
 
     root, _ = roots
     model, marker = outside_model
@@ -345,7 +345,7 @@ def test_the_dashboard_passes_timm_no_argument_that_loads_or_downloads(roots, pa
     from contract.model_source import ModelError
     from contract.storage import RESUME_FILE
     from trainer_backend.control.lifecycle import launch, launch_sweep, resume
-    from trainer_backend.worker.runner import work
+    from trainer_backend.supervisor.runner import work
 
     root, _ = roots
     args = {key: value.format(models=parallax_home / "models") if isinstance(value, str) else value

@@ -160,7 +160,7 @@ def test_two_thousand_cpu_processes_are_refused_before_any_starts(parallax_home)
 
 
 def test_a_bad_environment_variable_records_no_run(parallax_home):
-    """Before: PARALLAX_CPU_RUNS=abc launched a run that then failed in its worker."""
+    """Before: PARALLAX_CPU_RUNS=abc launched a run that then failed in its supervisor."""
     result = run_cli("launch", "--model", "test_resnet", "--epochs", "1", home=parallax_home, timeout=60,
                      env_extra={"PARALLAX_CPU_RUNS": "abc"})
     assert result.returncode == 2 and "run_id=" not in result.stdout

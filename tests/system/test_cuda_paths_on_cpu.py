@@ -16,12 +16,12 @@ import torch.distributed as dist
 from torch import nn
 
 import contract.config as config_module
-from trainer_backend.engine import resume
+from trainer_backend.rank import resume
 from contract.config import RunConfig
-from trainer_backend.engine.loop import resolve_amp
-from trainer_backend.worker.preflight import OOM_HINT, with_oom_hint
-from trainer_backend.engine.strategies import DataParallelStrategy, DistributedStrategy, Strategy
-from trainer_backend.engine.trainer import build_loaders, load_data
+from trainer_backend.rank.loop import resolve_amp
+from trainer_backend.supervisor.preflight import OOM_HINT, with_oom_hint
+from trainer_backend.rank.strategies import DataParallelStrategy, DistributedStrategy, Strategy
+from trainer_backend.rank.trainer import build_loaders, load_data
 
 CUDA0 = torch.device("cuda:0")
 
@@ -79,7 +79,7 @@ def ampere_beside_turing(two_gpus, monkeypatch, request):
 def test_amp_auto_is_one_dtype_for_every_rank_from_the_weakest_listed_gpu(ampere_beside_turing, strategy):
     """A DDP rank in fp16 with a gradient scaler beside one in bf16 without: the averaged gradients
     mix scaled and unscaled ones and the replicas diverge. Every rank takes the weakest GPU's dtype."""
-    from trainer_backend.engine.loop import rank_amp_dtype, with_resolved_amp
+    from trainer_backend.rank.loop import rank_amp_dtype, with_resolved_amp
 
     config = RunConfig(strategy=strategy, devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
     dtypes = [rank_amp_dtype(config, torch.device(device)) for device in config.devices]
@@ -93,7 +93,7 @@ def test_amp_auto_is_one_dtype_for_every_rank_from_the_weakest_listed_gpu(ampere
 
 @pytest.mark.parametrize("ampere_beside_turing", ["torch"], indirect=True)
 def test_a_pipeline_that_cannot_scale_fp16_resolves_amp_auto_to_fp32_on_every_stage(ampere_beside_turing):
-    from trainer_backend.engine.loop import rank_amp_dtype, with_resolved_amp
+    from trainer_backend.rank.loop import rank_amp_dtype, with_resolved_amp
 
     config = RunConfig(strategy="pp", devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
     assert with_resolved_amp(config).amp == "off"
@@ -103,7 +103,7 @@ def test_a_pipeline_that_cannot_scale_fp16_resolves_amp_auto_to_fp32_on_every_st
 def test_torchrun_resolves_amp_auto_from_every_machines_gpus():
     """Each process of a torchrun job tells the others its GPU's capability when it joins; every
     process resolves the same dtype from all of them (another machine's GPUs cannot be asked)."""
-    from trainer_backend.engine.loop import with_resolved_amp
+    from trainer_backend.rank.loop import with_resolved_amp
 
     joined = RunConfig(strategy="ddp", devices=("cuda:0", "cuda:0"), nodes=2, batch_size=64, amp="auto")
     assert with_resolved_amp(joined, [(9, 0), (7, 0)]).amp == "fp16"
@@ -114,7 +114,7 @@ def test_torchrun_resolves_amp_auto_from_every_machines_gpus():
 @pytest.mark.parametrize("ampere_beside_turing", ["nvml"], indirect=True)
 def test_the_run_row_shows_the_dtype_resolved_before_the_ranks_start(ampere_beside_turing, engine):
     from db import store
-    from trainer_backend.worker.runner import resolve_stored_amp
+    from trainer_backend.supervisor.runner import resolve_stored_amp
 
     config = RunConfig(strategy="ddp", devices=("cuda:0", "cuda:1"), batch_size=64, amp="auto")
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=2)
@@ -157,7 +157,7 @@ def _threaded_parallel_apply(modules, inputs, kwargs_tup=None, devices=None):
 
 
 def test_dataparallel_replicas_run_in_the_runs_autocast_dtype(monkeypatch):
-    """A worker thread starts with autocast's default dtype (bf16 on CPU, fp16 on CUDA); the
+    """A supervisor thread starts with autocast's default dtype (bf16 on CPU, fp16 on CUDA); the
     replicas must still compute in the dtype the training loop chose (fp16 here, to differ)."""
     # The module, not the function torch.nn.parallel re-exports under the same name.
     monkeypatch.setattr(importlib.import_module("torch.nn.parallel.data_parallel"), "parallel_apply",
@@ -345,7 +345,7 @@ def test_no_cuda_step_point_outruns_its_epoch_and_every_event_is_on_the_losses_d
 
     from db import make_engine, store
     from db.tables import StepMetric
-    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.rank.loop import train_one_epoch
     from trainer_backend.telemetry.recorder import Recorder
     from trainer_backend.telemetry.steps import StepHooks, StepRecorder
 
@@ -399,7 +399,7 @@ def test_the_energy_meter_stops_after_the_processs_gpus_finish_their_queued_work
 def test_every_process_group_is_bound_to_its_ranks_gpu(monkeypatch, strategy_name, devices, rank, expected):
     """Unbound, NCCL's first collective that names no device (the loop's barrier: FSDP and the pipeline
     run no collective before it) runs on GPU rank % count: another rank's GPU, or one not given to the run."""
-    from trainer_backend.engine.trainer import make_strategy
+    from trainer_backend.rank.trainer import make_strategy
 
     monkeypatch.setattr(config_module, "cuda_device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
@@ -449,9 +449,9 @@ def _pipeline_under_autocast(rank: int, port: int, out_path: str) -> None:
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     from tests.support import leave_as_a_rank
-    from trainer_backend.engine.loop import train_one_epoch
-    from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.trainer import build_optimizer, make_strategy
+    from trainer_backend.rank.loop import train_one_epoch
+    from trainer_backend.rank.models import create_model
+    from trainer_backend.rank.trainer import build_optimizer, make_strategy
 
     seen = {"forward": [], "backward": []}
     backward_one_chunk = _PipelineStageBase.backward_one_chunk

@@ -207,7 +207,7 @@ def test_devices_listed_in_reverse_keep_their_order(parallax_home, strategy):
 
 @one_gpu
 def test_out_of_memory_fails_with_the_hint_and_frees_the_gpu(parallax_home):
-    from trainer_backend.worker.preflight import OOM_HINT
+    from trainer_backend.supervisor.preflight import OOM_HINT
 
     free_before, _ = torch.cuda.mem_get_info(0)
     # All 1437 training images in one batch of resnet50 at 384 px: hundreds of GB of activations.
@@ -227,7 +227,7 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
     from torch import nn
 
     from contract.config import RunConfig
-    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.rank.strategies import Strategy
 
     strategy = Strategy(RunConfig(strategy="single", devices="0"))
     model = strategy.wrap(nn.Linear(4, 2))
@@ -354,9 +354,9 @@ def test_fp16_clipping_bounds_the_unscaled_gradients_on_a_gpu():
     from torch import nn
 
     from contract.config import RunConfig
-    from trainer_backend.engine.loop import make_grad_scaler, train_one_epoch
-    from trainer_backend.engine.strategies import Strategy
-    from trainer_backend.engine.trainer import build_optimizer
+    from trainer_backend.rank.loop import make_grad_scaler, train_one_epoch
+    from trainer_backend.rank.strategies import Strategy
+    from trainer_backend.rank.trainer import build_optimizer
 
     config = RunConfig(strategy="single", devices="0", amp="fp16", grad_clip=0.05, optimizer="sgd", lr=0.1)
     strategy = Strategy(config)
@@ -793,7 +793,7 @@ def test_the_memory_estimate_is_within_a_tenth_of_each_gpus_peak(parallax_home, 
 
 WORKSPACE_PROBE = """
 import json, torch
-from trainer_backend.engine.forecast.memory_estimate import cublas_workspace_bytes
+from trainer_backend.rank.forecast.memory_estimate import cublas_workspace_bytes
 layer = torch.nn.Linear(64, 64).cuda()
 images = torch.randn(32, 64, device="cuda")
 before = torch.cuda.memory_allocated()
@@ -908,7 +908,7 @@ def test_a_gpu_decode_leaves_the_gradients_of_the_step_queued_before_it_intact(t
 
 
 def one_epoch_under_sync_debug(data, config, folder) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """One epoch of ``data`` (a PreparedData) on the config's GPU as the engine builds it, with what a run adds
+    """One epoch of ``data`` (a PreparedData) on the config's GPU as Parallax builds it, with what a run adds
     to each step (the NaN guard, the step hooks writing step points to a run, the stop check: bench/gpu.py's
     StepExtras, in ``folder``), then its validation, with CUDA's sync debug mode at "error" from the first
     training step to the last and through validation: any blocking copy or read of the device raises. (The
@@ -917,13 +917,13 @@ def one_epoch_under_sync_debug(data, config, folder) -> tuple[list[int], torch.T
 
     from bench.gpu import StepExtras
 
-    from trainer_backend.engine import loop
-    from trainer_backend.engine.inputs import DeviceInputs
-    from trainer_backend.engine.loop import synchronize, train_one_epoch, validate
-    from trainer_backend.engine.models import create_model
-    from trainer_backend.engine.schedule import build_optimizer
-    from trainer_backend.engine.strategies import Strategy
-    from trainer_backend.engine.trainer import build_loaders
+    from trainer_backend.rank import loop
+    from trainer_backend.rank.inputs import DeviceInputs
+    from trainer_backend.rank.loop import synchronize, train_one_epoch, validate
+    from trainer_backend.rank.models import create_model
+    from trainer_backend.rank.schedule import build_optimizer
+    from trainer_backend.rank.strategies import Strategy
+    from trainer_backend.rank.trainer import build_loaders
 
     strategy = Strategy(config)
     strategy.setup()
@@ -968,7 +968,7 @@ def test_a_dataset_kept_on_the_gpu_trains_and_validates_without_a_sync(parallax_
     device from positions copied without a wait, with no blocking read (the confusion counts included)."""
     from contract.config import RunConfig
     from trainer_backend.datasets import PreparedData
-    from trainer_backend.engine.trainer import load_data
+    from trainer_backend.rank.trainer import load_data
 
     config = RunConfig(dataset="digits", model="test_resnet", image_size=32, batch_size=64, devices="0",
                        bn_stats_images=0)
@@ -1015,8 +1015,8 @@ def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
     """--on-nonfinite stop on a GPU: 40 steps' observe and check under sync debug mode "error" (any implicit
     host-device sync raises), a NaN at step 20 stopping the epoch by step 20 + 2 checks, naming step 20."""
     from contract.config import RunConfig
-    from trainer_backend.engine.divergence import CUDA_CHECK_EVERY, NonfiniteGuard, TrainingDiverged
-    from trainer_backend.engine.strategies import Strategy
+    from trainer_backend.rank.divergence import CUDA_CHECK_EVERY, NonfiniteGuard, TrainingDiverged
+    from trainer_backend.rank.strategies import Strategy
 
     strategy = Strategy(RunConfig(strategy="single", devices="0"))
     model = torch.nn.Linear(4, 1).cuda()
@@ -1044,7 +1044,7 @@ def test_the_nan_check_reads_nothing_on_the_host_between_its_check_points():
 def test_the_batchnorm_re_estimate_reads_nothing_on_the_host():
     """The statistics re-estimated before validation, on a GPU, under sync debug mode "error": BatchNorm's
     own cumulative mode would read its batch count on the host in every layer and batch."""
-    from trainer_backend.engine.batchnorm import reestimate
+    from trainer_backend.rank.batchnorm import reestimate
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8)).cuda()
@@ -1076,7 +1076,7 @@ def test_the_stop_check_reads_nothing_on_the_host_on_the_steps_path(tmp_path, si
     blocking copy or read raises): the request is taken two looks after it was made, on the step after."""
     from types import SimpleNamespace
 
-    from trainer_backend.engine.stopping import STOP_FILE, StopRequest
+    from trainer_backend.rank.stopping import STOP_FILE, StopRequest
 
     dist = nccl_world_of_one(tmp_path)
     try:
@@ -1102,7 +1102,7 @@ def test_the_stop_check_reads_nothing_on_the_host_on_the_steps_path(tmp_path, si
 
 SIGTERM_IN_A_KERNEL = """
 import os, signal, sys, time, torch
-from trainer_backend.engine import stopping
+from trainer_backend.rank import stopping
 recorded = sys.argv[1]
 escalate = (lambda signum, frame: None) if sys.argv[2] == "rank0" else None
 stopping.stop_on_sigterm(escalate, grace_s=float(sys.argv[3]))
@@ -1160,7 +1160,7 @@ def test_a_sigterm_during_a_long_cuda_kernel_ends_the_process_within_the_grace(t
 @pytest.mark.processes
 def test_two_nccl_ranks_restore_a_point_each_can_read_without_sending_it_through_the_gpus(tmp_path):
     from tests.support import run_world
-    from tests.trainer_backend.engine.test_resume_ranks import WORLD_TIMEOUT_S, _points_world
+    from tests.trainer_backend.rank.test_resume_ranks import WORLD_TIMEOUT_S, _points_world
 
     out = tmp_path / "rank0.json"
     run_world(_points_world, 2, str(tmp_path), str(out), "cuda", timeout_s=WORLD_TIMEOUT_S)
@@ -1255,8 +1255,8 @@ def test_a_job_stopped_at_a_step_on_a_gpu_resumes_as_an_uninterrupted_twin_train
     import sys
 
     from tests.support import ROOT
-    from tests.trainer_backend.worker.test_torchrun import runs_of
-    from trainer_backend.engine.stopping import STOP_CHECK_ENV
+    from tests.trainer_backend.supervisor.test_torchrun import runs_of
+    from trainer_backend.rank.stopping import STOP_CHECK_ENV
 
     flags = ["--dataset", "digits", "--model", "parallax_asks_to_stop", "--image-size", "32", "--epochs", "3",
              "--strategy", "ddp", "--batch-size", "32", "--augment", "flip,crop", "--bn-stats-images", "0"]

@@ -22,10 +22,10 @@ from contract.config import RunConfig
 from trainer_backend.datasets import device_decode
 from trainer_backend.datasets.device_decode import DeviceJpegDecode, EncodedImages
 from trainer_backend.datasets.tensor_dataset import ImageTensorDataset, collate_batch
-from trainer_backend.engine.batchnorm import statistics_loader
-from trainer_backend.engine.confusion import confusion_record
-from trainer_backend.engine.loop import validate
-from trainer_backend.engine.strategies import Strategy
+from trainer_backend.rank.batchnorm import statistics_loader
+from trainer_backend.rank.confusion import confusion_record
+from trainer_backend.rank.loop import validate
+from trainer_backend.rank.strategies import Strategy
 
 DEVICE = torch.device("meta")  # stands for the GPU
 aten = torch.ops.aten

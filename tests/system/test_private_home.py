@@ -1,6 +1,6 @@
 """What Parallax keeps under PARALLAX_HOME (database, logs, checkpoints, rank notes) is its owner's
 alone by default, so that a dashboard password is not undone by a readable file; sharing with a
-group is a choice (PARALLAX_SHARE_GROUP). Real CLI processes, a launched run with its worker, and
+group is a choice (PARALLAX_SHARE_GROUP). Real CLI processes, a launched run with its supervisor, and
 the dashboard's entry file.
 
     .venv/bin/python -m pytest tests/system/test_private_home.py -q

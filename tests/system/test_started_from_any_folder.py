@@ -58,7 +58,7 @@ def test_hash_password_from_a_folder_with_its_own_ui_package(project, parallax_h
 
 
 def test_python_parallax_starts_imports_nothing_from_the_folder_it_is_started_in(project, parallax_home):
-    """The one way Parallax starts its Python processes (a launched worker, the dashboard, hash-password)."""
+    """The one way Parallax starts its Python processes (a launched supervisor, the dashboard, hash-password)."""
     probe = "import db, reports, trainer_backend, ui; print(json.dumps([m.__file__ for m in (db, reports, trainer_backend, ui)]))"
     env = environment(parallax_home, PYTHONPATH=str(project.parent / "elsewhere"))
     (project.parent / "elsewhere").mkdir()

@@ -1,6 +1,6 @@
 """The wrong process: a cancel that must find the run's own process (its pid since taken by another
-run's worker), a rank stopped by SIGSTOP reported as the collective timeout it caused, data-loader
-workers counted among the processes a machine may run, and a second worker for one queued run.
+run's supervisor), a rank stopped by SIGSTOP reported as the collective timeout it caused, data-loader
+workers counted among the processes a machine may run, and a second supervisor for one queued run.
 Real launched runs, real signals.
 
     .venv/bin/python -m pytest tests/system/test_wrong_process.py -q
@@ -42,10 +42,10 @@ def steps_done(home, run_id) -> int:
     return len(run["epochs"]) * 10_000 + (run["progress"]["step"] or 0)
 
 
-def test_cancelling_a_dead_run_whose_pid_another_runs_worker_took_leaves_that_run_training(parallax_home):
+def test_cancelling_a_dead_run_whose_pid_another_runs_supervisor_took_leaves_that_run_training(parallax_home):
     engine = engine_of(parallax_home)
     other = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=SLEEPER_ENV)
-    worker = wait_for(parallax_home, other, training_started, what="training under way")["pid"]
+    supervisor = wait_for(parallax_home, other, training_started, what="training under way")["pid"]
     try:
         before = steps_done(parallax_home, other)  # read now: a reader marks a run with a reused pid lost
         dead = []
@@ -56,8 +56,8 @@ def test_cancelling_a_dead_run_whose_pid_another_runs_worker_took_leaves_that_ru
                 store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
                 process.kill()
             assert store.get_run(engine, run_id).measurements.get(state.PROCESS_START_KEY) or not recorded_start
-            with session_scope(engine) as session:  # the system gives its pid to the other run's worker
-                values = {"pid": worker} if recorded_start else {"pid": worker, "measurements": {}}
+            with session_scope(engine) as session:  # the system gives its pid to the other run's supervisor
+                values = {"pid": supervisor} if recorded_start else {"pid": supervisor, "measurements": {}}
                 session.execute(update(Run).where(Run.id == run_id).values(**values))
             dead.append(run_id)
 
@@ -66,13 +66,13 @@ def test_cancelling_a_dead_run_whose_pid_another_runs_worker_took_leaves_that_ru
             assert result.returncode == 0 and result.stderr == "", result.stderr
             assert result.stdout.strip() == f"run_id={run_id} status=cancelled"
         time.sleep(3)
-        assert group_members(worker), "the other run's processes were signalled"
+        assert group_members(supervisor), "the other run's processes were signalled"
         wait_for(parallax_home, other, lambda r: steps_done(parallax_home, other) > before, timeout_s=60,
                  what="more steps after the cancels")
         assert export(parallax_home, other)["status"] == "running"
     finally:
         run_cli("cancel", str(other), home=parallax_home, timeout=60)
-        assert_group_gone(worker)
+        assert_group_gone(supervisor)
 
 
 def test_a_dead_runs_pid_held_by_another_process_marks_it_lost_at_once(parallax_home):
@@ -163,15 +163,15 @@ def test_ddp_counts_each_ranks_loader_workers(parallax_home):
             "worker per process") in result.stderr
 
 
-def test_a_second_worker_that_loses_the_claim_leaves_the_run_to_the_winner(parallax_home):
+def test_a_second_supervisor_that_loses_the_claim_leaves_the_run_to_the_winner(parallax_home):
     blocker = launch(parallax_home, *SLEEPER, "--epochs", "200", env_extra=SLEEPER_ENV)
     wait_for(parallax_home, blocker, training_started, what="the first run training")
     run_id = launch(parallax_home, *MODEL, "--image-size", "16", "--epochs", "1")
     assert export(parallax_home, run_id)["status"] == "queued"
     env = {**os.environ, "PARALLAX_HOME": str(parallax_home), "PYTHONUNBUFFERED": "1",
            "PARALLAX_DB_URL": f"sqlite:///{parallax_home / 'parallax.db'}"}
-    # A second worker for the same queued run (started by hand, or by a launcher retried).
-    second = subprocess.Popen([sys.executable, "-m", "trainer_backend", "worker", str(run_id)], cwd=ROOT, env=env,
+    # A second supervisor for the same queued run (started by hand, or by a launcher retried).
+    second = subprocess.Popen([sys.executable, "-m", "trainer_backend", "supervisor", str(run_id)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         time.sleep(3)  # both workers wait in the queue

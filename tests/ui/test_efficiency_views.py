@@ -1,6 +1,6 @@
 """Where time and memory go, on the pages, through Streamlit's AppTest: MFU beside images/s, the
 per-rank times with a straggler named (Run), the memory breakdown stacked per strategy (Compare,
-Sweep), and the Sweep page's forecast. Runs are written with ``db.store`` as the engine writes them;
+Sweep), and the Sweep page's forecast. Runs are written with ``db.store`` as Parallax writes them;
 older runs without these figures get one line saying why.
 
     .venv/bin/python -m pytest tests/ui/test_efficiency_views.py -q

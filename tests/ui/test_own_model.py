@@ -41,7 +41,7 @@ def test_the_bytecode_beside_a_model_in_the_folders_runs_nothing(parallax_home, 
     models = parallax_home / "models"
     models.mkdir()
     (models / "mynet.py").write_text("from subprocess import run\n\n\nclass Net:\n    pass\n")
-    compiled = py_compile.compile(str(models / "mynet.py"))  # as the check's or the worker's import leaves it
+    compiled = py_compile.compile(str(models / "mynet.py"))  # as the check's or the supervisor's import leaves it
     marker = tmp_path / "ran"
     verdict = model_verdict(RunConfig(model=f"{compiled}:run", model_args={"args": ["touch", str(marker)]}))
     assert not verdict.ok and verdict.seconds == 0.0, verdict

@@ -1,6 +1,6 @@
 """The control side: what the dashboard's pages and the command line call.
 
-    browser ─▶ pages ─▶ control.lifecycle.launch ──detached process──▶ worker (python -m trainer_backend worker N)
+    browser ─▶ pages ─▶ control.lifecycle.launch ──detached process──▶ supervisor (python -m trainer_backend supervisor N)
                         control.lifecycle.cancel ──signal / mark──▶ the run's processes
                         control.housekeeping     ──delete──▶ a finished run's rows and folder
     terminal ─▶ control.cli (python -m trainer_backend …), control.command (parallax …)

@@ -30,15 +30,15 @@ from pathlib import Path
 
 from contract.config import STRATEGIES, ConfigError, RunConfig, parse_devices, shown, shown_length
 from contract.fields import FIELDS, Field
-from trainer_backend.engine.plugins import load_plugins
+from trainer_backend.rank.plugins import load_plugins
 from contract.printable import one_line, printable_lines, shown_name
 from contract.python_process import leave_without_shutdown
-from trainer_backend.worker.startup import engine_imports
+from trainer_backend.supervisor.startup import engine_imports
 from contract.storage import DiskFullError, check_export_dir
 from contract.strategy_specs import spec as strategy_spec
 from contract.strategy_specs import distributed_base, sweep_base_for
 from contract.user_paths import user_path, with_absolute_paths
-from trainer_backend.worker.model_check import check_model_before_launch
+from trainer_backend.supervisor.model_check import check_model_before_launch
 
 USER_ERRORS: tuple[type[Exception], ...] = (ValueError, LookupError, FileNotFoundError, DiskFullError)
 MAX_CONFIG_FILE_BYTES = 2**20
@@ -241,9 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--folder", type=path_arg, help="a folder with one sub-folder per class (the run's class "
                          "names): prints the accuracy over its images, and per class")
     predict.add_argument("--json", action="store_true", help="print the predictions (or the accuracy) as JSON")
-    worker = sub.add_parser("worker", help=argparse.SUPPRESS)  # what `launch` starts, detached
-    worker.add_argument("run_id", type=run_id_arg)
-    worker.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
+    supervisor = sub.add_parser("supervisor", help=argparse.SUPPRESS)  # what `launch` starts, detached
+    supervisor.add_argument("run_id", type=run_id_arg)
+    supervisor.add_argument("--data-roots", help="launched from the dashboard: refuse dataset folders outside these")
     return parser
 
 
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv)
     commands = {"run": _cmd_run, "launch": _cmd_launch, "sweep": _cmd_sweep, "search": _cmd_search, "cancel": _cmd_cancel, "resume": _cmd_resume,
-                "worker": _cmd_worker, "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate,
+                "supervisor": _cmd_supervisor, "export": _cmd_export, "list": _cmd_list, "estimate": _cmd_estimate,
                 "predict": _cmd_predict}
     try:
         load_plugins()
@@ -321,7 +321,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return refuse(world, exc)  # one line per machine, not one per process
     if world is not None and world.joined_by(config):
         with engine_imports():
-            from trainer_backend.worker.torchrun import run_in_world
+            from trainer_backend.supervisor.torchrun import run_in_world
 
         # Done, stopped or refused, this process of the job has recorded what it had to: it leaves
         # without interpreter shutdown, which can abort a process of a gloo world (see that function).
@@ -333,7 +333,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if world is None and one_task(config) and in_one_task_job():
             # The one task of a job of single, dp or mp (its script runs this without torchrun).
             with engine_imports():
-                from trainer_backend.worker.torchrun import run_one_task_job
+                from trainer_backend.supervisor.torchrun import run_one_task_job
 
             return run_one_task_job(check_world(config), db_url=args.db, echo=not args.quiet)
         raise ConfigError("where", "where slurm submits the run to Slurm: use 'launch' (or 'sweep'), which return "
@@ -344,7 +344,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_model_before_launch(config)  # your own model, in a child process, before a run is recorded
     open_database(args.db)
     with engine_imports():
-        from trainer_backend.worker.runner import execute_run
+        from trainer_backend.supervisor.runner import execute_run
 
     run_id, status = execute_run(config, db_url=args.db, echo=not args.quiet)
     if status != "completed":
@@ -457,15 +457,15 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_worker(args: argparse.Namespace) -> int:
+def _cmd_supervisor(args: argparse.Namespace) -> int:
     from db import make_engine
     from contract.environment import database_url
-    from trainer_backend.worker.liveness import claim_if_free
+    from trainer_backend.supervisor.liveness import claim_if_free
 
-    # Before the engine's imports (seconds of CPU): a run whose devices are free leaves the queue now.
+    # Before Parallax's imports (seconds of CPU): a run whose devices are free leaves the queue now.
     claim_if_free(make_engine(database_url(args.db)), args.run_id)
     with engine_imports():
-        from trainer_backend.worker.runner import work
+        from trainer_backend.supervisor.runner import work
 
     roots = [Path(p) for p in args.data_roots.split(os.pathsep)] if args.data_roots is not None else None
     status = work(args.run_id, db_url=args.db, data_roots=roots)
@@ -519,9 +519,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     under mp or pp) is named in one line on stderr, and the others are still shown; exit 2 then."""
     config = config_from_args(args, sweep=bool(args.strategies))
     with engine_imports():
-        from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
-        from trainer_backend.engine.forecast.free_memory import available_memory_mb, fits
-        from trainer_backend.engine.forecast.memory_fit import format_table, table_rows
+        from trainer_backend.rank.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
+        from trainer_backend.rank.forecast.free_memory import available_memory_mb, fits
+        from trainer_backend.rank.forecast.memory_fit import format_table, table_rows
 
     if args.strategies:
         from trainer_backend.control.lifecycle import sweep_configs

@@ -1,4 +1,4 @@
-"""The ``parallax`` command: the dashboard, the engine's command line and the chores, from any directory.
+"""The ``parallax`` command: the dashboard, Parallax's command line and the chores, from any directory.
 
     parallax ui [--address 127.0.0.1] [--port 8501]    # the dashboard, served as `make run` serves it
     parallax run --dataset digits --epochs 1          # and launch, sweep, cancel, export, list: see --help
@@ -6,9 +6,9 @@
     parallax db upgrade [--db URL]                    # migrate a database to this version's schema
     parallax sync FILE [--db URL]                     # put an offline script run (import parallax) in the database
 
-``parallax run …`` is ``python -m trainer_backend run …``; the engine's own processes (a launched run's worker,
+``parallax run …`` is ``python -m trainer_backend run …``; Parallax's own processes (a launched run's supervisor,
 its ranks, torchrun's ranks) keep starting through ``python -m trainer_backend``, which works wherever Parallax is
-installed or checked out. Every Python process Parallax starts (the dashboard's server, hash-password, a worker)
+installed or checked out. Every Python process Parallax starts (the dashboard's server, hash-password, a supervisor)
 leaves the current folder off its import path (``contract.python_process``): a folder holding packages of its own
 named ``db``, ``ui`` or ``reports`` runs the same commands as any other.
 """
@@ -126,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     if command == "ui":
         return serve_ui(rest)
     if command == "hash-password":
-        # The dashboard's own command, as `python -m ui.auth hash-password`: the engine never imports the dashboard.
+        # The dashboard's own command, as `python -m ui.auth hash-password`: Parallax never imports the dashboard.
         os.execv(sys.executable, python_command("-m", "ui.auth", "hash-password", *rest))
     if command == "db":
         return upgrade_database(rest)
     if command == "sync":
         return sync_offline_runs(rest)
-    # Every other command is the engine's (run, launch, sweep, cancel, export, list …), whose parser names the
+    # Every other command is Parallax's (run, launch, sweep, cancel, export, list …), whose parser names the
     # commands allowed. It runs as ``python -m trainer_backend`` would, in this process: the CUDA device order is
     # pinned before torch is imported (trainer_backend/__main__.py).
     import runpy

@@ -2,7 +2,7 @@
 what they hold, timm's models and their sizes, the memory estimate and what would fit, your own model's check.
 
 The dashboard's process never imports torch (nor timm, nor torchvision). What needs them is asked of one
-child process, trainer_backend/worker/inspector.py, which imports them once (5-10 s on a small machine) and
+child process, trainer_backend/supervisor/inspector.py, which imports them once (5-10 s on a small machine) and
 then answers in milliseconds; what needs neither is answered here, in the dashboard's process:
 
     warm_up()                                  # start the child, wait until it has imported torch and timm
@@ -38,9 +38,9 @@ from contract.config import RunConfig
 # Answered in this process: none of these imports torch.
 from trainer_backend.datasets.limits import too_large_decoded
 from trainer_backend.datasets.roots import check_under_roots, data_roots, is_under_roots, offered_lists
-from trainer_backend.engine.forecast.free_memory import available_memory_mb, fits
-from trainer_backend.worker.model_check import check_model_before_launch
-from trainer_backend.worker.model_roots import MODEL_ROOTS_ENV, check_model_allowed, check_model_args_allowed, model_roots
+from trainer_backend.rank.forecast.free_memory import available_memory_mb, fits
+from trainer_backend.supervisor.model_check import check_model_before_launch
+from trainer_backend.supervisor.model_roots import MODEL_ROOTS_ENV, check_model_allowed, check_model_args_allowed, model_roots
 
 __all__ = ["MODEL_ROOTS_ENV", "InspectorUnavailable", "available_memory_mb", "check_model_allowed", "check_model_args_allowed",
            "check_model_before_launch", "check_under_roots", "model_roots",
@@ -49,7 +49,7 @@ __all__ = ["MODEL_ROOTS_ENV", "InspectorUnavailable", "available_memory_mb", "ch
            "too_large_decoded", "warm_up"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CHILD_MODULE = "trainer_backend.worker.inspector"
+CHILD_MODULE = "trainer_backend.supervisor.inspector"
 # Importing torch and timm on a busy two-core machine has taken over a minute; a memory estimate of a large
 # model at a large image size takes tens of seconds there.
 READY_TIMEOUT_S = 300.0

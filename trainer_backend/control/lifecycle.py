@@ -1,9 +1,9 @@
-"""Background runs: launch, queue and cancel them (the worker's side, its turn and heartbeat: worker.liveness).
+"""Background runs: launch, queue and cancel them (the supervisor's side, its turn and heartbeat: supervisor.liveness).
 
     run_id = launch(RunConfig(strategy="ddp", devices=("cpu", "cpu")))   # returns at once
     cancel(run_id)                                                      # ends every process of it
 
-A launched run is a detached worker (``python -m trainer_backend worker N``) in its own session
+A launched run is a detached supervisor (``python -m trainer_backend supervisor N``) in its own session
 and process group, so it outlives the browser tab, a Streamlit rerun and the dashboard itself,
 and one signal to the group reaches every DDP rank and data-loader worker. Its output goes to
 ``run.log`` in the run's folder (``db.folders.run_folder``). This module imports neither torch nor streamlit: the
@@ -36,8 +36,8 @@ from trainer_backend.datasets.roots import check_under_roots
 from contract.python_process import python_command
 from contract.checkpoint_file import DAMAGED_POINT_ADVICE, DamagedFileError, checkpoint_problem
 from contract.storage import RESUME_FILE, write_problem
-from trainer_backend.worker.liveness import cpu_run_slots
-from trainer_backend.worker.model_roots import check_model_allowed, check_model_args_allowed
+from trainer_backend.supervisor.liveness import cpu_run_slots
+from trainer_backend.supervisor.model_roots import check_model_allowed, check_model_args_allowed
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainer_backend
 CANCEL_GRACE_S = 6.0
@@ -50,7 +50,7 @@ class CancelNotDelivered(ValueError):
 
 def check_environment() -> None:
     """Read every PARALLAX_* number a run will read, so that a bad one is refused in one line
-    before a run is recorded, not in the worker after."""
+    before a run is recorded, not in the supervisor after."""
     from trainer_backend.datasets.limits import max_decoded_bytes, max_images
     from trainer_backend.telemetry.sampler import sample_interval_s, step_point_s
 
@@ -69,14 +69,14 @@ def log_path(engine, run_id: int) -> Path:
 
 def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None = None,
            data_roots: list[Path] | None = None, search_trial: tuple[int, int] | None = None) -> int:
-    """Record the run as queued and start its detached worker; returns the run id at once.
+    """Record the run as queued and start its detached supervisor; returns the run id at once.
 
     With ``data_roots`` (the dashboard passes them) a dataset folder outside them, or a model of your own
-    outside the model folders (worker/model_roots.py), is refused here, and the worker checks again before
-    it reads any data or imports any model. The worker's command line is
+    outside the model folders (supervisor/model_roots.py), is refused here, and the supervisor checks again before
+    it reads any data or imports any model. The supervisor's command line is
     an argv list holding only the run id and these paths: no config value ever reaches a shell.
 
-    The worker runs in the project's folder: a relative SQLite file, data root, dataset folder or model
+    The supervisor runs in the project's folder: a relative SQLite file, data root, dataset folder or model
     file is made absolute here, where the caller meant it, before anything checks it. ``search_trial``: (search
     id, trial number) of a search's trial, recorded with the run."""
     check_environment()
@@ -93,7 +93,7 @@ def launch(config: RunConfig, *, db_url: str | None = None, sweep_id: int | None
     engine = make_engine(url)
     run_id = store.create_run(engine, config.to_dict(), status="queued", world_size=config.world_size,
                               sweep_id=sweep_id, search_trial=search_trial)
-    start_worker(engine, url, run_id, data_roots)
+    start_supervisor(engine, url, run_id, data_roots)
     return run_id
 
 
@@ -106,8 +106,8 @@ def check_dashboard_bounds(dataset: str, model: str, model_args: str, data_roots
     check_model_args_allowed(model, model_args)
 
 
-def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = None) -> None:
-    """Start the detached worker of the queued run ``run_id``, its output appended to the run's log."""
+def start_supervisor(engine, url: str, run_id: int, data_roots: list[Path] | None = None) -> None:
+    """Start the detached supervisor of the queued run ``run_id``, its output appended to the run's log."""
     # The database URL travels in the environment, not in argv, where ps would show its password.
     env = {**os.environ, "PARALLAX_HOME": str(parallax_home()), "PYTHONUNBUFFERED": "1", "PARALLAX_DB_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -125,20 +125,20 @@ def start_worker(engine, url: str, run_id: int, data_roots: list[Path] | None = 
         raise problem from None
     with log:
         process = subprocess.Popen(
-            python_command("-m", "trainer_backend", "worker", str(run_id),
+            python_command("-m", "trainer_backend", "supervisor", str(run_id),
                            *(["--data-roots", os.pathsep.join(str(r) for r in data_roots)] if data_roots is not None else [])),
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: survives us, and cancel reaches all of it
         )
     store.set_process(engine, run_id, pid=process.pid, host=socket.gethostname())
-    # Reap the worker when it ends, so a long-lived launcher (the dashboard) holds no zombies.
+    # Reap the supervisor when it ends, so a long-lived launcher (the dashboard) holds no zombies.
     threading.Thread(target=process.wait, name=f"reap-run-{run_id}", daemon=True).start()
 
 
 def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | None = None,
            devices: str | None = None) -> int:
     """Continue the failed, cancelled or lost run ``run_id`` from its last finished epoch, as the same run:
-    queued again, then trained by a new detached worker from its resume point (engine/resume.py). Refuses in
+    queued again, then trained by a new detached supervisor from its resume point (rank/resume.py). Refuses in
     one line a run that is not one of those, or that has no resume point (it ended before its first epoch).
 
     ``devices`` moves it to other devices where its strategy allows: the point holds the whole model and
@@ -175,7 +175,7 @@ def resume(run_id: int, *, db_url: str | None = None, data_roots: list[Path] | N
 
         resubmit(engine, url, run_id)  # the same script, a new job; it resumes from the resume point
         return run_id
-    start_worker(engine, url, run_id, data_roots)
+    start_supervisor(engine, url, run_id, data_roots)
     return run_id
 
 
@@ -288,7 +288,7 @@ def group_members(pgid: int) -> list[int]:
 def cancel(run_id: int, *, db_url: str | None = None, grace_s: float = CANCEL_GRACE_S) -> str:
     """Stop the run and every process it started; returns its final status.
 
-    SIGTERM first (the worker records 'cancelled' and stops its ranks), SIGKILL to whatever is
+    SIGTERM first (the supervisor records 'cancelled' and stops its ranks), SIGKILL to whatever is
     left after ``grace_s``, so a run hung in a collective still ends within seconds. A process that
     is gone, or whose pid now belongs to another process (``is_run_process``), is not signalled; one of another user
     raises CancelNotDelivered (the run is marked cancelled all the same, and stops itself at its
@@ -333,10 +333,10 @@ def _end_early(run_id: int, status: str, reason: str, *, db_url: str | None, gra
 
 def is_run_process(pid: int, run_id: int, recorded_start: str | None) -> bool:
     """Whether ``pid`` is still run ``run_id``'s own process. A pid a run recorded is reused once
-    that process ends, possibly by another run's worker, which a cancel must not signal: the
+    that process ends, possibly by another run's supervisor, which a cancel must not signal: the
     process must be the one that started when the pid was recorded (``state.process_start``).
     For a run recorded without that, its command line must run Parallax's trainer and, for a
-    launched worker, this very run. True where /proc cannot tell."""
+    launched supervisor, this very run. True where /proc cannot tell."""
     same = state.is_same_process(pid, recorded_start)
     if same is not None:
         return same
@@ -348,8 +348,8 @@ def is_run_process(pid: int, run_id: int, recorded_start: str | None) -> bool:
         return True
     if not any(part.startswith(b"trainer_backend") or b"trainer_backend/" in part for part in command):
         return False
-    if b"worker" in command:  # python -m trainer_backend worker N ...
-        after = command[command.index(b"worker") + 1:]
+    if b"supervisor" in command:  # python -m trainer_backend supervisor N ...
+        after = command[command.index(b"supervisor") + 1:]
         return bool(after) and after[0] == str(run_id).encode()
     return True
 
@@ -359,7 +359,7 @@ def _signal_run(pid: int, grace_s: float) -> None:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         return
-    # A launched worker leads its own group; a foreground `run` shares its shell's group, so
+    # A launched supervisor leads its own group; a foreground `run` shares its shell's group, so
     # only its own pid is signalled and it stops its ranks itself.
     own_group = pgid == pid
     with contextlib.suppress(ProcessLookupError):

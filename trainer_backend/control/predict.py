@@ -26,9 +26,9 @@ from trainer_backend.datasets.errors import DatasetError
 from trainer_backend.datasets.folder import list_image_folder, resolve_folder
 from trainer_backend.datasets.image_files import decode_image_file
 from trainer_backend.datasets.tensor_dataset import Normalisation
-from trainer_backend.engine.augment import centre_crop
-from trainer_backend.engine.checkpoint_read import read_checkpoint
-from trainer_backend.engine.models import create_model
+from trainer_backend.rank.augment import centre_crop
+from trainer_backend.rank.checkpoint_read import read_checkpoint
+from trainer_backend.rank.models import create_model
 
 # Files decoded and classified together: bounded memory whatever the folder's size.
 BATCH_FILES = 64

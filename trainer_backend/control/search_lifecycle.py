@@ -39,7 +39,7 @@ def checked_space(base: RunConfig, space: SearchSpace) -> SearchSpace:
 
         space = with_default_knobs(base, space)
     space = check_space(base, space)
-    from trainer_backend.worker.model_check import check_model_before_launch
+    from trainer_backend.supervisor.model_check import check_model_before_launch
 
     models = next((p.values for p in space.params if isinstance(p, Choices) and p.name == "model"), (base.model,))
     for model in models:
@@ -66,7 +66,7 @@ def create_search(base: RunConfig, space: SearchSpace, *, db_url: str | None = N
 
 def drive(search_id: int, *, db_url: str | None = None, data_roots: list[Path] | None = None, echo=None) -> str:
     """Drive the search in this process (control/search_driver.py): its final status."""
-    from trainer_backend.worker.startup import engine_imports
+    from trainer_backend.supervisor.startup import engine_imports
 
     with engine_imports():  # torch for a speed search's forecast, Optuna for every search
         from trainer_backend.control.search_driver import drive as drive_here

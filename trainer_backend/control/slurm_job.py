@@ -7,7 +7,7 @@ folder, submitted with ``sbatch --parsable``.
 The job runs ``srun`` with one task per node, each a torchrun agent, all meeting (c10d) at the first node's
 address; every process runs ``python -m trainer_backend run`` with the run's config (``slurm-config.json`` in
 its folder), and rank 0 takes over the run Parallax recorded here (``PARALLAX_RUN_ID``,
-worker/torchrun.py), so the dashboard follows it as any run. The job's output (``slurm.log``) goes to the
+supervisor/torchrun.py), so the dashboard follows it as any run. The job's output (``slurm.log``) goes to the
 run's folder, created here before the job starts. The run's ``measurements["slurm"]`` keeps the job id and
 the script's file. ``docs/SLURM.md`` shows a rendered script and what the cluster must provide.
 
@@ -49,8 +49,8 @@ SHARED_HOME_ENV = "PARALLAX_SHARED_HOME"
 COMMAND_TIMEOUT_S = 30.0
 SIGNAL_LEAD_S = 120  # USR1 this long before the time limit (Slurm may send it up to ~15 s late)
 EPOCH_WAIT_S = 90  # after USR1, how long the ranks may take to leave a resume point (at a step or an epoch's end)
-RESUME_EPOCH = "resume.json"  # engine/resume.py's RESUME_EPOCH_FILE, written after each resume point
-STOP_REQUEST = "stop-requested"  # engine/stopping.py's STOP_FILE: the ranks stop at the next agreed step
+RESUME_EPOCH = "resume.json"  # rank/resume.py's RESUME_EPOCH_FILE, written after each resume point
+STOP_REQUEST = "stop-requested"  # rank/stopping.py's STOP_FILE: the ranks stop at the next agreed step
 RDZV_PORT_BASE = 29500
 
 

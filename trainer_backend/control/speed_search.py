@@ -7,7 +7,7 @@ memory forecast before any is launched, and the short timed run each one trains.
 
 The knobs are the search's own choices (``--param batch_size=64,128,256``), else the defaults here: the strategies
 the devices allow, the batch at half, once and twice the base, channels_last off and on, and on GPUs AMP and
-torch.compile off and on. The forecast is engine/forecast/'s (no GPU touched, no weights read); a configuration
+torch.compile off and on. The forecast is rank/forecast/'s (no GPU touched, no weights read); a configuration
 it cannot estimate (a model whose layers do not run in sequence, cut into stages) is tried, and says so.
 """
 
@@ -77,8 +77,8 @@ def plan_speed_search(base: RunConfig, space: SearchSpace) -> SpeedPlan:
     devices' free memory, as the forecast sees it, are skipped with the reason; the rest are the candidates, the
     base's own settings first (the default every other one is measured against), then in an order drawn from
     the search's seed, at most ``space.trials`` of them."""
-    from trainer_backend.engine.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
-    from trainer_backend.engine.forecast.memory_fit import available_memory_mb, fits
+    from trainer_backend.rank.forecast.memory_estimate import dataset_shape, estimate_memory, stored_data
+    from trainer_backend.rank.forecast.free_memory import available_memory_mb, fits
 
     num_classes, in_chans = dataset_shape(base)
     stored = stored_data(base)

@@ -1,6 +1,6 @@
 """Decode a batch of JPEG files on the GPU: the loader workers read bytes, the device decodes.
 
-    batch = EncodedImages(data, offsets)             # what a worker hands over (streaming.py, output "encoded")
+    batch = EncodedImages(data, offsets)             # what a supervisor hands over (streaming.py, output "encoded")
     decode = DeviceJpegDecode(64, normalisation)
     images = decode(batch.to("cuda:0"))              # (N, 3, 64, 64) float32, normalised, on cuda:0
 

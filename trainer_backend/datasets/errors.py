@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 # How torch's DataLoader re-raises, in the training process, an error a loader worker raised: the
-# same type, made from one text holding the worker's whole traceback (torch/utils/data/_utils).
+# same type, made from one text holding the supervisor's whole traceback (torch/utils/data/_utils).
 _FROM_LOADER_WORKER = re.compile(r"Caught (\w+) (in DataLoader worker process \d+)\.\nOriginal Traceback")
 
 
@@ -14,7 +14,7 @@ class DatasetError(ValueError):
     """A dataset problem the user can fix; the message names the value or file and what is allowed.
 
     Raised in a loader worker (a streamed decode), it reaches the training process with the same
-    one line, followed by which worker raised it, not the worker's traceback."""
+    one line, followed by which supervisor raised it, not the supervisor's traceback."""
 
     def __init__(self, message: object = "", *args: object):
         super().__init__(from_loader_worker(message) if isinstance(message, str) else message, *args)

@@ -6,7 +6,7 @@
 
 Paths are compared after resolving them (``..`` and symlinks), so a link inside a root that
 points elsewhere is refused like the folder it points to. The dashboard checks before it
-launches and its worker checks again; the CLI on its own trains on any folder its user can read.
+launches and its supervisor checks again; the CLI on its own trains on any folder its user can read.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
     loader = DataLoader(data.train, batch_size=128, num_workers=4, collate_fn=collate_batch)
     images = data.train.normalise(pixels)                                  # on the run's device
 
-Each batch is decoded by the worker that serves it (``decode_image_file``: the same reading,
+Each batch is decoded by the supervisor that serves it (``decode_image_file``: the same reading,
 band choice, scaling and resize as the cache), straight into one batch tensor, in shared memory
-when a worker makes it (the training process maps it; nothing is copied across). What the worker
+when a supervisor makes it (the training process maps it; nothing is copied across). What the supervisor
 hands over depends on where the run trains (``loader_output``):
 
 - "stored": pixels as stored, uint8 (or float16 for scaled sources), normalised on the device

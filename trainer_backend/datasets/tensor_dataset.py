@@ -2,7 +2,7 @@
 
 Batches leave the loader as stored pixels (uint8, or float16 for scaled multi-band sources): a
 quarter (or half) of float32's bytes to copy to the device. ``Normalisation`` turns them into the
-model's float32 input there, in one multiply and one add (``trainer_backend/engine/inputs.py`` calls it).
+model's float32 input there, in one multiply and one add (``trainer_backend/rank/inputs.py`` calls it).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class Recorder:
         and at an epoch's last step (or ``now``: where the run stops); skipped while the database is locked,
         then tried less often."""
         at = time.monotonic()
-        # An epoch's start and end always land: the stall watch judges only between them (worker/stall.py).
+        # An epoch's start and end always land: the stall watch judges only between them (supervisor/stall.py).
         if ((now or step in (0, total_steps) or at - self._progress_at >= self.progress_interval_s)
                 and self._progress_backoff.due(at)):
             self._progress_at = at

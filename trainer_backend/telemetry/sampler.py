@@ -236,7 +236,7 @@ class SystemSampler:
                     if process.status() == psutil.STATUS_ZOMBIE:
                         continue
                     child_cpu, child_rss = process.cpu_percent(None), process.memory_info().rss
-            except psutil.Error:  # a worker that ended between the listing and the reading
+            except psutil.Error:  # a supervisor that ended between the listing and the reading
                 continue
             if child_rss == 0:  # exiting, as above
                 continue

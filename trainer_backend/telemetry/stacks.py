@@ -1,4 +1,4 @@
-"""Every rank's Python stacks on demand, for a run that stalls (worker/stall.py asks for them).
+"""Every rank's Python stacks on demand, for a run that stalls (supervisor/stall.py asks for them).
 
     register_stack_dump(folder, rank)   # in each rank, at setup
 

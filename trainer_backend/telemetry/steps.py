@@ -254,7 +254,7 @@ class StepHooks:
             self._energy_tick = time.monotonic()
 
     def cut(self) -> None:
-        """The epoch stops here (engine/stopping.py): write the step points it has."""
+        """The epoch stops here (rank/stopping.py): write the step points it has."""
         if self.recorder is not None:
             self.recorder.end_epoch()
 

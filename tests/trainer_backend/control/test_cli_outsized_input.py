@@ -95,7 +95,7 @@ def test_a_fifty_million_character_model_name_is_refused_before_any_search():
 
 
 def test_the_model_check_bounds_the_name_before_the_closest_name_search():
-    from trainer_backend.engine.models import ModelError, check_model_name
+    from trainer_backend.rank.models import ModelError, check_model_name
 
     started = time.monotonic()
     with pytest.raises(ModelError, match=r"\(50,000,000 characters\) is not allowed"):

@@ -17,7 +17,7 @@ from tests.support import ROOT, SLEEPER, SLEEPER_DDP, SLEEPER_ENV, run_cli, run_
 from db import run_state as state
 from db import make_engine, store
 from trainer_backend.control.lifecycle import group_members
-from trainer_backend.worker.liveness import can_start
+from trainer_backend.supervisor.liveness import can_start
 
 # timm's tiny test ResNet, for the runs other files start: these tests are about processes, not learning.
 MODEL = ("--dataset", "digits", "--model", "test_resnet")
@@ -73,7 +73,7 @@ def test_launched_ddp_run_reports_progress_and_cancel_ends_every_process(paralla
     run = wait_for(parallax_home, run_id, training_started, what="training under way")
     assert run["pid"] and run["heartbeat_at"] and run["progress"]["total_steps"] >= 1
     pgid = run["pid"]
-    assert len(group_members(pgid)) >= 3  # worker + 2 ranks
+    assert len(group_members(pgid)) >= 3  # supervisor + 2 ranks
 
     start = time.monotonic()
     result = run_cli("cancel", str(run_id), home=parallax_home, timeout=60)
@@ -162,7 +162,7 @@ def test_the_run_outlives_the_process_that_launched_it(parallax_home):
     )
     run_id = int(launcher.stdout.readline())
     wait_for(parallax_home, run_id, lambda r: r["status"] == "running", what="running")
-    # Killed at once: the run is claimed before its worker imports the engine (seconds), so five
+    # Killed at once: the run is claimed before its supervisor imports the training code (seconds), so five
     # epochs still lie ahead of it.
     launcher.kill()
     launcher.wait()
@@ -214,7 +214,7 @@ def test_two_runs_at_once_keep_their_own_ports_logs_and_checkpoints(parallax_hom
     folders = [run_dir(parallax_home, run_id) for run_id in (first, second)]
     for folder, run_id in zip(folders, (first, second)):
         assert (folder / "best.pt").exists()
-        # The worker prints its last line just after it records the end: give it a moment.
+        # The supervisor prints its last line just after it records the end: give it a moment.
         line, log_deadline = f"run_id={run_id} status=completed", time.monotonic() + 10
         while line not in (folder / "run.log").read_text() and time.monotonic() < log_deadline:
             time.sleep(0.1)
@@ -235,8 +235,8 @@ def test_out_of_memory_suggests_a_smaller_batch(parallax_home):
 TWO_RUNS_IN_ONE_PROCESS = r"""
 import os, sys
 from contract.config import RunConfig
-from trainer_backend.engine.plugins import load_plugins
-from trainer_backend.worker.runner import execute_run
+from trainer_backend.rank.plugins import load_plugins
+from trainer_backend.supervisor.runner import execute_run
 load_plugins()  # PARALLAX_PLUGINS: the sleeping model
 for home in sys.argv[1:]:
     os.environ["PARALLAX_HOME"] = home

@@ -1,7 +1,7 @@
 """``predict``'s Predictor on a checkpoint of your own model: built as the run built it, and, where the weights do not
 fit the model its file builds now, refused in one line saying why (the file edited since the run trained it).
 
-    .venv/bin/python -m pytest tests/trainer_backend/control/test_predict.py -q
+    .venv/bin/python -m pytest tests/trainer_backend/rank/test_predict.py -q
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from contract.config import RunConfig
 from contract.model_source import with_model_source
 from tests.plugins.user_net import NET_SOURCE
-from trainer_backend.engine.models import build_model
+from trainer_backend.rank.models import build_model
 from trainer_backend.control.predict import Predictor
 
 

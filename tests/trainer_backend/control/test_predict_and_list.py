@@ -48,13 +48,13 @@ def trained(tmp_path_factory) -> tuple[Path, Path, int]:
 
 
 def engine_view(home: Path, run_id: int):
-    """The run's checkpoint, and every image of its dataset as the engine's validation made it (stored
+    """The run's checkpoint, and every image of its dataset as Parallax's validation made it (stored
     pixels, normalised, centre-cropped), in the folder's order."""
     import torch
 
     from contract.config import RunConfig
-    from trainer_backend.engine.augment import centre_crop
-    from trainer_backend.engine.trainer import load_data
+    from trainer_backend.rank.augment import centre_crop
+    from trainer_backend.rank.trainer import load_data
 
     run = store.get_run(make_engine(f"sqlite:///{home / 'parallax.db'}"), run_id)
     checkpoint = torch.load(run_dir(home, run_id) / "best.pt", weights_only=True)
@@ -81,11 +81,11 @@ def test_checkpoint_holds_what_using_it_needs(trained):
 
 
 def test_predict_uses_the_runs_preprocessing_and_model(trained):
-    """predict's inputs are the engine's validation inputs, to float rounding; its classes and its folder
+    """predict's inputs are Parallax's validation inputs, to float rounding; its classes and its folder
     accuracy are what the checkpoint's model says on those inputs."""
     import torch
 
-    from trainer_backend.engine.models import create_model
+    from trainer_backend.rank.models import create_model
     from trainer_backend.control.predict import Predictor
 
     home, folder, run_id = trained

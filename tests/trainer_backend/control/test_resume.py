@@ -1,4 +1,4 @@
-"""Resuming a run (engine/resume.py, control/lifecycle.resume): every run leaves a resume point at each
+"""Resuming a run (rank/resume.py, control/lifecycle.resume): every run leaves a resume point at each
 epoch's end, and a killed single, DDP or FSDP run continues from its last finished epoch as the same run,
 each epoch recorded once; the points kept on disk are bounded by --keep-checkpoints.
 
@@ -20,8 +20,8 @@ from db import make_engine, store
 from contract.checkpoint_file import DamagedFileError
 from contract.config import RunConfig
 from trainer_backend.control.lifecycle import resume
-from trainer_backend.engine import resume as points
-from trainer_backend.engine.strategies import Strategy
+from trainer_backend.rank import resume as points
+from trainer_backend.rank.strategies import Strategy
 
 WORLDS = {  # (the run's flags, the devices it resumes on: None for its own)
     "single": ((), None),
@@ -174,7 +174,7 @@ def test_resuming_from_a_damaged_point_is_refused_in_one_line_before_the_run_is_
 
 @pytest.mark.processes
 def test_a_resumed_run_whose_point_torch_cannot_read_fails_in_one_line_naming_it(parallax_home, engine):
-    """Past resume's look at the file's bytes (a whole archive), the worker's rank fails reading it: the run ends
+    """Past resume's look at the file's bytes (a whole archive), the supervisor's rank fails reading it: the run ends
     failed with the file named, no traceback (was: a bare OSError or RuntimeError and its traceback)."""
     import zipfile
 

@@ -53,7 +53,7 @@ def search(tmp_path_factory):
                     break
             time.sleep(0.2)
         assert launcher.poll() is None, launcher.communicate()[0]
-        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher alone: each trial's worker has a session of its own
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher alone: each trial's supervisor has a session of its own
         first_output = launcher.communicate(timeout=30)[0]
     finally:
         if launcher.poll() is None:

@@ -18,7 +18,7 @@ from db.folders import run_folder
 from tests.support import SLEEPER, run_cli
 from trainer_backend.control import slurm_job, slurm_status
 from trainer_backend.control.slurm_status import watch_slurm_runs
-from trainer_backend.engine import stopping
+from trainer_backend.rank import stopping
 
 pytestmark = pytest.mark.processes
 

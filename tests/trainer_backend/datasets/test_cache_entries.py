@@ -95,15 +95,15 @@ def prepare_within(dataset: str, fifos: list[Path], **options):
         except Exception as exc:  # the test asserts on it
             outcome["error"] = exc
 
-    worker = threading.Thread(target=prepare, daemon=True)
-    worker.start()
-    worker.join(WAIT_S)
-    if worker.is_alive():
+    preparing = threading.Thread(target=prepare, daemon=True)
+    preparing.start()
+    preparing.join(WAIT_S)
+    if preparing.is_alive():
         for fifo in fifos:
             for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
                 with contextlib.suppress(OSError):
                     os.close(os.open(fifo, flags))
-        worker.join(WAIT_S)
+        preparing.join(WAIT_S)
         pytest.fail(f"prepare_data waited {WAIT_S} s on a named pipe among {fifos}")
     return outcome
 

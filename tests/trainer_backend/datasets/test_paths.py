@@ -97,7 +97,7 @@ def test_a_file_swapped_for_a_link_after_listing_is_refused_when_opened(roots, p
 
 
 def test_a_run_launched_from_the_dashboard_fails_naming_a_class_link_out_of_the_roots(roots, parallax_home, db_url):
-    """The real worker process: the top folder is inside the roots, a class folder in it is not."""
+    """The real supervisor process: the top folder is inside the roots, a class folder in it is not."""
     from trainer_backend.control.lifecycle import launch
 
     root, outside = roots

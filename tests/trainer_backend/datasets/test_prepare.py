@@ -118,7 +118,7 @@ def test_getitems_matches_stacked_getitem(parallax_home):
     one_by_one = [data.train[i] for i in indices]
     assert torch.equal(x, torch.stack([item[0] for item in one_by_one]))
     assert torch.equal(y, torch.stack([item[1] for item in one_by_one]))
-    # The loader hands over pixels as stored; they are normalised on the device (trainer_backend/engine/inputs.py).
+    # The loader hands over pixels as stored; they are normalised on the device (trainer_backend/rank/inputs.py).
     assert x.dtype == torch.uint8 and y.dtype == torch.int64 and one_by_one[0][1].dim() == 0
 
 

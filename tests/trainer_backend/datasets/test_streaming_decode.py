@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from trainer_backend.datasets.streaming import loader_output, place_decoding
-from trainer_backend.worker.runner import engine_forkserver
+from trainer_backend.supervisor.runner import engine_forkserver
 
 
 def make_jpeg_folder(root, count: int, size: int, seed: int = 0) -> None:

@@ -1,5 +1,5 @@
 """Files of a streamed set (``--decode workers``) removed while a run trains: the error a loader
-worker raises reaches the run as one line naming the file, not the worker's traceback, and the
+supervisor raises reaches the run as one line naming the file, not the supervisor's traceback, and the
 epochs already recorded stay.
 
     .venv/bin/python -m pytest tests/trainer_backend/datasets/test_streaming_files_gone.py -q
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from tests.trainer_backend.datasets.test_streaming_decode import make_jpeg_folder
 from trainer_backend.datasets import DatasetError, collate_batch, prepare_data
 from trainer_backend.datasets.streaming import place_decoding
-from trainer_backend.worker.runner import engine_forkserver
+from trainer_backend.supervisor.runner import engine_forkserver
 
 pytestmark = pytest.mark.usefixtures("own_data_dir")
 

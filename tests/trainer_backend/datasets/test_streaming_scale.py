@@ -18,9 +18,9 @@ import pytest
 import torch
 from tests.support import ROOT
 
-from trainer_backend.engine.augment import centre_crop, random_resized_crop
+from trainer_backend.rank.augment import centre_crop, random_resized_crop
 from contract.config import ConfigError, RunConfig
-from trainer_backend.engine.inputs import DeviceInputs
+from trainer_backend.rank.inputs import DeviceInputs
 
 
 def test_stored_size_below_the_image_size_is_refused_in_one_line():
@@ -152,8 +152,8 @@ def test_a_folder_larger_than_the_runs_memory_limit_trains_to_the_end(parallax_h
 
 @pytest.mark.usefixtures("own_data_dir")
 def test_a_split_that_fits_a_share_of_device_memory_is_kept_there_and_gathered_there(parallax_home):
-    from trainer_backend.engine.strategies.base import Strategy
-    from trainer_backend.engine.trainer import (
+    from trainer_backend.rank.strategies.base import Strategy
+    from trainer_backend.rank.trainer import (
         DEVICE_DATA_SHARE,
         build_loaders,
         keep_on_device,
@@ -184,7 +184,7 @@ def test_decoding_in_the_loader_workers_gives_the_cached_pixels_and_caches_nothi
 
     from trainer_backend.datasets import DatasetError, collate_batch, prepare_data
     from trainer_backend.datasets.streaming import StreamingImages
-    from trainer_backend.worker.runner import engine_forkserver
+    from trainer_backend.supervisor.runner import engine_forkserver
 
     folder = tmp_path / "folder"
     make_large_png_folder(folder, count=40, size=24)

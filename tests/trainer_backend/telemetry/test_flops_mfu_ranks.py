@@ -21,7 +21,7 @@ from trainer_backend.telemetry import flops
 from contract.config import RunConfig
 from trainer_backend.telemetry.flops import cpu_peak_tflops, device_peak, flops_per_image, gpu_peak
 from trainer_backend.telemetry.memory_breakdown import MB
-from trainer_backend.engine.models import create_model
+from trainer_backend.rank.models import create_model
 from trainer_backend.telemetry.rank_times import find_stragglers, slow_ranks, straggler_note
 
 SPAWN_TIMEOUT_S = 120
@@ -251,9 +251,9 @@ def _world_of_two(rank: int, port: int, out_path: str) -> None:
     """Both strategies in one world (a process group is made once): DDP for two epochs with rank 1
     slow at loading data, then FSDP for three, rank 1 slow in the third only (the first warms up:
     FSDP's first step sets itself up inside its hooks)."""
-    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.rank.loop import train_one_epoch
     from trainer_backend.telemetry.measures import RunMeasures
-    from trainer_backend.engine.trainer import build_optimizer, make_strategy
+    from trainer_backend.rank.trainer import build_optimizer, make_strategy
 
     results = {}
     strategies = []
@@ -331,9 +331,9 @@ def test_fsdp_records_every_ranks_comm_wait_and_the_fast_rank_waits_for_the_slow
 # --- one process: a single entry ---
 
 def test_a_single_process_run_has_one_rank_entry_without_collectives(tmp_path, monkeypatch):
-    from trainer_backend.engine.loop import train_one_epoch
+    from trainer_backend.rank.loop import train_one_epoch
     from trainer_backend.telemetry.measures import RunMeasures
-    from trainer_backend.engine.trainer import build_optimizer, make_strategy
+    from trainer_backend.rank.trainer import build_optimizer, make_strategy
 
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
     config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)
@@ -493,7 +493,7 @@ def test_an_mfu_above_one_against_a_gpu_peak_is_not_blamed_on_a_cpu_peak(tmp_pat
     """A datasheet peak cannot be measured again: the note names that peak and its source, never a CPU's."""
     from trainer_backend.telemetry.flops import Peak
     from trainer_backend.telemetry.measures import RunMeasures
-    from trainer_backend.engine.trainer import make_strategy
+    from trainer_backend.rank.trainer import make_strategy
 
     monkeypatch.setenv("PARALLAX_HOME", str(tmp_path))
     config = RunConfig(model="test_resnet", strategy="single", devices=("cpu",), image_size=8, batch_size=4)

@@ -217,7 +217,7 @@ def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples():
 
 
 def test_each_machine_samples_its_own_ranks_and_gpus():
-    from trainer_backend.worker.torchrun import Member, Sampling
+    from trainer_backend.supervisor.torchrun import Member, Sampling
 
     # Two machines of two GPUs each; rank 0 is on node 0.
     members = [Member("a", 0, "cuda:0", 1, 100), Member("a", 0, "cuda:1", 1, 101),

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from reports.efficiency import breakdown_figure, breakdown_frame
-from trainer_backend.engine.forecast.memory_estimate import PARTS
+from trainer_backend.rank.forecast.memory_estimate import PARTS
 from trainer_backend.telemetry.memory_breakdown import FIELDS, HeldMemory, local_breakdown
 
 MB = 2**20

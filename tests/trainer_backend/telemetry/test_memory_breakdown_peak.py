@@ -12,9 +12,9 @@ import torch
 import db
 from db import store
 from trainer_backend.telemetry import memory_breakdown
-from trainer_backend.engine import trainer
+from trainer_backend.rank import trainer
 from contract.config import RunConfig
-from trainer_backend.engine.strategies import Strategy
+from trainer_backend.rank.strategies import Strategy
 from reports import scaling
 from reports import charts
 

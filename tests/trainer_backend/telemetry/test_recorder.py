@@ -21,7 +21,7 @@ from db.connection import DatabaseLockedError
 from db.tables import StepMetric
 from db.recorded_by import parallax_version
 from contract.config import RunConfig
-from trainer_backend.engine import trainer
+from trainer_backend.rank import trainer
 from trainer_backend.telemetry.recorder import NoRecorder, Recorder
 
 EPOCH_ROW = {"epoch": 1, "train_loss": 2.0, "train_acc": 0.25, "val_loss": 1.5, "val_acc": 0.5, "epoch_time_s": 3.0,
