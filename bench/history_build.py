@@ -44,7 +44,7 @@ def add_runs(engine, count: int, *, first_index: int) -> dict[str, float]:
 
 def _engine_run(engine, index: int) -> int:
     from contract.config import RunConfig
-    from db import run_state, series, store
+    from db import run_state, store, system_metrics
     from trainer_backend.telemetry.recorder import Recorder
 
     strategy, devices = STRATEGIES[index % len(STRATEGIES)]
@@ -67,7 +67,7 @@ def _engine_run(engine, index: int) -> int:
                                "train_time_s": 3.0, "images_per_s": speed + epoch, "lr": lr,
                                "peak_memory_mb": {"cpu": 900.0 + epoch}})
     recorder.step_points(steps, window_s=None)
-    series.add_system_samples(engine, run_id, [
+    system_metrics.add_samples(engine, run_id, [
         {"t_s": float(t), "node": 0, "host_cpu_pct": 95.0, "host_memory_mb": 4000.0 + t,
          "processes": [{"rank": rank, "cpu_pct": 98.0, "rss_mb": 800.0 + t} for rank in range(len(devices))],
          "gpus": []} for t in range(SAMPLES)])
@@ -133,12 +133,12 @@ def log_steps_script(db_url: str, *, steps: int, names: int, spike_at: int, time
 
 def add_system_day(engine, run_id: int, *, ranks: int, seconds: int) -> None:
     """A day (``seconds``) of one-second samples of a machine running ``ranks`` ranks, written as the
-    sampler writes them (``series.add_system_samples``, a batch at a time)."""
-    from db import series
+    sampler writes them (``system_metrics.add_samples``, a batch at a time)."""
+    from db import system_metrics
 
     batch = 3600
     for start in range(0, seconds, batch):
-        series.add_system_samples(engine, run_id, [
+        system_metrics.add_samples(engine, run_id, [
             {"t_s": float(t), "node": 0, "host_cpu_pct": 50.0 + t % 40, "host_memory_mb": 60_000.0 + t % 500,
              "processes": [{"rank": rank, "cpu_pct": 90.0 + (t + rank) % 10, "rss_mb": 3000.0 + rank}
                            for rank in range(ranks)],
