@@ -62,7 +62,7 @@ def split_samples(rows: Iterable[Mapping[str, Any]]) -> dict[Key, tuple[list[flo
         column[1].append(math.nan if value is None else float(value))
 
     for row in rows:
-        _refuse_unknown(row, SAMPLE_FIELDS, "system_samples")
+        _refuse_unknown(row, SAMPLE_FIELDS, "system sample")
         t_s, node = float(row["t_s"]), int(row.get("node") or 0)
         for metric, field in HOST_METRICS:
             if row.get(field) is not None:
