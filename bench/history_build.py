@@ -131,21 +131,30 @@ def log_steps_script(db_url: str, *, steps: int, names: int, spike_at: int, time
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
+SYSTEM_SPIKE_PCT = 150.0  # one second of GPU 1, halfway: above any other reading (90 to 99 %)
+
+
 def add_system_day(engine, run_id: int, *, ranks: int, seconds: int) -> None:
-    """A day (``seconds``) of one-second samples of a machine running ``ranks`` ranks, written as the
-    sampler writes them (``system_metrics.add_samples``, a batch at a time)."""
+    """A day (``seconds``) of one-second samples of a machine running ``ranks`` ranks on as many GPUs, written
+    as the sampler writes them (``system_metrics.add_samples``), an hour of samples at a time (the sampler's
+    batches are seconds long; larger ones only shorten the build). GPU 1 reads ``SYSTEM_SPIKE_PCT`` for one
+    second halfway through."""
     from db import system_metrics
 
     batch = 3600
     for start in range(0, seconds, batch):
-        system_metrics.add_samples(engine, run_id, [
+        samples = [
             {"t_s": float(t), "node": 0, "host_cpu_pct": 50.0 + t % 40, "host_memory_mb": 60_000.0 + t % 500,
              "processes": [{"rank": rank, "cpu_pct": 90.0 + (t + rank) % 10, "rss_mb": 3000.0 + rank}
                            for rank in range(ranks)],
              "gpus": [{"index": rank, "util_pct": 90.0 + (t * rank) % 10, "memory_used_mb": 40_000.0 + rank,
                        "power_w": 300.0 + rank, "temperature_c": 60.0, "sm_clock_mhz": 1980.0}
                       for rank in range(ranks)]}
-            for t in range(start, min(seconds, start + batch))])
+            for t in range(start, min(seconds, start + batch))]
+        for sample in samples:
+            if sample["t_s"] == seconds // 2 and ranks > 1:
+                sample["gpus"][1]["util_pct"] = SYSTEM_SPIKE_PCT
+        system_metrics.add_samples(engine, run_id, samples)
 
 
 def database_bytes(engine) -> int:
