@@ -74,30 +74,39 @@ COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
 def banded_traces(figure: go.Figure, frame: pd.DataFrame, *, name: str, colour: str | None = None,
                   x: str = "step", value: str = "value", showlegend: bool = False) -> None:
     """Add one series reduced to buckets (``db.script_metrics.read_points`` rows: ``x``, ``value``, ``min``,
-    ``max``, ``n``, ``nonfinite``) as W&B draws it: a band from each bucket's minimum to its maximum, where a
+    ``max``, ``n``, ``nonfinite``) as W&B draws it: see ``banded_scatters``."""
+    figure.add_traces(banded_scatters(frame, name=name, colour=colour, x=x, value=value, showlegend=showlegend))
+
+
+def banded_scatters(frame: pd.DataFrame, *, name: str, colour: str | None = None, x: str = "step",
+                    value: str = "value", showlegend: bool = False) -> list[go.Scatter]:
+    """One series reduced to buckets as W&B draws it: a band from each bucket's minimum to its maximum, where a
     bucket holds several values, a line through each bucket's last value, and a red cross on each bucket that
-    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away."""
+    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away. The traces, for one
+    ``add_traces`` of every series of a figure (a trace added at a time costs several times more)."""
     frame = frame.sort_values(x)
     colour = colour or DEFAULT_PLOTLY_COLORS[0]
+    traces = []
     if "n" in frame and (frame["n"] > 1).any():
         common = dict(x=frame[x], mode="lines", line=dict(width=0, color=colour), hoverinfo="skip", showlegend=False,
                       legendgroup=name, connectgaps=False)
-        figure.add_scatter(y=frame["max"], name=f"{name} max", **common)
-        figure.add_scatter(y=frame["min"], name=f"{name} min", fill="tonexty", fillcolor=with_alpha(colour, BAND_ALPHA),
-                           **common)
+        traces.append(go.Scatter(y=frame["max"], name=f"{name} max", **common))
+        traces.append(go.Scatter(y=frame["min"], name=f"{name} min", fill="tonexty",
+                                 fillcolor=with_alpha(colour, BAND_ALPHA), **common))
     drawn = frame[frame[value].notna()]
     details = np.column_stack([drawn[column].to_numpy(dtype=float) if column in drawn else np.full(len(drawn), np.nan)
                                for column in ("min", "max", "n")]) if len(drawn) else None
-    figure.add_scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
-                       legendgroup=name, line=dict(color=colour), customdata=details,
-                       hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
-                                      "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>"))
+    traces.append(go.Scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
+                             legendgroup=name, line=dict(color=colour), customdata=details,
+                             hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
+                                            "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>")))
     if "nonfinite" in frame and (frame["nonfinite"] > 0).any():
         bad = frame[frame["nonfinite"] > 0]
         at = bad["max"].fillna(bad[value]).fillna(bad["min"]).fillna(0.0)
-        figure.add_scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
-                           marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
-                           hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>")
+        traces.append(go.Scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
+                                 marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
+                                 hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>"))
+    return traces
 
 
 def with_alpha(colour: str, alpha: float) -> str:
@@ -237,11 +246,13 @@ def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None 
     if bucketed > 1:
         title += f"<br><sup>line: the last of every {bucketed:,} samples or fewer; band: their minimum to maximum</sup>"
     figure = base_figure(title, X_TITLES["t_s"], y_title)
+    traces = []
     for index, (device, rows) in enumerate(shown.groupby("device", sort=False)):
         if has_values(rows, metric):
-            banded_traces(figure, rows.rename(columns={f"{metric}_min": "min", f"{metric}_max": "max"}),
-                          name=str(device), colour=DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)],
-                          x="t_s", value=metric, showlegend=True)
+            traces += banded_scatters(rows.rename(columns={f"{metric}_min": "min", f"{metric}_max": "max"}),
+                                      name=str(device), colour=DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)],
+                                      x="t_s", value=metric, showlegend=True)
+    figure.add_traces(traces)
     _mark(figure, marks, "t_s")
     return fit_y_axis(figure)
 
