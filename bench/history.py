@@ -274,8 +274,9 @@ def system_section(report: Report, engine, ranks: int, seconds: int, repeats: in
                timed(charts, repeats), unit=" s", target=at_most(1.0), headline=False)
     highest = max(max((y for y in trace.y if y is not None), default=0.0)
                   for trace in drawn["figures"]["util_pct"].data)
-    report.note(f"{ranks} ranks: the charts read {drawn['rows']:,} bucket rows (the packed values of none: each "
-                f"metric's minute summaries), and GPU 1's one-second spike of {SYSTEM_SPIKE_PCT:g} % is "
+    report.note(f"{ranks} ranks: the charts read {drawn['rows']:,} rows (at most {SYSTEM_CHART_POINTS} buckets per "
+                f"series; a run of more than {SYSTEM_CHART_POINTS // 4} minutes from the minutes' summaries alone), "
+                f"and GPU 1's one-second spike of {SYSTEM_SPIKE_PCT:g} % is "
                 f"{'on' if highest >= SYSTEM_SPIKE_PCT else 'NOT on'} the utilisation chart (its top: {highest:g} %).")
 
 
