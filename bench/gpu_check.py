@@ -324,7 +324,7 @@ def paths_table(paths: dict[str, dict]) -> list[str]:
         ratios = ", ".join(f"{v:.3f}" for v in r["ratios"])
         syncs = f"{figure(r['parallax_syncs_per_step'], 2)} / {figure(r['plain_syncs_per_step'], 2)}"
         status = "; ".join(r["problems"]) or f"at or above {TARGET_RATIO}"
-        rows.append(f"| {DATA_PATHS[path]} | {', '.join(figure(v) for v in r['engine'])} | "
+        rows.append(f"| {DATA_PATHS[path]} | {', '.join(figure(v) for v in r['parallax'])} | "
                     f"{', '.join(figure(v) for v in r['plain'])} | {ratios} | {syncs} | {status} |")
     return rows
 

@@ -12,7 +12,9 @@ Then a script in a process of its own logs 1,000,000 steps of 4 values in a tigh
 of 100 among values near 1): every value stored, the values per second until ``finish`` returned, how long
 ``log`` waited (back-pressure), the bytes per value; its Run page in chromium cold (a fresh server) and
 warm until its charts have drawn, and the spike's value on its chart; Compare of 20 such runs (2 with
-``--quick``); 8 ranks' system samples over 24 hours read for a chart. Where ``PARALLAX_BENCH_PG_URL``
+``--quick``); 8 ranks' and a simulated 64 ranks' system samples over 24 hours (10 minutes with ``--quick``),
+written through the sampler's ``db.system_metrics.add_samples`` an hour at a time, read for the Run page's
+system charts (one GPU's one-second spike found on them). Where ``PARALLAX_BENCH_PG_URL``
 names an empty PostgreSQL database, the ingest and the run table at 100 and 1,000 runs are measured there too.
 
     python bench/history.py                       # full: 100, 10,000, 100,000 runs; 1,000,000 steps
@@ -42,7 +44,8 @@ SIZES, QUICK_SIZES = (100, 10_000, 100_000), (50, 150)
 STEPS, QUICK_STEPS, NAMES, SPIKE_AT = 1_000_000, 10_000, 4, 654_321
 COMPARE_RUNS, QUICK_COMPARE_RUNS = 20, 2
 PG_SIZES, QUICK_PG_SIZES = (100, 1_000), (50,)  # PostgreSQL: the run table at these sizes, and the ingest
-SYSTEM_RANKS, SYSTEM_S, QUICK_SYSTEM_S = 8, 24 * 3600, 600
+SYSTEM_RANKS, SYSTEM_S, QUICK_SYSTEM_S = (8, 64), 24 * 3600, 600  # 64: a simulated wide job's ranks and GPUs
+SYSTEM_CHART_POINTS = 600  # the Run page's buckets per chart (pages/run.py LIVE_MAX_POINTS)
 WHERE = "lr > 0.001 and best_val_acc >= 0.8"
 SEARCH = "week-7"
 PAGE_MS = 120_000
@@ -120,7 +123,8 @@ def main() -> None:
     system_s = QUICK_SYSTEM_S if args.quick else SYSTEM_S
     report = Report("history", "History at scale (runs, a million steps, ingest)", method=METHOD)
     report.settings = {"sizes": sizes, "steps": steps, "values per step": NAMES, "compare runs": compare_runs,
-                       "system samples": f"{SYSTEM_RANKS} ranks x {system_s:,} s", "repeats": args.repeats}
+                       "system samples": f"{' and '.join(map(str, SYSTEM_RANKS))} ranks x {system_s:,} s",
+                       "repeats": args.repeats}
     missing = browser_missing()
     if missing:
         report.note(f"Pages not timed in a browser: {missing}.")
@@ -131,7 +135,8 @@ def main() -> None:
         engine = make_engine(url)
         runs_section(report, engine, url, home, sizes, args.repeats, missing)
         steps_section(report, engine, url, home, steps, compare_runs, args.repeats, missing)
-        system_section(report, engine, system_s, args.repeats)
+        for ranks in SYSTEM_RANKS:
+            system_section(report, engine, ranks, system_s, args.repeats)
         if pg_url := os.environ.get("PARALLAX_BENCH_PG_URL"):
             postgres_section(report, pg_url, QUICK_PG_SIZES if args.quick else PG_SIZES, min(steps, 200_000),
                              args.repeats)
@@ -245,27 +250,34 @@ def steps_section(report: Report, engine, url: str, home: Path, steps: int, comp
                times["compare"], unit=" s", target=at_most(2.0))
 
 
-def system_section(report: Report, engine, seconds: int, repeats: int) -> None:
-    from bench.history_build import add_system_day
-    from db import script_metrics, series
+def system_section(report: Report, engine, ranks: int, seconds: int, repeats: int) -> None:
+    from bench.history_build import SYSTEM_SPIKE_PCT, add_system_day
+    from db import script_metrics, system_metrics
     from reports import series_charts
 
-    run_id = script_metrics.create_script_run(engine, name="eight ranks", project="history", config={},
-                                              key="script:bench-system", world_size=SYSTEM_RANKS)
+    run_id = script_metrics.create_script_run(engine, name=f"{ranks} ranks", project="history", config={},
+                                              key=f"script:bench-system-{ranks}", world_size=ranks)
     started = time.perf_counter()
-    add_system_day(engine, run_id, ranks=SYSTEM_RANKS, seconds=seconds)
-    print(f"  {seconds:,} s of samples of {SYSTEM_RANKS} ranks written in {time.perf_counter() - started:.0f} s",
-          flush=True)
+    add_system_day(engine, run_id, ranks=ranks, seconds=seconds)
+    print(f"  {seconds:,} s of samples of {ranks} ranks written in {time.perf_counter() - started:.0f} s", flush=True)
+    drawn = {}
 
-    def charts() -> None:
-        system = series_charts.system_frame(series.read_system(engine, [run_id], max_points=600))
-        for metric in series_charts.system_charts_for(system):
-            series_charts.system_figure(system, metric)
+    def charts() -> None:  # as the Run page builds them: the charted metrics' buckets, then the figures
+        rows = system_metrics.read_metric(engine, [run_id], series_charts.SYSTEM_METRICS,
+                                          max_points=SYSTEM_CHART_POINTS)
+        system = series_charts.system_frame(rows)
+        drawn["rows"] = len(rows)
+        drawn["figures"] = {metric: series_charts.system_figure(system, metric)
+                            for metric in series_charts.system_charts_for(system)}
 
-    report.add(f"system charts of {SYSTEM_RANKS} ranks x {seconds:,} one-second samples (read and built)",
+    report.add(f"system charts of {ranks} ranks and GPUs x {seconds:,} one-second samples (read and built)",
                timed(charts, repeats), unit=" s", target=at_most(1.0), headline=False)
-    report.note("System samples are still stored one row per moment, every rank and GPU in its JSON: a chart of "
-                "one metric reads the chosen samples' JSON, not a column per metric.")
+    highest = max(max((y for y in trace.y if y is not None), default=0.0)
+                  for trace in drawn["figures"]["util_pct"].data)
+    report.note(f"{ranks} ranks: the charts read {drawn['rows']:,} rows (at most {SYSTEM_CHART_POINTS} buckets per "
+                f"series; a run of more than {SYSTEM_CHART_POINTS // 4} minutes from the minutes' summaries alone), "
+                f"and GPU 1's one-second spike of {SYSTEM_SPIKE_PCT:g} % is "
+                f"{'on' if highest >= SYSTEM_SPIKE_PCT else 'NOT on'} the utilisation chart (its top: {highest:g} %).")
 
 
 def postgres_section(report: Report, pg_url: str, sizes: list[int], steps: int, repeats: int) -> None:

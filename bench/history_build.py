@@ -44,7 +44,7 @@ def add_runs(engine, count: int, *, first_index: int) -> dict[str, float]:
 
 def _engine_run(engine, index: int) -> int:
     from contract.config import RunConfig
-    from db import run_state, series, store
+    from db import run_state, store, system_metrics
     from trainer_backend.telemetry.recorder import Recorder
 
     strategy, devices = STRATEGIES[index % len(STRATEGIES)]
@@ -67,7 +67,7 @@ def _engine_run(engine, index: int) -> int:
                                "train_time_s": 3.0, "images_per_s": speed + epoch, "lr": lr,
                                "peak_memory_mb": {"cpu": 900.0 + epoch}})
     recorder.step_points(steps, window_s=None)
-    series.add_system_samples(engine, run_id, [
+    system_metrics.add_samples(engine, run_id, [
         {"t_s": float(t), "node": 0, "host_cpu_pct": 95.0, "host_memory_mb": 4000.0 + t,
          "processes": [{"rank": rank, "cpu_pct": 98.0, "rss_mb": 800.0 + t} for rank in range(len(devices))],
          "gpus": []} for t in range(SAMPLES)])
@@ -131,21 +131,30 @@ def log_steps_script(db_url: str, *, steps: int, names: int, spike_at: int, time
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
+SYSTEM_SPIKE_PCT = 150.0  # one second of GPU 1, halfway: above any other reading (90 to 99 %)
+
+
 def add_system_day(engine, run_id: int, *, ranks: int, seconds: int) -> None:
-    """A day (``seconds``) of one-second samples of a machine running ``ranks`` ranks, written as the
-    sampler writes them (``series.add_system_samples``, a batch at a time)."""
-    from db import series
+    """A day (``seconds``) of one-second samples of a machine running ``ranks`` ranks on as many GPUs, written
+    as the sampler writes them (``system_metrics.add_samples``), an hour of samples at a time (the sampler's
+    batches are seconds long; larger ones only shorten the build). GPU 1 reads ``SYSTEM_SPIKE_PCT`` for one
+    second halfway through."""
+    from db import system_metrics
 
     batch = 3600
     for start in range(0, seconds, batch):
-        series.add_system_samples(engine, run_id, [
+        samples = [
             {"t_s": float(t), "node": 0, "host_cpu_pct": 50.0 + t % 40, "host_memory_mb": 60_000.0 + t % 500,
              "processes": [{"rank": rank, "cpu_pct": 90.0 + (t + rank) % 10, "rss_mb": 3000.0 + rank}
                            for rank in range(ranks)],
              "gpus": [{"index": rank, "util_pct": 90.0 + (t * rank) % 10, "memory_used_mb": 40_000.0 + rank,
                        "power_w": 300.0 + rank, "temperature_c": 60.0, "sm_clock_mhz": 1980.0}
                       for rank in range(ranks)]}
-            for t in range(start, min(seconds, start + batch))])
+            for t in range(start, min(seconds, start + batch))]
+        for sample in samples:
+            if sample["t_s"] == seconds // 2 and ranks > 1:
+                sample["gpus"][1]["util_pct"] = SYSTEM_SPIKE_PCT
+        system_metrics.add_samples(engine, run_id, samples)
 
 
 def database_bytes(engine) -> int:

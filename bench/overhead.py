@@ -127,8 +127,8 @@ def startup_note(engine: list[dict], plain: list[dict], epochs: int) -> str:
     per_epoch = {name: statistics.median(sum(e["epoch_time_s"] for e in r["epochs"]) / epochs for r in runs)
                  for name, runs in (("parallax", engine), ("plain", plain))}
     text = (f"Outside its epochs (interpreter, imports, data, model, checkpoints, teardown) the Parallax process "
-            f"takes {outside['engine']:.2f} s against the plain script's {outside['plain']:.2f} s; an epoch with "
-            f"validation takes {per_epoch['engine']:.2f} s against {per_epoch['plain']:.2f} s.")
+            f"takes {outside['parallax']:.2f} s against the plain script's {outside['plain']:.2f} s; an epoch with "
+            f"validation takes {per_epoch['parallax']:.2f} s against {per_epoch['plain']:.2f} s.")
     # Whole-process ratio for a run of n epochs: (outside + n * epoch) engine over plain.
     for n in range(1, 1001):
         ratio = (outside["parallax"] + n * per_epoch["parallax"]) / (outside["plain"] + n * per_epoch["plain"])

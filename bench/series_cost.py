@@ -4,7 +4,7 @@ A real foreground run (resnet18 on digits, 3 epochs, in this process, the ``sing
 the sampler thread shares the training process and its cores) with the recorder's and the energy
 meter's methods wrapped to time every call the training thread makes into them (the device
 buffer copy, the points, the batched writes of step rows), and the sampler thread's own CPU time
-(its samples and batched writes of ``system_samples``). The share is those seconds over the
+(its samples and batched writes of system samples, ``db.system_metrics``). The share is those seconds over the
 run's training time (the sum of its epochs' ``train_time_s``). Two cadences take turns: the
 defaults (a point at most every 0.5 s, a sample every second) and the densest (a point every step,
 a sample every 0.2 s), five runs each.

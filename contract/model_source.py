@@ -20,7 +20,7 @@ SEPARATOR = ":"
 
 class ModelError(ValueError):
     """A model name, path, weight source or split that cannot work; the message names the model. Here,
-    below the engine, so that the command line raises the same error without importing torch."""
+    below the training code, so that the command line raises the same error without importing torch."""
 
 
 def is_custom_model(name: str) -> bool:

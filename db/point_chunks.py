@@ -97,17 +97,25 @@ def reduce_window(steps: np.ndarray, t_s: np.ndarray, values: np.ndarray, *, fir
     how many values it holds (``n``) and how many of them are NaN or infinite (``nonfinite``)."""
     if not len(steps):
         return []
-    buckets = (steps - first_step) // width
+    reduced = reduce_runs((steps - first_step) // width, values)
+    return [{"step": int(steps[end]), "t_s": float(t_s[end]), "value": _finite_or_none(values[end]),
+             "min": low, "max": high, "n": count, "nonfinite": bad} for end, low, high, count, bad in reduced]
+
+
+def reduce_runs(buckets: np.ndarray, values: np.ndarray) -> list[tuple[int, float | None, float | None, int, int]]:
+    """``values`` grouped by runs of equal ``buckets`` (in order): for each run, the index of its last value, its
+    minimum and maximum over the finite values (None where none is), its count and how many are NaN or infinite."""
+    if not len(values):
+        return []
     starts = np.concatenate(([0], np.flatnonzero(buckets[1:] != buckets[:-1]) + 1))
-    ends = np.concatenate((starts[1:], [len(steps)])) - 1
+    ends = np.concatenate((starts[1:], [len(values)])) - 1
     finite = np.isfinite(values)
     usable = np.where(finite, values, np.nan)
     with np.errstate(invalid="ignore"):
         minima, maxima = np.fmin.reduceat(usable, starts), np.fmax.reduceat(usable, starts)
-    counts = np.diff(np.concatenate((starts, [len(steps)])))
+    counts = np.diff(np.concatenate((starts, [len(values)])))
     nonfinite = counts - np.add.reduceat(finite.astype(np.int64), starts)
-    return [{"step": int(steps[end]), "t_s": float(t_s[end]), "value": _finite_or_none(values[end]),
-             "min": _finite_or_none(low), "max": _finite_or_none(high), "n": int(count), "nonfinite": int(bad)}
+    return [(end, _finite_or_none(low), _finite_or_none(high), count, bad)
             for end, low, high, count, bad in zip(ends.tolist(), minima.tolist(), maxima.tolist(), counts.tolist(),
                                                   nonfinite.tolist())]
 

@@ -1,12 +1,11 @@
-"""The per-step and per-second series of a run: ``step_metrics`` and ``system_samples``.
+"""The per-step series of a run (``step_metrics``), and what a live page asks of it and of the run's system
+samples (stored per metric by ``db.system_metrics``).
 
 Rows arrive in batches (a few seconds' worth at a time), so a run writes a handful of
 statements a minute whatever its step rate.
 
     add_steps(engine, run_id, [{"epoch": 1, "step": 1, "t_s": 0.8, "train_loss": 2.3,
                                 "images_per_s": 410.0, "lr": 0.01}, ...])
-    add_system_samples(engine, run_id, [{"t_s": 1.0, "host_cpu_pct": 97.0, "host_memory_mb": 2210.0,
-                                         "processes": [...], "gpus": [...]}, ...])
 """
 
 from __future__ import annotations
@@ -14,19 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, and_, cast, delete, func, insert, select
+from sqlalchemy import Engine, and_, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from db.connection import lock_wait_at_most, session_scope
-from db.tables import Run, StepMetric, SystemSample
+from db.system_metrics import GPU_FIELDS, PROCESS_FIELDS, samples_stored
+from db.tables import Run, StepMetric, SystemSeries
 
 STEP_FIELDS: tuple[str, ...] = ("epoch", "step", "t_s", "train_loss", "images_per_s", "lr")
 # The step series a chart draws as a band from each bucket's minimum to its maximum.
 BANDED_STEP_FIELDS: tuple[str, ...] = ("train_loss", "images_per_s")
-# "node": the machine sampled, by its node rank in a torchrun job (0 where the run has one machine).
-SYSTEM_FIELDS: tuple[str, ...] = ("t_s", "node", "host_cpu_pct", "host_memory_mb", "processes", "gpus")
-PROCESS_FIELDS: tuple[str, ...] = ("rank", "cpu_pct", "rss_mb")
-GPU_FIELDS: tuple[str, ...] = ("index", "util_pct", "memory_used_mb", "power_w", "temperature_c", "sm_clock_mhz")
 
 
 def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]], *, lock_wait_s: float | None = None
@@ -34,11 +30,6 @@ def add_steps(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]], *,
     """Append step points (``STEP_FIELDS``) to the run in one statement; ``lock_wait_s``: how long that statement
     may wait for another process's lock (a write the training thread may skip), else the connection's own wait."""
     _add(engine, run_id, StepMetric, STEP_FIELDS, rows, lock_wait_s=lock_wait_s)
-
-
-def add_system_samples(engine: Engine, run_id: int, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Append system samples (``SYSTEM_FIELDS``) to the run in one statement."""
-    _add(engine, run_id, SystemSample, SYSTEM_FIELDS, rows)
 
 
 def forget_steps_from(engine: Engine, run_id: int, epoch: int, after_step: int = 0) -> None:
@@ -92,18 +83,6 @@ def read_steps(engine: Engine, run_ids: Iterable[int], *, max_points: int | None
     return _read_each(engine, run_ids, max_points, _read_steps_of)
 
 
-def read_system(engine: Engine, run_ids: Iterable[int], *, max_points: int | None = DEFAULT_MAX_POINTS
-                ) -> list[dict[str, Any]]:
-    """The runs' system samples (``run_id`` and ``SYSTEM_FIELDS``), by run then time.
-
-    A run with more than ``max_points`` samples comes back as the first sample of each of
-    ``max_points`` equal spans of time: real readings of one moment each (a GPU's utilisation,
-    power and memory taken together), never a blend of readings. Each machine of a run across
-    machines keeps a sample of its own in each span (so up to ``max_points`` per machine): one
-    machine's figures never stand for another's. ``max_points=None`` gives every one."""
-    return _read_each(engine, run_ids, max_points, _read_system_of)
-
-
 def export_sample(row: Mapping[str, Any], host: str | None) -> dict[str, Any]:
     """A system sample as ``export`` writes it: its time, the name of the machine sampled (``host``,
     see ``sample_host``) and its node rank in the job (``node``: two machines may share a name), the
@@ -133,18 +112,16 @@ def last_step(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
 
 
 def last_sample(engine: Engine, run_ids: Iterable[int]) -> dict[int, int]:
-    """The id of the last system sample of each run (0 for none): it grows with every sample.
-
-    The id, not max(t_s): the run_id index holds each row's id, so this is one seek per run, where
-    max(t_s) would read every sample of the run."""
-    last = select(func.max(SystemSample.id)).where(SystemSample.run_id == Run.id).scalar_subquery()
-    return _per_run(engine, run_ids, last)
+    """How many system values each run has stored (0 for none): it grows with every batch its sampler writes
+    (``db.system_metrics.samples_stored``)."""
+    return samples_stored(engine, run_ids)
 
 
 def last_points(engine: Engine, run_id: int) -> tuple[int, int]:
-    """``last_step`` and ``last_sample`` of one run in one query: what a live page asks every tick."""
+    """``last_step`` and ``last_sample`` of one run in one query: what a live page asks every tick (one seek
+    for the step, one row per system series of the run, never a value)."""
     step = select(func.max(StepMetric.step)).where(StepMetric.run_id == run_id).scalar_subquery()
-    sample = select(func.max(SystemSample.id)).where(SystemSample.run_id == run_id).scalar_subquery()
+    sample = select(func.sum(SystemSeries.points)).where(SystemSeries.run_id == run_id).scalar_subquery()
     with session_scope(engine) as session:
         found = session.execute(select(step, sample)).one()
     return int(found[0] or 0), int(found[1] or 0)
@@ -224,25 +201,4 @@ def _read_steps_of(session: Session, run_id: int, max_points: int | None) -> lis
                         *(grouped.c[f"{name}_{end}"] for name in BANDED_STEP_FIELDS for end in ("min", "max")))
                  .join(grouped, and_(StepMetric.run_id == run_id, StepMetric.step == grouped.c.last_step))
                  .order_by(StepMetric.step))
-    return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]
-
-
-def _read_system_of(session: Session, run_id: int, max_points: int | None) -> list[dict[str, Any]]:
-    of_run = SystemSample.run_id == run_id
-    fields = [getattr(SystemSample, name) for name in SYSTEM_FIELDS]
-    count, first, last = session.execute(
-        select(func.count(), func.min(SystemSample.t_s), func.max(SystemSample.t_s)).where(of_run)).one()
-    if not count:
-        return []
-    if max_points is None or count <= max_points:
-        statement = select(*fields).where(of_run).order_by(SystemSample.t_s, SystemSample.id)
-    else:
-        # In whole milliseconds, so that the bucket is an integer division on every backend (casting a
-        # float to an integer truncates on SQLite and rounds on PostgreSQL; FLOOR is not in every SQLite).
-        span_ms = int((last - first) * 1000) // max_points + 1  # the last sample falls in bucket max_points - 1
-        bucket = cast((SystemSample.t_s - first) * 1000, BigInteger) // span_ms
-        # The JSON columns are read for the chosen rows only: decoding every sample's JSON is what
-        # would make a long run slow.
-        chosen = select(func.min(SystemSample.id)).where(of_run).group_by(SystemSample.node, bucket)
-        statement = select(*fields).where(SystemSample.id.in_(chosen)).order_by(SystemSample.t_s, SystemSample.id)
     return [{"run_id": run_id, **row._asdict()} for row in session.execute(statement)]

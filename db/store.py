@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import script_metrics, series
+from db import script_metrics, series, system_metrics
 from db.connection import session_scope
 from db.run_state import PROCESS_START_KEY, process_start
 from db.recorded_by import VERSION_KEY, parallax_version
@@ -379,7 +379,7 @@ def export_run(engine: Engine, run_id: int) -> dict[str, Any]:
     if run_kind == "script":  # every value the script logged
         exported["script_metrics"] = script_metrics.read_points(engine, [run_id], max_points=None)
     exported["system"] = [series.export_sample(row, series.sample_host(row["node"], exported["hosts"], exported["host"]))
-                          for row in series.read_system(engine, [run_id], max_points=None)]
+                          for row in system_metrics.read_samples(engine, [run_id])]
     return exported
 
 

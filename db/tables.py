@@ -315,25 +315,54 @@ class StepMetric(Base):
     lr: Mapped[float | None] = mapped_column(Float)
 
 
-class SystemSample(Base):
-    """What the machine, the run's processes and its GPUs did at one moment of a run."""
+class SystemSeries(Base):
+    """One figure of one device that a run's sampler measures (``db.system_metrics``): the host's CPU or
+    memory, a rank's CPU or resident memory, a GPU's utilisation, memory, power, temperature or SM clock, on
+    one machine of the run. Its values are in ``system_chunks``."""
 
-    __tablename__ = "system_samples"
+    __tablename__ = "system_series"
+    __table_args__ = (UniqueConstraint("run_id", "node", "kind", "device", "metric"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    t_s: Mapped[float] = mapped_column(Float)  # seconds since the run started training
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     # The machine sampled: its node rank in a torchrun job (the run's hosts[node]); 0 for a spawned run.
-    node: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
-    host_cpu_pct: Mapped[float | None] = mapped_column(Float)
-    host_memory_mb: Mapped[float | None] = mapped_column(Float)
-    # [{"rank": 0, "cpu_pct": 97.1, "rss_mb": 812.4}, ...], DataLoader workers summed under their rank.
-    processes: Mapped[list[dict[str, Any]]] = mapped_column(
-        JSON, default=list, server_default=text("'[]'")
-    )
-    # [{"index": 0, "util_pct": 98, "memory_used_mb": 20311, "power_w": 402.1, "temperature_c": 61,
-    #   "sm_clock_mhz": 1980}, ...]; empty where the run uses no GPU.
-    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default=text("'[]'"))
+    node: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # "host", "process" (a rank, its DataLoader workers summed in), "gpu"
+    device: Mapped[int] = mapped_column(Integer)  # the rank of a process, the index of a GPU; 0 for the host
+    metric: Mapped[str] = mapped_column(String(32))  # cpu_pct, memory_mb, rss_mb, util_pct, memory_used_mb, ...
+    points: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))  # samples stored, in all
+    first_t_s: Mapped[float | None] = mapped_column(Float)  # seconds since the run started training
+    last_t_s: Mapped[float | None] = mapped_column(Float)
+
+
+SYSTEM_SUMMARY_COLUMNS = ("first_t_s", "last_t_s", "points", "finite", "min_value", "max_value", "total_value",
+                          "last_value")
+
+
+class SystemChunk(Base):
+    """The values of one system series within one block of ``db.system_metrics.BLOCK_S`` seconds (``t_s //
+    BLOCK_S``), packed (float64 seconds and values), with what a chart or a mean needs of them: count, finite
+    count, minimum, maximum, sum and last value. A block's chunk grows as the sampler's batches arrive (it is
+    rewritten whole, a few hundred bytes), so a day of one-second samples is 1,440 rows per series."""
+
+    __tablename__ = "system_chunks"
+    # The summaries in the index too: a chart's or a mean's read of a series never touches the packed values.
+    __table_args__ = (Index("ix_system_chunks_series_block", "series_id", "block", *SYSTEM_SUMMARY_COLUMNS),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("system_series.id", ondelete="CASCADE"))
+    block: Mapped[int] = mapped_column(BigInteger)
+    first_t_s: Mapped[float] = mapped_column(Float)
+    last_t_s: Mapped[float] = mapped_column(Float)
+    points: Mapped[int] = mapped_column(Integer)
+    finite: Mapped[int] = mapped_column(Integer)
+    min_value: Mapped[float | None] = mapped_column(Float)  # over the finite values; NULL where none is
+    max_value: Mapped[float | None] = mapped_column(Float)
+    total_value: Mapped[float | None] = mapped_column(Float)  # the finite values' sum: a mean without unpacking
+    last_value: Mapped[float | None] = mapped_column(Float)  # the value at last_t_s; NULL where not finite
+    # Little-endian float64 seconds since the run started and float64 values (NaN: a figure not measured).
+    t_s: Mapped[bytes] = mapped_column(LargeBinary)
+    values: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class ScriptSeries(Base):

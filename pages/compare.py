@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from db import dashboard, series, store
+from db import dashboard, series, store, system_metrics
 from db.run_figures import IMAGES_PER_S_HELP, IMAGES_PER_S_LABEL
 from reports import efficiency, scaling
 from reports.sweep_report import strategy_advice, waiting_for
@@ -162,7 +162,8 @@ def show_series(engine, run_ids: list[int], labels: dict[int, str], colours: dic
     time or steps; from at most SERIES_MAX_POINTS rows per run, whatever the runs' lengths."""
     st.subheader("Steps and system")
     steps = series_charts.steps_frame(series.read_steps(engine, run_ids, max_points=SERIES_MAX_POINTS))
-    system = series_charts.system_frame(series.read_system(engine, run_ids, max_points=SERIES_MAX_POINTS))
+    system = series_charts.system_frame(
+        system_metrics.read_metric(engine, run_ids, series_charts.SYSTEM_METRICS, max_points=SERIES_MAX_POINTS))
     if steps.empty and system.empty:
         st.caption("None of the picked runs recorded per-step points or system samples: they were recorded "
                    "before Parallax kept them.")

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from db import profiles, series, store
+from db import profiles, series, store, system_metrics
 from db.folders import NotARegularFile
 from db.run_state import ACTIVE_STATUSES, RESUMABLE_ENDS
 from db.recorded_by import unknown_strategy_note
@@ -226,8 +226,8 @@ def show_epochs(run: store.RunRecord, epochs: pd.DataFrame) -> None:
 
 
 def series_version(engine, run: store.RunRecord, epochs_done: int) -> tuple:
-    """What the step and system charts are drawn from: the last step and sample (one query of two
-    index seeks, whatever the run's length), the epochs (their boundary marks) and whether the run
+    """What the step and system charts are drawn from: the last step and how many system values are stored
+    (one query, whatever the run's length), the epochs (their boundary marks) and whether the run
     is active."""
     return (run.id, run.status in ACTIVE_STATUSES, epochs_done, *series.last_points(engine, run.id))
 
@@ -238,8 +238,9 @@ def build_series(engine, run: store.RunRecord, epochs: pd.DataFrame) -> tuple[li
     active = run.status in ACTIVE_STATUSES
     steps = series_charts.steps_frame(
         [] if active else series.read_steps(engine, [run.id], max_points=LIVE_MAX_POINTS))
-    system = series_charts.system_frame(series.read_system(engine, [run.id], max_points=LIVE_MAX_POINTS),
-                                        {run.id: run.hosts})
+    system = series_charts.system_frame(
+        system_metrics.read_metric(engine, [run.id], series_charts.SYSTEM_METRICS, max_points=LIVE_MAX_POINTS),
+        {run.id: run.hosts})
     marks = series_charts.epoch_marks(epochs, steps)
     figures = [(f"step_{column}", series_charts.step_figure(steps, column, marks))
                for column in series_charts.STEP_TITLES if not steps.empty]

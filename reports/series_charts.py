@@ -1,10 +1,11 @@
 """Figures of a run's per-step points and per-second system samples: pure functions, no streamlit.
 
-Rows come from ``db.series.read_steps`` / ``read_system`` (already downsampled); the frames built
-here hold them as tables, and each figure is a function ``frame -> Figure``. A frame without the
-data a chart needs gives a figure without traces, never an exception.
+Rows come from ``db.series.read_steps`` and ``db.system_metrics.read_metric`` (of ``SYSTEM_METRICS``; both
+already reduced to buckets in the database); the frames built here hold them as tables, and each figure is a
+function ``frame -> Figure``. A frame without the data a chart needs gives a figure without traces, never an
+exception.
 
-    steps, system = steps_frame(step_rows), system_frame(sample_rows)
+    steps, system = steps_frame(step_rows), system_frame(metric_rows)
     marks = epoch_marks(epochs, steps)
     step_figure(steps, "train_loss", marks)          # loss per step, epoch starts dotted
     system_figure(system, "cpu_pct", marks)         # host and each rank over time
@@ -25,8 +26,16 @@ from contract.printable import plotly_text
 
 STEP_COLUMNS = ("run_id", "epoch", "step", "t_s", "train_loss", "images_per_s", "lr", "n", "first_step",
                 "train_loss_min", "train_loss_max", "images_per_s_min", "images_per_s_max")
-SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", "cpu_pct", "memory_mb", "util_pct", "power_w",
-                  "temperature_c", "node")
+SYSTEM_VALUES = ("cpu_pct", "memory_mb", "util_pct", "power_w", "temperature_c")
+SYSTEM_COLUMNS = ("run_id", "t_s", "device", "kind", *SYSTEM_VALUES, "node", "n",
+                  *(f"{column}_{end}" for column in SYSTEM_VALUES for end in ("min", "max")))
+# The stored system series the charts read ((kind, metric), see db.system_metrics) and the column each fills:
+# a rank's resident memory and a GPU's memory used share the memory chart with the host's.
+SYSTEM_METRICS = {("host", "cpu_pct"): "cpu_pct", ("host", "memory_mb"): "memory_mb",
+                  ("process", "cpu_pct"): "cpu_pct", ("process", "rss_mb"): "memory_mb",
+                  ("gpu", "util_pct"): "util_pct", ("gpu", "memory_used_mb"): "memory_mb",
+                  ("gpu", "power_w"): "power_w", ("gpu", "temperature_c"): "temperature_c"}
+KIND_ORDER = ("host", "process", "gpu")
 MARK_COLUMNS = ("epoch", "step", "t_s")
 BAND_ALPHA = 0.25  # a bucket's minimum-to-maximum band, in its line's colour
 MAX_LABELLED_MARKS = 30  # beyond this many epoch lines, labels would pile up: lines only
@@ -65,30 +74,39 @@ COMPARE_SERIES: dict[str, tuple[str, str, str, str]] = {
 def banded_traces(figure: go.Figure, frame: pd.DataFrame, *, name: str, colour: str | None = None,
                   x: str = "step", value: str = "value", showlegend: bool = False) -> None:
     """Add one series reduced to buckets (``db.script_metrics.read_points`` rows: ``x``, ``value``, ``min``,
-    ``max``, ``n``, ``nonfinite``) as W&B draws it: a band from each bucket's minimum to its maximum, where a
+    ``max``, ``n``, ``nonfinite``) as W&B draws it: see ``banded_scatters``."""
+    figure.add_traces(banded_scatters(frame, name=name, colour=colour, x=x, value=value, showlegend=showlegend))
+
+
+def banded_scatters(frame: pd.DataFrame, *, name: str, colour: str | None = None, x: str = "step",
+                    value: str = "value", showlegend: bool = False) -> list[go.Scatter]:
+    """One series reduced to buckets as W&B draws it: a band from each bucket's minimum to its maximum, where a
     bucket holds several values, a line through each bucket's last value, and a red cross on each bucket that
-    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away."""
+    holds a NaN or an infinity. A one-step spike is the band's top, never averaged away. The traces, for one
+    ``add_traces`` of every series of a figure (a trace added at a time costs several times more)."""
     frame = frame.sort_values(x)
     colour = colour or DEFAULT_PLOTLY_COLORS[0]
+    traces = []
     if "n" in frame and (frame["n"] > 1).any():
         common = dict(x=frame[x], mode="lines", line=dict(width=0, color=colour), hoverinfo="skip", showlegend=False,
                       legendgroup=name, connectgaps=False)
-        figure.add_scatter(y=frame["max"], name=f"{name} max", **common)
-        figure.add_scatter(y=frame["min"], name=f"{name} min", fill="tonexty", fillcolor=with_alpha(colour, BAND_ALPHA),
-                           **common)
+        traces.append(go.Scatter(y=frame["max"], name=f"{name} max", **common))
+        traces.append(go.Scatter(y=frame["min"], name=f"{name} min", fill="tonexty",
+                                 fillcolor=with_alpha(colour, BAND_ALPHA), **common))
     drawn = frame[frame[value].notna()]
     details = np.column_stack([drawn[column].to_numpy(dtype=float) if column in drawn else np.full(len(drawn), np.nan)
                                for column in ("min", "max", "n")]) if len(drawn) else None
-    figure.add_scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
-                       legendgroup=name, line=dict(color=colour), customdata=details,
-                       hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
-                                      "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>"))
+    traces.append(go.Scatter(x=drawn[x], y=drawn[value], name=name, mode=line_mode(len(drawn)), showlegend=showlegend,
+                             legendgroup=name, line=dict(color=colour), customdata=details,
+                             hovertemplate=(f"{plotly_text(name)}: %{{y:.4g}}<br>min %{{customdata[0]:.4g}}, max "
+                                            "%{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>")))
     if "nonfinite" in frame and (frame["nonfinite"] > 0).any():
         bad = frame[frame["nonfinite"] > 0]
         at = bad["max"].fillna(bad[value]).fillna(bad["min"]).fillna(0.0)
-        figure.add_scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
-                           marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
-                           hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>")
+        traces.append(go.Scatter(x=bad[x], y=at, mode="markers", name=f"{name}: NaN or infinite", showlegend=False,
+                                 marker=dict(symbol="x", color="crimson", size=8), customdata=bad["nonfinite"],
+                                 hovertemplate="%{customdata:,} NaN or infinite value(s)<extra></extra>"))
+    return traces
 
 
 def with_alpha(colour: str, alpha: float) -> str:
@@ -120,37 +138,46 @@ def steps_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def system_frame(rows: list[dict[str, Any]], hosts: dict[int, list[str]] | None = None) -> pd.DataFrame:
-    """The samples as a long table (``SYSTEM_COLUMNS``): a row per sample and device, the device
-    being the host, a rank ("rank 0", its DataLoader workers included) or a GPU ("GPU 0").
+    """The system series (``db.system_metrics.read_metric`` rows of ``SYSTEM_METRICS``) as a long table
+    (``SYSTEM_COLUMNS``): a row per moment (or bucket) and device, the device being the host, a rank ("rank 0",
+    its DataLoader workers included) or a GPU ("GPU 0"), with each figure's last value and, for a bucket, its
+    minimum and maximum (``cpu_pct_min``, ``cpu_pct_max``, ...) and how many samples it holds (``n``).
 
     A run across machines (``hosts``: {run_id: the run's host names by node}, or samples of several
     nodes) names its hosts and GPUs by machine: "host gpu-a", "GPU 0 on gpu-a" ("node 1 (gpu-a)"
     and "GPU 0 on node 1 (gpu-a)" where machines share a name). Ranks are global: "rank N" still."""
     machines = _machine_names(rows, hosts or {})
-    records = []
+    records: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
-        node = row.get("node") or 0
-        host, machine = machines.get((row["run_id"], node), ("host", None))
-        base = {"run_id": row["run_id"], "t_s": row["t_s"], "node": node}
-        records.append({**base, "device": host, "kind": "host", "cpu_pct": row.get("host_cpu_pct"),
-                        "memory_mb": row.get("host_memory_mb")})
-        for process in row.get("processes") or []:
-            records.append({**base, "device": f"rank {process.get('rank')}", "kind": "process",
-                            "cpu_pct": process.get("cpu_pct"), "memory_mb": process.get("rss_mb")})
-        for gpu in row.get("gpus") or []:
-            records.append({**base, "device": f"GPU {gpu.get('index')}" + (f" on {machine}" if machine else ""),
-                            "kind": "gpu", "memory_mb": gpu.get("memory_used_mb"), "util_pct": gpu.get("util_pct"),
-                            "power_w": gpu.get("power_w"), "temperature_c": gpu.get("temperature_c")})
-    frame = pd.DataFrame(records, columns=list(SYSTEM_COLUMNS))
-    numeric = ["t_s", "cpu_pct", "memory_mb", "util_pct", "power_w", "temperature_c"]
-    return frame.astype({**{column: float for column in numeric}, "node": int})
+        column = SYSTEM_METRICS.get((row["kind"], row["metric"]))
+        if column is None or row["kind"] not in KIND_ORDER:
+            continue
+        node, kind, device = row.get("node") or 0, row["kind"], row["device"]
+        moment = row["t_s"] if row.get("bucket") is None else ("bucket", row["bucket"])
+        record = records.get((row["run_id"], node, kind, device, moment))
+        if record is None:
+            host, machine = machines.get((row["run_id"], node), ("host", None))
+            label = {"host": host, "process": f"rank {device}"}.get(
+                kind, f"GPU {device}" + (f" on {machine}" if machine else ""))
+            record = records[row["run_id"], node, kind, device, moment] = {
+                "run_id": row["run_id"], "t_s": row["t_s"], "device": label, "kind": kind, "node": node, "n": 0}
+        record["t_s"] = max(record["t_s"], row["t_s"])  # a bucket's figures at its last sample
+        record["n"] = max(record["n"], row.get("n") or 1)
+        record[column] = row["value"]
+        record[f"{column}_min"] = row.get("min", row["value"])
+        record[f"{column}_max"] = row.get("max", row["value"])
+    # By run, moment and machine, each machine's host before its ranks before its GPUs: the legend's order.
+    order = sorted(records, key=lambda key: (key[0], records[key]["t_s"], key[1], KIND_ORDER.index(key[2]), key[3]))
+    frame = pd.DataFrame([records[key] for key in order], columns=list(SYSTEM_COLUMNS))
+    numeric = ["t_s", *SYSTEM_VALUES, *SYSTEM_COLUMNS[len(SYSTEM_COLUMNS) - 2 * len(SYSTEM_VALUES):]]
+    return frame.astype({**{column: float for column in numeric}, "node": int, "n": int})
 
 
 def _machine_names(rows: list[dict[str, Any]], hosts: dict[int, list[str]]) -> dict[tuple[int, int], tuple[str, str]]:
     """{(run_id, node): (its host's label, the machine's name for its GPUs)} for each run across
     machines; runs of one machine have none."""
     nodes: dict[int, set[int]] = {}
-    for row in rows:
+    for row in rows:  # a run's series or samples: each names its machine's node
         nodes.setdefault(row["run_id"], set()).add(row.get("node") or 0)
     names = {}
     for run_id, seen in nodes.items():
@@ -210,13 +237,22 @@ def step_figure(steps: pd.DataFrame, column: str, marks: pd.DataFrame | None = N
 
 
 def system_figure(system: pd.DataFrame, metric: str, marks: pd.DataFrame | None = None) -> go.Figure:
-    """``metric`` of each device (``SYSTEM_CHARTS``) over the run's time, one line per device."""
+    """``metric`` of each device (``SYSTEM_CHARTS``) over the run's time, one line per device; where the
+    database reduced the samples to buckets, each bucket's minimum-to-maximum band around its line, so that a
+    one-second spike is drawn, never averaged away."""
     title, y_title, kinds = SYSTEM_CHARTS[metric]
-    figure = base_figure(title, X_TITLES["t_s"], y_title)
     shown = system[system["kind"].isin(kinds)]
-    for device, rows in shown.groupby("device", sort=False):
+    bucketed = int(shown["n"].max()) if not shown.empty else 1
+    if bucketed > 1:
+        title += f"<br><sup>line: the last of every {bucketed:,} samples or fewer; band: their minimum to maximum</sup>"
+    figure = base_figure(title, X_TITLES["t_s"], y_title)
+    traces = []
+    for index, (device, rows) in enumerate(shown.groupby("device", sort=False)):
         if has_values(rows, metric):
-            figure.add_scatter(x=rows["t_s"], y=rows[metric], name=str(device), mode=line_mode(len(rows)))
+            traces += banded_scatters(rows.rename(columns={f"{metric}_min": "min", f"{metric}_max": "max"}),
+                                      name=str(device), colour=DEFAULT_PLOTLY_COLORS[index % len(DEFAULT_PLOTLY_COLORS)],
+                                      x="t_s", value=metric, showlegend=True)
+    figure.add_traces(traces)
     _mark(figure, marks, "t_s")
     return fit_y_axis(figure)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from db import profiles, series, store
+from db import profiles, store, system_metrics
 from db.run_state import ACTIVE_STATUSES
 from contract.strategy_specs import find
 
@@ -34,7 +34,7 @@ ESTIMATE_ERROR_NOTE = ("Memory estimate error: at the device furthest from the e
                        "optimizer state.")
 # The mean utilisation is taken over this many samples at most, evenly spread over the run (every
 # sample up to 5.5 hours at one a second): reading a 100-hour run's every sample would stall the page.
-UTILISATION_SAMPLES = 20_000
+UTILISATION_METRICS = (("gpu", "util_pct"), ("host", "cpu_pct"))  # GPU, else host CPU
 
 
 def _run_dicts(engine, run_ids: list[int]) -> list[dict[str, Any]]:
@@ -70,7 +70,7 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
         means = breakdown_means(steps[steps["rank"] == 0]).set_index("run_id")
         for column in [*PHASE_COLUMNS, "communication_ms"]:
             table[column] = table["run_id"].map(means[column])
-    utilisation = mean_utilisation(series.read_system(engine, run_ids, max_points=UTILISATION_SAMPLES))
+    utilisation = mean_utilisation(system_metrics.metric_totals(engine, run_ids, UTILISATION_METRICS))
     table["utilisation_pct"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[0])
     table["utilisation_of"] = table["run_id"].map(lambda run_id: utilisation.get(run_id, (None, None))[1])
     energy = {run["id"]: energy_per_image(epochs[epochs["run_id"] == run["id"]], run["notes"]) for run in runs}
@@ -79,35 +79,38 @@ def sweep_table(engine, sweep_id: int, *, target_acc: float = 0.9) -> pd.DataFra
     return table
 
 
-def mean_utilisation(samples: list[dict[str, Any]]) -> dict[int, tuple[float, str]]:
+def mean_utilisation(totals: list[dict[str, Any]]) -> dict[int, tuple[float, str]]:
     """Each run's mean GPU utilisation over its GPUs and samples, or, for a run without GPU samples,
-    its hosts' mean CPU utilisation: run_id -> (percent, "GPU" or "CPU").
+    its hosts' mean CPU utilisation: run_id -> (percent, "GPU" or "CPU"). ``totals``: each series'
+    sum and count (``db.system_metrics.metric_totals`` of ``UTILISATION_METRICS``), a run of any length
+    summed in the database.
 
     Each machine of a run is averaged over its own samples first (machines are sampled on clocks of
     their own, and one may have stopped early), then the machines are combined: GPUs weighted by
     how many each machine has, hosts alike. On one machine that is the mean of every GPU reading
     of every sample (of the host's CPU readings, without GPUs)."""
-    gpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [util sum, readings, samples with GPUs]
-    cpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [cpu sum, samples]
-    for sample in samples:
-        machine = (sample["run_id"], sample.get("node") or 0)
-        utils = [g["util_pct"] for g in sample["gpus"] or [] if g.get("util_pct") is not None]
-        if utils:
-            totals = gpu.setdefault(machine, [0.0, 0, 0])
-            totals[0] += sum(utils)
-            totals[1] += len(utils)
-            totals[2] += 1
-        if sample["host_cpu_pct"] is not None:
-            totals = cpu.setdefault(machine, [0.0, 0])
-            totals[0] += sample["host_cpu_pct"]
-            totals[1] += 1
-    # A machine's mean utilisation of one GPU, and how many GPUs it has (the mean count per sample).
+    gpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [util sum, readings, GPUs read]
+    cpu: dict[tuple[int, int], list[float]] = {}  # (run_id, node) -> [cpu sum, readings]
+    for series in totals:
+        if not series["finite"]:
+            continue
+        machine = (series["run_id"], series["node"])
+        if (series["kind"], series["metric"]) == ("gpu", "util_pct"):
+            held = gpu.setdefault(machine, [0.0, 0, 0])
+            held[0] += series["total"]
+            held[1] += series["finite"]
+            held[2] += 1
+        elif (series["kind"], series["metric"]) == ("host", "cpu_pct"):
+            held = cpu.setdefault(machine, [0.0, 0])
+            held[0] += series["total"]
+            held[1] += series["finite"]
+    # A machine's mean utilisation of one GPU, and how many GPUs it has.
     gpu_runs: dict[int, list[tuple[float, float]]] = {}
-    for (run_id, _), (total, readings, sampled) in gpu.items():
-        gpu_runs.setdefault(run_id, []).append((total / readings, readings / sampled))
+    for (run_id, _), (total, readings, gpus) in gpu.items():
+        gpu_runs.setdefault(run_id, []).append((total / readings, gpus))
     cpu_runs: dict[int, list[float]] = {}
-    for (run_id, _), (total, sampled) in cpu.items():
-        cpu_runs.setdefault(run_id, []).append(total / sampled)
+    for (run_id, _), (total, readings) in cpu.items():
+        cpu_runs.setdefault(run_id, []).append(total / readings)
     means = {run_id: (sum(values) / len(values), "CPU") for run_id, values in cpu_runs.items()}
     means.update({run_id: (sum(mean * count for mean, count in machines) / sum(count for _, count in machines), "GPU")
                   for run_id, machines in gpu_runs.items()})

@@ -94,7 +94,7 @@ def start_engine_server() -> None:
 
 
 def _engine_server():
-    """The engine's forkserver context (``runner.engine_forkserver``), its server (one per test worker)
+    """The rank server's forkserver context (``runner.engine_forkserver``), its server (one per test worker)
     started if it is not running with the environment kept before the tests (``keep_session_environment``),
     not one a test has changed for itself, which every later fork would then differ from."""
     from multiprocessing import forkserver
@@ -361,3 +361,23 @@ def run_installed(*args: str, cwd: Path, home: Path, timeout: float = 600,
     env.update(env_extra or {})
     return subprocess.run([str(Path(sys.executable).parent / "parallax"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def system_metric_rows(samples: list[dict]) -> list[dict]:
+    """Whole system samples (each with its ``run_id``) as ``db.system_metrics.read_metric`` returns them at
+    full resolution: a row per series and moment (a bucket of one), for charts built without a database."""
+    import math
+
+    from db.system_metrics import split_samples
+
+    rows = []
+    for run_id in dict.fromkeys(sample["run_id"] for sample in samples):
+        of_run = [{name: value for name, value in sample.items() if name != "run_id"}
+                  for sample in samples if sample["run_id"] == run_id]
+        for (node, kind, device, metric), (t_s, values) in split_samples(of_run).items():
+            for at, value in zip(t_s, values):
+                figure = None if math.isnan(value) else value
+                rows.append({"run_id": run_id, "node": node, "kind": kind, "device": device, "metric": metric,
+                             "bucket": None, "t_s": at, "value": figure, "min": figure, "max": figure, "n": 1,
+                             "nonfinite": int(figure is None)})
+    return rows

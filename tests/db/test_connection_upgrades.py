@@ -1,6 +1,6 @@
 """Upgrades: a database written by the first schema (revision 0001, ``fixtures/parallax-0001.db``,
 made by ``fixtures/make_parallax_0001.py``) opens with today's code, is migrated to the head,
-and keeps every row; the migration scripts form one line with exactly one head; and 0014 makes the runs of
+and keeps every row; the migration scripts form one line with exactly one head; and 0015 makes the runs of
 the old kind `engine` `launched`, and back.
 
     .venv/bin/python -m pytest tests/db/test_connection_upgrades.py -q
@@ -167,7 +167,7 @@ def test_a_scripts_values_of_one_row_each_are_packed_on_upgrade_every_one_kept(b
         dispose_engines()
 
 
-def test_runs_of_the_old_kind_engine_are_launched_after_0014_and_back_after_its_downgrade(backend_db_url):
+def test_runs_of_the_old_kind_engine_are_launched_after_0015_and_back_after_its_downgrade(backend_db_url):
     import sqlalchemy as sa
     from alembic import command
 
@@ -175,16 +175,16 @@ def test_runs_of_the_old_kind_engine_are_launched_after_0014_and_back_after_its_
     config = alembic_config(backend_db_url)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, "0013")
+        command.upgrade(config, "0014")
     runs = sa.Table("runs", sa.MetaData(), autoload_with=engine)
     base = {"created_at": datetime(2026, 1, 2, tzinfo=timezone.utc), "status": "completed", "strategy": "single", "model": "resnet18",
             "dataset": "digits", "config": {}}
     with engine.begin() as connection:
         connection.execute(runs.insert(), [{**base, "kind": "engine"}, {**base, "kind": "script"}])
-        connection.execute(runs.insert().values(**base))  # the column's default at 0013
+        connection.execute(runs.insert().values(**base))  # the column's default at 0014
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, "0014")
+        command.upgrade(config, "0015")
     with engine.connect() as connection:
         assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id)).scalars().all() == [
             "launched", "script", "launched"]
@@ -193,8 +193,58 @@ def test_runs_of_the_old_kind_engine_are_launched_after_0014_and_back_after_its_
         assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id.desc())).scalars().first() == "launched"
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.downgrade(config, "0013")
+        command.downgrade(config, "0014")
     with engine.connect() as connection:
         assert connection.execute(sa.select(runs.c.kind).order_by(runs.c.id)).scalars().all() == [
             "engine", "script", "engine", "engine"]
     engine.dispose()
+def test_system_samples_are_moved_into_series_on_upgrade_every_figure_kept(backend_db_url):
+    """Revision 0014 moves ``system_samples`` (a row per sample, its ranks and GPUs in JSON) into a packed
+    series per figure: every sample comes back whole (a figure not measured as None, a second machine's
+    samples without host figures), and a chart of one metric keeps a one-second spike."""
+    import alembic.command
+    import sqlalchemy as sa
+
+    alembic.command.upgrade(alembic_config(backend_db_url), "0013")
+    raw = sa.create_engine(backend_db_url)
+    old = sa.table("system_samples", sa.column("run_id", sa.Integer), sa.column("t_s", sa.Float),
+                   sa.column("node", sa.Integer), sa.column("host_cpu_pct", sa.Float),
+                   sa.column("host_memory_mb", sa.Float), sa.column("processes", sa.JSON), sa.column("gpus", sa.JSON))
+    samples = [{"t_s": float(t), "node": 0, "host_cpu_pct": 50.0 + t % 7, "host_memory_mb": 2000.0,
+                "processes": [{"rank": 0, "cpu_pct": 90.0, "rss_mb": 800.0 + t},
+                              {"rank": 1, "cpu_pct": 91.0, "rss_mb": None if t == 3 else 810.0}],
+                "gpus": [{"index": 0, "util_pct": 100.0 if t == 123 else 40.0, "memory_used_mb": 1000.0,
+                          "power_w": 250.0, "temperature_c": 60.0, "sm_clock_mhz": None}]}
+               for t in range(300)]
+    samples += [{"t_s": t + 0.5, "node": 1, "host_cpu_pct": None, "host_memory_mb": None,
+                 "processes": [{"rank": 2, "cpu_pct": 70.0, "rss_mb": 700.0}], "gpus": []} for t in range(0, 300, 50)]
+    with raw.begin() as connection:
+        connection.execute(sa.text("INSERT INTO runs (created_at, status, strategy, model, dataset, config, kind) "
+                                   "VALUES (:now, 'completed', 'ddp', 'm', 'digits', '{}', 'engine')"),
+                           {"now": "2026-01-01 00:00:00"})
+        connection.execute(sa.insert(old), [{"run_id": 1, **sample} for sample in reversed(samples)])
+    raw.dispose()
+    try:
+        engine = make_engine(backend_db_url)
+        assert current_revisions(engine) == {schema_head()}
+        from db import system_metrics
+
+        moved = system_metrics.read_samples(engine, [1])
+        expected = sorted(({"run_id": 1, **sample} for sample in samples), key=lambda s: (s["t_s"], s["node"]))
+        assert moved == expected
+        spikes = system_metrics.read_metric(engine, [1], [("gpu", "util_pct")], max_points=20)
+        assert len(spikes) <= 20 and max(row["max"] for row in spikes) == 100.0
+        assert sum(row["n"] for row in spikes) == 300
+        with engine.connect() as connection:
+            tables = sa.inspect(connection).get_table_names()
+        assert "system_samples" not in tables and {"system_series", "system_chunks"} <= set(tables)
+        dispose_engines()
+        alembic.command.downgrade(alembic_config(backend_db_url), "0013")  # and back, every sample whole
+        raw = sa.create_engine(backend_db_url)
+        with raw.connect() as connection:
+            back = [dict(row._mapping) for row in connection.execute(
+                sa.select(old).order_by(old.c.t_s, old.c.node))]
+        raw.dispose()
+        assert back == expected
+    finally:
+        dispose_engines()

@@ -19,8 +19,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import db
-from tests.support import ROOT
-from db import series, store
+from tests.support import ROOT, system_metric_rows
+from db import series, store, system_metrics
 from reports import run_csv, sweep_report
 from reports.scaling import epochs_frame
 from trainer_backend.control import cli
@@ -86,35 +86,41 @@ def test_short_runs_come_back_whole_and_long_ones_as_buckets_of_last_min_and_max
     assert max(r["train_loss_max"] for r in uneven) == 5000.0
 
 
-def test_long_runs_of_samples_come_back_as_real_samples_spread_over_the_run(engine):
+def test_long_runs_of_samples_come_back_per_metric_as_buckets_of_last_min_and_max(engine):
     run_id = store.create_run(engine, CONFIG)
-    series.add_system_samples(engine, run_id, sample_rows(0, 999, gpus=2, ranks=2))
-    assert len(series.read_system(engine, [run_id], max_points=None)) == 1000
-    thinned = series.read_system(engine, [run_id], max_points=40)
-    assert 35 <= len(thinned) <= 40
-    times = [row["t_s"] for row in thinned]
-    assert times == sorted(times) and times[0] == 0.0 and times[-1] >= 999 - 1000 / 39
-    assert max(b - a for a, b in zip(times, times[1:])) <= 2 * 1000 / 39
-    for row in thinned:  # one moment's readings, JSON included, never a blend
-        t = row["t_s"]
-        assert row["host_memory_mb"] == 4000.0 + t
-        assert [p["rss_mb"] for p in row["processes"]] == [800.0 + t] * 2
-        assert [g["memory_used_mb"] for g in row["gpus"]] == [1000.0 + t, 2000.0 + t]
+    rows = sample_rows(0, 999, gpus=2, ranks=2)
+    rows[437]["gpus"][1]["util_pct"] = 100.0  # a one-second spike of GPU 1
+    system_metrics.add_samples(engine, run_id, rows)
+    assert len(system_metrics.read_samples(engine, [run_id])) == 1000
+    thinned = system_metrics.read_metric(engine, [run_id], [("gpu", "util_pct"), ("gpu", "memory_used_mb")],
+                                         max_points=40)
+    assert {(r["kind"], r["metric"]) for r in thinned} == {("gpu", "util_pct"), ("gpu", "memory_used_mb")}
+    for device in (0, 1):
+        memory = [r for r in thinned if r["metric"] == "memory_used_mb" and r["device"] == device]
+        assert 10 <= len(memory) <= 40 and sum(r["n"] for r in memory) == 1000  # whole minutes, from summaries
+        times = [r["t_s"] for r in memory]
+        assert times == sorted(times) and times[-1] == 999.0
+        for row in memory:  # each bucket's last sample's reading at its time, and its range
+            assert row["value"] == 1000.0 * (device + 1) + row["t_s"] == row["max"]
+            assert row["min"] == row["max"] - row["n"] + 1
+    spiked = [r for r in thinned if r["metric"] == "util_pct" and r["device"] == 1]
+    assert max(r["max"] for r in spiked) == 100.0 and max(r["value"] for r in spiked) == 81.0
 
 
 def test_reads_keep_runs_apart_and_last_step_and_sample_move_with_new_rows(engine):
     first, second, empty = (store.create_run(engine, CONFIG) for _ in range(3))
     series.add_steps(engine, first, step_rows(1, 30))
     series.add_steps(engine, second, step_rows(1, 5))
-    series.add_system_samples(engine, second, sample_rows(0, 3))
+    system_metrics.add_samples(engine, second, sample_rows(0, 3))
     rows = series.read_steps(engine, [second, first, empty], max_points=10)
     assert [r["run_id"] for r in rows] == [second] * 5 + [first] * 10
     assert series.last_step(engine, [first, second, empty]) == {first: 30, second: 5, empty: 0}
     before = series.last_sample(engine, [first, second])
     assert before[first] == 0 and before[second] > 0
-    series.add_system_samples(engine, second, sample_rows(4, 4))
+    system_metrics.add_samples(engine, second, sample_rows(4, 4))
     assert series.last_sample(engine, [second])[second] > before[second]
-    assert series.read_system(engine, [empty]) == []
+    assert system_metrics.read_metric(engine, [empty], [("host", "cpu_pct")]) == []
+    assert system_metrics.read_samples(engine, [empty]) == []
 
 
 def test_reads_bucket_alike_on_every_backend(backend_db_url):
@@ -123,14 +129,14 @@ def test_reads_bucket_alike_on_every_backend(backend_db_url):
     engine = db.make_engine(backend_db_url)
     run_id = store.create_run(engine, CONFIG)
     series.add_steps(engine, run_id, step_rows(1, 1000))
-    series.add_system_samples(engine, run_id, sample_rows(0, 499, gpus=1))
+    system_metrics.add_samples(engine, run_id, sample_rows(0, 499, gpus=1))
     steps = series.read_steps(engine, [run_id], max_points=50)
     assert len(steps) <= 50 + 9 and sum(r["n"] for r in steps) == 1000
     assert {r["first_step"] for r in steps} >= set(range(1, 1001, 100))
     assert all(r["epoch"] == 1 + (r["step"] - 1) // 100 == 1 + (r["first_step"] - 1) // 100 for r in steps)
-    samples = series.read_system(engine, [run_id], max_points=40)
-    assert 30 <= len(samples) <= 40 and samples[0]["t_s"] == 0.0
-    assert all(r["gpus"][0]["memory_used_mb"] == 1000.0 + r["t_s"] for r in samples)
+    samples = system_metrics.read_metric(engine, [run_id], [("gpu", "memory_used_mb")], max_points=40)
+    assert 30 <= len(samples) <= 40 and sum(r["n"] for r in samples) == 500
+    assert all(r["value"] == r["max"] == 1000.0 + r["t_s"] for r in samples)
     assert series.last_step(engine, [run_id]) == {run_id: 1000}
     db.dispose_engines()
 
@@ -152,7 +158,7 @@ def recorded_run(engine) -> int:
                                  "t_end_s": 1.6, "ranks": [{"rank": 0, "train_time_s": 1.5}], "note": "=HYPERLINK(1)"},
                                 {"energy_j_per_image": None, "t_end_s": 3.1}])
     series.add_steps(engine, run_id, step_rows(1, 6, steps_per_epoch=3))
-    series.add_system_samples(engine, run_id, sample_rows(1, 3, gpus=1, ranks=2))
+    system_metrics.add_samples(engine, run_id, sample_rows(1, 3, gpus=1, ranks=2))
     return run_id
 
 
@@ -230,7 +236,7 @@ def test_epoch_marks_use_t_end_s_on_the_time_axis_and_the_first_step_on_the_step
 
 
 def test_system_frames_and_figures_draw_a_line_per_device_and_gpu_charts_only_with_gpus():
-    rows = [{"run_id": 1, **row} for row in sample_rows(0, 4, gpus=2, ranks=2)]
+    rows = system_metric_rows([{"run_id": 1, **row} for row in sample_rows(0, 4, gpus=2, ranks=2)])
     system = series_charts.system_frame(rows)
     assert series_charts.system_charts_for(system) == ["cpu_pct", "memory_mb", "util_pct", "power_w"]
     cpu = series_charts.system_figure(system, "cpu_pct")
@@ -239,7 +245,7 @@ def test_system_frames_and_figures_draw_a_line_per_device_and_gpu_charts_only_wi
     assert [trace.name for trace in power.data] == ["GPU 0", "GPU 1"]
     assert power.data[1].y.tolist() == [300.0 + t for t in range(5)]
 
-    cpu_only = series_charts.system_frame([{"run_id": 1, **row} for row in sample_rows(0, 2)])
+    cpu_only = series_charts.system_frame(system_metric_rows([{"run_id": 1, **row} for row in sample_rows(0, 2)]))
     assert series_charts.system_charts_for(cpu_only) == ["cpu_pct", "memory_mb"]
     none = series_charts.steps_frame([])
     assert series_charts.missing_series(["cpu"], False, none, cpu_only) == [
@@ -259,7 +265,7 @@ def test_a_costly_rebuild_waits_so_that_watching_keeps_a_small_share_of_a_core()
 
 def test_compare_frame_combines_devices_and_finds_a_samples_step_from_the_step_points():
     steps = series_charts.steps_frame([{"run_id": 1, **row, "n": 1} for row in step_rows(2, 8)])  # t 1.0 .. 4.0
-    system = series_charts.system_frame([{"run_id": 1, **row} for row in sample_rows(0, 5, gpus=2)])
+    system = series_charts.system_frame(system_metric_rows([{"run_id": 1, **row} for row in sample_rows(0, 5, gpus=2)]))
     util = series_charts.compare_frame(steps, system, "gpu_util_pct")
     assert util["value"].tolist() == [80.5] * 6  # the mean of GPU 0 (80 %) and GPU 1 (81 %)
     assert util["t_s"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -278,11 +284,11 @@ def test_the_sweep_report_gains_mean_utilisation_and_energy_per_image_with_the_r
     sweep_id = store.create_sweep(engine, CONFIG, ["single", "ddp"])
     single = store.create_run(engine, CONFIG, status="completed", sweep_id=sweep_id)
     log_epochs(engine, single, [{"energy_j_per_image": 0.2}, {"energy_j_per_image": 0.4}])
-    series.add_system_samples(engine, single, sample_rows(0, 9, gpus=2))  # GPU 80 % and 81 %
+    system_metrics.add_samples(engine, single, sample_rows(0, 9, gpus=2))  # GPU 80 % and 81 %
     ddp = store.create_run(engine, {**CONFIG, "strategy": "ddp", "devices": ["cpu", "cpu"]}, status="completed",
                            sweep_id=sweep_id, notes=["No energy per image: no NVML energy counter and no RAPL here."])
     log_epochs(engine, ddp, [{"energy_j_per_image": None}])
-    series.add_system_samples(engine, ddp, sample_rows(0, 9))  # host CPU 50..59 %
+    system_metrics.add_samples(engine, ddp, sample_rows(0, 9))  # host CPU 50..59 %
 
     table = sweep_report.sweep_table(engine, sweep_id).set_index("run_id")
     assert table.loc[single, "utilisation_pct"] == pytest.approx(80.5) and table.loc[single, "utilisation_of"] == "GPU"
@@ -346,7 +352,7 @@ def test_run_page_charts_steps_and_system_per_device_and_says_why_gpu_charts_are
     run_id = store.create_run(engine, CONFIG, status="completed")
     log_epochs(engine, run_id, [{"t_end_s": 1.6}, {"t_end_s": 3.1}])
     series.add_steps(engine, run_id, step_rows(1, 6, steps_per_epoch=3))
-    series.add_system_samples(engine, run_id, sample_rows(0, 3, ranks=2))
+    system_metrics.add_samples(engine, run_id, sample_rows(0, 3, ranks=2))
     at = open_page("pages/run.py", run=run_id)
     titles = chart_titles(at)
     assert len(titles) == 5 + 4  # the epoch charts, then the step and system charts
@@ -360,7 +366,7 @@ def test_compare_overlays_step_and_system_series_over_time_or_step(parallax_home
     old = store.create_run(engine, CONFIG, status="completed")  # recorded no series
     for run_id in (first, second):
         series.add_steps(engine, run_id, step_rows(1, 8))
-        series.add_system_samples(engine, run_id, sample_rows(0, 5, ranks=2))
+        system_metrics.add_samples(engine, run_id, sample_rows(0, 5, ranks=2))
     at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
     at.session_state["compare_ids"] = [first, second, old]
     at.switch_page("pages/compare.py").run()
@@ -382,7 +388,7 @@ def test_sweep_page_shows_mean_utilisation_and_energy_per_image_and_why_one_is_m
     run_id = store.create_run(engine, CONFIG, status="completed", sweep_id=sweep_id,
                               notes=["No energy per image: no counter is readable on this machine."])
     log_epochs(engine, run_id, [{"energy_j_per_image": None}])
-    series.add_system_samples(engine, run_id, sample_rows(0, 3))  # host CPU 50..53 %
+    system_metrics.add_samples(engine, run_id, sample_rows(0, 3))  # host CPU 50..53 %
     at = open_page("pages/sweep.py", sweep=sweep_id)
     shown = at.table[0].value
     assert shown["mean utilisation"].tolist() == ["52% CPU"]

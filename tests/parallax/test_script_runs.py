@@ -13,7 +13,7 @@ import time
 import pytest
 
 import db
-from db import run_state, script_metrics, series
+from db import run_state, script_metrics, system_metrics
 from tests.parallax import scripts
 from tests.parallax.scripts import finish_script, kill_group, run_script, start_script, wait_for_line, write_script
 
@@ -40,7 +40,7 @@ def test_a_plain_script_is_a_completed_script_run_with_every_logged_value(engine
     assert [len(by_name[name]) for name in by_name] == [200, 200, 4]
     assert [p["step"] for p in by_name["val/acc"]] == [49, 99, 149, 199]
     assert by_name["train/loss"][9]["value"] == pytest.approx(0.1)
-    samples = series.read_system(engine, [run.id], max_points=None)
+    samples = system_metrics.read_samples(engine, [run.id])
     assert samples and all(s["processes"][0]["rank"] == 0 for s in samples)
     assert "not written" not in err
 
@@ -238,7 +238,7 @@ def test_two_torchrun_ranks_share_one_run_with_both_ranks_samples(engine, tmp_pa
     assert out.count(f"run_id {run.id}") == 2  # both ranks joined it
     logged = script_metrics.read_points(engine, [run.id], names=["rank_logged"], max_points=None)
     assert len(logged) == 30 and {p["value"] for p in logged} == {0.0}  # rank 0's log calls only
-    ranks = {process["rank"] for sample in series.read_system(engine, [run.id], max_points=None)
+    ranks = {process["rank"] for sample in system_metrics.read_samples(engine, [run.id])
              for process in sample["processes"]}
     assert ranks == {0, 1}
 

@@ -246,13 +246,13 @@ def test_resume_state_of_a_gpu_model_is_saved_on_the_cpu():
 def series_of(home, run):
     from sqlalchemy import select
 
-    from db import make_engine
-    from db.tables import StepMetric, SystemSample
+    from db import make_engine, system_metrics
+    from db.tables import StepMetric
 
-    with make_engine(f"sqlite:///{home / 'parallax.db'}").connect() as connection:
+    engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
+    with engine.connect() as connection:
         steps = connection.execute(select(StepMetric).where(StepMetric.run_id == run["run_id"])).mappings().all()
-        samples = connection.execute(select(SystemSample).where(SystemSample.run_id == run["run_id"])).mappings().all()
-    return steps, samples
+    return steps, system_metrics.read_samples(engine, [run["run_id"]])
 
 
 @one_gpu
@@ -286,7 +286,7 @@ def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine, s
     real c10d store; rank 0's sampler writes them with its own, the GPU fields intact."""
     import os
     import time
-    from db import series, store
+    from db import store, system_metrics
     from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
     from trainer_backend.telemetry.sampler import SystemSampler
 
@@ -300,7 +300,7 @@ def test_another_machines_gpu_readings_reach_the_run_through_the_store(engine, s
     with SystemSampler(engine, run_id, started_at_s, [], interval_s=0.1, flush_s=0.3, extra=drain):
         with remote:
             time.sleep(1.0)
-    theirs = [r for r in series.read_system(engine, [run_id], max_points=None) if r["node"] == 1]
+    theirs = [r for r in system_metrics.read_samples(engine, [run_id]) if r["node"] == 1]
     assert len(theirs) >= 5 and all(0 <= r["t_s"] < 5 for r in theirs)
     gpus = [g for r in theirs for g in r["gpus"]]
     assert gpus and {g["index"] for g in gpus} == {0}

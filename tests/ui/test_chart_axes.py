@@ -14,6 +14,7 @@ import pytest
 
 from reports import scaling
 from reports import charts, series_charts
+from tests.support import system_metric_rows
 
 STEADY_MB = [1286.8, 1287.3, 1287.6, 1287.1]
 
@@ -83,10 +84,9 @@ def test_step_system_and_compare_charts_start_at_zero():
     steps = series_charts.steps_frame([{"run_id": 1, "epoch": 1, "step": step, "t_s": float(step),
                                         "train_loss": 0.5, "images_per_s": 274.0 + step % 2, "lr": 1e-3, "n": 1}
                                        for step in range(1, 11)])
-    system = series_charts.system_frame([{"run_id": 1, "t_s": float(t), "host_cpu_pct": 50.0,
-                                          "host_memory_mb": 8000.0 + t % 3,
-                                          "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": mb}]}
-                                         for t, mb in enumerate(STEADY_MB)])
+    system = series_charts.system_frame(system_metric_rows(
+        [{"run_id": 1, "t_s": float(t), "host_cpu_pct": 50.0, "host_memory_mb": 8000.0 + t % 3,
+          "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": mb}]} for t, mb in enumerate(STEADY_MB)]))
     figures = {"step images/s": series_charts.step_figure(steps, "images_per_s"),
                "system memory": series_charts.system_figure(system, "memory_mb"),
                "system cpu": series_charts.system_figure(system, "cpu_pct"),

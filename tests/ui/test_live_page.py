@@ -178,7 +178,7 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     """While the run is active its step charts are the browser's (the live feed, drawn once into the page and
     fed by the server's route); the system charts tick on the server, rebuilt only on new rows. Once the run
     has ended the page draws the step charts itself, from every point."""
-    from db import series
+    from db import series, system_metrics
     from ui import live_feed
     from reports import series_charts
 
@@ -195,7 +195,7 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     series.add_steps(engine, running_run, points)
     sample = {"t_s": 1.0, "host_cpu_pct": 70.0, "host_memory_mb": 3000.0,
               "processes": [{"rank": 0, "cpu_pct": 99.0, "rss_mb": 700.0}], "gpus": []}
-    series.add_system_samples(engine, running_run, [sample])
+    system_metrics.add_samples(engine, running_run, [sample])
     at = open_run_page(running_run)
     assert steps_built == [] and systems_built == [2, 2] and loss_figures == [1]
     assert len(at.get("plotly_chart")) == 5 + 2  # epoch charts; CPU and memory
@@ -206,12 +206,12 @@ def test_step_and_system_charts_tick_apart_from_the_epoch_charts_and_rebuild_onl
     assert not at.exception, at.exception
     assert systems_built == [2, 2] and loss_figures == [1] and len(at.get("plotly_chart")) == 2
 
-    series.add_system_samples(engine, running_run, [{**sample, "t_s": 2.0}])
+    system_metrics.add_samples(engine, running_run, [{**sample, "t_s": 2.0}])
     tick(at)  # a new sample: the system charts alone are rebuilt, from the new rows
     assert systems_built == [2, 2, 4, 4] and steps_built == [] and loss_figures == [1]
 
     monkeypatch.setattr(series_charts, "REBUILD_SHARE", 1e-12)  # as if each rebuild were very costly
-    series.add_system_samples(engine, running_run, [{**sample, "t_s": 3.0}])
+    system_metrics.add_samples(engine, running_run, [{**sample, "t_s": 3.0}])
     tick(at)  # new rows wait for their turn; the charts built before are sent meanwhile
     assert systems_built == [2, 2, 4, 4] and len(at.get("plotly_chart")) == 2
 

@@ -46,7 +46,7 @@ THREADS_AT_IMPORT = _native_threads()
 def can_fork_server() -> bool:
     """Whether this process may fork the rank server now: no Python thread but this one (a fork
     copies no other thread, so a lock one holds would stay held in the copy), no native thread
-    started since the engine was imported (torch's OpenMP pool starts with the first operator run
+    started since the training code was imported (torch's OpenMP pool starts with the first operator run
     on several threads, and a rank forked after it hangs in its own first one), CUDA not
     initialised, and a forkserver of the shape this module drives."""
     if not hasattr(os, "fork") or threading.active_count() != 1 or _native_threads() > THREADS_AT_IMPORT:

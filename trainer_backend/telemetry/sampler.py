@@ -25,7 +25,7 @@ from typing import Protocol
 
 import psutil
 
-from db import series, store
+from db import store, system_metrics
 from db.connection import DatabaseLockedError, retry_when_locked
 from contract.environment import seconds_from_env
 
@@ -86,7 +86,7 @@ class DatabaseSink:
 
     def write(self, rows: list[dict]) -> bool:
         try:
-            retry_when_locked(lambda: series.add_system_samples(self.engine, self.run_id, rows),
+            retry_when_locked(lambda: system_metrics.add_samples(self.engine, self.run_id, rows),
                               what="record system samples")
             return True
         except DatabaseLockedError:

@@ -1,4 +1,4 @@
-"""Run by test_rank_server.py, in a process of its own: load the engine, open a database and start
+"""Run by test_rank_server.py, in a process of its own: load the training code, open a database and start
 the rank server as a run's runner does (runner._fork_rank_server for a ddp run on two CPU
 processes), fork two ranks through torch.multiprocessing, and print what the server and the ranks
 are. ``--thread``: with a second Python thread alive when the server is asked for; ``--operator``:

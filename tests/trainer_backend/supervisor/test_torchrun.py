@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from tests.support import ROOT, evaluate_checkpoint, run_cli
-from db import series, store
+from db import store, system_metrics
 from contract.config import ConfigError, RunConfig
 from trainer_backend.telemetry import sampler as sampler_module
 from trainer_backend.telemetry.energy import RaplPackages
@@ -252,7 +252,7 @@ def test_torchruns_sigterm_after_a_failed_collective_keeps_the_attempts_samples(
     assert status == "running"  # a restart is left: the run waits for it
     (note,) = [n for n in store.get_run(engine, run_id).notes if n.startswith("Attempt 1")]
     assert "Connection closed by peer" in note, note
-    samples = series.read_system(engine, [run_id], max_points=None)
+    samples = system_metrics.read_samples(engine, [run_id])
     assert len(samples) >= 3 and all(p["rank"] in (0, 1) for s in samples for p in s["processes"]), samples
 
 

@@ -19,11 +19,12 @@ import pytest
 import torch.distributed as dist
 
 import db
-from db import elastic, series, store
+from db import elastic, store, system_metrics
 from reports import run_csv, sweep_report
 from trainer_backend.telemetry.machine_samples import StoreDrain, StorePusher, sample_store
 from trainer_backend.telemetry.sampler import SystemSampler
 from reports import series_charts
+from tests.support import system_metric_rows
 
 CONFIG = {"dataset": "digits", "model": "test_resnet", "strategy": "ddp", "devices": ["cpu", "cpu"], "batch_size": 64,
           "image_size": 16, "amp": "auto", "epochs": 1, "tags": []}
@@ -60,13 +61,13 @@ def test_another_machines_samples_reach_the_run_through_the_store_once_each_with
         with remote:
             time.sleep(0.7)
             # Batches arrive while both sample, not only at the end.
-            arrived = [r for r in series.read_system(engine, [run_id], max_points=None) if r["node"] == 1]
+            arrived = [r for r in system_metrics.read_samples(engine, [run_id]) if r["node"] == 1]
             assert arrived, "rank 0 took in no batch while sampling"
             remote.sample = _proc_gone  # the remote's sampler fails: its error comes through as a note
             time.sleep(0.2)
     elapsed_s = time.time() - started_at_s
 
-    rows = series.read_system(engine, [run_id], max_points=None)
+    rows = system_metrics.read_samples(engine, [run_id])
     own, theirs = [r for r in rows if r["node"] == 0], [r for r in rows if r["node"] == 1]
     assert len(own) >= 8 and len(theirs) >= 8
     assert lead.written == len(rows) and remote.written == len(theirs)  # each batch written once
@@ -98,7 +99,7 @@ def test_rank_0_waits_a_bounded_time_for_a_machine_that_never_finishes_and_names
     started = time.monotonic()
     lead.stop()
     assert time.monotonic() - started < 3
-    assert sorted(r["node"] for r in series.read_system(engine, [run_id], max_points=None)) == [1, 2]
+    assert sorted(r["node"] for r in system_metrics.read_samples(engine, [run_id])) == [1, 2]
     assert store.get_run(engine, run_id).notes == [
         "The last system samples of node 2 (gpu-c) are missing: its sampler had not said it finished 0.5 s after "
         "rank 0's (it failed, could not reach torchrun's store, or its machine or connection failed).",
@@ -143,21 +144,21 @@ def test_reads_thin_each_machines_samples_on_its_own(backend_db_url):
     engine = db.make_engine(backend_db_url)
     run_id = store.create_run(engine, CONFIG)
     # Node 0 every second, node 1 every second too but 0.4 s later, and a third of the samples.
-    series.add_system_samples(engine, run_id, machine_rows(0, [float(t) for t in range(600)]))
-    series.add_system_samples(engine, run_id, machine_rows(1, [t + 0.4 for t in range(0, 600, 3)], ranks=(1,)))
-    thinned = series.read_system(engine, [run_id], max_points=40)
+    system_metrics.add_samples(engine, run_id, machine_rows(0, [float(t) for t in range(600)]))
+    system_metrics.add_samples(engine, run_id, machine_rows(1, [t + 0.4 for t in range(0, 600, 3)], ranks=(1,)))
+    thinned = system_metrics.read_metric(engine, [run_id], [("process", "cpu_pct")], max_points=40)
     by_node = {node: [r for r in thinned if r["node"] == node] for node in (0, 1)}
-    assert 30 <= len(by_node[0]) <= 40 and 30 <= len(by_node[1]) <= 40  # both machines in every span
-    assert all(r["processes"][0]["rank"] == r["node"] for r in thinned)  # real samples, each of its machine
-    assert [r["t_s"] for r in thinned] == sorted(r["t_s"] for r in thinned)
-    assert len(series.read_system(engine, [run_id], max_points=None)) == 800
+    assert 5 <= len(by_node[0]) <= 40 and 5 <= len(by_node[1]) <= 40  # both machines in every span
+    assert all(r["device"] == r["node"] for r in thinned)  # each machine's own rank
+    assert sum(r["n"] for r in by_node[0]) == 600 and sum(r["n"] for r in by_node[1]) == 200
+    assert len(system_metrics.read_samples(engine, [run_id])) == 800
     db.dispose_engines()
 
 
 def test_export_and_csv_name_the_machine_of_each_sample(engine, tmp_path):
     run_id = store.create_run(engine, CONFIG, status="completed")
     elastic.record_job(engine, run_id, elastic_run_id="job", nodes=2, hosts=["gpu-a", "gpu-b"])
-    series.add_system_samples(engine, run_id, machine_rows(0, [1.0]) + machine_rows(1, [1.2], ranks=(1,)))
+    system_metrics.add_samples(engine, run_id, machine_rows(0, [1.0]) + machine_rows(1, [1.2], ranks=(1,)))
     exported = store.export_run(engine, run_id)
     assert [(s["t_s"], s["host"], s["node"]) for s in exported["system"]] == [(1.0, "gpu-a", 0), (1.2, "gpu-b", 1)]
     assert list(exported["system"][0]) == ["t_s", "host", "node", "host_cpu_pct", "host_memory_mb", "processes", "gpus"]
@@ -169,8 +170,8 @@ def test_export_and_csv_name_the_machine_of_each_sample(engine, tmp_path):
 
 
 def test_charts_name_hosts_and_gpus_by_machine_only_where_a_run_has_several():
-    rows = [{"run_id": 1, **row}
-            for row in machine_rows(0, [0.0], gpus=[50]) + machine_rows(1, [0.1], gpus=[60], ranks=(1,))]
+    rows = system_metric_rows([{"run_id": 1, **row}
+                               for row in machine_rows(0, [0.0], gpus=[50]) + machine_rows(1, [0.1], gpus=[60], ranks=(1,))])
     named = series_charts.system_frame(rows, {1: ["gpu-a", "gpu-b"]})
     assert list(dict.fromkeys(named["device"])) == ["host gpu-a", "rank 0", "GPU 0 on gpu-a",
                                                     "host gpu-b", "rank 1", "GPU 0 on gpu-b"]
@@ -183,7 +184,7 @@ def test_charts_name_hosts_and_gpus_by_machine_only_where_a_run_has_several():
     figure = series_charts.system_figure(shared, "util_pct")
     assert [trace.name for trace in figure.data] == ["GPU 0 on node 0 (vm)", "GPU 0 on node 1 (vm)"]
     # One machine: exactly as before.
-    single = series_charts.system_frame([rows[0]], {1: []})
+    single = series_charts.system_frame([row for row in rows if row["node"] == 0], {1: []})
     assert single["device"].tolist() == ["host", "rank 0", "GPU 0"]
 
 
@@ -192,7 +193,7 @@ def test_compare_sums_and_averages_across_machines_sampled_at_different_moments(
     # sampled 0.4 s later each second, and silent from t=6 on (it stopped: those moments are left out).
     rows = (machine_rows(0, [float(t) for t in range(10)], gpus=[80, 80], cpu=40, ranks=(0, 1))
             + machine_rows(1, [t + 0.4 for t in range(6)], gpus=[20], cpu=80, ranks=(2,)))
-    system = series_charts.system_frame([{"run_id": 1, **row} for row in rows], {1: ["a", "b"]})
+    system = series_charts.system_frame(system_metric_rows([{"run_id": 1, **row} for row in rows]), {1: ["a", "b"]})
     steps = series_charts.steps_frame([])
     cpu = series_charts.compare_frame(steps, system, "process_cpu_pct")
     assert cpu["t_s"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # 6.0: node 1's 5.4 is near enough
@@ -205,15 +206,16 @@ def test_compare_sums_and_averages_across_machines_sampled_at_different_moments(
     assert host["value"].tolist() == [60.0] * 7  # the mean of the hosts: 40 % and 80 % of their cores
 
 
-def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples():
-    samples = ([{"run_id": 1, **row} for row in machine_rows(0, [float(t) for t in range(10)], gpus=[80, 80], cpu=40)]
-               + [{"run_id": 1, **row} for row in machine_rows(1, [0.4, 1.4], gpus=[20], cpu=80)]
-               + [{"run_id": 2, **row} for row in machine_rows(0, [0.0, 1.0], cpu=30)]
-               + [{"run_id": 2, **row} for row in machine_rows(1, [0.5], cpu=70)])
-    means = sweep_report.mean_utilisation(samples)
+def test_the_sweep_report_weighs_each_machines_gpus_over_its_own_samples(engine):
+    first, second = store.create_run(engine, CONFIG), store.create_run(engine, CONFIG)
+    system_metrics.add_samples(engine, first, machine_rows(0, [float(t) for t in range(10)], gpus=[80, 80], cpu=40)
+                               + machine_rows(1, [0.4, 1.4], gpus=[20], cpu=80))
+    system_metrics.add_samples(engine, second, machine_rows(0, [0.0, 1.0], cpu=30) + machine_rows(1, [0.5], cpu=70))
+    means = sweep_report.mean_utilisation(
+        system_metrics.metric_totals(engine, [first, second], sweep_report.UTILISATION_METRICS))
     # Three GPUs, two at 80 % and one at 20 %, whichever machine was sampled more often.
-    assert means[1] == (pytest.approx(60.0), "GPU")
-    assert means[2] == (pytest.approx(50.0), "CPU")  # the machines' means, 30 % and 70 %
+    assert means[first] == (pytest.approx(60.0), "GPU")
+    assert means[second] == (pytest.approx(50.0), "CPU")  # the machines' means, 30 % and 70 %
 
 
 def test_each_machine_samples_its_own_ranks_and_gpus():

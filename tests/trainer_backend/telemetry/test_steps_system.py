@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.support import ROOT, leave_as_a_rank, run_cli, run_world
 from tests.nvml_machines import cpu_machine, fake_nvml  # noqa: F401
 
-from db import make_engine, store
+from db import make_engine, store, system_metrics
 from db.connection import LockBackoff
-from db.tables import StepMetric, SystemSample
+from db.tables import StepMetric
 from contract.config import RunConfig
 from trainer_backend.telemetry.energy import EnergyMeter, RaplPackages
 from trainer_backend.telemetry.job_energy import EnergyPart, JobEnergy, combine
@@ -109,8 +109,8 @@ def ddp_run(tmp_path_factory):
     engine = make_engine(f"sqlite:///{home / 'parallax.db'}")
     with engine.connect() as connection:
         steps = connection.execute(select(StepMetric).order_by(StepMetric.step)).mappings().all()
-        samples = connection.execute(select(SystemSample).order_by(SystemSample.t_s)).mappings().all()
-    return home, run, [dict(s) for s in steps], [dict(s) for s in samples], readings
+    samples = system_metrics.read_samples(engine, [run["run_id"]])
+    return home, run, [dict(s) for s in steps], samples, readings
 
 
 def started_at_s(run: dict) -> float:
@@ -398,8 +398,7 @@ def test_sampler_thread_writes_in_batches_and_stops(run_row, cpu_machine):
     finally:
         child.kill()
         child.wait(10)
-    with engine.connect() as connection:
-        rows = connection.execute(select(SystemSample).where(SystemSample.run_id == run_id)).mappings().all()
+    rows = system_metrics.read_samples(engine, [run_id])
     assert 6 <= len(rows) == sampler.written <= 14
     assert all(r["processes"][0]["rss_mb"] >= own_mb + 55 for r in rows)
     assert sampler.cost_s < 0.6

@@ -1,8 +1,8 @@
 """A run Parallax launched is of kind ``launched`` (it was ``engine``, the word SQLAlchemy's engine keeps); a
 script's run stays ``script``. The rows already there are rewritten, and the column's default with them.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: 0015
+Revises: 0014
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014"
-down_revision: str | None = "0013"
+revision: str = "0015"
+down_revision: str | None = "0014"
 branch_labels: str | tuple[str, ...] | None = None
 depends_on: str | tuple[str, ...] | None = None
 
