@@ -60,10 +60,17 @@ class InspectorUnavailable(RuntimeError):
     """The child that answers questions needing torch died or did not answer in time."""
 
 
+def parallax_settings() -> dict[str, str]:
+    """The settings the child's answers depend on besides the question: the PARALLAX_* variables (the data roots,
+    the limits on images and processes, the plugins, the home)."""
+    return {name: value for name, value in os.environ.items() if name.startswith("PARALLAX_")}
+
+
 class Inspector:
     """One child process and the pipe to it; ``ask`` is not thread-safe (the module's lock makes it so)."""
 
     def __init__(self) -> None:
+        self.settings = parallax_settings()  # what it was started with: other settings need another child
         env = {**os.environ,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
         # Not a session of its own: Ctrl-C in the terminal, or a signal to the server's process group, reaches it.
@@ -130,6 +137,7 @@ def _asked(question: str, **args: Any) -> Any:
     """The child's answer to ``question``; a child that fails is ended, and the next question starts another."""
     global _inspector
     with _lock:
+        _end_if_outdated()
         if _inspector is None:
             _inspector = Inspector()
         try:
@@ -140,16 +148,27 @@ def _asked(question: str, **args: Any) -> Any:
             raise
 
 
+def _end_if_outdated() -> None:
+    """End the child where the PARALLAX_* settings have changed since it started (the lock held): it would answer
+    for the old ones (a limit on images, the data roots), and the next question starts one with the new."""
+    global _inspector
+    if _inspector is not None and _inspector.settings != parallax_settings():
+        _inspector.close()
+        _inspector = None
+
+
 def ready() -> bool:
     """Whether the child has imported torch and timm: the full form can be drawn without waiting."""
     inspector = _inspector
-    return inspector is not None and inspector.ready and inspector.process.poll() is None
+    return (inspector is not None and inspector.ready and inspector.process.poll() is None
+            and inspector.settings == parallax_settings())
 
 
 def warm_up() -> None:
     """Start the child where none runs, and wait until it has imported torch and timm (once per server)."""
     global _inspector
     with _lock:
+        _end_if_outdated()
         if _inspector is None or _inspector.process.poll() is not None:
             _inspector = Inspector()
         try:

@@ -53,6 +53,17 @@ except ask.InspectorUnavailable as exc:
     seen["after_the_kill"] = str(exc)
 seen["ready_after_the_kill"] = ask.ready()
 seen["asked_again"] = ask.parameter_count("resnet50", 10, 3)
+
+from PIL import Image  # a folder of 8 images, to be described under two limits on images
+folder = os.path.join(os.path.dirname(sys.argv[1]), "eight")
+for label in ("a", "b"):
+    os.makedirs(os.path.join(folder, label), exist_ok=True)
+    for i in range(4):
+        Image.new("L", (8, 8), i * 40).save(os.path.join(folder, label, f"{i}.png"))
+seen["eight"] = ask.describe_dataset(folder, [os.path.dirname(folder)]).get("problems", [])
+os.environ["PARALLAX_MAX_IMAGES"] = "5"  # the settings change after the child started
+seen["ready_under_new_settings"] = ask.ready()
+seen["eight_of_5"] = ask.describe_dataset(folder, [os.path.dirname(folder)]).get("problems", [])
 seen["torch"] = sorted(m for m in ("torch", "timm", "torchvision") if m in sys.modules)
 print(json.dumps(seen))
 """
@@ -96,3 +107,10 @@ def test_a_child_that_dies_is_said_to_and_the_next_question_starts_another(asked
     assert asked["ready_after_the_kill"] is False
     assert asked["kept"] == asked["kept_after_the_kill"] == 11_181_642
     assert asked["asked_again"] == 23_528_522  # resnet50 with 10 classes, from a new child
+
+
+def test_a_child_started_under_other_settings_is_replaced_before_it_answers(asked):
+    """A limit set after the child started (PARALLAX_MAX_IMAGES here) holds: the old child would not know it."""
+    assert asked["eight"] == [] and asked["ready_under_new_settings"] is False
+    (problem,) = asked["eight_of_5"]
+    assert "has 8 images, more than the 5 Parallax decodes (PARALLAX_MAX_IMAGES)" in problem
