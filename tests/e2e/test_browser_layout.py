@@ -190,6 +190,9 @@ def test_the_run_page_of_a_cpu_run_leads_with_its_numbers(dashboard_with_runs):
 
             page = browser.new_page(viewport=PAGE)
             page.goto(f"{url}/run?run={ddp_id}")
+            # Drawn and settled first: a click while the page's first run still redraws it can fall between frames.
+            page.locator(".js-plotly-plot .gtitle", has_text="Peak memory per device").wait_for(timeout=UI_MS)
+            settle(page)
             notes = page.get_by_test_id("stExpander").filter(has_text="Notes (")
             notes.get_by_text("Notes (").click()
             listed = notes.get_by_test_id("stMarkdownContainer")
