@@ -47,6 +47,7 @@ from trainer_backend.control.slurm_status import queue, watch_slurm_runs
 pytestmark = pytest.mark.processes
 
 PLUGINS = "tests.plugins.sleeping_model,tests.plugins.failing_model"
+SLOW_WHILE = "PARALLAX_TEST_SLOW_WHILE"  # tests/plugins/sleeping_model.py's: its steps are slow while the file is there
 ON_SLURM = ("--where", "slurm", "--strategy", "ddp", "--batch-size", "64")
 RUN_WITHIN_S = 300.0  # a job's processes import torch and timm on a shared 2-core machine
 SCENARIO_WITHIN_S = 900.0  # a whole scenario: each of its waits is bounded on its own, this bounds the test's wait
@@ -83,12 +84,21 @@ class Scenario:
     def engine(self):
         return make_engine(self.url)
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         return run_cli(*args, home=self.home, timeout=120,
-                       env_extra={"PARALLAX_PLUGINS": PLUGINS, "PARALLAX_DB_URL": self.url})
+                       env_extra={"PARALLAX_PLUGINS": PLUGINS, "PARALLAX_DB_URL": self.url, **(env_extra or {})})
 
-    def launch(self, *args: str) -> tuple[int, str]:
-        result = self.cli("launch", *ON_SLURM, *args)
+    @functools.cached_property
+    def slow(self) -> Path:
+        """While this file exists, the sleeping model's steps are slow (tests/plugins/sleeping_model.py)."""
+        return self.home / f"{self.name}.slow"
+
+    def launch(self, *args: str, slow: bool = False) -> tuple[int, str]:
+        """Launch on the cluster; ``slow``: the run's steps slow until ``self.slow`` is removed, so that it is
+        still going when this test acts on it however busy the machine."""
+        if slow:
+            self.slow.touch()
+        result = self.cli("launch", *ON_SLURM, *args, env_extra={SLOW_WHILE: str(self.slow)} if slow else None)
         assert result.returncode == 0, result.stderr
         fields = dict(part.split("=", 1) for part in result.stdout.split())
         return int(fields["run_id"]), fields["slurm_job"]
@@ -365,7 +375,7 @@ def test_usr1_stops_the_ranks_then_the_job_requeues_itself_and_the_run_resumes(s
 def a_single_run_warned_with_usr1(s: Scenario):
     """The most common cluster job, one process: a one-task job without torchrun, which Slurm's warning stops at a
     step and requeues, and which resumes there, as a ddp job does."""
-    run_id, job_id = s.launch(*SLEEPER, "--strategy", "single", "--devices", "cpu", "--epochs", "8")
+    run_id, job_id = s.launch(*SLEEPER, "--strategy", "single", "--devices", "cpu", "--epochs", "8", slow=True)
     folder = run_folder(s.engine, run_id)
     script = (folder / SCRIPT_FILE).read_text()
     assert "--ntasks=1 " in script and "torch.distributed.run" not in script, script
@@ -377,6 +387,7 @@ def a_single_run_warned_with_usr1(s: Scenario):
     warned = subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=s.cluster.env, capture_output=True,
                             text=True, timeout=30)
     assert warned.returncode == 0, warned.stderr
+    s.slow.unlink()
     run = s.wait_for(run_id, ended)
     assert run.status == "completed", run.error
     assert s.epochs(run_id) == list(range(1, 9))  # each once
@@ -394,9 +405,10 @@ def test_a_single_run_is_a_one_task_job_that_slurms_warning_requeues_and_resumes
 
 @scenario
 def an_mp_run_cancelled_then_resumed(s: Scenario):
-    run_id, job_id = s.launch(*SLEEPER, "--strategy", "mp", "--devices", "cpu,cpu", "--epochs", "30")
+    run_id, job_id = s.launch(*SLEEPER, "--strategy", "mp", "--devices", "cpu,cpu", "--epochs", "30", slow=True)
     s.wait_for(run_id, lambda r: s.epochs(run_id) or ended(r), what="a first epoch")
     cancelled = s.cli("cancel", str(run_id))
+    s.slow.unlink()
     assert cancelled.returncode == 0 and "status=cancelled" in cancelled.stdout, cancelled.stderr
     deadline = time.monotonic() + 60
     while s.squeue_state(job_id) not in ("", "CANCELLED", "FAILED", "COMPLETED") and time.monotonic() < deadline:
