@@ -121,7 +121,7 @@ class Scenario:
 
     def squeue_state(self, job_id: str) -> str:
         result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=self.cluster.env,
-                                capture_output=True, text=True, timeout=10)
+                                capture_output=True, text=True, timeout=60)
         return result.stdout.strip()
 
 
@@ -447,7 +447,7 @@ def a_sweep_as_one_array(s: Scenario):
             watch_slurm_runs(s.engine, interval_s=1.0)
         statuses = [store.get_run(s.engine, r).status for r in run_ids]
         running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%F"], env=s.cluster.env,
-                                 capture_output=True, text=True, timeout=10).stdout.split()
+                                 capture_output=True, text=True, timeout=60).stdout.split()
         most_running = max(most_running, sum(job in array_ids for job in running))  # the array's tasks only
         if all(status not in ("queued", "running") for status in statuses):
             break
@@ -477,7 +477,7 @@ def a_search_as_one_array(s: Scenario):
         arrays = {(slurm_info(store.get_run(s.engine, r["id"])) or {}).get("array_job_id")
                   for r in runs.values()} - {None}
         running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%F"], env=s.cluster.env,
-                                 capture_output=True, text=True, timeout=10).stdout.split()
+                                 capture_output=True, text=True, timeout=60).stdout.split()
         most_running = max(most_running, sum(job in arrays for job in running))
         time.sleep(POLL_EVERY_S)
     driver.join()
