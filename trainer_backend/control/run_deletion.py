@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import time
 
 from trainer_backend.control.housekeeping import delete_runs_and_files
 
 DELETION_THREAD_PREFIX = "delete-runs-"
+KEPT_AFTER_END_S = 3600.0  # an ended deletion no page has asked to forget (its tab closed) goes after this
 
 
 @dataclasses.dataclass
@@ -32,6 +34,7 @@ class Deletion:
     total: int = 0
     done: int = 0
     finished: bool = False
+    ended_at: float | None = None  # time.monotonic() when it ended
     deleted: list[int] = dataclasses.field(default_factory=list)
     refused: list[str] = dataclasses.field(default_factory=list)  # one line each: a run refused, or why it stopped
 
@@ -45,6 +48,9 @@ def start_deletion(run_ids, *, db_url: str | None = None) -> int:
     """Start deleting ``run_ids`` in a thread of this process; returns the deletion's key at once."""
     wanted = [int(run_id) for run_id in run_ids]
     with _lock:
+        now = time.monotonic()
+        for old in [k for k, job in _deletions.items() if job.finished and now - job.ended_at > KEPT_AFTER_END_S]:
+            del _deletions[old]
         key = next(_keys)
         _deletions[key] = Deletion(run_ids=frozenset(wanted), total=len(wanted))
     threading.Thread(target=_delete, args=(key, wanted, db_url), name=f"{DELETION_THREAD_PREFIX}{key}",
@@ -83,8 +89,9 @@ def _delete(key: int, run_ids: list[int], db_url: str | None) -> None:
             job = _deletions[key]
             line = (str(exc).strip() or type(exc).__name__).splitlines()[0]
             job.refused = [f"deleting stopped after {job.done:,} of {job.total:,} runs: {line}"]
-            job.finished = True
+            job.finished, job.ended_at = True, time.monotonic()
         return
     with _lock:
         job = _deletions[key]
         job.deleted, job.refused, job.done, job.finished = deleted, refused, len(deleted), True
+        job.ended_at = time.monotonic()

@@ -1,6 +1,6 @@
 """Deleting many runs in batches (``trainer_backend/control/housekeeping.py``'s ``delete_runs_and_files``): each
 batch one short transaction with its runs' metrics, the folders after the rows, and a failure part-way said in
-one line with the runs not reached left whole; and behind the page (``run_deletion.py``), returning at once.
+one line with the runs not reached left whole.
 Real SQLite files and real PostgreSQL databases.
 
     .venv/bin/python -m pytest tests/trainer_backend/control/test_housekeeping_batches.py -q
@@ -9,7 +9,6 @@ Real SQLite files and real PostgreSQL databases.
 from __future__ import annotations
 
 import sqlite3
-import time
 
 import pytest
 from sqlalchemy import event, func, select
@@ -18,7 +17,7 @@ import db
 from db import make_engine, script_metrics, series, store
 from db.folders import run_folder
 from db.tables import ScriptChunk, StepMetric
-from trainer_backend.control import housekeeping, run_deletion
+from trainer_backend.control import housekeeping
 
 CONFIG = {"dataset": "digits", "model": "resnet18", "strategy": "single", "devices": ["cpu"], "batch_size": 128,
           "image_size": 32, "amp": "auto", "epochs": 1, "tags": []}
@@ -108,32 +107,3 @@ def test_a_batch_that_fails_stops_the_deletion_in_one_line_and_leaves_the_rest_w
     assert [run_folder(engine, run_id).exists() for run_id in ids] == [False] * first + [True] * (len(ids) - first)
     db.dispose_engines()
 
-
-def test_a_deletion_behind_the_page_returns_at_once_and_counts_its_progress(parallax_home, monkeypatch):
-    """``start_deletion`` returns while the database is locked by another writer; the runs are marked as being
-    deleted, the count stays at 0 until the lock goes, then every run is gone and the deletion says so."""
-    path = parallax_home / "background.db"
-    url = f"sqlite:///{path}"
-    engine = make_engine(url)
-    ids = add_runs(engine, 60)
-    locker = sqlite3.connect(path, isolation_level=None)
-    locker.execute("BEGIN IMMEDIATE")
-    try:
-        key = run_deletion.start_deletion(ids, db_url=url)
-        job = run_deletion.deletion(key)
-        assert not job.finished and job.done == 0 and job.total == len(ids)
-        assert run_deletion.runs_being_deleted() >= set(ids)
-        time.sleep(0.3)
-        assert run_deletion.deletion(key).done == 0 and len(store.list_runs(engine)) == len(ids)
-    finally:
-        locker.execute("ROLLBACK")
-        locker.close()
-    deadline = time.monotonic() + 30
-    while not run_deletion.deletion(key).finished and time.monotonic() < deadline:
-        time.sleep(0.05)
-    job = run_deletion.deletion(key)
-    assert job.finished and job.done == job.total == len(ids) and job.deleted == ids and job.refused == []
-    assert store.list_runs(engine) == [] and not run_deletion.runs_being_deleted() & set(ids)
-    run_deletion.forget(key)
-    assert run_deletion.deletion(key) is None
-    db.dispose_engines()
