@@ -189,12 +189,15 @@ def deletion_ended() -> None:
 
 @st.fragment(run_every=DELETION_REFRESH_S)
 def deletion_progress() -> None:
-    """How far this session's deletion has gone, redrawn each second until it ends; then the whole page
-    again, without the runs."""
-    job = run_deletion.deletion(st.session_state.get(DELETION_KEY))
-    if job is None or job.finished:
+    """How far the deletions under way have gone (this tab's, or another's: a reload still shows it), redrawn
+    each second; then the whole page again, without the runs."""
+    key = st.session_state.get(DELETION_KEY)
+    own = run_deletion.deletion(key) if key is not None else None
+    under_way = run_deletion.progress_under_way()
+    if (key is not None and (own is None or own.finished)) or under_way is None:
         st.rerun(scope="app")
-    st.progress(job.done / max(1, job.total), text=f"Deleting {job.done:,} of {job.total:,} runs…")
+    done, total = under_way
+    st.progress(done / max(1, total), text=f"Deleting {done:,} of {total:,} runs…")
 
 
 def confirm_delete(statuses: dict[int, str]) -> None:
@@ -239,7 +242,7 @@ def edit_labels(row: dict) -> None:
 
 st.title("Runs")
 deletion_ended()
-if st.session_state.get(DELETION_KEY) is not None:
+if st.session_state.get(DELETION_KEY) is not None or run_deletion.progress_under_way() is not None:
     deletion_progress()
 engine = state.engine_with_fresh_states()
 choices = dashboard.filter_choices(engine)

@@ -1,5 +1,5 @@
 """Deleting runs from the Runs page: "Yes, delete" returns at once, the page counts the deletion's progress and
-marks the runs on their way out, and once it has ended the runs are gone from the table; a deletion stopped
+marks the runs on their way out (in another tab too), and once it has ended the runs are gone from the table; a deletion stopped
 part-way says why in one line.
 
     .venv/bin/python -m pytest tests/pages/test_runs_delete.py -q
@@ -50,6 +50,9 @@ def test_delete_returns_at_once_shows_progress_and_then_the_runs_are_gone(parall
         statuses = dict(zip(table(at).value["run"], table(at).value["status"]))
         assert statuses == {kept: "completed", **{run_id: "deleting" for run_id in doomed}}
         assert all(store.get_run(engine, run_id) for run_id in doomed)
+        other_tab = open_page("pages/runs.py")  # a reload, or another tab, sees it too
+        assert progress_lines(other_tab) == [f"Deleting 0 of {len(doomed)} runs…"]
+        assert table(other_tab).value["status"].tolist() == ["deleting"] * len(doomed) + ["completed"]
     finally:
         locker.execute("ROLLBACK")
         locker.close()

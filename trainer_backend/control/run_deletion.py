@@ -5,6 +5,7 @@ how far it has gone and which runs are on their way out.
     key = start_deletion([3, 4, 5])      # returns at once
     deletion(key)                        # Deletion(total=3, done=1, finished=False, ...), a copy
     runs_being_deleted()                 # {3, 4, 5} until each deletion has finished
+    progress_under_way()                 # (1, 3): runs done and to do of every deletion under way; None: none
     forget(key)                          # once its end has been shown
 
 A thread, not a detached process: the work is a few hundred short transactions and folder removals, nothing a
@@ -70,6 +71,14 @@ def runs_being_deleted() -> set[int]:
     """The runs of every deletion not yet finished: the table marks them."""
     with _lock:
         return {run_id for job in _deletions.values() if not job.finished for run_id in job.run_ids}
+
+
+def progress_under_way() -> tuple[int, int] | None:
+    """(runs deleted, runs to delete) over every deletion not yet finished, whichever tab started it; None
+    where none is under way."""
+    with _lock:
+        under_way = [job for job in _deletions.values() if not job.finished]
+        return (sum(job.done for job in under_way), sum(job.total for job in under_way)) if under_way else None
 
 
 def forget(key: int) -> None:
