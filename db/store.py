@@ -391,7 +391,7 @@ def delete_run(engine: Engine, run_id: int) -> None:
             raise LookupError(f"no run with id {run_id}")
 
 
-RUNS_PER_DELETE = 500  # runs deleted by one statement (and their metrics, by cascade)
+RUNS_PER_DELETE = 500  # the most runs one statement deletes (and their metrics, by cascade)
 
 
 def delete_runs(engine: Engine, run_ids: Iterable[int]) -> int:

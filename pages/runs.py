@@ -15,13 +15,15 @@ from db.run_figures import (BEST_VAL_ACC_LABEL, BEST_VAL_ACC_NAMES, name_key, IM
                             TRAINING_TIME_LABEL)
 from db.run_state import ACTIVE_STATUSES
 from db.recorded_by import unknown_strategies_line
-from trainer_backend.control.housekeeping import delete_runs_and_files
+from trainer_backend.control import run_deletion
 from ui import slurm_views, state
 from ui.text import escape_markdown
 
 state.enter_through_app("pages/runs.py")
 
 PENDING_DELETE_KEY = "runs_pending_delete"
+DELETION_KEY = "runs_deletion"  # the deletion this session started, until its end has been shown
+DELETION_REFRESH_S = 1.0
 TABLE_VERSION_KEY = "runs_table_version"
 PICKED_KEY = "runs_picked"  # {table key: the runs ticked in it}: picks on other pages stay picked
 PAGES_KEY = "runs_pages"  # (what the pages are of, the cursors of the pages before this one and of this one)
@@ -160,15 +162,42 @@ def shown_ids(run_ids: list[int]) -> str:
 
 
 def delete_runs(run_ids: list[int]) -> None:
-    with st.spinner(f"Deleting {len(run_ids):,} run(s) and their files…"):
-        deleted, refused = delete_runs_and_files(run_ids)
+    """Start deleting the runs behind the page (``run_deletion``) and return at once: the table marks them
+    while they go and a line above it counts them."""
+    st.session_state[DELETION_KEY] = run_deletion.start_deletion(run_ids)
     st.session_state.pop(PENDING_DELETE_KEY, None)
     st.session_state.pop(PICKED_KEY, None)
     st.session_state[TABLE_VERSION_KEY] = st.session_state.get(TABLE_VERSION_KEY, 0) + 1  # clears the selection
-    if deleted:
-        st.toast(f"Deleted run(s) {shown_ids(deleted)}", icon=":material/delete:")
-    for reason in refused[:10]:
-        st.toast(reason, icon=":material/block:")
+
+
+def deletion_ended() -> None:
+    """Say how this session's deletion ended, once: the runs deleted, and a line for each refused (or why it
+    stopped)."""
+    key = st.session_state.get(DELETION_KEY)
+    job = run_deletion.deletion(key) if key is not None else None
+    if job is not None and not job.finished:
+        return
+    st.session_state.pop(DELETION_KEY, None)
+    if job is None:  # a deletion of a server since restarted: the runs not reached are still there
+        return
+    run_deletion.forget(key)
+    if job.deleted:
+        st.toast(f"Deleted run(s) {shown_ids(job.deleted)}", icon=":material/delete:")
+    for reason in job.refused[:10]:
+        st.warning(escape_markdown(reason), icon=":material/block:")
+
+
+@st.fragment(run_every=DELETION_REFRESH_S)
+def deletion_progress() -> None:
+    """How far the deletions under way have gone (this tab's, or another's: a reload still shows it), redrawn
+    each second; then the whole page again, without the runs."""
+    key = st.session_state.get(DELETION_KEY)
+    own = run_deletion.deletion(key) if key is not None else None
+    under_way = run_deletion.progress_under_way()
+    if (key is not None and (own is None or own.finished)) or under_way is None:
+        st.rerun(scope="app")
+    done, total = under_way
+    st.progress(done / max(1, total), text=f"Deleting {done:,} of {total:,} runs…")
 
 
 def confirm_delete(statuses: dict[int, str]) -> None:
@@ -212,6 +241,9 @@ def edit_labels(row: dict) -> None:
 
 
 st.title("Runs")
+deletion_ended()
+if st.session_state.get(DELETION_KEY) is not None or run_deletion.progress_under_way() is not None:
+    deletion_progress()
 engine = state.engine_with_fresh_states()
 choices = dashboard.filter_choices(engine)
 if not choices["statuses"]:
@@ -230,6 +262,7 @@ except ValueError as exc:  # a malformed filter line: said under it, in one line
     st.stop()
 rows = page.rows
 frame = slurm_views.with_pending_reasons(table_frame(rows), engine)
+frame.loc[frame["run"].isin(run_deletion.runs_being_deleted()), "status"] = "deleting"
 
 first_shown = (len(cursors) - 1) * dashboard.PAGE_ROWS + 1
 shown = f"{first_shown:,}–{first_shown + len(rows) - 1:,}" if rows else "none"

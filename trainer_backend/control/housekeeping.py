@@ -2,7 +2,7 @@
 checkpoints, profiler traces).
 
     delete_run_and_files(7)        # RunActiveError if run 7 is queued or running: cancel it first
-    deleted, refused = delete_runs_and_files([3, 4, 5])   # many at once: a few statements, not one per run
+    deleted, refused = delete_runs_and_files([3, 4, 5])   # many at once: in batches, each its own transaction
 
 Imports neither torch nor streamlit: the dashboard calls it.
 """
@@ -10,6 +10,10 @@ Imports neither torch nor streamlit: the dashboard calls it.
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Callable
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from db import run_state as state
 from db import make_engine, store
@@ -70,10 +74,21 @@ def delete_run_and_files(run_id: int, *, db_url: str | None = None) -> None:
     store.delete_run(engine, run_id)
 
 
-def delete_runs_and_files(run_ids, *, db_url: str | None = None) -> tuple[list[int], list[str]]:
-    """Delete many finished runs as ``delete_run_and_files`` deletes one (files first, then rows), in a few
-    statements whatever their number: 10,000 runs picked on the Runs page go in seconds. Returns the runs
-    deleted and one line for each that was not (active, or not there)."""
+FIRST_BATCH_RUNS = 50  # runs in the first transaction; later ones grow or shrink to keep each short
+BATCH_TARGET_S = 0.25  # a batch's transaction holds SQLite's write lock: other writers wait at most about this
+
+
+def delete_runs_and_files(run_ids, *, db_url: str | None = None,
+                          progress: Callable[[int, int], None] | None = None) -> tuple[list[int], list[str]]:
+    """Delete many finished runs, in batches: each batch's rows (a run with all its metrics, by cascade) in one
+    transaction of its own, then their folders. A batch starts at ``FIRST_BATCH_RUNS`` runs and doubles (up to
+    ``store.RUNS_PER_DELETE``) while one takes under half ``BATCH_TARGET_S``, and halves when one takes longer:
+    the write lock is held for a fraction of a second at a time, so running runs' writes go on between batches.
+    ``progress(done, deletable)`` is called after each batch.
+
+    Returns the runs deleted and one line for each that was not (active, or not there); a batch that fails
+    (the database locked past its wait, a full disk) stops the deletion with one line saying how many runs
+    were deleted and that the rest are left whole, as they were."""
     engine = make_engine(db_url)
     state.mark_lost_runs(engine)
     wanted = list(dict.fromkeys(int(run_id) for run_id in run_ids))
@@ -82,13 +97,37 @@ def delete_runs_and_files(run_ids, *, db_url: str | None = None) -> tuple[list[i
     refused += [f"run {run_id} is {statuses[run_id]}: cancel it first, then delete it" for run_id in wanted
                 if statuses.get(run_id) in state.ACTIVE_STATUSES]
     deletable = [run_id for run_id in wanted if run_id in statuses and statuses[run_id] not in state.ACTIVE_STATUSES]
-    deleted = []
-    for start in range(0, len(deletable), store.RUNS_PER_DELETE):
-        part = deletable[start:start + store.RUNS_PER_DELETE]
+    deleted: list[int] = []
+    kept_folders: list[str] = []
+    batch_runs = min(FIRST_BATCH_RUNS, store.RUNS_PER_DELETE)
+    while len(deleted) < len(deletable):
+        part = deletable[len(deleted):len(deleted) + batch_runs]
+        started = time.perf_counter()
+        try:
+            store.delete_runs(engine, part)
+        except SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            refused.append(f"deleting stopped after {len(deleted):,} of {len(deletable):,} runs: {reason}; the other "
+                           f"{len(deletable) - len(deleted):,} runs are left whole, as they were")
+            break
+        took_s = time.perf_counter() - started
+        # The folders after the rows: a failure above leaves each run whole, its row and its files together.
         for run_id in part:
             folder = run_folder(engine, run_id)
-            if folder.exists():
-                shutil.rmtree(folder)
-        store.delete_runs(engine, part)
+            try:
+                if folder.exists():
+                    shutil.rmtree(folder)
+            except OSError as exc:
+                kept_folders.append(f"{folder} ({exc.strerror or exc})")
         deleted += part
+        if progress is not None:
+            progress(len(deleted), len(deletable))
+        if took_s > BATCH_TARGET_S:
+            batch_runs = max(1, batch_runs // 2)
+        elif took_s < BATCH_TARGET_S / 2:
+            batch_runs = min(store.RUNS_PER_DELETE, batch_runs * 2)
+    if kept_folders:
+        refused.append(f"the folders of {len(kept_folders):,} deleted runs could not be removed; remove them by "
+                       f"hand: {kept_folders[0]}" + (f" and {len(kept_folders) - 1:,} more" if len(kept_folders) > 1
+                                                     else ""))
     return deleted, refused
