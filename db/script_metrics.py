@@ -409,3 +409,9 @@ def _values_after(connection: Connection, series_id: int, after: int, limit: int
         keep = int(np.searchsorted(steps, steps[limit - 1], side="right"))
         steps, t_s, values = steps[:keep], t_s[:keep], values[:keep]
     return steps, t_s, values
+
+
+def run_status(engine: Engine, run_id: int) -> str | None:
+    """The run's status, None for no such run: a live chart's one read of the run row."""
+    with session_scope(engine) as session:
+        return session.scalar(select(Run.status).where(Run.id == run_id))
