@@ -191,12 +191,12 @@ function drawWhole(Plotly, chart, name, c) {
     {x: line.map(i => c.step[i]), y: line.map(i => c.value[i]), name: name, showlegend: false,
      mode: line.length < 30 ? "lines+markers" : "lines", line: {color: S.colour},
      customdata: line.map(i => [c.min[i], c.max[i], c.n[i]]),
-     hovertemplate: "%{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[1]:.4g} of %{customdata[2]:,} values<extra></extra>"},
+     hovertemplate: "%{y:.4g}<br>min %{customdata[0]:.4g}, max %{customdata[1]:.4g} of %{customdata[2]:,} values<extra><\\/extra>"},
     {x: last === null ? [] : [c.step[last]], y: last === null ? [] : [c.value[last]], name: name + " new",
-     showlegend: false, mode: "lines", line: {color: S.colour}, hovertemplate: "%{y:.4g}<extra></extra>"},
+     showlegend: false, mode: "lines", line: {color: S.colour}, hovertemplate: "%{y:.4g}<extra><\\/extra>"},
     {x: bad.map(i => c.step[i]), y: bad.map(i => c.max[i] ?? c.value[i] ?? c.min[i] ?? 0), mode: "markers",
      name: name + ": NaN or infinite", showlegend: false, marker: {symbol: "x", color: "crimson", size: 8},
-     customdata: bad.map(i => c.nonfinite[i]), hovertemplate: "%{customdata:,} NaN or infinite value(s)<extra></extra>"},
+     customdata: bad.map(i => c.nonfinite[i]), hovertemplate: "%{customdata:,} NaN or infinite value(s)<extra><\\/extra>"},
   ];
   const layout = JSON.parse(JSON.stringify(S.layouts[name]));
   if (bucketed > 1) {
