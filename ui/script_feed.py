@@ -201,7 +201,7 @@ function drawWhole(Plotly, chart, name, c) {
   const layout = JSON.parse(JSON.stringify(S.layouts[name]));
   if (bucketed > 1) {
     layout.title = {...layout.title, text: escapeText(name) + "<br><sup>line: the last value of every " +
-      bucketed.toLocaleString("en") + " steps or fewer; band: their minimum to maximum</sup>"};
+      bucketed.toLocaleString("en") + " steps or fewer; band: their minimum to maximum<\\/sup>"};
     layout.margin = {...layout.margin, t: 60};
   }
   Plotly.react(chart, traces, layout, {displaylogo: false, responsive: true});
