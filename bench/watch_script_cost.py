@@ -107,7 +107,7 @@ class Watch:
         try:
             page.set_default_timeout(PAGE_MS)
             page.goto(f"{self.url}/run?run={self.run_id}")
-            expect(page.get_by_role("heading", name=f"Run #{self.run_id}")).to_be_visible()
+            expect(page.get_by_role("heading", name=f"Run #{self.run_id}")).to_be_visible(timeout=PAGE_MS)
             deadline = time.monotonic() + PAGE_MS / 1000
             while (frame := self.live_frame(page)) is None or not frame.evaluate("() => window.drawnUpTo || 0"):
                 if time.monotonic() > deadline:
@@ -186,6 +186,10 @@ def main() -> None:
                 f"maximum, after {script_feed.REDRAW_AFTER_POINTS:,} appended values a chart "
                 f"({sum(watch.whole_draws)} such redraws in the watched windows). The page's progress still ticks "
                 "every 10 s (a fragment rerun).")
+    report.note("Before, the page re-read every shown series (bucketed, cached only until the next value) in a "
+                "fragment that reran every 2 s: 0.116-0.153 of a core of the server with the same script and tab, "
+                "against 0.043-0.044 with the live document (2 windows of 20 s each, 2026-12-08, 2 shared cores "
+                "with a load average of 6-8 beside it: upper bounds).")
     report.finish(args)
 
 
