@@ -9,7 +9,7 @@ plotly.js. Its first ask, and every ``REDRAW_AFTER_POINTS`` appended values, tak
 buckets of minimum, maximum and last value (``read_points``), drawn as a band and a line as the page draws
 them; the values appended in between are drawn raw, a line of their own, until that redraw.
 
-    html = feed_html(run_id, ["train/loss", "val/acc"])                 # embedded while the run is active
+    html = feed_html(run_id, {"train": ["train/loss"], "val": ["val/acc"]})  # embedded while the run is active
     payload = feed(engine, run_id, {"train/loss": 120, "val/acc": 100})  # new values; feed(engine, run_id, names)
                                                                         # with after=None: the series whole
 
@@ -36,7 +36,6 @@ MAX_BUCKETS = 1000
 # tens of thousands of raw points would cost the browser at every append.
 REDRAW_AFTER_POINTS = 20_000
 GROUP_TITLE_PX, CHART_GAP_PX = 28, 8
-NO_PREFIX = "other"
 
 
 def parse_request(names: Sequence[str], afters: Sequence[str]) -> tuple[list[str], dict[str, int] | None] | str:
@@ -77,30 +76,27 @@ def feed(engine, run_id: int, names: Sequence[str], after: Mapping[str, int] | N
     return {"status": status, "whole": True, "names": columns}
 
 
-def groups(names: Sequence[str]) -> dict[str, list[str]]:
-    """The names grouped by the prefix before their first "/", as the page groups its charts."""
-    from ui.script_views import by_prefix
-
-    return by_prefix(names)
-
-
-def height_px(names: Sequence[str]) -> int:
+def height_px(groups: Mapping[str, Sequence[str]]) -> int:
+    """The document's height: each group's title and its charts, two a row."""
     from reports.charts import CHART_HEIGHT_PX
 
-    return sum(GROUP_TITLE_PX + -(-len(group) // 2) * (CHART_HEIGHT_PX + CHART_GAP_PX) for group in groups(names).values())
+    return sum(GROUP_TITLE_PX + -(-len(group) // 2) * (CHART_HEIGHT_PX + CHART_GAP_PX) for group in groups.values())
 
 
 @functools.cache
 def _layout(name: str, log: bool) -> dict:
-    from reports.charts import on_log_scale
-    from ui.script_views import metric_figure, points_frame
+    """A metric chart's layout, as the page lays out its own (ui/script_views.py's ``metric_figure``)."""
+    from contract.printable import plotly_text
+    from reports.charts import base_figure, on_log_scale
 
-    return json.loads(on_log_scale(metric_figure(points_frame([]), name), log).to_json())["layout"]
+    figure = base_figure(plotly_text(name), "step", "")
+    figure.update_layout(showlegend=False)
+    return json.loads(on_log_scale(figure, log).to_json())["layout"]
 
 
-def feed_html(run_id: int, names: Sequence[str], *, log_loss: bool = False) -> str:
-    """The embedded document: ``names``' charts grouped by prefix, two a row, each drawn from its first ask; the
-    losses on a log axis where ``log_loss``."""
+def feed_html(run_id: int, groups: Mapping[str, Sequence[str]], *, log_loss: bool = False) -> str:
+    """The embedded document: the charts of ``groups`` ({prefix: names}, in the page's order), two a row, each
+    drawn from its first ask; the losses on a log axis where ``log_loss``."""
     from plotly.colors import DEFAULT_PLOTLY_COLORS
 
     from reports.charts import is_loss
@@ -110,7 +106,8 @@ def feed_html(run_id: int, names: Sequence[str], *, log_loss: bool = False) -> s
     settings = {
         "feed": live_feed.link(run_id, route=ROUTE), "plotly": f"{downloads.base_path()}{live_feed.PLOTLY_ROUTE}",
         "poll_ms": int(POLL_S * 1000), "redraw_after": REDRAW_AFTER_POINTS, "terminal": list(live_feed.TERMINAL),
-        "groups": groups(names), "layouts": {name: _layout(name, log_loss and is_loss(name)) for name in names},
+        "groups": {prefix: list(names) for prefix, names in groups.items()},
+        "layouts": {name: _layout(name, log_loss and is_loss(name)) for names in groups.values() for name in names},
         "colour": colour, "band": with_alpha(colour, BAND_ALPHA),
     }
     # "</" cannot end the script early: every "<" in the settings is written as \\u003c.

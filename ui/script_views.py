@@ -222,7 +222,8 @@ def _live_metrics(run_id: int, active: bool = False) -> None:
     if active and window is None and shown:
         # Following the run: the charts are drawn and grown in the browser, from the values after the last step
         # each holds, with no rerun of the page; the same document on every rerun, so the browser keeps it.
-        st.iframe(script_feed.feed_html(run_id, shown, log_loss=log_loss), height=script_feed.height_px(shown))
+        groups = by_prefix(shown)
+        st.iframe(script_feed.feed_html(run_id, groups, log_loss=log_loss), height=script_feed.height_px(groups))
         frame = None
     else:
         frame = bucketed_points(str(engine.url), (run_id,), (stored,), window, tuple(shown)) if shown else points_frame([])

@@ -50,7 +50,7 @@ def test_requests_are_refused_with_what_is_allowed():
 
 
 def test_the_embedded_document_holds_the_signed_link_the_names_by_prefix_and_no_markup_from_them():
-    html = script_feed.feed_html(7, ["train/loss", "train/acc", "lr</script>"], log_loss=True)
+    html = script_feed.feed_html(7, {"lr<": ["lr</script>"], "train": ["train/acc", "train/loss"]}, log_loss=True)
     settings = json.loads(html.split("const S = ", 1)[1].split(";\n", 1)[0])
     assert settings["feed"].startswith(f"{script_feed.ROUTE}/7?expires=")
     expires, sig = settings["feed"].split("expires=")[1].split("&sig=")
@@ -60,4 +60,6 @@ def test_the_embedded_document_holds_the_signed_link_the_names_by_prefix_and_no_
     assert settings["layouts"]["train/acc"]["yaxis"].get("type") != "log"
     script = html.split("<script>", 1)[1].rsplit("</script>", 1)[0]
     assert "</" not in script  # nothing in the settings can close the script early
-    assert script_feed.height_px(["train/loss", "train/acc", "lr"]) > script_feed.height_px(["train/loss"])
+    assert settings["layouts"]["train/acc"]["title"]["text"] == "train/acc"
+    assert script_feed.height_px({"train": ["train/loss", "train/acc", "train/lr"]}) > script_feed.height_px(
+        {"train": ["train/loss", "train/acc"]})
