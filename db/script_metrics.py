@@ -222,6 +222,12 @@ def run_metric_names(engine: Engine, run_id: int) -> list[str]:
                                     .order_by(ScriptSeries.name)))
 
 
+def metric_count(engine: Engine, run_id: int) -> int:
+    """How many names the run has logged (one index count): a live page's check for a new one."""
+    with session_scope(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(ScriptSeries).where(ScriptSeries.run_id == run_id)))
+
+
 def run_figures_of(engine: Engine, run_ids: Iterable[int]) -> dict[int, tuple[RunFigures, dict[str, Any]]]:
     """Each script run's figures in the fields every run shares (``db.run_figures.script_run_figures``), and its
     summary (``run.summary``: the last value of each metric, and what the script set) for columns of their own.

@@ -115,7 +115,7 @@ def show_outcome(run: store.RunRecord) -> None:
 def drawn_from(run: store.RunRecord, epochs_done: int, engine=None) -> tuple:
     """What the page around the live progress is drawn from: status, notes and recorded epochs, and for a script
     run the names it has logged (its live charts are one document per set of names: ui/script_feed.py)."""
-    names = len(script_metrics.run_metric_names(engine, run.id)) if engine is not None and script_views.is_script(run) else 0
+    names = script_metrics.metric_count(engine, run.id) if engine is not None and script_views.is_script(run) else 0
     return run.status, len(run.notes), epochs_done, names
 
 

@@ -27,6 +27,7 @@ def test_each_name_comes_after_its_own_step_and_only_the_names_asked(backend_db_
 
     found = script_metrics.read_points_after(engine, run_id, {"loss": 500, "acc": 480, "unknown": 0}, limit=5000)
     assert sorted(found) == ["acc", "loss"]  # lr not asked for; a name never logged left out
+    assert script_metrics.metric_count(engine, run_id) == 3 and script_metrics.metric_count(engine, run_id + 1) == 0
     assert found["loss"]["step"] == list(range(501, 1001))
     assert found["loss"]["value"][0] == pytest.approx(1 / 502) and found["loss"]["value"][-1] is None  # NaN: null
     assert found["loss"]["t_s"][0] == pytest.approx(5.01)
