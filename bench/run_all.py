@@ -35,8 +35,8 @@ from bench.report import read_results, render_markdown  # noqa: E402
 # where CUDA exists; elsewhere it records that it skipped, and says so in one line.
 BENCHMARKS = ("overhead", "lightning_compare", "data_pipeline", "dashboard", "writes", "launch_latency",
               "profiler", "ddp_cpu", "first_run", "watch_cost", "time_to_interactive", "series_cost", "series_read",
-              "forecast", "switches", "recipe", "memory_estimate", "data_scale", "gpu", "nonfinite_check", "sdk_log", "history", "delete_runs",
-              "rank_clock", "search")
+              "forecast", "switches", "recipe", "memory_estimate", "data_scale", "gpu", "nonfinite_check", "sdk_log", "history",
+              "delete_runs", "rank_clock", "search", "watch_script_cost")
 
 PREAMBLE = """# Benchmarks
 

@@ -15,10 +15,12 @@ reduced in the database to buckets of minimum, maximum and last value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Connection, Engine, and_, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import aliased
 
@@ -220,6 +222,12 @@ def run_metric_names(engine: Engine, run_id: int) -> list[str]:
                                     .order_by(ScriptSeries.name)))
 
 
+def metric_count(engine: Engine, run_id: int) -> int:
+    """How many names the run has logged (one index count): a live page's check for a new one."""
+    with session_scope(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(ScriptSeries).where(ScriptSeries.run_id == run_id)))
+
+
 def run_figures_of(engine: Engine, run_ids: Iterable[int]) -> dict[int, tuple[RunFigures, dict[str, Any]]]:
     """Each script run's figures in the fields every run shares (``db.run_figures.script_run_figures``), and its
     summary (``run.summary``: the last value of each metric, and what the script set) for columns of their own.
@@ -299,7 +307,8 @@ def read_points(engine: Engine, run_ids: Iterable[int], *, names: Iterable[str] 
 def _series_of(connection: Connection, run_ids: list[int], wanted: list[str] | None) -> list[Any]:
     if not run_ids:
         return []
-    statement = select(ScriptSeries.id, ScriptSeries.run_id, ScriptSeries.name).where(ScriptSeries.run_id.in_(run_ids))
+    statement = (select(ScriptSeries.id, ScriptSeries.run_id, ScriptSeries.name, ScriptSeries.last_step)
+                 .where(ScriptSeries.run_id.in_(run_ids)))
     if wanted is None:
         found = list(connection.execute(statement))
     else:  # the few a page draws, looked up by the (run, name) index, not picked from every name of a wide run
@@ -361,3 +370,54 @@ def _summed(connection: Connection, series_id: int, inside: list, first_block: i
         buckets[row.bucket] = {"step": int(row.last_step), "t_s": row.last_t_s, "value": row.last_value,
                                "min": row.low, "max": row.high, "n": int(row.n), "nonfinite": int(row.n - row.finite)}
     return list(buckets.values())
+
+
+def read_points_after(engine: Engine, run_id: int, after: Mapping[str, int], *, limit: int) -> dict[str, dict[str, list]]:
+    """Each named series' values after its own step in ``after`` ({name: step}), in step order, as columns
+    (``step``, ``t_s``, ``value``: null for NaN and infinities; ``more``: whether it holds values past those
+    sent), for a live chart that holds every step up to
+    there. At most about ``limit`` values a name (every value of the last step taken, so that the next ask,
+    after it, misses none); the rest at the next ask. The chunks are picked by their block and last step from
+    the index, so the cost is that of the new values, however long the series; values are chosen by step,
+    never by chunk, so a block written again in a chunk of its own is never sent twice. Names the run has not
+    logged are left out."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"limit must be a whole number of 1 or more; got {limit!r}")
+    found: dict[str, dict[str, list]] = {}
+    with engine.connect() as connection:
+        for series in _series_of(connection, [run_id], list(after)):
+            steps, t_s, values = _values_after(connection, series.id, int(after[series.name]), limit)
+            sent = int(steps[-1]) if len(steps) else int(after[series.name])
+            found[series.name] = {"step": steps.tolist(), "t_s": t_s.tolist(),
+                                  "value": [value if math.isfinite(value) else None for value in values.tolist()],
+                                  "more": series.last_step is not None and series.last_step > sent}
+    return found
+
+
+def _values_after(connection: Connection, series_id: int, after: int, limit: int):
+    newer = [ScriptChunk.series_id == series_id, ScriptChunk.block >= after // BLOCK_STEPS,
+             ScriptChunk.last_step > after]
+    # The first blocks that hold ``limit`` values or more (each block holds at least one): read from the index.
+    blocks = connection.execute(select(ScriptChunk.block, func.sum(ScriptChunk.points)).where(*newer)
+                                .group_by(ScriptChunk.block).order_by(ScriptChunk.block).limit(limit)).all()
+    if not blocks:
+        return point_chunks.unpack_all([])
+    held, last_block = 0, blocks[-1][0]
+    for block, points in blocks:
+        held += int(points)
+        if held >= limit:
+            last_block = block
+            break
+    statement = (select(ScriptChunk.first_step, ScriptChunk.steps, ScriptChunk.t_s, ScriptChunk.values)
+                 .where(*newer, ScriptChunk.block <= last_block).order_by(ScriptChunk.id))
+    steps, t_s, values = point_chunks.unpack_all([row._mapping for row in connection.execute(statement)], after + 1)
+    if len(steps) > limit:  # cut after a whole step: the next ask starts after it
+        keep = int(np.searchsorted(steps, steps[limit - 1], side="right"))
+        steps, t_s, values = steps[:keep], t_s[:keep], values[:keep]
+    return steps, t_s, values
+
+
+def run_status(engine: Engine, run_id: int) -> str | None:
+    """The run's status, None for no such run: a live chart's one read of the run row."""
+    with session_scope(engine) as session:
+        return session.scalar(select(Run.status).where(Run.id == run_id))

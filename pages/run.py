@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from db import profiles, series, store, system_metrics
+from db import profiles, script_metrics, series, store, system_metrics
 from db.folders import NotARegularFile
 from db.run_state import ACTIVE_STATUSES, RESUMABLE_ENDS
 from db.recorded_by import unknown_strategy_note
@@ -112,9 +112,11 @@ def show_outcome(run: store.RunRecord) -> None:
         st.warning(escape_markdown(run.error or "cancelled"), icon=":material/cancel:")
 
 
-def drawn_from(run: store.RunRecord, epochs_done: int) -> tuple:
-    """What the page around the live progress is drawn from: status, notes and recorded epochs."""
-    return run.status, len(run.notes), epochs_done
+def drawn_from(run: store.RunRecord, epochs_done: int, engine=None) -> tuple:
+    """What the page around the live progress is drawn from: status, notes and recorded epochs, and for a script
+    run the names it has logged (its live charts are one document per set of names: ui/script_feed.py)."""
+    names = script_metrics.metric_count(engine, run.id) if engine is not None and script_views.is_script(run) else 0
+    return run.status, len(run.notes), epochs_done, names
 
 
 def age_s(run: store.RunRecord) -> float:
@@ -134,8 +136,8 @@ def live_progress(run_id: int, drawn: tuple, drawn_at: float, refresh_s: float |
     epochs_done = store.last_epochs(engine, [run_id])[run_id]
     if run is None:
         st.rerun()
-    now = drawn_from(run, epochs_done)
-    if live.redraw_due(now[:2] != drawn[:2], now[2] != drawn[2], drawn_at):
+    now = drawn_from(run, epochs_done, engine)
+    if live.redraw_due(now[:2] != drawn[:2] or now[3] != drawn[3], now[2] != drawn[2], drawn_at):
         st.rerun()  # the full run also declares this fragment without its timer once the run has ended
     if refresh_s is not None and live.progress_refresh_s(run.status, age_s(run)) != refresh_s:
         st.rerun()  # a run queued past the quick look: the full run declares the slower timer
@@ -403,7 +405,7 @@ if not script_views.is_script(run):  # a script's config is not a launch form's
 active = run.status in ACTIVE_STATUSES
 progress_s = live.progress_refresh_s(run.status, age_s(run))
 st.fragment(live_progress, run_every=progress_s)(
-    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0), time.monotonic(), progress_s)
+    run_id, drawn_from(run, int(epochs.epoch.max()) if not epochs.empty else 0, engine), time.monotonic(), progress_s)
 show_messages(run)
 notes += show_numbers(run, epochs)
 notes_section = st.container(key="run_notes")  # right below the numbers; filled once every section has spoken

@@ -42,12 +42,13 @@ def _signature(run_id: int, expires: int) -> str:
     return hmac.new(downloads.LINK_SECRET, f"live/{run_id}/{expires}".encode(), hashlib.sha256).hexdigest()
 
 
-def link(run_id: int, *, prefix: str | None = None, now: float | None = None) -> str:
-    """The URL path of run ``run_id``'s feed, good for LINK_WINDOW_S to 2 * LINK_WINDOW_S from now."""
+def link(run_id: int, *, prefix: str | None = None, now: float | None = None, route: str = ROUTE) -> str:
+    """The URL path of run ``run_id``'s feed (at ``route``: a script run's is ui/script_feed.py's), good for
+    LINK_WINDOW_S to 2 * LINK_WINDOW_S from now."""
     now = time.time() if now is None else now
     expires = (int(now // LINK_WINDOW_S) + 2) * LINK_WINDOW_S
     prefix = downloads.base_path() if prefix is None else prefix
-    return f"{prefix.rstrip('/')}{ROUTE}/{int(run_id)}?expires={expires}&sig={_signature(int(run_id), expires)}"
+    return f"{prefix.rstrip('/')}{route}/{int(run_id)}?expires={expires}&sig={_signature(int(run_id), expires)}"
 
 
 def link_problem(run_id: int, expires: str | None, sig: str | None, *, now: float | None = None) -> str | None:

@@ -25,7 +25,6 @@ from contract.printable import plotly_text
 SCRIPT_KIND = script_metrics.SCRIPT_KIND
 POINT_COLUMNS = ("run_id", "name", "step", "t_s", "value", "min", "max", "n", "nonfinite")
 NO_PREFIX = "other"
-LIVE_REFRESH_S = 2.0
 MAX_POINTS = 1000  # buckets per metric and run: about two per pixel column of a chart half a screen wide
 # Charts drawn at once on a script run's page: a script may log thousands of names (a metric per layer or
 # unit), and each chart costs the browser; the others are found with the search box over the names.
@@ -150,7 +149,9 @@ def run_section(engine, run) -> None:
                    "`strategy` and `devices`.")
     if line := log_wait_line(run.measurements):
         st.caption(line)
-    st.fragment(_live_metrics, run_every=LIVE_REFRESH_S if active else None)(run.id)
+    # No timer: while the run is active its charts grow from the page's own document (ui/script_feed.py), and a
+    # new metric name, like a new status, reruns the page from its progress tick (pages/run.py).
+    st.fragment(_live_metrics)(run.id, active)
     summary = run.measurements.get("summary") or {}
     if summary:
         with st.expander("Summary (the last value of each metric, and what the script set)"):
@@ -199,8 +200,8 @@ def step_window(run_id: int, last_step: int) -> tuple[int, int] | None:
     return chosen
 
 
-def _live_metrics(run_id: int) -> None:
-    from ui import state
+def _live_metrics(run_id: int, active: bool = False) -> None:
+    from ui import script_feed, state
 
     engine = state.engine()
     names = script_metrics.run_metric_names(engine, run_id)  # the names only: a row each, no value read
@@ -218,13 +219,15 @@ def _live_metrics(run_id: int) -> None:
         st.caption(escape_markdown(caption))
     log_loss = st.session_state.get(state.LOG_LOSS_KEY, False)
     window = step_window(run_id, int(last_step or 0))
-    frame = bucketed_points(str(engine.url), (run_id,), (stored,), window, tuple(shown)) if shown else points_frame([])
-    for prefix, group in by_prefix(frame["name"].unique()).items():
-        st.markdown(f"**{escape_markdown(prefix)}**")
-        columns = st.columns(2)
-        for index, name in enumerate(group):
-            figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
-            columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
+    if active and window is None and shown:
+        # Following the run: the charts are drawn and grown in the browser, from the values after the last step
+        # each holds, with no rerun of the page; the same document on every rerun, so the browser keeps it.
+        groups = by_prefix(shown)
+        st.iframe(script_feed.feed_html(run_id, groups, log_loss=log_loss), height=script_feed.height_px(groups))
+        frame = None
+    else:
+        frame = bucketed_points(str(engine.url), (run_id,), (stored,), window, tuple(shown)) if shown else points_frame([])
+        _draw_charts(frame, log_loss)
 
     def every_metric_csv() -> str:  # read when the button is pressed, not at every draw of a wide run
         first, last = window if window is not None else (None, None)
@@ -233,11 +236,21 @@ def _live_metrics(run_id: int) -> None:
         return every[list(POINT_COLUMNS)].to_csv(index=False)
 
     st.download_button("Download the logged metrics (CSV)",
-                       every_metric_csv if len(names) > len(shown) else frame[list(POINT_COLUMNS)].to_csv(index=False),
+                       every_metric_csv if frame is None or len(names) > len(shown)
+                       else frame[list(POINT_COLUMNS)].to_csv(index=False),
                        file_name=f"parallax-run-{run_id}-metrics.csv", mime="text/csv", on_click="ignore",
                        icon=":material/download:", key="script_metrics_csv",
                        help="Each bucket's last value, minimum, maximum and count as charted; `parallax export` "
                             "writes every value.")
+
+
+def _draw_charts(frame: pd.DataFrame, log_loss: bool) -> None:
+    for prefix, group in by_prefix(frame["name"].unique()).items():
+        st.markdown(f"**{escape_markdown(prefix)}**")
+        columns = st.columns(2)
+        for index, name in enumerate(group):
+            figure = on_log_scale(metric_figure(frame, name), log_loss and is_loss(name))
+            columns[index % 2].plotly_chart(figure, key=f"script_metric_{name}")
 
 
 def progress_line(engine, run) -> None:

@@ -11,7 +11,8 @@ uvicorn: Streamlit's routes and websocket, plus what is here:
 - ``/_parallax/download/<run>/<file>?expires=...&sig=...``: a run's file, for a link a page signed,
   streamed from disk in 64 KiB chunks (ui/downloads.py).
 - ``/_parallax/live/<run>?expires=...&sig=...&after=STEP``: a running run's status and new step points, for
-  the Run page's live charts (ui/live_feed.py), and ``/_parallax/plotly.min.js``, which draws them.
+  the Run page's live charts (ui/live_feed.py); ``/_parallax/script-live/<run>?...&name=N&after=STEP``, a script
+  run's logged metrics after the steps its live charts hold (ui/script_feed.py); and ``/_parallax/plotly.min.js``, which draws them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from ui import auth, downloads, live_feed, login_cookie
+from ui import auth, downloads, live_feed, login_cookie, script_feed
 
 CHUNK_BYTES = 64 * 1024  # a download is read and sent this much at a time, never held whole
 FRAME_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
@@ -106,6 +107,7 @@ def routes() -> list:
             Route(f"{downloads.base_path()}/_parallax/logout", log_out, methods=["POST"]),
             Route(f"{downloads.base_path()}{downloads.ROUTE}/{{run_id:int}}/{{name}}", download, methods=["GET"]),
             Route(f"{downloads.base_path()}{live_feed.ROUTE}/{{run_id:int}}", live_points, methods=["GET"]),
+            Route(f"{downloads.base_path()}{script_feed.ROUTE}/{{run_id:int}}", script_points, methods=["GET"]),
             Route(f"{downloads.base_path()}{live_feed.PLOTLY_ROUTE}", plotly_js, methods=["GET"])]
 
 
@@ -216,6 +218,29 @@ def live_points(request) -> Any:
     if after is None:
         return PlainTextResponse("after must be a step number from 0 up.", status_code=400)
     payload = live_feed.feed(engine_for(database_url()), run_id, after)
+    if payload is None:
+        return PlainTextResponse(f"Run #{run_id} does not exist (any more).", status_code=404)
+    return JSONResponse(payload, headers={"Cache-Control": "no-store"})
+
+
+def script_points(request) -> Any:
+    """A script run's status and its named metrics' values after the steps asked, for a link a Run page signed
+    (ui/script_feed.py)."""
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    from contract.environment import database_url
+    from ui.state import engine_for
+
+    if (refused := _host_refusal(request)) is not None:
+        return refused
+    run_id = request.path_params["run_id"]
+    problem = live_feed.link_problem(run_id, request.query_params.get("expires"), request.query_params.get("sig"))
+    if problem is not None:
+        return PlainTextResponse(problem, status_code=403)
+    asked = script_feed.parse_request(request.query_params.getlist("name"), request.query_params.getlist("after"))
+    if isinstance(asked, str):
+        return PlainTextResponse(asked, status_code=400)
+    payload = script_feed.feed(engine_for(database_url()), run_id, *asked)
     if payload is None:
         return PlainTextResponse(f"Run #{run_id} does not exist (any more).", status_code=404)
     return JSONResponse(payload, headers={"Cache-Control": "no-store"})

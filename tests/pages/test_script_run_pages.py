@@ -52,17 +52,28 @@ def test_the_run_page_charts_every_logged_metric_grouped_by_prefix(parallax_home
     assert not any("unknown to this version" in note.value for note in at.info)  # "script" is no newer strategy
 
 
-def test_a_running_script_runs_charts_grow_on_the_next_tick(parallax_home, engine):
+def test_a_running_script_runs_charts_grow_from_their_own_document_and_a_new_name_redraws_it(parallax_home, engine):
+    """While the script runs its charts are one embedded document fed by the script-live route (no Streamlit
+    chart, no rerun per tick); a name logged for the first time makes the next draw's document chart it too."""
+    from ui import script_feed
+
     run_id = add_script_run(engine, status="running", names=("train/loss",), steps=3)
     store.set_process(engine, run_id, pid=os.getpid(), host=socket.gethostname())  # alive: this process
     at = AppTest.from_file(APP, default_timeout=TIMEOUT_S)
     at.query_params["run"] = str(run_id)
     at.switch_page("pages/run.py").run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 1
+    assert not at.get("plotly_chart")
+    (live,) = at.get("iframe")
+    assert f"{script_feed.ROUTE}/{run_id}?" in str(live.proto) and "train/loss" in str(live.proto)
+    assert "val/acc" not in str(live.proto)
     script_metrics.add_points(engine, run_id, [("val/acc", 3, 0.3, 0.5)])
-    at.run()  # stands for the fragment's tick
-    assert len(at.get("plotly_chart")) == 2
+    at.run()  # stands for the progress tick, which reruns the page for a new name
+    (live,) = at.get("iframe")
+    assert "val/acc" in str(live.proto)
+    store.set_status(engine, run_id, "completed")
+    at.run()  # ended: drawn by the page, as every finished run is
+    assert not at.get("iframe") and len(at.get("plotly_chart")) == 2
 
 
 def test_runs_marks_script_runs_and_filters_them(parallax_home, engine):
