@@ -3,7 +3,8 @@ spends each training step asleep, for tests that need a run to go on while they 
 it, kill a rank or the dashboard, lock the database, fill the log's disk), or only need a run to
 exist. Its epochs pass at a steady pace, about STEP_S per step, whatever else loads the machine,
 and cost next to no CPU: a real model would burn a core for as long as the test waits. While the file that
-PARALLAX_TEST_SLOW_WHILE names exists, each step takes SLOW_STEP_S instead: a run that must still be going when a
+PARALLAX_TEST_SLOW_WHILE names exists, each step takes SLOW_STEP_S more (under every strategy, model parallel's
+stages included): a run that must still be going when a
 busy machine's test gets round to acting on it, and fast again once the test has acted."""
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ SLOW_STEP_S = 0.5
 SLOW_WHILE = "PARALLAX_TEST_SLOW_WHILE"
 
 
-def step_s() -> float:
+def slow_while_held(module: nn.Module, _inputs) -> None:
+    """Before the first layer's forward: model parallel runs the stages, never the model's own forward."""
     held = os.environ.get(SLOW_WHILE)
-    return SLOW_STEP_S if held and os.path.exists(held) else STEP_S
+    if module.training and held and os.path.exists(held):
+        time.sleep(SLOW_STEP_S)
 
 
 class SleepsEachStep(TinyNet):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.environ.get(SLOW_WHILE):
+            self.body[0].register_forward_pre_hook(slow_while_held)
+
     def forward(self, x):
         if self.training:
-            time.sleep(step_s())
+            time.sleep(STEP_S)
         return super().forward(x)
 
 

@@ -322,10 +322,13 @@ def test_a_running_job_is_cancelled_within_its_bound_and_resumed_by_a_new_job(sc
 
 def signalled_after(s: Scenario, epochs: int, recorded: int, *command: str) -> tuple[int, str]:
     """A 2-node DDP run of ``epochs`` epochs, and ``command`` with its job id once ``recorded`` epochs are
-    recorded: (run id, job id)."""
-    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", str(epochs))
+    recorded: (run id, job id). The run's steps are slow until then, so that it is still going when the command
+    comes, however busy the machine."""
+    run_id, job_id = s.launch(*SLEEPER, "--devices", "cpu,cpu", "--slurm-nodes", "2", "--epochs", str(epochs),
+                              slow=True)
     s.wait_for(run_id, lambda r: len(s.epochs(run_id)) >= recorded or ended(r), what=f"{recorded} epoch(s)")
     done = subprocess.run([*command, job_id], env=s.cluster.env, capture_output=True, text=True, timeout=30)
+    s.slow.unlink()
     assert done.returncode == 0, done.stderr
     return run_id, job_id
 
