@@ -100,7 +100,9 @@ def test_the_run_page_says_a_runs_state_once_and_cancel_asks_first(dashboard):
             assert store.get_run(engine, second).status == "running"
             page.get_by_role("button", name="Cancel run").click()
             page.get_by_role("dialog").get_by_role("button", name=f"Cancel run #{second}").click()
-            expect(page.get_by_text("cancelled by the user")).to_be_visible(timeout=UI_MS)
+            # The page's state line (the run's log below may say it too)
+            expect(page.get_by_test_id("stAlertContentWarning").get_by_text("cancelled by the user")).to_be_visible(
+                timeout=UI_MS)
             assert store.get_run(engine, second).status == "cancelled"
         finally:
             browser.close()
