@@ -87,7 +87,7 @@ def tiny_check(monkeypatch):
 
 @pytest.mark.bench
 @pytest.mark.processes
-def test_the_engine_against_the_hand_written_loop_on_both_data_paths_on_the_cpu(parallax_home, db_url, monkeypatch):
+def test_parallax_against_the_hand_written_loop_on_both_data_paths_on_the_cpu(parallax_home, db_url, monkeypatch):
     """The comparison gpu-check makes on a GPU, made on the CPU: both loops train, each pair's
     ratio is Parallax's images/s over the hand loop's, and the sync counts are None (no CUDA)."""
     tiny_check(monkeypatch)
@@ -125,7 +125,7 @@ def test_the_sync_counter_counts_what_set_sync_debug_mode_warns_of(monkeypatch):
 
 
 @pytest.mark.bench  # a Parallax run's two epochs in this process
-def test_the_engines_sync_audit_runs_with_the_guard_the_step_hooks_and_the_stop_check():
+def test_parallaxs_sync_audit_runs_with_the_guard_the_step_hooks_and_the_stop_check():
     """The epoch whose synchronising calls gpu-check counts is a run's: the NaN guard, the step hooks (step points
     written) and the stop check each step, as the trainer wires them (on the CPU the count itself is None)."""
     from bench.gpu import parallax_sync_audit
