@@ -86,12 +86,14 @@ $ PYTHONPATH=/opt/wheels make gpu-check PY=python3
 
 ## The test suite's time
 
-`make test` (three pytest-xdist workers) ran 1,179 tests. It is bound by the CPU: it needs about 714
-CPU-seconds (a serial run, 2026-11-27), the two cores are 96 to 99 % busy under three workers, and a
-fourth gains nothing (410 s against 400 s). A run's supervisor importing torch and timm costs 3.5 to 4 s of
-CPU. Its time follows the machine's speed: 400 to 445 s on 2 cores where `import torch` took 1.5 to
-2.0 s (five runs, four of them fresh-clone CI runs, 2026-11-27), and 755 s the same morning, where it
-took 3.7 s. `make test-fast`: 771 tests, 38 to 45 s on 2 cores (2026-11-27).
+`make test` (three pytest-xdist workers) runs about 2,050 tests (about 100 skipped here: the GPU tests and what
+needs several machines). It is bound by the CPU. On 2 cores it took 1,380 s in CI (2026-12-07) and 2,097 s and
+2,348 s on a 2-core machine shared with other work (load average 7 to 16, 2026-12-07); the goal is 600 s. The
+longest tests there: the resumed search's fixture (185-196 s), the README's examples (145-180 s), the Slurm
+browser test (137-150 s), the run page's layout at three widths (110-123 s). Each guide's examples are a unit of
+their own under `--dist loadfile` (tests/conftest.py `SPLIT_FILES`), so the three workers share them. A run's
+supervisor importing torch and timm costs 3.5 to 4 s of CPU. Earlier, with 1,179 tests: 400 to 445 s on 2 cores
+(2026-11-27). `make test-fast`: about 1,370 tests in 1 to 7 minutes (2026-12-07, the same busy machine).
 
 ## The benchmarks at a glance
 """
