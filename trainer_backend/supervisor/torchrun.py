@@ -304,9 +304,16 @@ def _open_run(engine, joined: RunConfig, world: TorchrunWorld, hosts: list[str],
                          "over; leave out --resume-job to start a new run")
     # Started at once: the job's processes are already running on every machine, so it does
     # not wait in this machine's queue.
-    run_id = store.create_run(engine, joined.to_dict(), status="running", notes=notes, world_size=joined.world_size)
-    store.set_process(engine, run_id, pid=pid, host=host)
-    elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts), hosts=hosts)
+    # Each write through the waits every must-land write has: a locked database is waited out, and a full or
+    # read-only one is one line naming it, not an OperationalError and its traceback. One at a time: a retried
+    # create_run never makes a second run.
+    from db.connection import retry_when_locked
+
+    run_id = retry_when_locked(lambda: store.create_run(engine, joined.to_dict(), status="running", notes=notes,
+                                                        world_size=joined.world_size), what="record the job's run")
+    retry_when_locked(lambda: store.set_process(engine, run_id, pid=pid, host=host), what="record the run's process")
+    retry_when_locked(lambda: elastic.record_job(engine, run_id, elastic_run_id=world.job_id, nodes=len(hosts),
+                                                 hosts=hosts), what="record the torchrun job")
     return run_id, "running"
 
 
