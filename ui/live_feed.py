@@ -117,7 +117,28 @@ def feed_html(run_id: int, *, log_loss: bool = False) -> str:
     settings = {"feed": link(run_id), "plotly": f"{downloads.base_path()}{PLOTLY_ROUTE}", "poll_ms": int(POLL_S * 1000),
                 "max_points": MAX_POINTS, "layouts": layouts, "terminal": list(TERMINAL)}
     # "</" cannot end the script early: every "<" in the settings is written as \u003c.
-    return _PAGE.replace("SETTINGS", json.dumps(settings).replace("<", "\\u003c"))
+    return with_settings(_PAGE, settings)
+
+
+# What both live documents (this one and ui/script_feed.py's) do the same: plotly.js loaded once, from the
+# dashboard's own route (S.plotly), when the first chart is drawn.
+LOAD_PLOTLY_JS = """function loadPlotly() {
+  if (plotly) return plotly;
+  plotly = new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = S.plotly;
+    script.onload = () => resolve(window.Plotly);
+    script.onerror = reject;
+    document.head.appendChild(script);
+  });
+  return plotly;
+}
+"""
+
+
+def with_settings(page: str, settings: dict) -> str:
+    """A live document with its settings: JSON in its script, no "<" that could end the script early."""
+    return page.replace("SETTINGS", json.dumps(settings).replace("<", "\\u003c"))
 
 
 _PAGE = """<!doctype html>
@@ -136,17 +157,7 @@ const S = SETTINGS;
 const points = {step: [], epoch: [], t_s: [], train_loss: [], images_per_s: [], n: []};
 let after = 0, timer = null, plotly = null, busy = false, ended = false;
 
-function loadPlotly() {
-  if (plotly) return plotly;
-  plotly = new Promise((resolve, reject) => {
-    const script = document.createElement("script");
-    script.src = S.plotly;
-    script.onload = () => resolve(window.Plotly);
-    script.onerror = reject;
-    document.head.appendChild(script);
-  });
-  return plotly;
-}
+LOAD_PLOTLY
 
 // Only what the page around it does not say: the page's badge and progress bars say whether the run is queued or
 // loading, redrawn together; a second voice polling apart from them would say "running" beside a "queued" badge.
@@ -209,4 +220,4 @@ document.addEventListener("visibilitychange", () => {
 poll();
 </script>
 </body></html>
-"""
+""".replace("LOAD_PLOTLY\n", LOAD_PLOTLY_JS)

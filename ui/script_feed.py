@@ -111,7 +111,7 @@ def feed_html(run_id: int, groups: Mapping[str, Sequence[str]], *, log_loss: boo
         "colour": colour, "band": with_alpha(colour, BAND_ALPHA),
     }
     # "</" cannot end the script early: every "<" in the settings is written as \\u003c.
-    return _PAGE.replace("SETTINGS", json.dumps(settings).replace("<", "\\u003c"))
+    return live_feed.with_settings(_PAGE, settings)
 
 
 _PAGE = """<!doctype html>
@@ -156,17 +156,7 @@ window.wholeDraws = 0;
   }
 })();
 
-function loadPlotly() {
-  if (plotly) return plotly;
-  plotly = new Promise((resolve, reject) => {
-    const script = document.createElement("script");
-    script.src = S.plotly;
-    script.onload = () => resolve(window.Plotly);
-    script.onerror = reject;
-    document.head.appendChild(script);
-  });
-  return plotly;
-}
+LOAD_PLOTLY
 
 function escapeText(text) {
   return text.replace(/&/g, "&amp;").replace(/[<]/g, "&lt;").replace(/[>]/g, "&gt;");
@@ -261,4 +251,4 @@ document.addEventListener("visibilitychange", () => {
 poll();
 </script>
 </body></html>
-""".replace("GROUPpx", f"{GROUP_TITLE_PX}px").replace("GAPpx", f"{CHART_GAP_PX}px")
+""".replace("LOAD_PLOTLY\n", live_feed.LOAD_PLOTLY_JS).replace("GROUPpx", f"{GROUP_TITLE_PX}px").replace("GAPpx", f"{CHART_GAP_PX}px")
